@@ -1,0 +1,33 @@
+# Set-up on a fresh machine with only Python: `make demo` or `make test` installs what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_PIN := torch==2.13.0
+
+.PHONY: install demo test lint bench docs clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# Pin torch first so pip takes the CPU build on disk instead of downloading CUDA wheels.
+	$(PY) -m pip install --quiet $(TORCH_PIN)
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
+
+test: install
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+lint: install
+	$(PY) -m ruff check attnlens tests benchmarks examples
+
+bench: install
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/papa_fit.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/effective.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache build dist *.egg-info

@@ -1,0 +1,205 @@
+"""Tokenize sentences and sentence pairs into the PAPA layout or ordinary right padding.
+
+The PAPA layout (Hassid et al. 2022, Appendix A) fixes the positions of the special tokens so
+that a head's mean attention over a corpus is a meaningful constant matrix:
+
+- every sequence has exactly ``max_len`` positions;
+- the start token ([CLS] / <s>) is at position 0;
+- the final separator ([SEP] / </s>) is always at ``max_len - 1``, after the padding;
+- for a pair, the middle separator is always at ``max_len // 2``; the first segment fills
+  positions ``1 .. max_len//2 - 1`` (then padding), the second fills ``max_len//2 + 1 ..
+  max_len - 2`` (then padding).
+
+Pairs use one middle separator for every tokenizer (RoBERTa's own pair format has two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+Layout = Literal["papa", "padded"]
+LAYOUTS: tuple[str, ...] = ("papa", "padded")
+
+
+@dataclass
+class Batch:
+    """A tokenized batch.
+
+    ``input_ids``, ``attention_mask`` and ``token_type_ids`` are ``[batch, pos]``: one row per
+    example, one column per token position. ``attention_mask`` is 1 for real tokens (special
+    tokens included) and 0 for padding. ``n_truncated`` counts examples that lost tokens.
+    """
+
+    input_ids: Int[Tensor, "batch pos"]
+    attention_mask: Int[Tensor, "batch pos"]
+    token_type_ids: Int[Tensor, "batch pos"]
+    n_truncated: int
+    layout: str
+    max_len: int
+    is_pair: bool = False
+    extra: dict = field(default_factory=dict)
+
+    def model_kwargs(self) -> dict[str, Tensor]:
+        """Keyword arguments for ``bridge(batch.input_ids, **batch.model_kwargs())``."""
+        return {"attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+
+    def to(self, device: str | torch.device) -> Batch:
+        return Batch(
+            self.input_ids.to(device),
+            self.attention_mask.to(device),
+            self.token_type_ids.to(device),
+            self.n_truncated,
+            self.layout,
+            self.max_len,
+            self.is_pair,
+            dict(self.extra),
+        )
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def tokenize(
+    model: Any,
+    texts_or_pairs: str | tuple[str, str] | Iterable[str] | Iterable[tuple[str, str]],
+    *,
+    max_len: int,
+    layout: Layout = "papa",
+) -> Batch:
+    """Tokenize single sentences or (first, second) pairs for ``model`` (a bridge or a tokenizer).
+
+    ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
+    ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
+    ``max_len`` (the tokenizer's own special tokens and pair format).
+    """
+    tokenizer = getattr(model, "tokenizer", None) or model
+    if layout not in LAYOUTS:
+        raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+    examples = _as_examples(texts_or_pairs)
+    is_pair = isinstance(examples[0], tuple)
+    if any(isinstance(example, tuple) != is_pair for example in examples):
+        raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
+    if layout == "papa":
+        return _papa(tokenizer, examples, max_len, is_pair)
+    return _padded(tokenizer, examples, max_len, is_pair)
+
+
+def _as_examples(texts_or_pairs: Any) -> list:
+    if isinstance(texts_or_pairs, str):
+        return [texts_or_pairs]
+    if isinstance(texts_or_pairs, tuple) and len(texts_or_pairs) == 2 and all(
+        isinstance(part, str) for part in texts_or_pairs
+    ):
+        return [texts_or_pairs]
+    examples = [tuple(e) if isinstance(e, list | tuple) else e for e in texts_or_pairs]
+    if not examples:
+        raise ValueError("Nothing to tokenize: the list of texts is empty.")
+    for example in examples:
+        ok = isinstance(example, str) or (
+            isinstance(example, tuple) and len(example) == 2 and all(isinstance(p, str) for p in example)
+        )
+        if not ok:
+            raise TypeError(f"Expected a string or a (str, str) pair, got {example!r}.")
+    return examples
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int, int]:
+    """(start, separator, pad) token ids: [CLS]/[SEP]/[PAD] for BERT, <s>/</s>/<pad> for RoBERTa."""
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else None
+    sep = tokenizer.sep_token_id
+    pad = tokenizer.pad_token_id
+    missing = [
+        name
+        for name, value in (("cls_token (or <s>)", start), ("sep_token", sep), ("pad_token", pad))
+        if value is None
+    ]
+    if missing:
+        raise ValueError(
+            f"The PAPA layout needs a tokenizer with start, separator and pad tokens; "
+            f"{type(tokenizer).__name__} has no {', '.join(missing)}. Use a BERT- or RoBERTa-style "
+            "tokenizer, or layout='padded'."
+        )
+    return start, sep, pad
+
+
+def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
+    start, sep, pad = special_ids(tokenizer)
+    middle = max_len // 2
+    if max_len < (5 if is_pair else 3):
+        raise ValueError(f"max_len={max_len} leaves no room for tokens in the PAPA layout.")
+    n = len(examples)
+    input_ids = torch.full((n, max_len), pad, dtype=torch.long)
+    attention_mask = torch.zeros((n, max_len), dtype=torch.long)
+    token_type_ids = torch.zeros((n, max_len), dtype=torch.long)
+    input_ids[:, 0] = start
+    input_ids[:, -1] = sep
+    attention_mask[:, 0] = 1
+    attention_mask[:, -1] = 1
+    if is_pair:
+        input_ids[:, middle] = sep
+        attention_mask[:, middle] = 1
+        token_type_ids[:, middle + 1 :] = 1
+        firsts = _ids(tokenizer, [a for a, _ in examples])
+        seconds = _ids(tokenizer, [b for _, b in examples])
+        spans = [(1, middle - 1, firsts), (middle + 1, max_len - middle - 2, seconds)]
+    else:
+        spans = [(1, max_len - 2, _ids(tokenizer, list(examples)))]
+    truncated = torch.zeros(n, dtype=torch.bool)
+    for begin, room, pieces in spans:
+        for row, ids in enumerate(pieces):
+            kept = ids[:room]
+            truncated[row] |= len(ids) > room
+            input_ids[row, begin : begin + len(kept)] = torch.tensor(kept, dtype=torch.long)
+            attention_mask[row, begin : begin + len(kept)] = 1
+    if not _uses_token_types(tokenizer):
+        token_type_ids.zero_()
+    return Batch(input_ids, attention_mask, token_type_ids, int(truncated.sum()), "papa", max_len, is_pair)
+
+
+def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
+    if tokenizer.pad_token_id is None:
+        raise ValueError(
+            f"{type(tokenizer).__name__} has no pad token, so a batch cannot be padded; set "
+            "tokenizer.pad_token = tokenizer.eos_token (or tokenize one example at a time)."
+        )
+    if is_pair:
+        args = ([a for a, _ in examples], [b for _, b in examples])
+    else:
+        args = (list(examples),)
+    full = tokenizer(*args, add_special_tokens=True, truncation=False)["input_ids"]
+    encoded = tokenizer(
+        *args,
+        add_special_tokens=True,
+        truncation=True,
+        max_length=max_len,
+        padding="longest",
+        return_tensors="pt",
+        return_token_type_ids=True,
+    )
+    n_truncated = sum(len(ids) > max_len for ids in full)
+    token_type_ids = encoded.get("token_type_ids")
+    if token_type_ids is None or not _uses_token_types(tokenizer):
+        token_type_ids = torch.zeros_like(encoded["input_ids"])
+    return Batch(
+        encoded["input_ids"].long(),
+        encoded["attention_mask"].long(),
+        token_type_ids.long(),
+        int(n_truncated),
+        "padded",
+        max_len,
+        is_pair,
+    )
+
+
+def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    return tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+
+
+def _uses_token_types(tokenizer: Any) -> bool:
+    return "token_type_ids" in getattr(tokenizer, "model_input_names", ())

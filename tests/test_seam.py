@@ -1,0 +1,165 @@
+"""hook_pattern is a real, exact intervention point (issue: foundation)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import attnlens
+from attnlens.seam import key_mask
+from tests import tiny
+
+ATOL = 1e-5  # identity hooks vs HF eager, float32
+
+
+def is_pattern(name: str) -> bool:
+    return name.endswith("hook_pattern")
+
+
+def identity(pattern, hook):
+    return pattern.clone()
+
+
+def eager_reference(bridge):
+    """A separate copy of the HF model on transformers' own eager attention."""
+    reference = copy.deepcopy(bridge.original_model)
+    reference.set_attn_implementation("eager")
+    return reference.eval()
+
+
+def first_token(pattern, hook):
+    out = torch.zeros_like(pattern)
+    out[..., 0] = 1.0
+    return out
+
+
+def uniform(pattern, hook):
+    valid = key_mask(pattern)[:, None, None, :].to(pattern.dtype)
+    return (valid / valid.sum(-1, keepdim=True)).expand_as(pattern)
+
+
+@pytest.fixture(scope="module")
+def sst2_batch(minilm, sst2_sentences):
+    return attnlens.tokenize(minilm, sst2_sentences[:8], max_len=48, layout="padded")
+
+
+def test_identity_hooks_match_hf_eager_on_minilm(minilm, sst2_batch):
+    assert (sst2_batch.attention_mask == 0).any(), "the batch must contain padding"
+    reference = eager_reference(minilm)
+    with torch.no_grad():
+        expected = reference(input_ids=sst2_batch.input_ids, **sst2_batch.model_kwargs()).logits
+        got = minilm.run_with_hooks(
+            sst2_batch.input_ids, **sst2_batch.model_kwargs(), fwd_hooks=[(is_pattern, identity)]
+        )
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "make_model, make_tokenizer, padded",
+    [
+        (tiny.tiny_bert, tiny.bert_tokenizer, True),
+        (tiny.tiny_roberta, tiny.roberta_tokenizer, True),
+        (tiny.tiny_gpt2, tiny.gpt2_tokenizer, False),
+    ],
+    ids=["bert", "roberta", "gpt2"],
+)
+def test_identity_hooks_match_hf_eager_on_tiny_models(make_model, make_tokenizer, padded):
+    hf_model = make_model()
+    tokenizer = make_tokenizer()
+    model = attnlens.load(hf_model, tokenizer=tokenizer)
+    reference = make_model()
+    reference.set_attn_implementation("eager")
+    texts = tiny.CORPUS[:3] if padded else [tiny.CORPUS[0]] * 2
+    encoded = tokenizer(texts, padding=padded, return_tensors="pt")
+    kwargs = {"attention_mask": encoded["attention_mask"]}
+    with torch.no_grad():
+        expected = reference(input_ids=encoded["input_ids"], **kwargs).logits
+        got = model.run_with_hooks(encoded["input_ids"], **kwargs, fwd_hooks=[(is_pattern, identity)])
+        moved = model.run_with_hooks(encoded["input_ids"], **kwargs, fwd_hooks=[(is_pattern, first_token)])
+    torch.testing.assert_close(got, expected, atol=ATOL, rtol=0)
+    assert (moved - expected).abs().max() > 100 * ATOL, "a pattern edit must move the logits"
+
+
+def manual_bert_with_uniform_attention(hf, input_ids, attention_mask, token_type_ids):
+    """BERT forward written out by hand from HF's submodules, attention uniform over valid keys."""
+    bert = hf.bert
+    heads = hf.config.num_attention_heads
+    hidden = bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+    valid = attention_mask[:, None, None, :].float()
+    attention = (valid / valid.sum(-1, keepdim=True)).expand(-1, -1, input_ids.shape[1], -1)
+    for layer in bert.encoder.layer:
+        b, t, d = hidden.shape
+        value = layer.attention.self.value(hidden).view(b, t, heads, d // heads).transpose(1, 2)
+        context = (attention @ value).transpose(1, 2).reshape(b, t, d)
+        attended = layer.attention.output.LayerNorm(layer.attention.output.dense(context) + hidden)
+        hidden = layer.output.LayerNorm(layer.output.dense(layer.intermediate(attended)) + attended)
+    return hf.cls(hidden)
+
+
+def test_uniform_edit_moves_logits_and_matches_independent_forward(minilm, sst2_batch):
+    with torch.no_grad():
+        plain = minilm(sst2_batch.input_ids, **sst2_batch.model_kwargs())
+        edited = minilm.run_with_hooks(
+            sst2_batch.input_ids, **sst2_batch.model_kwargs(), fwd_hooks=[(is_pattern, uniform)]
+        )
+        expected = manual_bert_with_uniform_attention(
+            minilm.original_model, sst2_batch.input_ids, sst2_batch.attention_mask,
+            sst2_batch.token_type_ids,
+        )
+    assert (edited - plain).abs().max() > 0.1
+    valid = sst2_batch.attention_mask.bool()
+    torch.testing.assert_close(edited[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_each_pattern_hook_runs_once_per_layer(minilm, sst2_batch):
+    calls: list[str] = []
+
+    def record(pattern, hook):
+        calls.append(hook.name)
+
+    with torch.no_grad():
+        minilm.run_with_hooks(
+            sst2_batch.input_ids, **sst2_batch.model_kwargs(), fwd_hooks=[(is_pattern, record)]
+        )
+    assert calls == [f"blocks.{layer}.attn.hook_pattern" for layer in range(minilm.cfg.n_layers)]
+
+
+def test_gradients_flow_into_a_parameter_inside_a_pattern_hook(minilm, sst2_batch):
+    mix = torch.nn.Parameter(torch.tensor(0.3))
+
+    def blend(pattern, hook):
+        return mix * pattern + (1 - mix) * uniform(pattern, hook)
+
+    logits = minilm.run_with_hooks(
+        sst2_batch.input_ids, **sst2_batch.model_kwargs(), fwd_hooks=[(is_pattern, blend)]
+    )
+    logits[sst2_batch.attention_mask.bool()].logsumexp(-1).mean().backward()
+    assert mix.grad is not None and torch.isfinite(mix.grad) and mix.grad.abs() > 0
+
+
+def test_run_with_cache_patterns_are_batch_head_query_key(minilm, sst2_batch):
+    with torch.no_grad():
+        _, cache = minilm.run_with_cache(sst2_batch.input_ids, **sst2_batch.model_kwargs())
+    batch, pos = sst2_batch.input_ids.shape
+    padded = ~sst2_batch.attention_mask.bool()
+    for layer in range(minilm.cfg.n_layers):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        assert pattern.shape == (batch, minilm.cfg.n_heads, pos, pos)
+        assert torch.all(pattern.transpose(1, 3)[padded] == 0), "padded keys must get zero attention"
+        torch.testing.assert_close(pattern.sum(-1), torch.ones(batch, pattern.shape[1], pos))
+
+
+def test_key_mask_inside_hook_is_the_attention_mask(minilm, sst2_batch):
+    seen = []
+
+    def record(pattern, hook):
+        seen.append(key_mask(pattern).clone())
+
+    with torch.no_grad():
+        minilm.run_with_hooks(
+            sst2_batch.input_ids, **sst2_batch.model_kwargs(), fwd_hooks=[(is_pattern, record)]
+        )
+    for mask in seen:
+        assert torch.equal(mask, sst2_batch.attention_mask.bool())
