@@ -11,8 +11,32 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
 is a real intervention point (see :mod:`attnlens.seam`).
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from attnlens.inputs import Batch, tokenize
 from attnlens.loading import load
 
-__all__ = ["Batch", "load", "tokenize"]
 __version__ = "0.1.0"
+
+#: submodules imported on first use (keeps ``import attnlens`` light)
+_SUBMODULES = ("papa", "effective", "stats", "plots", "compare", "seam", "corpus", "cli")
+#: names re-exported lazily from submodules
+_LAZY = {
+    "effective_attention": ("attnlens.effective", "effective_attention"),
+    "compare": ("attnlens.compare", "compare"),
+    "Comparison": ("attnlens.compare", "Comparison"),
+}
+
+__all__ = ["Batch", "load", "tokenize", "effective_attention", "compare", "Comparison", *_SUBMODULES]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        module, attribute = _LAZY[name]
+        return getattr(importlib.import_module(module), attribute)
+    if name in _SUBMODULES:
+        return importlib.import_module(f"attnlens.{name}")
+    raise AttributeError(f"module 'attnlens' has no attribute {name!r}")
