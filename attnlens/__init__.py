@@ -9,6 +9,9 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
 
 ``attnlens.load()`` returns a ``TransformerBridge`` on which ``blocks.{l}.attn.hook_pattern``
 is a real intervention point (see :mod:`attnlens.seam`).
+
+``attnlens.compare`` is both a module and callable: ``attnlens.compare(model, "papa",
+"effective")`` calls :func:`attnlens.compare.compare`.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ _SUBMODULES = ("papa", "effective", "stats", "plots", "compare", "seam", "corpus
 #: names re-exported lazily from submodules
 _LAZY = {
     "effective_attention": ("attnlens.effective", "effective_attention"),
-    "compare": ("attnlens.compare", "compare"),
     "Comparison": ("attnlens.compare", "Comparison"),
 }
 
-__all__ = ["Batch", "load", "tokenize", "effective_attention", "compare", "Comparison", *_SUBMODULES]
+__all__ = ["Batch", "load", "tokenize", "effective_attention", "Comparison", *_SUBMODULES]
 
 
 def __getattr__(name: str) -> Any:
