@@ -10,7 +10,10 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+#: real datasets: ../shared/data beside the repository, or $ATTNLENS_DATA
+DATA = Path(
+    os.environ.get("ATTNLENS_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)
 
 
 def read_tsv(path: Path) -> list[dict[str, str]]:
