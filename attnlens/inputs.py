@@ -45,9 +45,20 @@ class Batch:
     is_pair: bool = False
     extra: dict = field(default_factory=dict)
 
-    def model_kwargs(self) -> dict[str, Tensor]:
-        """Keyword arguments for ``bridge(batch.input_ids, **batch.model_kwargs())``."""
-        return {"attention_mask": self.attention_mask, "token_type_ids": self.token_type_ids}
+    def model_kwargs(self) -> dict[str, Tensor | None]:
+        """Keyword arguments for ``bridge(batch.input_ids, **batch.model_kwargs())``.
+
+        ``position_ids=None`` is passed on purpose: given a mask with padding *before* a real
+        token (the PAPA layout's final [SEP]), TransformerBridge would otherwise derive positions
+        from the mask and move that token to position ``n_real - 1``. With ``None`` the HF model
+        uses its own positions (``0 .. pos-1`` for BERT; RoBERTa's padding-aware ones), exactly
+        as when it is called directly.
+        """
+        return {
+            "attention_mask": self.attention_mask,
+            "token_type_ids": self.token_type_ids,
+            "position_ids": None,
+        }
 
     def to(self, device: str | torch.device) -> Batch:
         return Batch(

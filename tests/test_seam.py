@@ -163,3 +163,20 @@ def test_key_mask_inside_hook_is_the_attention_mask(minilm, sst2_batch):
         )
     for mask in seen:
         assert torch.equal(mask, sst2_batch.attention_mask.bool())
+
+
+def test_papa_layout_keeps_hf_positions(minilm, sst2_sentences):
+    """The PAPA layout has padding before the final [SEP]; the bridge must not move it."""
+    batch = attnlens.tokenize(minilm, sst2_sentences[:4], max_len=64, layout="papa")
+    assert (batch.attention_mask[:, -2] == 0).all(), "padding must precede the final [SEP]"
+    reference = eager_reference(minilm)
+    with torch.no_grad():
+        expected = reference(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+            token_type_ids=batch.token_type_ids,
+        ).logits
+        got = minilm.run_with_hooks(
+            batch.input_ids, **batch.model_kwargs(), fwd_hooks=[(is_pattern, identity)]
+        )
+    valid = batch.attention_mask.bool()
+    torch.testing.assert_close(got[valid], expected[valid], atol=ATOL, rtol=0)
