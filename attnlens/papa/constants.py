@@ -1,0 +1,354 @@
+"""Constant attention matrices: running sums, counts, their mean, metadata, merge, save and load.
+
+A :class:`PapaConstants` holds, per ``(layer, head, query, key)``:
+
+- ``sums``: float64 sum over examples of ``attention × valid(query) × valid(key)``;
+- ``squares``: float64 sum of the same masked attention squared (for
+  :attr:`PapaConstants.input_dependence`);
+- ``counts``: how many examples had both ``query`` and ``key`` as real tokens. Counts do not
+  depend on the layer or head, so they are stored once as ``pair_counts[query, key]`` and
+  ``counts`` is an expanded ``[layer, head, query, key]`` view;
+
+and ``mean = sums / counts`` (0 where a pair was never seen). Fitted constants
+(:func:`attnlens.papa.fit`) and data-free ones (:mod:`attnlens.papa.baselines`) share this class;
+``kind`` tells them apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from attnlens.inputs import LAYOUTS
+from attnlens.papa.replace import constant_pattern
+
+FORMAT = "attnlens.papa.constants/1"
+#: ``kind`` of constants: fitted means, data-free baselines, and snapshots of trained constants
+KINDS: tuple[str, ...] = ("average", "identity", "toeplitz", "zeros", "uniform", "trained")
+_TENSORS = ("sums", "squares", "pair_counts")
+
+
+def model_info(model: Any) -> tuple[str, int, int]:
+    """``(model id, n_layers, n_heads)`` of a bridge, as recorded in constants."""
+    from attnlens.loading import model_id
+
+    return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
+
+
+@dataclass(eq=False)
+class PapaConstants:
+    """Per-head constant attention matrices and how they were obtained.
+
+    Axes: ``layer`` and ``head`` index attention heads; ``query`` and ``key`` are token positions
+    ``0 .. max_len-1`` of inputs tokenized with ``layout`` (see :mod:`attnlens.inputs`).
+
+    Metadata: ``model_id``, ``layout``, ``max_len``, ``examples`` (examples seen), ``tokens``
+    (real tokens seen, i.e. valid query rows), ``truncated`` (examples that lost tokens to
+    ``max_len``), ``kind`` (one of :data:`KINDS`) and ``pairs`` (True if fitted on sentence
+    pairs, False on single sentences, None for data-free constants).
+    """
+
+    sums: Float[Tensor, "layer head query key"]
+    squares: Float[Tensor, "layer head query key"]
+    pair_counts: Int[Tensor, "query key"]
+    model_id: str
+    layout: str
+    max_len: int
+    examples: int = 0
+    tokens: int = 0
+    truncated: int = 0
+    kind: str = "average"
+    pairs: bool | None = None
+    _cache: dict = field(default_factory=dict, repr=False, init=False)
+
+    def __post_init__(self) -> None:
+        self.sums = torch.as_tensor(self.sums, dtype=torch.float64)
+        self.squares = torch.as_tensor(self.squares, dtype=torch.float64)
+        self.pair_counts = torch.as_tensor(self.pair_counts, dtype=torch.int64)
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Unknown layout {self.layout!r}; use one of {', '.join(LAYOUTS)}.")
+        if self.kind not in KINDS:
+            raise ValueError(f"Unknown kind {self.kind!r}; use one of {', '.join(KINDS)}.")
+        if self.sums.ndim != 4 or self.sums.shape[-2:] != (self.max_len, self.max_len):
+            raise ValueError(
+                f"sums must be [layer, head, {self.max_len}, {self.max_len}], got {tuple(self.sums.shape)}."
+            )
+        if self.squares.shape != self.sums.shape:
+            raise ValueError(f"squares {tuple(self.squares.shape)} != sums {tuple(self.sums.shape)}.")
+        if self.pair_counts.shape != (self.max_len, self.max_len):
+            raise ValueError(
+                f"pair_counts must be [{self.max_len}, {self.max_len}], got {tuple(self.pair_counts.shape)}."
+            )
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def empty(cls, model: Any, *, max_len: int, layout: str) -> PapaConstants:
+        """Zero sums and counts for ``model``, ready to be accumulated into by a fit."""
+        name, n_layers, n_heads = model_info(model)
+        shape = (n_layers, n_heads, max_len, max_len)
+        return cls(
+            sums=torch.zeros(shape, dtype=torch.float64),
+            squares=torch.zeros(shape, dtype=torch.float64),
+            pair_counts=torch.zeros(max_len, max_len, dtype=torch.int64),
+            model_id=name,
+            layout=layout,
+            max_len=max_len,
+        )
+
+    # ---- views --------------------------------------------------------------------------
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.sums.shape[0])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.sums.shape[1])
+
+    @property
+    def counts(self) -> Int[Tensor, "layer head query key"]:
+        """Examples in which both ``query`` and ``key`` were real tokens (a read-only view)."""
+        return self.pair_counts.expand(self.n_layers, self.n_heads, self.max_len, self.max_len)
+
+    @property
+    def mean(self) -> Float[Tensor, "layer head query key"]:
+        """Mean attention over the examples where the pair was valid; 0 where it never was."""
+        seen = self.pair_counts > 0
+        return torch.where(seen, self.sums / self.pair_counts.clamp_min(1), 0.0)
+
+    @property
+    def renormalize(self) -> bool:
+        """Whether replacement renormalizes rows over the valid keys (all kinds but ``zeros``)."""
+        return self.kind != "zeros"
+
+    @property
+    def input_dependence(self) -> Float[Tensor, "layer head"]:
+        """How far each head's attention is from its mean, measured exactly during the fit.
+
+        For every example and valid query ``q`` of a head, the squared L2 distance between the
+        example's attention row ``a_q`` and the mean row ``c_q``, over the valid keys, averaged
+        over all valid query rows seen::
+
+            sum_{q,k} (squares[q,k] - sums[q,k]**2 / counts[q,k]) / tokens
+
+        which equals ``mean over rows of sum_k (a_qk - c_qk)**2`` (``c_qk = sums / counts``).
+        0 means the head's attention is the same on every input; larger means more input
+        dependent. Only fitted averages have it.
+        """
+        if self.kind != "average" or self.tokens == 0:
+            raise ValueError(
+                f"input_dependence is measured during papa.fit; these constants are "
+                f"{self.kind!r} with {self.tokens} tokens seen."
+            )
+        seen = self.pair_counts > 0
+        spread = torch.where(
+            seen, self.squares - self.sums.square() / self.pair_counts.clamp_min(1), 0.0
+        ).clamp_min(0.0)
+        return spread.sum(dim=(-2, -1)) / self.tokens
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """Everything but the tensors, as plain Python values."""
+        return {
+            "model_id": self.model_id,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "max_len": self.max_len,
+            "layout": self.layout,
+            "examples": self.examples,
+            "tokens": self.tokens,
+            "truncated": self.truncated,
+            "kind": self.kind,
+            "pairs": self.pairs,
+        }
+
+    def layer_mean(
+        self, layer: int, *, dtype: torch.dtype, device: torch.device | str
+    ) -> Float[Tensor, "head query key"]:
+        """``mean[layer]`` cast to ``dtype`` on ``device`` (cached for the hooks)."""
+        key = (layer, dtype, str(device), id(self.sums), id(self.pair_counts),
+               self.sums._version, self.pair_counts._version)
+        if key not in self._cache:
+            self._cache[key] = self.mean[layer].to(device=device, dtype=dtype)
+        return self._cache[key]
+
+    def layer_pattern(
+        self, layer: int, key_mask: Bool[Tensor, "batch key"], *, dtype: torch.dtype
+    ) -> Float[Tensor, "batch head query key"]:
+        """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`)."""
+        constant = self.layer_mean(layer, dtype=dtype, device=key_mask.device)
+        return constant_pattern(constant, key_mask, renormalize=self.renormalize, dtype=dtype)
+
+    def __repr__(self) -> str:
+        return (
+            f"PapaConstants(kind={self.kind!r}, model_id={self.model_id!r}, "
+            f"shape=[{self.n_layers}, {self.n_heads}, {self.max_len}, {self.max_len}], "
+            f"layout={self.layout!r}, examples={self.examples}, tokens={self.tokens}, "
+            f"truncated={self.truncated})"
+        )
+
+    # ---- merging ------------------------------------------------------------------------
+
+    def merge(self, other: PapaConstants) -> PapaConstants:
+        """Constants of the union of both corpora (sums, counts and metadata added).
+
+        Refuses constants of another model, layout, ``max_len`` or input kind, and data-free
+        constants (only fitted averages can be merged).
+        """
+        if not isinstance(other, PapaConstants):
+            raise TypeError(f"Cannot merge PapaConstants with {type(other).__name__}.")
+        for part in (self, other):
+            if part.kind != "average":
+                raise ValueError(f"Only fitted averages can be merged; got {part.kind!r} constants.")
+        mine, theirs = self._identity(), other._identity()
+        if mine != theirs:
+            diff = ", ".join(
+                f"{name} {mine[name]!r} vs {theirs[name]!r}"
+                for name in mine
+                if mine[name] != theirs[name]
+            )
+            raise ValueError(f"Cannot merge constants fitted differently: {diff}.")
+        pairs = self.pairs if self.examples else other.pairs
+        if self.examples and other.examples and self.pairs != other.pairs:
+            raise ValueError(
+                "Cannot merge constants fitted on single sentences with constants fitted on pairs."
+            )
+        return PapaConstants(
+            sums=self.sums + other.sums,
+            squares=self.squares + other.squares,
+            pair_counts=self.pair_counts + other.pair_counts,
+            model_id=self.model_id,
+            layout=self.layout,
+            max_len=self.max_len,
+            examples=self.examples + other.examples,
+            tokens=self.tokens + other.tokens,
+            truncated=self.truncated + other.truncated,
+            kind="average",
+            pairs=pairs,
+        )
+
+    def __add__(self, other: PapaConstants) -> PapaConstants:
+        return self.merge(other)
+
+    def __radd__(self, other: Any) -> PapaConstants:
+        if isinstance(other, int) and other == 0:  # sum([...])
+            return self
+        return NotImplemented
+
+    def _identity(self) -> dict[str, Any]:
+        return {
+            "model_id": self.model_id,
+            "layout": self.layout,
+            "max_len": self.max_len,
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+        }
+
+    # ---- compatibility ------------------------------------------------------------------
+
+    def check_compatible(self, model: Any = None, batch: Any = None) -> None:
+        """Raise ``ValueError`` unless ``model`` and/or ``batch`` match these constants.
+
+        ``model`` must have the same id, number of layers and heads; ``batch`` (an
+        :class:`attnlens.Batch`) the same layout and ``max_len``, and the same kind of inputs
+        (sentences or pairs) when that is known.
+        """
+        check_model(self, model)
+        if batch is not None:
+            check_batch(self, batch)
+
+    # ---- persistence --------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write tensors and metadata to one safetensors file, atomically; returns the path."""
+        return self._save(path)
+
+    def _save(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        metadata = {key: json.dumps(value) for key, value in self.metadata.items()}
+        metadata["format"] = FORMAT
+        metadata["extra"] = json.dumps(extra or {})
+        tensors = {name: getattr(self, name).contiguous() for name in _TENSORS}
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(handle)
+        try:
+            save_file(tensors, temporary, metadata=metadata)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, model: Any = None) -> PapaConstants:
+        """Read constants written by :meth:`save`; with ``model``, refuse ones fitted on another."""
+        constants, _ = cls._load(path)
+        constants.check_compatible(model)
+        return constants
+
+    @classmethod
+    def _load(cls, path: str | os.PathLike) -> tuple[PapaConstants, dict[str, Any]]:
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as handle:
+            raw = handle.metadata() or {}
+            if raw.get("format") != FORMAT:
+                raise ValueError(f"{path} is not a PapaConstants file (format {raw.get('format')!r}).")
+            tensors = {name: handle.get_tensor(name) for name in _TENSORS}
+        meta = {key: json.loads(value) for key, value in raw.items() if key != "format"}
+        extra = meta.pop("extra", {})
+        n_layers, n_heads = meta.pop("n_layers"), meta.pop("n_heads")
+        constants = cls(**tensors, **meta)
+        if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
+            raise ValueError(f"{path}: tensor shapes do not match the recorded layers and heads.")
+        return constants, extra
+
+    def replace(self, **changes: Any) -> PapaConstants:
+        """A copy with some fields changed (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+
+def check_model(constants: Any, model: Any) -> None:
+    """Raise unless ``model`` is the model ``constants`` were made for (id, layers, heads)."""
+    if model is None:
+        return
+    name, n_layers, n_heads = model_info(model)
+    if name != constants.model_id:
+        raise ValueError(f"constants were fitted on {constants.model_id!r}, model is {name!r}.")
+    if (n_layers, n_heads) != (constants.n_layers, constants.n_heads):
+        raise ValueError(
+            f"constants have {constants.n_layers} layers x {constants.n_heads} heads, "
+            f"model {name!r} has {n_layers} x {n_heads}."
+        )
+
+
+def check_batch(constants: Any, batch: Any) -> None:
+    """Raise unless ``batch`` was tokenized with the layout and ``max_len`` of ``constants``."""
+    length = batch.input_ids.shape[-1]
+    fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
+    if batch.layout != constants.layout or batch.max_len != constants.max_len:
+        raise ValueError(
+            f"{fitted}; the batch has layout={batch.layout!r}, max_len={batch.max_len}. "
+            f"Tokenize with attnlens.tokenize(model, texts, max_len={constants.max_len}, "
+            f"layout={constants.layout!r})."
+        )
+    if length > constants.max_len or (constants.layout == "papa" and length != constants.max_len):
+        raise ValueError(f"{fitted}; the batch has {length} positions.")
+    pairs = getattr(constants, "pairs", None)
+    if pairs is not None and bool(batch.is_pair) != pairs:
+        fitted_on = "sentence pairs" if pairs else "single sentences"
+        given = "sentence pairs" if batch.is_pair else "single sentences"
+        raise ValueError(f"constants were fitted on {fitted_on}; the batch holds {given}.")

@@ -1,0 +1,192 @@
+"""Replace or blend attention heads with constants, as hooks on an unmodified model.
+
+:func:`hooks` returns ``fwd_hooks`` for ``model.run_with_hooks``; :func:`intervention` applies
+the same hooks inside a ``with`` block. For each selected head of each layer:
+
+- ``mode="replace"``: the head's pattern becomes the constant restricted to the example's valid
+  ``(query, key)`` pairs, rows renormalized over the valid keys; a row with no mass left is
+  uniform over the valid keys (see :mod:`attnlens.papa.replace`);
+- ``mode="blend"``: ``B = λ·A + (1 − λ)·C`` with ``λ = sigmoid(θ)`` per head; ``θ`` is a
+  trainable ``nn.Parameter`` of shape ``[layer, head]`` (``hooks.theta``), 0 unless ``lam=``
+  sets it. ``λ = 1`` gives back the model exactly, ``λ = 0`` replacement exactly.
+
+Heads that are not selected keep their attention; layers without a selected head get no hook.
+
+Inputs must have the layout and length the constants were fitted with. The hooks check what a
+pattern shows (its length, the number of heads, and where the padding is) and raise a
+``ValueError`` naming both; :meth:`PapaConstants.check_compatible` checks a ``Batch`` exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor, nn
+
+from attnlens import seam
+from attnlens.papa.baselines import TrainableConstants
+from attnlens.papa.constants import PapaConstants
+from attnlens.papa.selection import HeadSet, resolve_heads
+
+MODES: tuple[str, ...] = ("replace", "blend")
+
+Constants = PapaConstants | TrainableConstants
+
+
+class PapaHooks(list):
+    """A list of ``(hook_name, hook_fn)`` pairs for ``run_with_hooks``, with the intervention's state.
+
+    Attributes: ``constants``, ``heads`` (:class:`HeadSet`), ``mode``, ``theta`` (blend only:
+    ``nn.Parameter [layer, head]``, ``λ = sigmoid(θ)``) and :attr:`lam`.
+    """
+
+    def __init__(
+        self,
+        items: list,
+        *,
+        constants: Constants,
+        heads: HeadSet,
+        mode: str,
+        theta: nn.Parameter | None,
+    ) -> None:
+        super().__init__(items)
+        self.constants, self.heads, self.mode, self.theta = constants, heads, mode, theta
+
+    @property
+    def lam(self) -> Float[Tensor, "layer head"] | None:
+        """``λ = sigmoid(θ)`` per ``[layer, head]`` for blend (differentiable); None for replace."""
+        return None if self.theta is None else torch.sigmoid(self.theta)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """Trainable tensors: ``θ`` (blend) and the logits of trainable constants."""
+        params = [] if self.theta is None else [self.theta]
+        if isinstance(self.constants, nn.Module):
+            params.extend(self.constants.parameters())
+        return params
+
+
+def hooks(
+    constants: Constants,
+    *,
+    heads: str | HeadSet | float | Bool[Tensor, "layer head"] = "all",
+    mode: str = "replace",
+    lam: float | Float[Tensor, "layer head"] | None = None,
+) -> PapaHooks:
+    """Forward hooks that replace (or blend) the selected heads' attention with ``constants``.
+
+    ``constants``: :class:`PapaConstants` (fitted or data-free) or :class:`TrainableConstants`.
+    ``heads``: ``"all"``, a :class:`HeadSet` (or boolean ``[layer, head]`` tensor), or a fraction
+    ``k`` in ``[0, 1]``: the ``round(k · layers · heads)`` least input-dependent heads by
+    :attr:`PapaConstants.input_dependence` (fitted constants only; for other orders pass
+    ``heads=select_heads(...)``).
+    ``mode``: ``"replace"`` or ``"blend"``. ``lam`` (blend only): initial ``λ``, a number or a
+    ``[layer, head]`` tensor in ``[0, 1]``; by default ``θ = 0``, i.e. ``λ = 0.5``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
+    if not isinstance(constants, PapaConstants | TrainableConstants):
+        raise TypeError(
+            f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
+        )
+    selected = resolve_heads(heads, constants)
+    theta = None
+    if mode == "blend":
+        theta = nn.Parameter(_theta(lam, constants.n_layers, constants.n_heads))
+    elif lam is not None:
+        raise ValueError("lam= is only used with mode='blend'.")
+    items = []
+    for layer in range(constants.n_layers):
+        if bool(selected.mask[layer].any()):
+            fn = _layer_hook(constants, layer, selected.mask[layer], mode, theta)
+            items.append((f"blocks.{layer}.attn.hook_pattern", fn))
+    return PapaHooks(items, constants=constants, heads=selected, mode=mode, theta=theta)
+
+
+def _theta(lam: Any, n_layers: int, n_heads: int) -> Tensor:
+    if lam is None:
+        return torch.zeros(n_layers, n_heads)
+    lam = torch.as_tensor(lam, dtype=torch.float32).expand(n_layers, n_heads).clone()
+    if bool(((lam < 0) | (lam > 1)).any()):
+        raise ValueError("lam must lie in [0, 1].")
+    return torch.logit(lam)  # ±inf at 0 and 1, so that sigmoid gives back 0 and 1 exactly
+
+
+def _layer_hook(
+    constants: Constants, layer: int, head_mask: Tensor, mode: str, theta: nn.Parameter | None
+):
+    every_head = bool(head_mask.all())
+
+    def intervene(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
+        valid = seam.key_mask(pattern)
+        check_inputs(constants, pattern, valid)
+        constant = constants.layer_pattern(layer, valid, dtype=pattern.dtype)
+        if mode == "blend":
+            lam = torch.sigmoid(theta[layer]).to(device=pattern.device, dtype=pattern.dtype)
+            lam = lam[None, :, None, None]
+            constant = lam * pattern + (1 - lam) * constant
+        if every_head:
+            return constant
+        selected = head_mask.to(pattern.device)[None, :, None, None]
+        return torch.where(selected, constant, pattern)
+
+    return intervene
+
+
+def check_inputs(
+    constants: Constants,
+    pattern: Float[Tensor, "batch head query key"],
+    key_mask: Bool[Tensor, "batch key"],
+) -> None:
+    """Raise ``ValueError`` if a pattern cannot come from inputs in the constants' layout."""
+    n_heads, length = pattern.shape[1], pattern.shape[-1]
+    fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
+    if n_heads != constants.n_heads:
+        raise ValueError(f"{fitted} for {constants.n_heads} heads; the pattern has {n_heads} heads.")
+    if constants.layout == "papa":
+        if length != constants.max_len:
+            raise ValueError(
+                f"{fitted}; the inputs have length {length}. Tokenize with "
+                f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
+            )
+        if not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
+            raise ValueError(
+                f"{fitted}; the inputs are not in the 'papa' layout (they look like layout='padded': "
+                "the last position is padding). Tokenize with layout='papa'."
+            )
+    else:
+        if length > constants.max_len:
+            raise ValueError(f"{fitted}; the inputs have length {length}.")
+        if bool((key_mask[:, 1:] & ~key_mask[:, :-1]).any()):
+            raise ValueError(
+                f"{fitted}; the inputs are not right-padded (they look like layout='papa': a real "
+                "token follows padding). Tokenize with layout='padded'."
+            )
+
+
+@contextmanager
+def intervention(
+    model: Any,
+    constants: Constants,
+    *,
+    heads: str | HeadSet | float | Bool[Tensor, "layer head"] = "all",
+    mode: str = "replace",
+    lam: float | Float[Tensor, "layer head"] | None = None,
+) -> Iterator[PapaHooks]:
+    """``with papa.intervention(model, constants, ...) as h:`` runs of ``model`` use the hooks.
+
+    Same arguments as :func:`hooks`; checks first that the constants were made for ``model``
+    (model id, layers, heads) and that its ``hook_pattern`` edits are real. Yields the
+    :class:`PapaHooks` (e.g. to train ``h.theta``).
+    """
+    constants.check_compatible(model)
+    if not seam.is_installed(model):
+        raise ValueError(
+            "hook_pattern edits do not reach this model's output; load it with attnlens.load()."
+        )
+    installed = hooks(constants, heads=heads, mode=mode, lam=lam)
+    with model.hooks(fwd_hooks=list(installed)):
+        yield installed

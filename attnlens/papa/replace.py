@@ -1,0 +1,94 @@
+"""Turn a head's constant matrix into the attention pattern it gives one batch.
+
+The constant ``C[query, key]`` was averaged over many examples; a given example only has some
+real tokens. Following the paper (Hassid et al. 2022, footnote 8), the pattern an example gets is
+``C`` restricted to that example's valid ``(query, key)`` pairs, each row renormalized over the
+valid keys. **A row with no mass left** (a padded query, a query position never seen in the fit,
+or a row whose mass was all on padded keys) **falls back to uniform attention over the valid
+keys**, so every row of the result is a distribution over the example's real tokens and padded
+keys always get exactly 0.
+
+Trainable constants are logits instead: their pattern is a softmax over the valid keys, with the
+same uniform rows for padded queries, i.e. exactly what renormalizing ``softmax(logits)`` gives.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+
+def _fit_to(constant: Tensor, n_keys: int) -> Tensor:
+    """Keep the first ``n_keys`` query and key positions (right-padded inputs may be shorter)."""
+    n_query, n_key = constant.shape[-2:]
+    if n_query < n_keys or n_key < n_keys:
+        raise ValueError(
+            f"the constant covers {n_key} positions but the inputs have {n_keys}; "
+            "tokenize with the max_len the constants were fitted with."
+        )
+    return constant[..., :n_keys, :n_keys]
+
+
+def _uniform(valid_key: Tensor, dtype: torch.dtype) -> Tensor:
+    weights = valid_key.to(dtype)
+    return weights / weights.sum(-1, keepdim=True).clamp_min(1)
+
+
+def constant_pattern(
+    constant: Float[Tensor, "head query key"],
+    key_mask: Bool[Tensor, "batch key"],
+    *,
+    renormalize: bool = True,
+    dtype: torch.dtype | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """The attention pattern that constant matrices give each example of a batch.
+
+    ``constant`` is ``[head, query, key]`` (one layer of :attr:`PapaConstants.mean`; positions
+    beyond the batch's length are dropped, as for right-padded inputs). ``key_mask`` is
+    ``[batch, key]``, True for real tokens (see :func:`attnlens.seam.key_mask`).
+
+    Returns ``[batch, head, query, key]``: ``constant`` times ``valid(query) × valid(key)``, each
+    row divided by its sum; rows with no mass left are uniform over the valid keys. With
+    ``renormalize=False`` (the ``zeros`` baseline) the restricted matrix is returned as it is.
+    The result has ``dtype`` (default: the constant's) and the constant's device.
+    """
+    if constant.ndim != 3:
+        raise ValueError(f"constant must be [head, query, key], got {tuple(constant.shape)}.")
+    dtype = dtype or constant.dtype
+    n_keys = key_mask.shape[-1]
+    constant = _fit_to(constant, n_keys).to(dtype)
+    key_mask = key_mask.to(device=constant.device, dtype=torch.bool)
+    valid_key = key_mask[:, None, None, :]
+    valid_pair = key_mask[:, None, :, None] & valid_key
+    masked = constant[None] * valid_pair.to(dtype)
+    if not renormalize:
+        return masked
+    total = masked.sum(-1, keepdim=True)
+    has_mass = total > 0
+    normalized = masked / torch.where(has_mass, total, torch.ones_like(total))
+    return torch.where(has_mass, normalized, _uniform(valid_key, dtype))
+
+
+def softmax_pattern(
+    logits: Float[Tensor, "head query key"],
+    key_mask: Bool[Tensor, "batch key"],
+    *,
+    dtype: torch.dtype | None = None,
+) -> Float[Tensor, "batch head query key"]:
+    """Pattern of trainable constants: a softmax of ``logits`` over each example's valid keys.
+
+    Axes as in :func:`constant_pattern`. Padded query rows are uniform over the valid keys.
+    Differentiable in ``logits``.
+    """
+    if logits.ndim != 3:
+        raise ValueError(f"logits must be [head, query, key], got {tuple(logits.shape)}.")
+    dtype = dtype or logits.dtype
+    n_keys = key_mask.shape[-1]
+    logits = _fit_to(logits, n_keys).to(dtype)
+    key_mask = key_mask.to(device=logits.device, dtype=torch.bool)
+    valid_key = key_mask[:, None, None, :]
+    scores = logits[None].masked_fill(~valid_key, torch.finfo(dtype).min)
+    pattern = torch.softmax(scores, dim=-1) * valid_key.to(dtype)
+    valid_query = key_mask[:, None, :, None]
+    return torch.where(valid_query, pattern, _uniform(valid_key, dtype))

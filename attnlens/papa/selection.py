@@ -1,0 +1,248 @@
+"""Which heads to replace: :class:`HeadSet` and :func:`select_heads`.
+
+Every strategy ranks all ``layers × heads`` heads in the order they should be replaced and keeps
+the first ``round(k · layers · heads)`` (``fraction=k``, rounding halves up) or the first ``n``:
+
+- ``"lambda"``: lowest learned ``λ`` first. ``λ`` is learned by blending every head
+  (``B = λ·A + (1 − λ)·C``) and training ``θ`` (``λ = sigmoid(θ)``) with any differentiable
+  loss you pass (:func:`learn_lambda`), or given as ``lam=``;
+- ``"reversed_lambda"``: highest ``λ`` first;
+- ``"first_to_last"``: layer 0 first (heads in index order within a layer);
+- ``"last_to_first"``: the last layer first (heads in index order within a layer);
+- ``"random"``: a random order drawn with ``seed``;
+- ``"input_dependence"``: label-free, least input-dependent head first, by
+  :attr:`PapaConstants.input_dependence` measured during the fit (the mean squared distance
+  between each example's attention rows and the head's mean rows).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+STRATEGIES: tuple[str, ...] = (
+    "lambda",
+    "reversed_lambda",
+    "first_to_last",
+    "last_to_first",
+    "random",
+    "input_dependence",
+)
+
+
+@dataclass(eq=False)
+class HeadSet:
+    """A set of attention heads: ``mask`` is boolean ``[layer, head]``.
+
+    ``order`` lists the selected heads as ``(layer, head)`` in replacement order (row-major when
+    built from a mask); ``scores`` is the ``[layer, head]`` score a strategy ranked by (``λ``,
+    input dependence), when it has one; ``strategy`` names it.
+    """
+
+    mask: Bool[Tensor, "layer head"]
+    order: list[tuple[int, int]] | None = None
+    scores: Float[Tensor, "layer head"] | None = None
+    strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        self.mask = torch.as_tensor(self.mask, dtype=torch.bool).cpu()
+        if self.mask.ndim != 2:
+            raise ValueError(f"HeadSet mask must be [layer, head], got {tuple(self.mask.shape)}.")
+        listed = [tuple(map(int, pair)) for pair in self.mask.nonzero().tolist()]
+        if self.order is None:
+            self.order = listed
+        else:
+            self.order = [(int(layer), int(head)) for layer, head in self.order]
+            if sorted(self.order) != listed:
+                raise ValueError("HeadSet order must list exactly the heads in its mask.")
+
+    @classmethod
+    def all(cls, n_layers: int, n_heads: int) -> HeadSet:
+        return cls(torch.ones(n_layers, n_heads, dtype=torch.bool), strategy="all")
+
+    @classmethod
+    def none(cls, n_layers: int, n_heads: int) -> HeadSet:
+        return cls(torch.zeros(n_layers, n_heads, dtype=torch.bool), strategy="none")
+
+    @classmethod
+    def from_heads(cls, heads: Iterable[tuple[int, int]], n_layers: int, n_heads: int) -> HeadSet:
+        """From ``(layer, head)`` pairs, kept in the given order."""
+        order = [(int(layer), int(head)) for layer, head in heads]
+        mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+        for layer, head in order:
+            if mask[layer, head]:
+                raise ValueError(f"head {(layer, head)} is listed twice.")
+            mask[layer, head] = True
+        return cls(mask, order=order)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.mask.shape)
+
+    def __len__(self) -> int:
+        return int(self.mask.sum())
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self.order)
+
+    def __contains__(self, head: object) -> bool:
+        return isinstance(head, tuple) and len(head) == 2 and bool(self.mask[head])
+
+    def __invert__(self) -> HeadSet:
+        return HeadSet(~self.mask)
+
+    def __repr__(self) -> str:
+        label = f", strategy={self.strategy!r}" if self.strategy else ""
+        return f"HeadSet({len(self)} of {self.mask.numel()} heads{label})"
+
+
+def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
+    """``round(fraction · n_layers · n_heads)``, halves rounded up."""
+    if not 0.0 <= float(fraction) <= 1.0:
+        raise ValueError(f"fraction must lie in [0, 1], got {fraction}.")
+    return int(math.floor(float(fraction) * n_layers * n_heads + 0.5))
+
+
+def select_heads(
+    strategy: str,
+    *,
+    fraction: float | None = None,
+    n: int | None = None,
+    constants: Any = None,
+    model: Any = None,
+    n_layers: int | None = None,
+    n_heads: int | None = None,
+    seed: int = 0,
+    lam: Float[Tensor, "layer head"] | None = None,
+    loss_fn: Callable[[Tensor, Any], Tensor] | None = None,
+    batches: Iterable[Any] | None = None,
+    steps: int = 100,
+    lr: float = 0.05,
+) -> HeadSet:
+    """The heads to replace, by ``strategy`` (one of :data:`STRATEGIES`), in replacement order.
+
+    Give ``fraction=k`` (``round(k · layers · heads)`` heads) or ``n=`` (a count). The shape comes
+    from ``constants``, ``model`` or ``n_layers``/``n_heads``. ``"input_dependence"`` needs fitted
+    ``constants``. The λ strategies use ``lam=`` (``[layer, head]``) if given, otherwise learn it
+    with :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``,
+    ``lr``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+    n_layers, n_heads = _shape(constants, model, n_layers, n_heads)
+    if (fraction is None) == (n is None):
+        raise ValueError("Pass exactly one of fraction= and n=.")
+    count = n_selected(fraction, n_layers, n_heads) if n is None else int(n)
+    if not 0 <= count <= n_layers * n_heads:
+        raise ValueError(f"n must lie in [0, {n_layers * n_heads}], got {count}.")
+    scores = None
+    if strategy in ("lambda", "reversed_lambda"):
+        if lam is None:
+            if model is None or constants is None or loss_fn is None or batches is None:
+                raise ValueError(
+                    f"strategy {strategy!r} needs lam=, or model=, constants=, loss_fn= and "
+                    "batches= to learn it."
+                )
+            lam = learn_lambda(model, constants, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr)
+        scores = torch.as_tensor(lam).detach().float().cpu().reshape(n_layers, n_heads)
+        flat = scores.flatten() if strategy == "lambda" else -scores.flatten()
+        ranking = torch.argsort(flat, stable=True).tolist()
+    elif strategy == "input_dependence":
+        if constants is None:
+            raise ValueError("strategy 'input_dependence' needs fitted constants=.")
+        scores = constants.input_dependence.float()
+        ranking = torch.argsort(scores.flatten(), stable=True).tolist()
+    elif strategy == "first_to_last":
+        ranking = list(range(n_layers * n_heads))
+    elif strategy == "last_to_first":
+        ranking = [
+            layer * n_heads + head for layer in reversed(range(n_layers)) for head in range(n_heads)
+        ]
+    else:
+        generator = torch.Generator().manual_seed(int(seed))
+        ranking = torch.randperm(n_layers * n_heads, generator=generator).tolist()
+    order = [divmod(index, n_heads) for index in ranking[:count]]
+    selected = HeadSet.from_heads(order, n_layers, n_heads)
+    selected.scores, selected.strategy = scores, strategy
+    return selected
+
+
+def resolve_heads(heads: Any, constants: Any) -> HeadSet:
+    """A :class:`HeadSet` from what :func:`attnlens.papa.hooks` accepts as ``heads=``."""
+    n_layers, n_heads = constants.n_layers, constants.n_heads
+    if isinstance(heads, str):
+        if heads != "all":
+            raise ValueError(f"heads={heads!r}: use 'all', a HeadSet or a fraction in [0, 1].")
+        selected = HeadSet.all(n_layers, n_heads)
+    elif isinstance(heads, HeadSet):
+        selected = heads
+    elif isinstance(heads, Tensor) and heads.dtype == torch.bool:
+        selected = HeadSet(heads)
+    elif isinstance(heads, float | int) and not isinstance(heads, bool):
+        if getattr(constants, "kind", None) != "average":
+            raise ValueError(
+                "heads=<fraction> ranks heads by the input dependence measured in papa.fit; these "
+                "constants are not fitted, so pass heads=select_heads(...)."
+            )
+        selected = select_heads("input_dependence", fraction=float(heads), constants=constants)
+    else:
+        raise TypeError(f"heads must be 'all', a HeadSet, a bool tensor or a fraction; got {heads!r}.")
+    if selected.shape != (n_layers, n_heads):
+        raise ValueError(f"HeadSet is {list(selected.shape)}, constants are [{n_layers}, {n_heads}].")
+    return selected
+
+
+def learn_lambda(
+    model: Any,
+    constants: Any,
+    *,
+    loss_fn: Callable[[Tensor, Any], Tensor],
+    batches: Iterable[Any],
+    steps: int = 100,
+    lr: float = 0.05,
+) -> Float[Tensor, "layer head"]:
+    """Learn ``λ`` per head by blending every head with ``constants`` and minimizing a loss.
+
+    Each step runs ``model`` on the next batch (an :class:`attnlens.Batch`, cycling through
+    ``batches``) with blend hooks and takes an Adam step on ``θ`` (``λ = sigmoid(θ)``, ``θ``
+    starts at 0) for ``loss_fn(logits, batch)``, e.g. a probe's loss. The model's own weights
+    are frozen meanwhile. Returns ``λ`` ``[layer, head]`` (detached).
+    """
+    from attnlens.papa.intervene import intervention
+
+    batches = list(batches)
+    if not batches:
+        raise ValueError("learn_lambda needs at least one batch.")
+    frozen = [(param, param.requires_grad) for param in model.parameters()]
+    for param, _ in frozen:
+        param.requires_grad_(False)
+    try:
+        with intervention(model, constants, heads="all", mode="blend") as blend:
+            optimizer = torch.optim.Adam([blend.theta], lr=lr)
+            for batch in itertools.islice(itertools.cycle(batches), steps):
+                logits = model(batch.input_ids, **batch.model_kwargs())
+                loss = loss_fn(logits, batch)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            return blend.lam.detach()
+    finally:
+        for param, requires_grad in frozen:
+            param.requires_grad_(requires_grad)
+
+
+def _shape(constants: Any, model: Any, n_layers: int | None, n_heads: int | None) -> tuple[int, int]:
+    if constants is not None:
+        return constants.n_layers, constants.n_heads
+    if model is not None:
+        return int(model.cfg.n_layers), int(model.cfg.n_heads)
+    if n_layers is None or n_heads is None:
+        raise ValueError("Pass constants=, model= or n_layers= and n_heads=.")
+    return int(n_layers), int(n_heads)

@@ -1,0 +1,245 @@
+"""PAPA constants: fit, merge, save/load, checkpoint/resume, data-free and trainable constants."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import attnlens
+from attnlens import papa
+from attnlens.loading import default_model_path
+from tests import tiny
+
+MEAN_ATOL = 1e-6  # fit vs an independent float64 loop over HF eager attentions
+MERGE_ATOL = 1e-12  # float64 sums added in another order
+
+
+@pytest.fixture(scope="module")
+def hf_eager():
+    """An independent Hugging Face copy of MiniLM's encoder, on transformers' eager attention.
+
+    Loaded from disk rather than deep-copied from the bridge: a copy of the bridge's wrapped
+    model reports every layer's attention three times in ``output_attentions``.
+    """
+    from transformers import BertModel
+
+    return BertModel.from_pretrained(str(default_model_path()), attn_implementation="eager").eval()
+
+
+@pytest.fixture(scope="module")
+def texts(sst2_sentences) -> list[str]:
+    return sst2_sentences[:40]
+
+
+def plain_loop(model, hf, examples, *, max_len, layout):
+    """Mean attention, pair counts and input dependence, one example at a time, in NumPy float64."""
+    cfg = model.cfg
+    sums = np.zeros((cfg.n_layers, cfg.n_heads, max_len, max_len))
+    counts = np.zeros((max_len, max_len))
+    kept = []  # (valid mask, attentions) per example, for the second pass
+    for example in examples:
+        batch = attnlens.tokenize(model, [example], max_len=max_len, layout=layout)
+        with torch.no_grad():
+            out = hf(input_ids=batch.input_ids, **batch.model_kwargs(), output_attentions=True)
+        assert len(out.attentions) == cfg.n_layers
+        valid = batch.attention_mask[0].numpy().astype(bool)
+        n = valid.shape[0]
+        pair = (valid[:, None] & valid[None, :]).astype(np.float64)
+        attention = np.stack([a[0].double().numpy() for a in out.attentions])
+        sums[..., :n, :n] += attention * pair
+        counts[:n, :n] += pair
+        kept.append((pair, attention))
+    mean = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
+    distance = np.zeros((cfg.n_layers, cfg.n_heads))
+    tokens = 0
+    for pair, attention in kept:
+        n = pair.shape[0]
+        distance += (((attention - mean[..., :n, :n]) * pair) ** 2).sum(axis=(-2, -1))
+        tokens += int(np.diag(pair).sum())
+    return mean, counts, distance / tokens, tokens
+
+
+@pytest.mark.parametrize(
+    "layout, kind, max_len",
+    [("papa", "sentences", 64), ("papa", "pairs", 48), ("padded", "sentences", 32)],
+)
+def test_fit_equals_plain_loop_over_hf_eager_attentions(
+    minilm, hf_eager, texts, mrpc_pairs, layout, kind, max_len
+):
+    corpus = texts if kind == "sentences" else mrpc_pairs[:12]
+    if (layout, kind) == ("papa", "sentences"):
+        # the issue's call, default batch_size 32: two batches of 32 and 8
+        constants = papa.fit(minilm, corpus, max_len=max_len, progress=False)
+    else:
+        constants = papa.fit(minilm, corpus, max_len=max_len, layout=layout, batch_size=5, progress=False)
+    mean, counts, dependence, tokens = plain_loop(minilm, hf_eager, corpus, max_len=max_len, layout=layout)
+
+    assert constants.mean.shape == (6, 12, max_len, max_len)
+    assert constants.counts.shape == (6, 12, max_len, max_len)
+    np.testing.assert_array_equal(constants.pair_counts.numpy(), counts)
+    np.testing.assert_allclose(constants.mean.numpy(), mean, atol=MEAN_ATOL, rtol=0)
+    np.testing.assert_allclose(constants.input_dependence.numpy(), dependence, atol=MEAN_ATOL, rtol=0)
+    assert constants.sums.dtype == torch.float64 and constants.pair_counts.dtype == torch.int64
+    assert (constants.examples, constants.tokens) == (len(corpus), tokens)
+    assert constants.pairs is (kind == "pairs")
+    assert constants.model_id == "sentence-transformers/all-MiniLM-L6-v2"
+    assert (constants.layout, constants.max_len) == (layout, max_len)
+    assert constants.truncated == attnlens.tokenize(minilm, corpus, max_len=max_len, layout=layout).n_truncated
+    # never-seen pairs are 0; every head has some input dependence
+    assert torch.all(constants.mean[:, :, counts == 0] == 0)
+    assert torch.all(constants.input_dependence > 0)
+
+
+def test_fit_streams_any_iterable_and_datasets_columns(minilm, texts):
+    import datasets
+
+    reference = papa.fit(minilm, texts[:12], max_len=32, batch_size=4, progress=False)
+    from_generator = papa.fit(minilm, (t for t in texts[:12]), max_len=32, batch_size=4, progress=False)
+    dataset = datasets.Dataset.from_dict({"sentence": texts[:12]})
+    from_column = papa.fit(minilm, dataset["sentence"], max_len=32, batch_size=4, progress=False)
+    for other in (from_generator, from_column):
+        assert torch.equal(other.sums, reference.sums)
+        assert torch.equal(other.pair_counts, reference.pair_counts)
+    with pytest.raises(TypeError, match="column"):
+        papa.fit(minilm, dataset, max_len=32, progress=False)
+    with pytest.raises(TypeError, match="not one string"):
+        papa.fit(minilm, "one sentence", max_len=32, progress=False)
+
+
+def test_empty_corpus_is_an_error(minilm):
+    with pytest.raises(ValueError, match="corpus is empty"):
+        papa.fit(minilm, [], max_len=32, progress=False)
+    with pytest.raises(ValueError, match="corpus is empty"):
+        papa.fit(minilm, iter(()), max_len=32, progress=False)
+
+
+def test_merge_of_two_fits_equals_fit_of_both(minilm, texts):
+    first, second = texts[:16], texts[16:28]
+    kwargs = dict(max_len=32, batch_size=8, progress=False)
+    merged = papa.fit(minilm, first, **kwargs).merge(papa.fit(minilm, second, **kwargs))
+    whole = papa.fit(minilm, first + second, **kwargs)
+    added = sum([papa.fit(minilm, first, **kwargs), papa.fit(minilm, second, **kwargs)])
+
+    for got in (merged, added):
+        torch.testing.assert_close(got.sums, whole.sums, atol=MERGE_ATOL, rtol=0)
+        torch.testing.assert_close(got.squares, whole.squares, atol=MERGE_ATOL, rtol=0)
+        torch.testing.assert_close(got.mean, whole.mean, atol=MERGE_ATOL, rtol=0)
+        assert torch.equal(got.pair_counts, whole.pair_counts)
+        assert got.metadata == whole.metadata
+
+
+def test_merge_refuses_another_model_or_layout(minilm, texts):
+    constants = papa.fit(minilm, texts[:4], max_len=32, progress=False)
+    padded = papa.fit(minilm, texts[:4], max_len=32, layout="padded", progress=False)
+    with pytest.raises(ValueError, match="layout 'papa' vs 'padded'"):
+        constants + padded
+    with pytest.raises(ValueError, match="model_id"):
+        constants.merge(constants.replace(model_id="bert-base-uncased"))
+    with pytest.raises(ValueError, match="Only fitted averages"):
+        constants + papa.toeplitz(constants)
+
+
+def test_save_then_load_is_bit_exact_and_load_refuses_another_model(minilm, texts, tmp_path):
+    constants = papa.fit(minilm, texts[:10], max_len=32, batch_size=4, progress=False)
+    path = constants.save(tmp_path / "constants.safetensors")
+    assert [p.name for p in tmp_path.iterdir()] == ["constants.safetensors"], "no temporary file left"
+
+    loaded = papa.PapaConstants.load(path, minilm)
+    for name in ("sums", "squares", "pair_counts"):
+        assert torch.equal(getattr(loaded, name), getattr(constants, name))
+        assert getattr(loaded, name).dtype == getattr(constants, name).dtype
+    assert torch.equal(loaded.mean, constants.mean)
+    assert loaded.metadata == constants.metadata
+
+    other = attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())
+    with pytest.raises(ValueError, match="constants were fitted on 'sentence-transformers/all-MiniLM-L6-v2', model is"):
+        papa.load(path, other)
+    constants.replace(model_id="someone/else").save(path)
+    with pytest.raises(ValueError, match="fitted on 'someone/else', model is 'sentence-transformers"):
+        papa.load(path, minilm)
+
+
+def interrupted(examples, after):
+    """Yield ``after`` examples, then raise KeyboardInterrupt (as Ctrl-C would)."""
+    for index, example in enumerate(examples):
+        if index == after:
+            raise KeyboardInterrupt
+        yield example
+
+
+@pytest.mark.parametrize("every", [1, 100])
+def test_interrupted_fit_resumes_to_the_uninterrupted_result(minilm, texts, tmp_path, every):
+    corpus = texts[:36]
+    kwargs = dict(max_len=32, batch_size=8, progress=False)
+    whole = papa.fit(minilm, corpus, **kwargs)
+    checkpoint = tmp_path / "fit.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        papa.fit(minilm, interrupted(corpus, 21), checkpoint=checkpoint, checkpoint_every=every, **kwargs)
+    saved = papa.load(checkpoint)
+    assert saved.examples == 16, "two full batches were consumed before the interrupt"
+
+    resumed = papa.fit(minilm, corpus, checkpoint=checkpoint, checkpoint_every=every, **kwargs)
+    for name in ("sums", "squares", "pair_counts"):
+        assert torch.equal(getattr(resumed, name), getattr(whole, name))
+    assert resumed.metadata == whole.metadata
+    again = papa.fit(minilm, corpus, checkpoint=checkpoint, **kwargs)  # finished: nothing left
+    assert torch.equal(again.sums, whole.sums)
+
+    with pytest.raises(ValueError, match="layout='papa', max_len=32; this fit asks for layout='papa', max_len=48"):
+        papa.fit(minilm, corpus, checkpoint=checkpoint, max_len=48, progress=False)
+    with pytest.raises(ValueError, match="only has|has only"):
+        papa.fit(minilm, corpus[:5], checkpoint=checkpoint, **kwargs)
+
+
+def test_data_free_constants(minilm):
+    n = 16
+    eye, harmonic = papa.identity(minilm, max_len=n), papa.toeplitz(minilm, max_len=n)
+    flat, nothing = papa.uniform(minilm, max_len=n), papa.zeros(minilm, max_len=n, layout="padded")
+    assert torch.equal(eye.mean[3, 5], torch.eye(n, dtype=torch.float64))
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    weights = 1.0 / ((i - j).abs() + 1).double()
+    torch.testing.assert_close(harmonic.mean[0, 0], weights / weights.sum(-1, keepdim=True))
+    torch.testing.assert_close(flat.mean[5, 11], torch.full((n, n), 1.0 / n, dtype=torch.float64))
+    assert torch.equal(nothing.mean, torch.zeros(6, 12, n, n, dtype=torch.float64))
+    for constants in (eye, harmonic, flat, nothing):
+        assert constants.model_id == attnlens.loading.model_id(minilm)
+        assert constants.counts.shape == constants.sums.shape
+    assert (nothing.layout, eye.layout, nothing.renormalize, eye.renormalize) == ("padded", "papa", False, True)
+    with pytest.raises(ValueError, match="input_dependence is measured during papa.fit"):
+        _ = eye.input_dependence
+    with pytest.raises(ValueError, match="max_len"):
+        papa.identity(minilm)
+
+
+def test_trainable_constants_are_masked_softmaxes(minilm, texts):
+    constants = papa.fit(minilm, texts[:12], max_len=32, progress=False)
+    batch = attnlens.tokenize(minilm, texts[20:24], max_len=32)
+    valid = batch.attention_mask.bool()
+    trainable = papa.TrainableConstants.from_average(constants)
+    for layer in (0, 5):
+        replaced = constants.layer_pattern(layer, valid, dtype=torch.float32)
+        learned = trainable.layer_pattern(layer, valid, dtype=torch.float32)
+        torch.testing.assert_close(learned, replaced, atol=1e-6, rtol=0)
+    snapshot = trainable.to_constants()
+    assert snapshot.kind == "trained"
+    torch.testing.assert_close(
+        snapshot.layer_pattern(2, valid, dtype=torch.float32),
+        trainable.layer_pattern(2, valid, dtype=torch.float32),
+        atol=1e-6, rtol=0,
+    )
+    harmonic = papa.TrainableConstants.from_toeplitz(constants)
+    torch.testing.assert_close(
+        harmonic.layer_pattern(1, valid, dtype=torch.float32),
+        papa.toeplitz(constants).layer_pattern(1, valid, dtype=torch.float32),
+        atol=1e-6, rtol=0,
+    )
+    # trainable through the hooks, with any loss
+    hooks = papa.hooks(trainable, heads="all")
+    assert hooks.parameters() == [trainable.logits]
+    logits = minilm.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=hooks)
+    logits[valid].logsumexp(-1).mean().backward()
+    grad = trainable.logits.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+    for param in minilm.parameters():
+        param.grad = None

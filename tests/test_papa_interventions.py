@@ -1,0 +1,247 @@
+"""PAPA interventions (replace, blend, context manager) and head selection, on MiniLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlens
+from attnlens import papa
+
+MAX_LEN = 32
+ROW_ATOL = 1e-6
+
+
+def is_pattern(name: str) -> bool:
+    return name.endswith("hook_pattern")
+
+
+@pytest.fixture(scope="module")
+def constants(minilm, sst2_sentences):
+    return papa.fit(minilm, sst2_sentences[:32], max_len=MAX_LEN, progress=False)
+
+
+@pytest.fixture(scope="module")
+def batch(minilm, sst2_sentences):
+    return attnlens.tokenize(minilm, sst2_sentences[100:108], max_len=MAX_LEN)
+
+
+@pytest.fixture(scope="module")
+def original(minilm, batch):
+    with torch.no_grad():
+        return minilm(batch.input_ids, **batch.model_kwargs())
+
+
+def run(model, batch, fwd_hooks, record=False):
+    """Logits with ``fwd_hooks``; with ``record``, also every layer's pattern after the hooks."""
+    seen = {}
+
+    def keep(pattern, hook):
+        seen[hook.layer()] = pattern.detach().clone()
+
+    extra = [(is_pattern, keep)] if record else []
+    with torch.no_grad():
+        logits = model.run_with_hooks(
+            batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(fwd_hooks) + extra
+        )
+    return (logits, seen) if record else logits
+
+
+def test_blend_with_lambda_one_is_the_model_and_lambda_zero_is_replace(minilm, batch, constants, original):
+    replaced = run(minilm, batch, papa.hooks(constants))
+    assert (replaced - original).abs().max() > 1.0
+    blend_one = papa.hooks(constants, mode="blend", lam=1.0)
+    assert torch.equal(blend_one.lam, torch.ones(6, 12))
+    assert torch.equal(run(minilm, batch, blend_one), original)
+    assert torch.equal(run(minilm, batch, papa.hooks(constants, mode="blend", lam=0.0)), replaced)
+    halfway = papa.hooks(constants, mode="blend")
+    assert isinstance(halfway.theta, torch.nn.Parameter) and halfway.theta.shape == (6, 12)
+    assert torch.equal(halfway.theta, torch.zeros(6, 12)) and torch.equal(halfway.lam, torch.full((6, 12), 0.5))
+    logits = run(minilm, batch, halfway)
+    assert not torch.equal(logits, original) and not torch.equal(logits, replaced)
+
+
+def test_constants_of_a_single_example_reproduce_the_model_on_it(minilm, sst2_sentences):
+    for layout in ("papa", "padded"):
+        text = sst2_sentences[200]
+        single = papa.fit(minilm, [text], max_len=MAX_LEN, layout=layout, progress=False)
+        batch = attnlens.tokenize(minilm, [text], max_len=MAX_LEN, layout=layout)
+        with torch.no_grad():
+            expected = minilm(batch.input_ids, **batch.model_kwargs())
+        got = run(minilm, batch, papa.hooks(single))
+        valid = batch.attention_mask.bool()
+        torch.testing.assert_close(got[valid], expected[valid], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["papa", "padded"])
+def test_replaced_rows_sum_to_one_over_valid_keys_and_are_zero_on_padding(minilm, sst2_sentences, layout):
+    constants = papa.fit(minilm, sst2_sentences[:16], max_len=MAX_LEN, layout=layout, progress=False)
+    batch = attnlens.tokenize(minilm, sst2_sentences[300:306], max_len=MAX_LEN, layout=layout)
+    padded = ~batch.attention_mask.bool()
+    assert padded.any()
+    _, patterns = run(minilm, batch, papa.hooks(constants), record=True)
+    assert sorted(patterns) == list(range(6))
+    for layer, pattern in patterns.items():
+        torch.testing.assert_close(pattern.sum(-1), torch.ones(pattern.shape[:-1]), atol=ROW_ATOL, rtol=0)
+        assert torch.all(pattern.transpose(1, 3)[padded] == 0), "padded keys must get exactly 0"
+        # valid rows are the constant restricted to valid pairs and renormalized
+        valid = ~padded
+        c = constants.mean[layer].float()[:, : pattern.shape[-1], : pattern.shape[-1]]
+        pairs = (valid[:, None, :, None] & valid[:, None, None, :]).float()
+        expected = c * pairs / (c * pairs).sum(-1, keepdim=True)
+        rows = valid[:, None, :].expand(-1, 12, -1)
+        torch.testing.assert_close(pattern[rows], expected[rows], atol=1e-6, rtol=1e-5)
+
+
+def test_constant_pattern_falls_back_to_uniform_and_zeros_contribute_nothing():
+    constant = torch.tensor([[[0.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0], [0.0] * 4]])
+    mask = torch.tensor([[True, True, False, False], [True, True, True, True]])
+    pattern = papa.constant_pattern(constant, mask)
+    assert pattern.shape == (2, 1, 4, 4)
+    # example 0: row 0 had mass only on a padded key -> uniform over the two valid keys
+    assert torch.equal(pattern[0, 0, 0], torch.tensor([0.5, 0.5, 0.0, 0.0]))
+    assert torch.equal(pattern[0, 0, 1], torch.tensor([0.5, 0.5, 0.0, 0.0]))
+    assert torch.equal(pattern[0, 0, 3], torch.tensor([0.5, 0.5, 0.0, 0.0]))  # padded query
+    assert torch.equal(pattern[1, 0, 0], torch.tensor([0.0, 0.0, 1.0, 0.0]))
+    assert torch.equal(pattern[1, 0, 3], torch.full((4,), 0.25))  # never-seen row
+    raw = papa.constant_pattern(constant, mask, renormalize=False)  # restricted, not renormalized
+    assert torch.equal(raw[0, 0, :, :2], torch.tensor([[0.0, 0.0], [0.5, 0.5], [0.0, 0.0], [0.0, 0.0]]))
+    assert torch.equal(raw[0, 0, :, 2:], torch.zeros(4, 2)) and torch.equal(raw[1, 0], constant[0])
+    # right-padded inputs may be shorter than the constants
+    assert papa.constant_pattern(constant, mask[:, :3]).shape == (2, 1, 3, 3)
+
+
+def test_zeros_constants_make_heads_contribute_nothing(minilm, batch):
+    _, patterns = run(minilm, batch, papa.hooks(papa.zeros(minilm, max_len=MAX_LEN)), record=True)
+    assert all(torch.all(p == 0) for p in patterns.values())
+
+
+def test_replacing_all_half_or_no_heads_changes_the_logits_accordingly(minilm, batch, constants, original):
+    valid = batch.attention_mask.bool()
+    _, plain = run(minilm, batch, [], record=True)
+    change = {}
+    for heads in ("all", 0.5, 0.0):
+        hooks = papa.hooks(constants, heads=heads)
+        logits, patterns = run(minilm, batch, hooks, record=True)
+        change[heads] = (logits - original)[valid].abs().mean().item()
+        assert len(hooks.heads) == {"all": 72, 0.5: 36, 0.0: 0}[heads]
+        assert len(hooks) == int(hooks.heads.mask.any(-1).sum()), "one hook per layer with a selected head"
+        for layer in range(6):
+            selected = hooks.heads.mask[layer]
+            replaced = papa.constant_pattern(constants.mean[layer].float(), valid)
+            torch.testing.assert_close(patterns[layer][:, selected], replaced[:, selected], atol=0, rtol=0)
+        # layer 0 sees the original inputs: its other heads keep their own attention
+        assert torch.equal(patterns[0][:, ~hooks.heads.mask[0]], plain[0][:, ~hooks.heads.mask[0]])
+    assert change[0.0] == 0.0
+    assert 0.0 < change[0.5] < change["all"], change
+    # the heads replaced are the least input-dependent ones
+    ranking = torch.argsort(constants.input_dependence.flatten(), stable=True)[:36]
+    assert set(papa.hooks(constants, heads=0.5).heads) == {divmod(int(i), 12) for i in ranking}
+
+
+def test_mismatched_inputs_raise_errors_naming_both(minilm, sst2_sentences, constants):
+    padded = attnlens.tokenize(minilm, sst2_sentences[:4], max_len=MAX_LEN, layout="padded")
+    longer = attnlens.tokenize(minilm, sst2_sentences[:4], max_len=48)
+    with pytest.raises(ValueError, match="layout='papa', max_len=32; the inputs have length"):
+        run(minilm, padded, papa.hooks(constants))
+    with pytest.raises(ValueError, match="max_len=32; the inputs have length 48"):
+        run(minilm, longer, papa.hooks(constants))
+    with pytest.raises(ValueError, match="layout='papa', max_len=32; the batch has layout='padded'"):
+        constants.check_compatible(minilm, padded)
+    # right-padded to exactly max_len: the length fits, the padding does not
+    uneven = attnlens.tokenize(minilm, ["word " * 40, "short ."], max_len=MAX_LEN, layout="padded")
+    assert uneven.input_ids.shape[1] == MAX_LEN
+    with pytest.raises(ValueError, match="not in the 'papa' layout"):
+        run(minilm, uneven, papa.hooks(constants))
+    padded_constants = papa.fit(minilm, sst2_sentences[:4], max_len=MAX_LEN, layout="padded", progress=False)
+    papa_batch = attnlens.tokenize(minilm, sst2_sentences[:4], max_len=MAX_LEN)
+    with pytest.raises(ValueError, match="layout='padded', max_len=32; the inputs are not right-padded"):
+        run(minilm, papa_batch, papa.hooks(padded_constants))
+    with pytest.raises(ValueError, match="Unknown mode 'mix'"):
+        papa.hooks(constants, mode="mix")
+    with pytest.raises(ValueError, match="lam= is only used with mode='blend'"):
+        papa.hooks(constants, lam=0.3)
+    with pytest.raises(ValueError, match="pass heads=select_heads"):
+        papa.hooks(papa.toeplitz(constants), heads=0.5)
+
+
+def test_intervention_context_manager(minilm, batch, constants, original):
+    expected = run(minilm, batch, papa.hooks(constants, heads=0.25))
+    with papa.intervention(minilm, constants, heads=0.25) as hooks, torch.no_grad():
+        assert len(hooks.heads) == 18
+        got = minilm(batch.input_ids, **batch.model_kwargs())
+    assert torch.equal(got, expected)
+    with torch.no_grad():
+        assert torch.equal(minilm(batch.input_ids, **batch.model_kwargs()), original), "hooks removed"
+    with pytest.raises(ValueError, match="constants were fitted on 'other/model', model is"):
+        with papa.intervention(minilm, constants.replace(model_id="other/model")):
+            pass
+
+
+# ---- head selection -------------------------------------------------------------------------
+
+
+def test_layer_order_strategies(constants):
+    first = papa.select_heads("first_to_last", fraction=0.25, constants=constants)
+    assert first.order == [(0, h) for h in range(12)] + [(1, h) for h in range(6)]
+    last = papa.select_heads("last_to_first", fraction=0.25, constants=constants)
+    assert last.order == [(5, h) for h in range(12)] + [(4, h) for h in range(6)]
+    assert len(papa.select_heads("first_to_last", fraction=0.3, n_layers=6, n_heads=12)) == 22  # 21.6
+    assert len(papa.select_heads("last_to_first", n=5, n_layers=6, n_heads=12)) == 5
+    assert len(papa.select_heads("first_to_last", fraction=1.0, constants=constants)) == 72
+    assert len(papa.select_heads("first_to_last", fraction=0.0, constants=constants)) == 0
+    mask = first.mask
+    assert mask.shape == (6, 12) and mask.dtype == torch.bool and int(mask.sum()) == 18
+
+
+def test_random_strategy_is_seeded(constants):
+    a = papa.select_heads("random", fraction=0.5, constants=constants, seed=1)
+    b = papa.select_heads("random", fraction=0.5, constants=constants, seed=1)
+    c = papa.select_heads("random", fraction=0.5, constants=constants, seed=2)
+    assert a.order == b.order and a.order != c.order
+    assert len(a) == 36 and len(set(a.order)) == 36
+
+
+def test_input_dependence_and_lambda_strategies_rank_by_their_scores(constants):
+    dependence = constants.input_dependence
+    chosen = papa.select_heads("input_dependence", fraction=0.5, constants=constants)
+    expected = [divmod(int(i), 12) for i in torch.argsort(dependence.flatten(), stable=True)[:36]]
+    assert chosen.order == expected
+    assert [dependence[h] for h in chosen.order] == sorted(dependence[h] for h in chosen.order)
+
+    lam = torch.rand(6, 12, generator=torch.Generator().manual_seed(0))
+    low = papa.select_heads("lambda", fraction=0.25, lam=lam, n_layers=6, n_heads=12)
+    high = papa.select_heads("reversed_lambda", fraction=0.25, lam=lam, n_layers=6, n_heads=12)
+    assert low.order == [divmod(int(i), 12) for i in torch.argsort(lam.flatten())[:18]]
+    assert high.order == [divmod(int(i), 12) for i in torch.argsort(lam.flatten(), descending=True)[:18]]
+    assert torch.equal(low.scores, lam)
+    with pytest.raises(ValueError, match="Unknown strategy 'best'"):
+        papa.select_heads("best", fraction=0.5, constants=constants)
+    with pytest.raises(ValueError, match="needs lam="):
+        papa.select_heads("lambda", fraction=0.5, constants=constants)
+
+
+def test_learned_lambda_trains_theta_with_a_user_loss(minilm, sst2_sentences, constants):
+    batches = []
+    for start in (400, 404):
+        b = attnlens.tokenize(minilm, sst2_sentences[start : start + 4], max_len=MAX_LEN)
+        with torch.no_grad():
+            b.extra["target"] = minilm(b.input_ids, **b.model_kwargs())
+        batches.append(b)
+
+    def loss_fn(logits, batch):  # stay close to the original model's logits
+        valid = batch.attention_mask.bool()
+        return (logits - batch.extra["target"])[valid].square().mean()
+
+    lam = papa.learn_lambda(minilm, constants, loss_fn=loss_fn, batches=batches, steps=3, lr=0.1)
+    assert lam.shape == (6, 12) and not torch.equal(lam, torch.full((6, 12), 0.5))
+    assert all(not p.requires_grad or p.grad is None for p in minilm.parameters())
+    assert all(p.requires_grad for p in minilm.parameters()), "model weights are unfrozen again"
+
+    chosen = papa.select_heads(
+        "lambda", fraction=0.5, model=minilm, constants=constants, loss_fn=loss_fn,
+        batches=batches, steps=3, lr=0.1,
+    )
+    assert len(chosen) == 36
+    assert chosen.order == [divmod(int(i), 12) for i in torch.argsort(chosen.scores.flatten(), stable=True)[:36]]
+    assert (chosen.scores != 0.5).any()
