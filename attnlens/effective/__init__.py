@@ -1,0 +1,31 @@
+"""Effective attention (Brunner et al. 2020; Sun & Marasović 2021).
+
+- :func:`effective_attention`: ``A⊥ = A P`` for a batch of patterns and value vectors
+  (:mod:`attnlens.effective.core`);
+- :func:`run`, :func:`hooks`, :func:`hooked`, :func:`statistics`: the same on a whole model
+  through TransformerLens hooks (:mod:`attnlens.effective.model`).
+"""
+
+from __future__ import annotations
+
+from attnlens.effective.core import effective_attention
+from attnlens.effective.model import (
+    MODES,
+    EffectiveRun,
+    EffectiveStatistics,
+    hooked,
+    hooks,
+    run,
+    statistics,
+)
+
+__all__ = [
+    "MODES",
+    "EffectiveRun",
+    "EffectiveStatistics",
+    "effective_attention",
+    "hooked",
+    "hooks",
+    "run",
+    "statistics",
+]

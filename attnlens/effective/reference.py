@@ -1,0 +1,44 @@
+"""Slow reference for effective attention: a per-(example, head) NumPy float64 SVD loop.
+
+Written from the paper's definition (Brunner et al. 2020, Sec. 4; Sun & Marasović 2021), for tests
+and the benchmark only; use :func:`attnlens.effective_attention` for real work. For each example
+and head: restrict ``V`` to the valid keys, ``U, S, Wt = svd(V_valid)``, keep the left singular
+vectors with ``S > tol · S.max()``, ``P = U_r U_rᵀ`` and ``A⊥ = A_valid P`` on the valid
+(query, key) block. Entries outside that block are 0 (the reference has no padding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+
+def effective_attention_loop(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch head key d_head"],
+    key_mask: Bool[Tensor, "batch key"],
+    *,
+    rtol: float | None = None,
+    eps: float = float(np.finfo(np.float32).eps),
+) -> Float[np.ndarray, "batch head query key"]:
+    """``A⊥`` on each sequence's valid block, one NumPy float64 SVD per (example, head).
+
+    ``rtol`` default: ``max(n_valid, d_head) · eps`` (NumPy's ``matrix_rank`` rule), with ``eps``
+    the machine epsilon of the dtype the activations were computed in (float32 by default).
+    """
+    attention = pattern.detach().cpu().double().numpy()
+    values = v.detach().cpu().double().numpy()
+    valid = key_mask.detach().cpu().numpy().astype(bool)
+    out = np.zeros_like(attention)
+    for example in range(attention.shape[0]):
+        keys = np.flatnonzero(valid[example])
+        block = np.ix_(keys, keys)
+        for head in range(attention.shape[1]):
+            v_valid = values[example, head][keys]
+            u, s, _ = np.linalg.svd(v_valid, full_matrices=False)
+            tol = (max(v_valid.shape) * eps if rtol is None else rtol) * s.max()
+            u_r = u[:, s > tol]
+            projector = u_r @ u_r.T
+            out[example, head][block] = attention[example, head][block] @ projector
+    return out

@@ -1,0 +1,174 @@
+"""Benchmark: effective attention for every head of MiniLM, batch 32 x 128 real tokens.
+
+Prints
+- (forward + effective attention for all heads) / (forward alone). Target <= 1.5x; the original
+  paper's code doubles evaluation time (Sun & Marasović 2021, Table 3: 2x);
+- the speed-up of :func:`attnlens.effective_attention` over the per-(example, head) NumPy float64
+  SVD loop (:mod:`attnlens.effective.reference`) on the same activations. Target >= 20x.
+
+Inputs: the first 32 WikiText-2 validation paragraphs with at least 128 word pieces, truncated to
+128 tokens (layout "padded", every position a real token). Timings: one warm-up, then medians of
+``--repeats`` runs, the two sides of each ratio run alternately so that both see the same
+background load. The loop runs over all 6 x 32 x 12 heads (not a subset, nothing scaled),
+``--loop-repeats`` times, with NumPy's BLAS limited to one thread (its fastest setting for these
+small matrices). Forward = the bridge's plain forward with no hooks (``model(input_ids, ...)``,
+which includes the randomly initialised MLM head over the 30,522-token vocabulary); forward +
+effective = :func:`attnlens.effective.run` (one forward whose hooks read V and every pattern,
+compute A⊥ and keep both maps). Because the MLM head is a large part of the forward, the ratio
+against the encoder alone is printed too.
+
+Usage: ``HF_HUB_OFFLINE=1 python benchmarks/effective.py [--repeats 5] [--threads N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import einops
+import torch
+
+import attnlens
+from attnlens.effective import effective_attention, run
+from attnlens.effective.reference import effective_attention_loop
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+BATCH, LENGTH = 32, 128
+
+
+def wikitext_paragraphs(path: Path) -> list[str]:
+    """Paragraph lines of WikiText (headings `` = Title = `` and blank lines dropped)."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("=")]
+
+
+def timed_pairs(
+    first: Callable[[], object], second: Callable[[], object], repeats: int, warmup: int = 1
+) -> tuple[list[float], list[float]]:
+    """Wall times of ``first`` and ``second`` run alternately ``repeats`` times, after warm-up.
+
+    Alternating keeps both exposed to the same background load (the CPU may be shared).
+    """
+    for _ in range(warmup):
+        first()
+        second()
+    times: tuple[list[float], list[float]] = ([], [])
+    for _ in range(repeats):
+        for function, bucket in zip((first, second), times, strict=True):
+            start = time.perf_counter()
+            function()
+            bucket.append(time.perf_counter() - start)
+    return times
+
+
+def single_blas_thread() -> Any:
+    """Limit NumPy's BLAS to one thread for the loop: for its many small per-head products and
+    SVDs that is its fastest setting (more threads only add synchronisation, badly so on a
+    shared CPU). Falls back to no limit when threadpoolctl is not installed."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return contextlib.nullcontext("default")
+    return threadpool_limits(limits=1, user_api="blas")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--loop-repeats", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
+    parser.add_argument("--device", default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    model = attnlens.load(device=args.device)
+    tokenizer = model.tokenizer
+    paragraphs = [
+        text
+        for text in wikitext_paragraphs(DATA / "wikitext2" / "valid.txt")
+        if len(tokenizer(text, add_special_tokens=True)["input_ids"]) >= LENGTH
+    ][:BATCH]
+    batch = attnlens.tokenize(model, paragraphs, max_len=LENGTH, layout="padded").to(model.cfg.device)
+    assert batch.input_ids.shape == (BATCH, LENGTH) and bool(batch.attention_mask.all()), (
+        "every example must fill all 128 positions with real tokens"
+    )
+    kwargs = batch.model_kwargs()
+    device = batch.input_ids.device
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def forward() -> None:
+        with torch.no_grad():
+            model(batch.input_ids, **kwargs)
+        sync()
+
+    def encoder() -> None:
+        with torch.no_grad():
+            model.original_model.bert(input_ids=batch.input_ids, **kwargs)
+        sync()
+
+    def forward_effective() -> None:
+        run(model, batch)
+        sync()
+
+    names = [f"blocks.{layer}.attn.{hook}" for layer in range(model.cfg.n_layers) for hook in ("hook_pattern", "hook_v")]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **kwargs, names_filter=names)
+    layers = [
+        (
+            cache[f"blocks.{layer}.attn.hook_pattern"],
+            einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d"),
+        )
+        for layer in range(model.cfg.n_layers)
+    ]
+    valid = batch.attention_mask.bool()
+
+    def effective_only() -> None:
+        for pattern, v in layers:
+            effective_attention(pattern, v, key_mask=valid)
+        sync()
+
+    def loop() -> None:
+        for pattern, v in layers:
+            effective_attention_loop(pattern, v, valid)
+
+    median = statistics.median
+    forward_times, both_times = timed_pairs(forward, forward_effective, args.repeats)
+    encoder_times, effective_times = timed_pairs(encoder, effective_only, args.repeats)
+    with single_blas_thread() as limits:
+        blas = "1 BLAS thread" if limits != "default" else "default BLAS threads"
+        loop_times, effective_loop_times = timed_pairs(loop, effective_only, args.loop_repeats, warmup=0)
+    t_forward, t_both = median(forward_times), median(both_times)
+    t_encoder, t_effective = median(encoder_times), median(effective_times + effective_loop_times)
+    t_loop = median(loop_times)
+    n_heads = model.cfg.n_layers * model.cfg.n_heads * BATCH
+
+    print(f"attnlens effective-attention benchmark: {attnlens.loading.model_id(model)}, "
+          f"batch {BATCH} x {LENGTH} real tokens (WikiText-2 valid), device {device}, "
+          f"torch threads {torch.get_num_threads()}")
+    print(f"medians of {args.repeats} alternating runs after 1 warm-up; wall-clock on a possibly "
+          "shared CPU, so timings are noisy")
+    print(f"forward alone (plain bridge forward, no hooks, incl. MLM head):   {t_forward:7.3f} s")
+    print(f"forward + effective attention for all {n_heads} heads (effective.run): {t_both:7.3f} s")
+    print(f"  RATIO (forward + effective) / forward: {t_both / t_forward:5.2f}x   "
+          "(target <= 1.5x; paper's Table 3: 2x)")
+    print(f"encoder alone (HF BertModel, no MLM head):                       {t_encoder:7.3f} s")
+    print(f"effective_attention alone, all 6 layers, on cached A and V:      {t_effective:7.3f} s")
+    print(f"  ratio (encoder + effective) / encoder: {(t_encoder + t_effective) / t_encoder:5.2f}x   "
+          "(derived from the two timings above)")
+    print(f"per-head NumPy float64 SVD loop, all {n_heads} heads (no subset, no scaling), "
+          f"{blas}, median of {args.loop_repeats}: {t_loop:7.3f} s")
+    print(f"  SPEED-UP of effective_attention over the loop: {t_loop / t_effective:5.1f}x   "
+          "(target >= 20x)")
+
+
+if __name__ == "__main__":
+    main()

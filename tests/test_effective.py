@@ -1,0 +1,193 @@
+"""attnlens.effective_attention against a per-head NumPy float64 SVD loop, on real MiniLM activations.
+
+Tolerances: 1e-5 absolute against the float64 reference for float32 activations (observed ~2e-7);
+1e-10 for float64 activations (QR route); A⊥V = AV to 1e-5 relative per (example, head).
+"""
+
+from __future__ import annotations
+
+import einops
+import numpy as np
+import pytest
+import torch
+
+import attnlens
+from attnlens.effective import core, effective_attention
+from attnlens.effective.reference import effective_attention_loop
+
+ATOL = 1e-5
+D_HEAD = 32
+#: token lengths (specials included) of the SST-2 dev sentences used: below, at, above d_head
+LENGTHS = (9, 20, 31, 32, 33, 40, 55)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_blas_thread():
+    """NumPy's reference loop does many tiny SVDs and products: one BLAS thread is fastest."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+def sentences_of_lengths(model, sentences, lengths):
+    """The first SST-2 sentence of each token length in ``lengths``."""
+    chosen = {}
+    for sentence in sentences:
+        n = len(model.tokenizer(sentence)["input_ids"])
+        if n in lengths and n not in chosen:
+            chosen[n] = sentence
+    return [chosen[n] for n in lengths]
+
+
+@pytest.fixture(scope="module")
+def activations(minilm, sst2_sentences):
+    """Patterns and values ``[batch, head, key, d_head]`` of every layer on a padded SST-2 batch."""
+    batch = attnlens.tokenize(
+        minilm, sentences_of_lengths(minilm, sst2_sentences, LENGTHS), max_len=64, layout="padded"
+    )
+    assert batch.attention_mask.sum(-1).tolist() == list(LENGTHS)
+    names = [f"blocks.{layer}.attn.{hook}" for layer in range(6) for hook in ("hook_pattern", "hook_v")]
+    with torch.no_grad():
+        _, cache = minilm.run_with_cache(batch.input_ids, **batch.model_kwargs(), names_filter=names)
+    layers = [
+        (
+            cache[f"blocks.{layer}.attn.hook_pattern"],
+            einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d"),
+        )
+        for layer in range(minilm.cfg.n_layers)
+    ]
+    return layers, batch.attention_mask.bool()
+
+
+def valid_block(valid):
+    """``[batch, 1, query, key]`` mask of the (valid query, valid key) entries."""
+    return valid[:, None, :, None] & valid[:, None, None, :]
+
+
+def test_matches_numpy_svd_loop_below_at_and_above_d_head(activations):
+    layers, valid = activations
+    lengths = valid.sum(-1)
+    short, long = lengths <= D_HEAD, lengths > D_HEAD
+    assert {int(n) for n in lengths} >= {20, 32, 33} and short.any() and long.any()
+    block = valid_block(valid)
+    for pattern, v in layers:
+        got = effective_attention(pattern, v, key_mask=valid)
+        assert got.dtype == pattern.dtype and got.shape == pattern.shape
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid))
+        error = (got.double() - expected).abs()[block.expand_as(got)]
+        assert error.max() <= ATOL, f"max abs error {error.max():.2e}"
+        # valid length <= d_head: exactly A, bit for bit
+        assert torch.equal(got[short], pattern[short])
+        # above d_head the null-space part is substantial, and padded keys get nothing
+        assert (got[long] - pattern[long]).abs().max() > 0.1
+        assert torch.all(got.transpose(1, 3)[long][~valid[long]] == 0)
+        # the default key mask (inferred from the pattern) gives the same answer
+        torch.testing.assert_close(effective_attention(pattern, v), got, atol=0, rtol=0)
+
+
+def test_float64_activations_match_the_loop_to_working_precision(activations):
+    layers, valid = activations
+    block = valid_block(valid)
+    for pattern, v in layers[::2]:
+        got = effective_attention(pattern.double(), v.double(), key_mask=valid)
+        assert got.dtype == torch.float64
+        expected = effective_attention_loop(pattern, v, valid, eps=float(np.finfo(np.float64).eps))
+        error = (got - torch.from_numpy(expected)).abs()[block.expand_as(got)]
+        assert error.max() <= 1e-10
+
+
+def test_rank_tolerance_is_relative_to_each_heads_largest_singular_value(activations):
+    layers, valid = activations
+    pattern, v = layers[3]
+    block = valid_block(valid).expand_as(pattern)
+    # rank-deficient values (rank 20 < d_head), with heads of very different scales
+    generator = torch.Generator().manual_seed(0)
+    mixing = torch.randn(20, D_HEAD, generator=generator)
+    scales = torch.logspace(-3, 3, v.shape[1])[None, :, None, None]
+    low_rank = (v[..., :20] @ mixing) * scales
+    got = effective_attention(pattern, low_rank, key_mask=valid)
+    expected = effective_attention_loop(pattern, low_rank, valid)
+    lengths = valid.sum(-1)
+    long = lengths > D_HEAD
+    error = (got.double() - torch.from_numpy(expected)).abs() * block
+    assert error[long].max() <= ATOL
+    # by specification, sequences of at most d_head keys are returned as A even then
+    assert torch.equal(got[~long], pattern[~long])
+    # an explicit rtol cuts real directions (same rule as the loop), and a tiny one keeps all
+    for rtol in (0.05, 1e-9):
+        got = effective_attention(pattern, v, key_mask=valid, rtol=rtol)
+        expected = effective_attention_loop(pattern, v, valid, rtol=rtol)
+        assert ((got.double() - torch.from_numpy(expected)).abs() * block)[long].max() <= ATOL
+    cut = effective_attention(pattern, v, key_mask=valid, rtol=0.05)[long]
+    assert (cut - effective_attention(pattern, v, key_mask=valid)[long]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["valid-keys", "padded"])
+def test_effective_attention_times_v_equals_attention_times_v(activations, padded):
+    layers, valid = activations
+    for pattern, v in layers:
+        effective = effective_attention(pattern, v, key_mask=valid, padded=padded)
+        expected = pattern.double() @ v.double()
+        got = effective.double() @ v.double()
+        relative = (got - expected).norm(dim=(-2, -1)) / expected.norm(dim=(-2, -1))
+        assert relative.max() <= 1e-5, f"max relative error {relative.max():.2e}"
+
+
+def test_padded_semantics_depend_on_padding(activations):
+    """padded=True (the original code) differs from the per-sequence answer; the default does not."""
+    layers, valid = activations
+    block = valid_block(valid)
+    errors = []
+    for pattern, v in layers:
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid))
+        padded = effective_attention(pattern, v, key_mask=valid, padded=True)
+        errors.append((padded.double() - expected).abs()[block.expand_as(padded)].max())
+        # with padding, effective attention leaks onto padded keys
+        assert padded.transpose(1, 3)[~valid].abs().max() > 1e-3
+    assert max(errors) > 0.05
+
+
+def test_short_sequences_skip_the_decomposition(activations, monkeypatch):
+    layers, valid = activations
+    pattern, v = layers[0]
+    lengths = valid.sum(-1)
+    seen = []
+    original = core._column_space_basis
+
+    def spy(v, valid, tolerance, **kwargs):
+        seen.append(v.shape[0])
+        return original(v, valid, tolerance, **kwargs)
+
+    monkeypatch.setattr(core, "_column_space_basis", spy)
+    effective_attention(pattern, v, key_mask=valid)
+    assert seen == [int((lengths > D_HEAD).sum())]
+    short = lengths <= D_HEAD
+    seen.clear()
+    got = effective_attention(pattern[short], v[short], key_mask=valid[short])
+    assert seen == [] and torch.equal(got, pattern[short])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs(activations, dtype):
+    """Half inputs: computed in float64/float32 and returned in their dtype, rounding aside exact."""
+    layers, valid = activations
+    pattern, v = (x.to(dtype) for x in layers[2])
+    got = effective_attention(pattern, v, key_mask=valid)
+    assert got.dtype == dtype and got.device == pattern.device
+    expected = torch.from_numpy(effective_attention_loop(pattern.float(), v.float(), valid))
+    block = valid_block(valid).expand_as(pattern)
+    error = (got.double() - expected).abs()[block]
+    assert error.max() <= 2 * torch.finfo(dtype).eps * expected.abs().max()
+
+
+def test_value_layout_is_checked(activations):
+    layers, valid = activations
+    pattern, v = layers[0]
+    with pytest.raises(ValueError, match="rearrange"):
+        effective_attention(pattern, einops.rearrange(v, "b h k d -> b k h d"))
+    with pytest.raises(ValueError, match="key_mask"):
+        effective_attention(pattern, v, key_mask=valid[:, :10])

@@ -1,0 +1,209 @@
+"""Effective attention on the whole MiniLM through hooks: run, replace / null modes, statistics.
+
+Tolerances: padded batch vs each sequence alone 1e-5 absolute; logits with every pattern replaced
+by its effective attention 1e-4 absolute; null mode: each layer's head outputs z at most 1e-5 of
+the standard z (Frobenius norms); streamed statistics vs the same statistics from full maps 1e-5.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import einops
+import pytest
+import torch
+
+import attnlens
+from attnlens import effective
+from attnlens.effective import effective_attention
+from attnlens.effective.reference import effective_attention_loop
+from attnlens.stats import AttentionStatistics, token_classes
+from tests import tiny
+from tests.conftest import DATA
+
+D_HEAD = 32
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_blas_thread():
+    """NumPy's reference loop does many tiny SVDs and products: one BLAS thread is fastest."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+def is_z(name: str) -> bool:
+    return name.endswith("attn.hook_z")
+
+
+@pytest.fixture(scope="module")
+def wikitext_paragraphs() -> list[str]:
+    path = Path(DATA) / "wikitext2" / "valid.txt"
+    if not path.exists():
+        pytest.skip(f"real data not found at {path}")
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    return [line for line in lines if len(line) > 400 and not line.startswith("=")]
+
+
+@pytest.fixture(scope="module")
+def mixed_texts(sst2_sentences, wikitext_paragraphs) -> list[str]:
+    """Short and long texts: SST-2 sentences (12 to 47 tokens) and WikiText paragraphs (> 96)."""
+    return [sst2_sentences[i] for i in (0, 2, 34, 78, 345)] + wikitext_paragraphs[:3]
+
+
+@pytest.fixture(scope="module")
+def mixed_batch(minilm, mixed_texts):
+    batch = attnlens.tokenize(minilm, mixed_texts, max_len=96, layout="padded")
+    lengths = batch.attention_mask.sum(-1)
+    assert (lengths < D_HEAD).any() and (lengths > D_HEAD).any() and (lengths == 96).any()
+    return batch
+
+
+@pytest.fixture(scope="module")
+def mixed_run(minilm, mixed_batch):
+    return effective.run(minilm, mixed_batch)
+
+
+def test_run_returns_standard_and_effective_patterns_per_layer(minilm, mixed_batch, mixed_run):
+    n_layers, n_heads = minilm.cfg.n_layers, minilm.cfg.n_heads
+    batch, pos = mixed_batch.input_ids.shape
+    assert mixed_run.standard.shape == (n_layers, batch, n_heads, pos, pos)
+    assert mixed_run.effective.shape == mixed_run.standard.shape
+    assert torch.equal(mixed_run.valid, mixed_batch.attention_mask.bool())
+    with torch.no_grad():
+        logits, cache = minilm.run_with_cache(mixed_batch.input_ids, **mixed_batch.model_kwargs())
+    torch.testing.assert_close(mixed_run.logits, logits, atol=0, rtol=0)
+    for layer in range(n_layers):
+        pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
+        v = einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d")
+        torch.testing.assert_close(mixed_run.standard[layer], pattern, atol=0, rtol=0)
+        expected = effective_attention(pattern, v, key_mask=mixed_run.valid)
+        torch.testing.assert_close(mixed_run.effective[layer], expected, atol=0, rtol=0)
+    torch.testing.assert_close(mixed_run.null, mixed_run.standard - mixed_run.effective)
+
+
+def test_padded_batch_equals_each_sequence_alone(minilm, mixed_texts, mixed_batch, mixed_run):
+    lengths = mixed_batch.attention_mask.sum(-1).tolist()
+    worst = 0.0
+    for row in (0, 3, 4, 5):  # 12, 33, 47 and 96 tokens
+        text = mixed_texts[row]
+        alone = attnlens.tokenize(minilm, [text], max_len=96, layout="padded")
+        assert bool(alone.attention_mask.all()) and alone.input_ids.shape[1] == lengths[row]
+        single = effective.run(minilm, alone)
+        n = lengths[row]
+        got = mixed_run.effective[:, row, :, :n, :n]
+        worst = max(worst, float((got - single.effective[:, 0]).abs().max()))
+        # padded keys get no effective attention
+        assert torch.all(mixed_run.effective[:, row, :, :, n:] == 0)
+    assert worst <= 1e-5, f"max abs difference {worst:.2e}"
+
+
+def test_replacing_every_pattern_by_effective_attention_leaves_logits_unchanged(
+    minilm, mixed_batch, mixed_run
+):
+    valid = mixed_run.valid
+    long = valid.sum(-1) > D_HEAD
+    # the replacement is a real change of the patterns...
+    assert (mixed_run.effective - mixed_run.standard)[:, long].abs().max() > 0.5
+    with torch.no_grad():
+        plain = minilm(mixed_batch.input_ids, **mixed_batch.model_kwargs())
+        replaced = minilm.run_with_hooks(
+            mixed_batch.input_ids, **mixed_batch.model_kwargs(), fwd_hooks=effective.hooks(minilm)
+        )
+        with effective.hooked(minilm, "effective"):
+            in_context = minilm(mixed_batch.input_ids, **mixed_batch.model_kwargs())
+    # ...that leaves the output unchanged
+    torch.testing.assert_close(replaced, plain, atol=1e-4, rtol=0)
+    torch.testing.assert_close(in_context, replaced, atol=0, rtol=0)
+    assert not minilm.hook_dict["blocks.0.attn.hook_pattern"].fwd_hooks, "hooks must be removed"
+
+
+def test_null_space_mode_zeroes_the_heads_outputs(minilm, mixed_batch):
+    kwargs = mixed_batch.model_kwargs()
+    with torch.no_grad():
+        plain, cache = minilm.run_with_cache(mixed_batch.input_ids, **kwargs, names_filter=is_z)
+        z_null: dict[int, torch.Tensor] = {}
+
+        def record(z, hook):  # hook.name is the alias target, blocks.{l}.attn.o.hook_in
+            z_null[int(hook.name.split(".")[1])] = z.detach().clone()
+
+        nulled = minilm.run_with_hooks(
+            mixed_batch.input_ids,
+            **kwargs,
+            fwd_hooks=[*effective.hooks(minilm, "null"), (is_z, record)],
+        )
+    assert len(z_null) == minilm.cfg.n_layers
+    for layer, z in z_null.items():
+        standard = cache[f"blocks.{layer}.attn.hook_z"]
+        assert z.shape == standard.shape  # [batch, pos, head, d_head]
+        assert z.norm() <= 1e-5 * standard.norm(), f"layer {layer}: {z.norm() / standard.norm():.2e}"
+    assert (nulled - plain).abs().max() > 1.0, "removing every head's output must change the logits"
+
+
+@pytest.mark.parametrize(
+    "make_model, make_tokenizer",
+    [(tiny.tiny_roberta, tiny.roberta_tokenizer), (tiny.tiny_gpt2, tiny.gpt2_tokenizer)],
+    ids=["roberta", "gpt2"],
+)
+def test_effective_mode_on_other_architectures(make_model, make_tokenizer):
+    """d_head is 8 in the tiny models, so every sequence here has a non-trivial null space."""
+    model = attnlens.load(make_model(), tokenizer=make_tokenizer())
+    encoded = make_tokenizer()([" ".join(tiny.CORPUS[:2])], return_tensors="pt")
+    with torch.no_grad():
+        plain = model(encoded["input_ids"])
+        replaced = model.run_with_hooks(encoded["input_ids"], fwd_hooks=effective.hooks(model))
+    torch.testing.assert_close(replaced, plain, atol=1e-4, rtol=0)
+    result = effective.run(model, encoded["input_ids"])
+    assert (result.standard - result.effective).abs().max() > 0.01
+
+
+def test_modes_and_layers_are_checked(minilm):
+    with pytest.raises(ValueError, match="mode"):
+        effective.hooks(minilm, "nul")
+    with pytest.raises(ValueError, match="layers"):
+        effective.hooks(minilm, layers=[6])
+    assert len(effective.hooks(minilm, layers=[0, 2])) == 4
+
+
+def test_statistics_stream_over_a_corpus(minilm, sst2_sentences, wikitext_paragraphs):
+    corpus = sst2_sentences[:7] + wikitext_paragraphs[:3]
+    streamed = effective.statistics(minilm, corpus, max_len=64, batch_size=4, progress=False)
+    # the same means from full maps of the whole corpus in one batch
+    batch = attnlens.tokenize(minilm, corpus, max_len=64, layout="padded")
+    full = effective.run(minilm, batch)
+    classes = token_classes(minilm.tokenizer, batch.input_ids)
+    expected = {kind: AttentionStatistics(6, 12) for kind in ("standard", "effective")}
+    for layer in range(6):
+        expected["standard"].update(layer, full.standard[layer], classes, full.valid)
+        expected["effective"].update(layer, full.effective[layer], classes, full.valid)
+    assert streamed.n_sequences == len(corpus) and streamed.n_tokens == int(batch.attention_mask.sum())
+    for kind in ("standard", "effective"):
+        means = getattr(streamed, kind)
+        for name in ("to_cls", "to_sep", "to_punct"):
+            assert means[name].shape == (6, 12)
+            torch.testing.assert_close(means[name], expected[kind].means()[name], atol=1e-5, rtol=0)
+    assert (streamed.effective["to_sep"] - streamed.standard["to_sep"]).abs().max() > 1e-3
+    frame = streamed.to_frame()
+    assert set(frame["attention"]) == {"standard", "effective"} and len(frame) == 2 * 7 * 72
+
+
+def test_papa_layout_padding_in_the_middle(minilm, sst2_sentences):
+    """PAPA puts padding before the final [SEP]: the valid keys need not be a prefix."""
+    texts = [s for s in sst2_sentences if 40 <= len(minilm.tokenizer(s)["input_ids"]) <= 50][:3]
+    batch = attnlens.tokenize(minilm, texts, max_len=64, layout="papa")
+    valid = batch.attention_mask.bool()
+    assert bool(valid[:, -1].all()) and not bool(valid[:, -2].any())
+    result = effective.run(minilm, batch)
+    with torch.no_grad():
+        _, cache = minilm.run_with_cache(batch.input_ids, **batch.model_kwargs())
+    block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(result.effective[0])
+    for layer in (0, 5):
+        v = einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d")
+        expected = effective_attention_loop(result.standard[layer], v, valid)
+        error = (result.effective[layer].double() - torch.from_numpy(expected)).abs()[block]
+        assert error.max() <= 1e-5
+        assert torch.all(result.effective[layer].transpose(1, 3)[~valid] == 0)
