@@ -23,7 +23,12 @@ test: install
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
 
 lint: install
-	$(PY) -m ruff check attnlens tests benchmarks examples
+	$(PY) -m ruff check attnlens tests benchmarks examples docs
+
+docs: install
+	$(PY) -m pip install --quiet -e ".[docs]"
+	HF_HUB_OFFLINE=1 $(PY) docs/gallery.py
+	$(PY) -m mkdocs build --strict
 
 bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/papa_fit.py

@@ -1,0 +1,230 @@
+"""The ``attnlens`` command line.
+
+::
+
+    attnlens compare [--model M] [--corpus FILE|default] [--views standard,papa,effective]
+                     [--max-len N] [--n-examples N] [--batch-size N] [--constants FILE]
+                     [--json FILE] [--quiet] --out report.html
+    attnlens fit-papa [--model M] [--corpus FILE|default] [--max-len N] [--layout papa|padded]
+                      [--n-examples N] [--batch-size N] [--quiet] --out constants.safetensors
+
+``--model`` is anything :func:`attnlens.load` accepts (a hub name or a local folder; default: the
+embedded all-MiniLM-L6-v2). ``--corpus`` is a file (one text per line, or a TSV/CSV with a
+header; see :func:`attnlens.corpus.read_corpus`) or ``default``, the embedded corpus. Passes over
+the corpus show progress bars (on stderr) unless ``--quiet``. Bad input exits with status 2 and a
+one-line reason on stderr (``attnlens: error: ...``), before the model is loaded when possible.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+PROG = "attnlens"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """Bad input on the command line: reported in one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, no usage block
+        _fail(f"{message} (see '{self.prog} --help')")
+
+
+def _fail(message: str, status: int = EXIT_USAGE) -> NoReturn:
+    line = " ".join(str(message).split()) or "failed"
+    print(f"{PROG}: error: {line}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _common(parser: argparse.ArgumentParser, *, out_help: str, out_default: str | None) -> None:
+    parser.add_argument(
+        "--model", default=None,
+        help="hub name or local folder of a BERT/RoBERTa/GPT-2 model (default: embedded MiniLM)",
+    )
+    parser.add_argument(
+        "--corpus", default="default",
+        help="text file (one text per line; .tsv/.csv: a text column) or 'default' (embedded corpus)",
+    )
+    parser.add_argument(
+        "--max-len", type=_positive, default=None,
+        help="tokens per text (default 128; compare with --constants: the constants' max_len)",
+    )
+    parser.add_argument("--n-examples", type=_positive, default=None, help="use the first N texts")
+    parser.add_argument("--batch-size", type=_positive, default=32, help="texts per forward pass")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--out", required=out_default is None, default=out_default, help=out_help,
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``attnlens`` command."""
+    parser = _Parser(
+        prog=PROG,
+        description="How much does a transformer use its input-dependent attention?",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands.required = True
+
+    compare = commands.add_parser(
+        "compare", help="compare views of attention head by head; write an HTML report",
+        description="Compare standard, PAPA and effective attention head by head over a corpus "
+        "and write a self-contained HTML report.",
+    )
+    _common(compare, out_help="HTML report to write (default report.html)", out_default="report.html")
+    compare.add_argument(
+        "--views", default="standard,papa,effective",
+        help="comma-separated views among standard, papa, effective (default: all)",
+    )
+    compare.add_argument(
+        "--constants", default=None, help="PAPA constants from 'attnlens fit-papa' (else fitted)",
+    )
+    compare.add_argument("--json", default=None, help="also write the comparison as JSON here")
+    compare.set_defaults(handler=_compare)
+
+    fit = commands.add_parser(
+        "fit-papa", help="fit PAPA constant attention matrices; write a safetensors file",
+        description="Average every head's attention over a corpus (PAPA, Hassid et al. 2022) "
+        "and save the constants.",
+    )
+    _common(fit, out_help="safetensors file to write", out_default=None)
+    fit.add_argument(
+        "--layout", choices=("papa", "padded"), default="papa",
+        help="tokenization layout (default papa: fixed [CLS]/[SEP] positions)",
+    )
+    fit.set_defaults(handler=_fit_papa)
+    return parser
+
+
+def _texts(args: argparse.Namespace) -> list[str]:
+    from attnlens.corpus import resolve_corpus
+
+    texts = resolve_corpus(args.corpus)
+    return texts[: args.n_examples] if args.n_examples else texts
+
+
+def _views(text: str) -> list[str]:
+    from attnlens.compare import validate_views
+
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    if not names:
+        raise UsageError("--views is empty; choose from standard, papa, effective")
+    validate_views(names)
+    return names
+
+
+def _out(path: str, suffixes: tuple[str, ...]) -> Path:
+    out = Path(path)
+    if out.exists() and out.is_dir():
+        raise UsageError(f"--out {out} is a folder; give a file name")
+    if out.suffix.lower() not in suffixes:
+        raise UsageError(f"--out {out} should end in {' or '.join(suffixes)}")
+    return out
+
+
+def _load(model: str | None) -> Any:
+    from attnlens.loading import load
+
+    return load(model)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    views = _views(args.views)
+    out = _out(args.out, (".html", ".htm"))
+    texts = _texts(args)
+    if args.constants is not None and not Path(args.constants).is_file():
+        raise UsageError(f"constants file not found: {args.constants}")
+    model = _load(args.model)
+    constants = None
+    if args.constants is not None and "papa" in views:
+        from attnlens.papa import PapaConstants
+
+        constants = PapaConstants.load(args.constants, model)
+    from attnlens.compare import compare
+
+    comparison = compare(
+        model, *views, corpus=texts, max_len=args.max_len,
+        batch_size=args.batch_size, constants=constants, progress=not args.quiet,
+    )
+    path = comparison.save_html(out)
+    print(summary(comparison))
+    if args.json:
+        comparison.to_json(args.json)
+        print(f"wrote {args.json}")
+    print(f"wrote report: {path.resolve()}")
+    return 0
+
+
+def summary(comparison: Any) -> str:
+    """A few lines for the terminal: per view, the mean distance and the farthest heads."""
+    lines = [repr(comparison)]
+    table = comparison.table
+    for view in comparison.views:
+        if view == "standard":
+            continue
+        rows = table[table["view"] == view].nlargest(3, "distance_from_standard")
+        top = ", ".join(
+            f"L{r.layer}H{r.head} {r.distance_from_standard:.3f}" for r in rows.itertuples()
+        )
+        mean = table.loc[table["view"] == view, "distance_from_standard"].mean()
+        lines.append(f"  {view}: mean distance from standard {mean:.3f}; farthest heads {top}")
+    return "\n".join(lines)
+
+
+def _fit_papa(args: argparse.Namespace) -> int:
+    out = _out(args.out, (".safetensors",))
+    texts = _texts(args)
+    model = _load(args.model)
+    from attnlens import papa
+
+    constants = papa.fit(
+        model, texts, max_len=args.max_len or 128, layout=args.layout, batch_size=args.batch_size,
+        progress=not args.quiet,
+    )
+    path = constants.save(out)
+    print(repr(constants))
+    print(f"wrote constants: {Path(path).resolve()}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); returns the exit status.
+
+    Errors in the input (unknown view, missing or empty corpus, bad model name, ...) print one
+    line ``attnlens: error: <reason>`` on stderr and exit with status 2.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except KeyboardInterrupt:
+        _fail("interrupted", EXIT_INTERRUPTED)
+    except (UsageError, ValueError, TypeError, OSError, KeyError) as error:
+        _fail(_reason(error))
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, KeyError) and error.args:
+        return str(error.args[0])
+    text = str(error).strip()
+    return text or type(error).__name__
+
+
+if __name__ == "__main__":
+    sys.exit(main())

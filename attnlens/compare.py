@@ -1,0 +1,558 @@
+"""Compare views of attention head by head: ``attnlens.compare(model, "papa", "effective")``.
+
+A *view* is a way to read a head's attention for an example:
+
+- ``"standard"``: the model's own softmax pattern (always included);
+- ``"papa"``: the head's PAPA constant matrix (Hassid et al. 2022), restricted to the example's
+  valid tokens and renormalised (:func:`attnlens.papa.constant_pattern`);
+- ``"effective"``: effective attention (Brunner et al. 2020), the part of the pattern that reaches
+  the output; it can be negative or above 1.
+
+:func:`compare` makes one streaming pass over a corpus (after fitting PAPA constants if the
+``"papa"`` view needs them), updating for every view the statistics of :mod:`attnlens.stats` and
+the distance from standard attention, and keeps the patterns of one example for the figures. It
+never holds the attention maps of the corpus. The result is a :class:`Comparison` with a
+``table`` (pandas), ``figures`` (plotly), an HTML report (``save_html``, also shown by Jupyter)
+and ``to_json``.
+
+This module is callable: ``attnlens.compare(...)`` is :func:`compare`.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import sys
+import types
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from attnlens.corpus import resolve_corpus
+from attnlens.inputs import Batch, tokenize
+from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
+
+#: the views compare knows, in report order
+VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
+#: views whose values can leave [0, 1] (drawn on a diverging colour scale)
+SIGNED_VIEWS: frozenset[str] = frozenset({"effective"})
+#: columns of :attr:`Comparison.table`
+COLUMNS: tuple[str, ...] = ("view", "layer", "head", *STATISTICS, "distance_from_standard")
+#: one-line definitions of the table's columns (shown in the report and in ``to_json``)
+COLUMN_DOCS: dict[str, str] = {
+    "view": "which attention: standard (the model's), papa (constant), effective",
+    "layer": "layer index, from 0",
+    "head": "head index within the layer, from 0",
+    "to_cls": "mean attention on the start token ([CLS] / <s>)",
+    "to_sep": "mean attention on separator tokens ([SEP] / </s>)",
+    "to_punct": "mean attention on punctuation tokens",
+    "to_self": "mean attention on the query's own position (offset 0)",
+    "to_prev": "mean attention on the previous position (offset -1)",
+    "to_next": "mean attention on the next position (offset +1)",
+    "entropy": "mean entropy (nats) of attention rows; signed rows are normalised by |a| first",
+    "distance_from_standard": (
+        "mean over valid query rows of the total-variation distance "
+        "1/2 * sum_k |a_view(q, k) - a_standard(q, k)| over valid keys; 0 for standard"
+    ),
+}
+DISTANCE_DEFINITION = COLUMN_DOCS["distance_from_standard"]
+DEFAULT_MAX_LEN = 128
+#: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
+MAX_TILED_TOKENS = 64
+
+#: targets of the "dominant target" head grid: table column -> label
+TARGETS: dict[str, str] = {
+    "to_cls": "[CLS]",
+    "to_sep": "[SEP]",
+    "to_punct": "punctuation",
+    "to_self": "self",
+    "to_prev": "previous",
+    "to_next": "next",
+}
+#: a head whose largest target share is below this is labelled "broad"
+BROAD_BELOW = 0.25
+
+
+def validate_views(views: Iterable[str]) -> tuple[str, ...]:
+    """``("standard", *views)`` without duplicates; unknown names raise ``ValueError``."""
+    names: list[str] = ["standard"]
+    for view in views:
+        if not isinstance(view, str) or view not in VIEWS:
+            raise ValueError(
+                f"unknown view {view!r}; valid views are {', '.join(repr(v) for v in VIEWS)}"
+            )
+        if view not in names:
+            names.append(view)
+    return tuple(names)
+
+
+@dataclass
+class Comparison:
+    """How views of attention differ, head by head, over a corpus (see :func:`compare`).
+
+    - ``table``: one row per (view, layer, head) with :data:`COLUMNS` (see :data:`COLUMN_DOCS`);
+    - ``figures``: plotly figures by name (head grids, tiled patterns, views side by side);
+    - ``example_patterns``: ``view -> [layer, head, query, key]`` for the shown example, valid
+      tokens only (``example_tokens``);
+    - ``save_html(path)``, ``to_json()``, and Jupyter display via ``_repr_html_``.
+    """
+
+    table: pd.DataFrame
+    views: tuple[str, ...]
+    model_name: str
+    n_layers: int
+    n_heads: int
+    n_examples: int
+    n_tokens: int
+    max_len: int
+    layout: str
+    causal: bool
+    example_index: int
+    example_tokens: list[str]
+    example_patterns: dict[str, np.ndarray]
+    focus: tuple[int, int]
+    n_truncated: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- values -----------------------------------------------------------------------------
+
+    def grid(self, column: str, view: str = "standard") -> Float[np.ndarray, "layer head"]:
+        """One column of :attr:`table` for one view as a ``[layer, head]`` array."""
+        if view not in self.views:
+            raise ValueError(f"view {view!r} is not in this comparison ({', '.join(self.views)})")
+        if column not in self.table.columns or column in ("view", "layer", "head"):
+            raise ValueError(f"unknown column {column!r}; use one of {', '.join(COLUMNS[3:])}")
+        rows = self.table[self.table["view"] == view]
+        grid = np.full((self.n_layers, self.n_heads), np.nan)
+        grid[rows["layer"].to_numpy(), rows["head"].to_numpy()] = rows[column].to_numpy()
+        return grid
+
+    def dominant_target(self, view: str = "standard") -> np.ndarray:
+        """Per head, the target with the largest mean share (:data:`TARGETS`), or ``"broad"``."""
+        shares = np.stack([self.grid(column, view) for column in TARGETS])
+        labels = np.array(list(TARGETS.values()), dtype=object)[shares.argmax(0)]
+        labels[shares.max(0) < BROAD_BELOW] = "broad"
+        return labels
+
+    # -- figures ----------------------------------------------------------------------------
+
+    @cached_property
+    def figures(self) -> dict[str, Any]:
+        """Plotly figures by name, in report order (built on first access)."""
+        return build_figures(self)
+
+    # -- output -----------------------------------------------------------------------------
+
+    def to_html(self, *, full_html: bool = True) -> str:
+        """The report as HTML (plotly.js embedded once; works offline)."""
+        from attnlens.report import render
+
+        return render(self, full_html=full_html)
+
+    def save_html(self, path: str | os.PathLike) -> Path:
+        """Write the self-contained, offline HTML report to ``path``; returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_html(full_html=True), encoding="utf-8")
+        return path
+
+    def _repr_html_(self) -> str:
+        return self.to_html(full_html=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Comparison(model={self.model_name!r}, views={self.views}, "
+            f"{self.n_layers}x{self.n_heads} heads, {self.n_examples} examples, "
+            f"{self.n_tokens} tokens, table {self.table.shape[0]}x{self.table.shape[1]})"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict: metadata, column definitions, table records and the example."""
+        return {
+            "format": "attnlens.Comparison/1",
+            "model": self.model_name,
+            "views": list(self.views),
+            "n_layers": self.n_layers,
+            "n_heads": self.n_heads,
+            "n_examples": self.n_examples,
+            "n_tokens": self.n_tokens,
+            "n_truncated": self.n_truncated,
+            "max_len": self.max_len,
+            "layout": self.layout,
+            "causal": self.causal,
+            "columns": {name: COLUMN_DOCS[name] for name in COLUMNS},
+            "table": json.loads(self.table.to_json(orient="records")),
+            "example": {
+                "index": self.example_index,
+                "tokens": self.example_tokens,
+                "patterns": {
+                    view: np.round(array.astype(np.float64), 6).tolist()
+                    for view, array in self.example_patterns.items()
+                },
+            },
+            "focus": {"layer": self.focus[0], "head": self.focus[1]},
+            "meta": self.meta,
+        }
+
+    def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = None) -> str:
+        """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given."""
+        text = json.dumps(self.to_dict(), indent=indent)
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str | os.PathLike) -> Comparison:
+        """Rebuild a comparison (table, example, figures) from :meth:`to_json` output."""
+        text = str(text_or_path)
+        if not text.lstrip().startswith("{"):
+            text = Path(text_or_path).read_text(encoding="utf-8")
+        data = json.loads(text)
+        table = pd.DataFrame.from_records(data["table"], columns=list(COLUMNS))
+        return cls(
+            table=table,
+            views=tuple(data["views"]),
+            model_name=data["model"],
+            n_layers=data["n_layers"],
+            n_heads=data["n_heads"],
+            n_examples=data["n_examples"],
+            n_tokens=data["n_tokens"],
+            max_len=data["max_len"],
+            layout=data["layout"],
+            causal=data["causal"],
+            example_index=data["example"]["index"],
+            example_tokens=list(data["example"]["tokens"]),
+            example_patterns={
+                view: np.asarray(value, dtype=np.float32)
+                for view, value in data["example"]["patterns"].items()
+            },
+            focus=(data["focus"]["layer"], data["focus"]["head"]),
+            n_truncated=data.get("n_truncated", 0),
+            meta=data.get("meta", {}),
+        )
+
+
+def build_figures(comparison: Comparison) -> dict[str, Any]:
+    """The figures of a comparison, by name, in report order."""
+    from attnlens import plots
+
+    c = comparison
+    others = [view for view in c.views if view != "standard"]
+    figures: dict[str, Any] = {}
+    if others:
+        figures["distance_from_standard"] = plots.head_grid(
+            {view: c.grid("distance_from_standard", view) for view in others},
+            title="Distance from standard attention (mean total variation per query row)",
+            name="distance",
+        )
+    layer, head = c.focus
+    figures["side_by_side"] = plots.side_by_side(
+        {view: array[layer, head] for view, array in c.example_patterns.items()},
+        c.example_tokens,
+        layer=layer,
+        head=head,
+        causal=c.causal,
+        diverging={view: view in SIGNED_VIEWS for view in c.views},
+        title=f"Layer {layer}, head {head}: " + " vs ".join(c.views) + f" (example {c.example_index})",
+    )
+    figures["dominant_target"] = plots.head_grid(
+        {view: c.dominant_target(view) for view in c.views},
+        title=f"What each head attends to most (\"broad\": no target above {BROAD_BELOW:g})",
+        name="target",
+        categories=[*TARGETS.values(), "broad"],
+    )
+    for column in STATISTICS:
+        grids = {view: c.grid(column, view) for view in c.views}
+        signed = any(np.nanmin(grid) < -1e-6 for grid in grids.values())
+        figures[column] = plots.head_grid(
+            grids, title=f"{column}: {html.escape(COLUMN_DOCS[column])}", name=column,
+            diverging=signed,
+        )
+    n_tokens = len(c.example_tokens)
+    shown = min(n_tokens, MAX_TILED_TOKENS)
+    crop = "" if shown == n_tokens else f" (first {shown} of {n_tokens} tokens)"
+    for view, array in c.example_patterns.items():
+        figures[f"patterns_{view}"] = plots.patterns(
+            array[..., :shown, :shown],
+            c.example_tokens[:shown],
+            causal=c.causal,
+            diverging=view in SIGNED_VIEWS,
+            title=f"{view} attention of every head, example {c.example_index}{crop}",
+            name=view,
+        )
+    return figures
+
+
+# ------------------------------------------------------------------------------------------------
+# the pass over the corpus
+
+
+def _as_model(model: Any) -> Any:
+    if isinstance(model, str) and model in VIEWS:
+        raise TypeError(
+            f"compare's first argument is the model, got the view {model!r}: "
+            f"call attnlens.compare(model, {model!r}, ...)"
+        )
+    if hasattr(model, "run_with_cache") and hasattr(model, "cfg"):
+        return model
+    from attnlens.loading import load
+
+    return load(model)
+
+
+def _batches(texts: Sequence, size: int) -> Iterable[Sequence]:
+    for start in range(0, len(texts), size):
+        yield texts[start : start + size]
+
+
+def _standard_patterns(model: Any, batch: Batch) -> list[Tensor]:
+    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
+    _, cache = model.run_with_cache(
+        batch.input_ids, **batch.model_kwargs(), names_filter=lambda name: name in names
+    )
+    return [cache[name] for name in names]
+
+
+def _effective_patterns(model: Any, batch: Batch) -> tuple[list[Tensor], list[Tensor]]:
+    """(standard, effective) patterns per layer, each ``[batch, head, query, key]``, from one
+    forward pass of :func:`attnlens.effective.run`."""
+    from attnlens import effective
+
+    result = effective.run(model, batch)
+    return list(result.standard.unbind(0)), list(result.effective.unbind(0))
+
+
+def _papa_patterns(constants: Any, valid: Bool[Tensor, "batch key"]) -> list[Tensor]:
+    """Each layer's PAPA pattern for a batch with key mask ``valid`` (``[batch, head, q, k]``)."""
+    if hasattr(constants, "layer_pattern"):
+        return [
+            constants.layer_pattern(layer, valid, dtype=torch.float32)
+            for layer in range(constants.n_layers)
+        ]
+    from attnlens import papa
+
+    mean = constants.mean
+    return [
+        papa.constant_pattern(mean[layer].to(valid.device), valid) for layer in range(mean.shape[0])
+    ]
+
+
+def _default_example(model: Any, texts: Sequence, views: Sequence[str], max_len: int) -> int:
+    """0, or with effective attention the first of the first 256 texts longer than ``d_head``
+    tokens (effective attention equals standard attention when there are at most ``d_head``
+    tokens: the values then span every direction)."""
+    if "effective" not in views:
+        return 0
+    head = list(texts[:256])
+    if isinstance(head[0], tuple | list):
+        ids = model.tokenizer([a for a, _ in head], [b for _, b in head])["input_ids"]
+    else:
+        ids = model.tokenizer(head)["input_ids"]
+    d_head = int(model.cfg.d_head)
+    return next((i for i, row in enumerate(ids) if min(len(row), max_len) > d_head), 0)
+
+
+def _total_variation(
+    pattern: Float[Tensor, "batch head query key"],
+    standard: Float[Tensor, "batch head query key"],
+    valid: Bool[Tensor, "batch pos"],
+) -> Float[Tensor, "head"]:
+    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head."""
+    keys = valid[:, None, None, :].to(torch.float64)
+    rows = 0.5 * ((pattern.double() - standard.double()).abs() * keys).sum(-1)
+    return (rows * valid[:, None, :].to(torch.float64)).sum(dim=(0, 2))
+
+
+def compare(
+    model: Any = None,
+    *views: str,
+    corpus: str | os.PathLike | Iterable[str] | None = None,
+    max_len: int | None = None,
+    n_examples: int | None = None,
+    batch_size: int = 32,
+    constants: Any = None,
+    example: int | None = None,
+    focus: tuple[int, int] | None = None,
+    progress: bool = True,
+) -> Comparison:
+    """Compare views of attention head by head over a corpus; returns a :class:`Comparison`.
+
+    ``model``: a bridge from :func:`attnlens.load` (or anything ``load`` accepts; ``None`` is the
+    embedded default model). ``views``: any of ``"standard"``, ``"papa"``, ``"effective"``
+    (:data:`VIEWS`); ``"standard"`` is always included; no views means all of them. An unknown
+    view raises ``ValueError`` naming the valid ones.
+
+    ``corpus``: a list of texts (or sentence pairs), a file (see
+    :func:`attnlens.corpus.read_corpus`), or ``None`` / ``"default"`` for the embedded corpus
+    (:func:`attnlens.corpus.default_corpus`); ``n_examples`` keeps the first ``n``. Texts are
+    tokenized with ``max_len`` tokens (default 128, or the constants' ``max_len``) in the PAPA
+    layout when the ``"papa"`` view is requested (PAPA constants are positional), else with
+    ordinary padding. ``constants``: precomputed :class:`attnlens.papa.PapaConstants`; otherwise
+    they are fitted on the same corpus first (a separate pass).
+
+    For every view and head the table gives the statistics of :mod:`attnlens.stats` (mean over
+    valid query tokens) and ``distance_from_standard``: the mean over valid query rows of the
+    total-variation distance ``½ · Σ_k |a_view(q, k) − a_standard(q, k)|`` over valid keys (0 to
+    1 for attention distributions; effective attention can exceed 1). The figures show example
+    ``example`` (default: the first text, or with the ``"effective"`` view the first text longer
+    than ``d_head`` tokens, since effective attention equals standard attention on shorter ones)
+    and, side by side, head ``focus = (layer, head)`` (default: the head whose first
+    non-standard view is farthest from standard; the lowest-entropy head for standard alone).
+    ``progress`` shows tqdm bars for each pass over the corpus.
+    """
+    if len(views) == 1 and isinstance(views[0], list | tuple):
+        views = tuple(views[0])
+    names = validate_views(views or VIEWS)
+    texts = resolve_corpus(corpus)
+    if n_examples is not None:
+        if n_examples < 1:
+            raise ValueError(f"n_examples must be at least 1, got {n_examples}")
+        texts = texts[:n_examples]
+    if example is not None and not 0 <= example < len(texts):
+        raise ValueError(f"example={example} is outside the corpus of {len(texts)} texts")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    model = _as_model(model)
+    from attnlens.plots import is_causal
+
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    layout = "padded"
+    if "papa" in names:
+        if constants is None:
+            from attnlens import papa
+
+            max_len = max_len or DEFAULT_MAX_LEN
+            constants = papa.fit(
+                model, texts, max_len=max_len, layout="papa", batch_size=batch_size,
+                progress=progress,
+            )
+        if max_len is not None and constants.max_len != max_len:
+            raise ValueError(
+                f"the PAPA constants were fitted with max_len={constants.max_len}, not {max_len}; "
+                "pass max_len=constants.max_len (or leave it out)"
+            )
+        max_len = constants.max_len
+        layout = getattr(constants, "layout", "papa")
+        if hasattr(constants, "check_compatible"):
+            constants.check_compatible(model)
+        elif tuple(constants.mean.shape[:2]) != (n_layers, n_heads):
+            raise ValueError(
+                f"the PAPA constants are for {tuple(constants.mean.shape[:2])} layers x heads, "
+                f"the model has ({n_layers}, {n_heads})"
+            )
+    max_len = max_len or DEFAULT_MAX_LEN
+    if example is None:
+        example = _default_example(model, texts, names, max_len)
+
+    statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
+    distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
+    n_rows = 0.0
+    n_tokens = 0
+    n_truncated = 0
+    kept: dict[str, np.ndarray] = {}
+    kept_tokens: list[str] = []
+    device = next(model.parameters()).device
+    bar = _progress(len(texts), f"compare ({', '.join(names)})", progress)
+    seen = 0
+    with torch.no_grad():
+        for chunk in _batches(texts, batch_size):
+            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
+            valid = batch.attention_mask.bool()
+            classes = token_classes(model.tokenizer, batch.input_ids)
+            if "effective" in names:
+                standard, effective_ = _effective_patterns(model, batch)
+            else:
+                standard, effective_ = _standard_patterns(model, batch), None
+            per_view = {"standard": standard}
+            if effective_ is not None:
+                per_view["effective"] = effective_
+            if "papa" in names:
+                per_view["papa"] = _papa_patterns(constants, valid)
+            for layer in range(n_layers):
+                for view in names:
+                    pattern = per_view[view][layer].float()
+                    statistics[view].update(layer, pattern, classes, valid)
+                    if view != "standard":
+                        distance[view][layer] += _total_variation(
+                            pattern, standard[layer].float(), valid
+                        ).cpu()
+            if seen <= example < seen + len(chunk):
+                row = example - seen
+                keep = valid[row].nonzero().squeeze(-1)
+                kept_tokens = model.tokenizer.convert_ids_to_tokens(batch.input_ids[row, keep].tolist())
+                for view in names:
+                    stacked = torch.stack([p[row] for p in per_view[view]])
+                    kept[view] = stacked[:, :, keep][:, :, :, keep].float().cpu().numpy()
+            n_rows += float(valid.sum())
+            n_tokens += int(valid.sum())
+            n_truncated += batch.n_truncated
+            seen += len(chunk)
+            bar.update(len(chunk))
+    bar.close()
+
+    records = []
+    for view in names:
+        means = statistics[view].means()
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                record = {"view": view, "layer": layer, "head": head}
+                record.update({name: float(means[name][layer, head]) for name in STATISTICS})
+                record["distance_from_standard"] = float(distance[view][layer, head] / n_rows)
+                records.append(record)
+    table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+    table.attrs["columns"] = dict(COLUMN_DOCS)
+
+    if focus is None:
+        others = [view for view in names if view != "standard"]
+        if others:
+            grid = (distance[others[0]] / n_rows).numpy()
+            focus = tuple(int(i) for i in np.unravel_index(np.argmax(grid), grid.shape))
+        else:
+            grid = statistics["standard"].means()["entropy"].numpy()
+            focus = tuple(int(i) for i in np.unravel_index(np.argmin(grid), grid.shape))
+    layer, head = focus
+    if not (0 <= layer < n_layers and 0 <= head < n_heads):
+        raise ValueError(f"focus={focus} is outside the model's {n_layers} x {n_heads} heads")
+
+    return Comparison(
+        table=table,
+        views=names,
+        model_name=str(getattr(model.cfg, "model_name", "model")),
+        n_layers=n_layers,
+        n_heads=n_heads,
+        n_examples=len(texts),
+        n_tokens=n_tokens,
+        max_len=int(max_len),
+        layout=layout,
+        causal=is_causal(model),
+        example_index=example,
+        example_tokens=list(kept_tokens),
+        example_patterns=kept,
+        focus=(int(layer), int(head)),
+        n_truncated=n_truncated,
+    )
+
+
+def _progress(total: int, description: str, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=description, unit="text", disable=not enabled)
+
+
+class _CallableModule(types.ModuleType):
+    """``attnlens.compare`` is a module that can be called like :func:`compare`."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Comparison:
+        return compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

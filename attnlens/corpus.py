@@ -1,0 +1,144 @@
+"""Corpora for attnlens: an embedded default corpus that every install has offline, and files.
+
+:func:`default_corpus` is English prose that needs no download:
+
+1. fourteen sentences written for this project (varied length and punctuation, so that the first
+   example of a report is a short, readable sentence);
+2. the prose paragraphs of the Python reference documentation that ships with the standard
+   library itself (``pydoc_data.topics``, what ``help("assignment")`` shows): code blocks, grammar
+   rules, headings and lists are dropped, wrapped lines are joined, duplicates removed.
+
+The order is deterministic (project sentences first, then topics in sorted order). The pydoc
+paragraphs depend on the Python version (about 450 paragraphs on Python 3.11).
+
+:func:`read_corpus` reads a corpus file for the command line; :func:`resolve_corpus` turns what a
+user passes as ``corpus=`` (``None``, ``"default"``, a path, or a list of texts) into a list.
+"""
+
+from __future__ import annotations
+
+import csv
+import functools
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+#: sentences written for attnlens (public domain); short ones and two longer than 32 tokens
+PROJECT_SENTENCES: tuple[str, ...] = (
+    "The film is a charming, funny and moving portrait of a family.",
+    "When the committee finally met on Thursday evening, after weeks of delays, its members "
+    "agreed that the old library would stay open, although its hours would be shorter and two "
+    "of its branches would close.",
+    "It rained all day, so the match was postponed until Sunday.",
+    "Researchers measured how much each attention head depends on its input.",
+    "Does the model look at the previous word, or at the separator?",
+    "She packed her bag, locked the door and walked to the station.",
+    "Some heads attend to punctuation; others follow the syntax of the sentence.",
+    "After the storm, the old bridge was closed for repairs.",
+    "Why would a head put all of its attention on one token?",
+    "The committee approved the budget (with two changes) on Friday.",
+    "A constant matrix can replace many heads with little loss in accuracy.",
+    "He said: \"I will be there by noon.\"",
+    "Because the river had flooded the valley twice that spring, the farmers moved their "
+    "animals to higher ground, repaired the fences, and waited; nobody knew when the water "
+    "would fall again.",
+    "Prices rose by 3% in March, then fell again in April.",
+)
+
+#: columns read from a TSV/CSV file with a header, in order of preference
+TEXT_COLUMNS: tuple[str, ...] = ("text", "sentence", "sentence1", "#1 String", "question")
+
+_MIN_CHARS, _MAX_CHARS = 60, 700
+
+
+class CorpusError(ValueError):
+    """A corpus could not be used: missing file, empty corpus, unreadable format."""
+
+
+@functools.cache
+def _pydoc_paragraphs() -> tuple[str, ...]:
+    from pydoc_data.topics import topics
+
+    seen: dict[str, None] = {}
+    for key in sorted(topics):
+        for block in re.split(r"\n\s*\n", topics[key]):
+            lines = block.split("\n")
+            if any(line.startswith((" ", "\t")) for line in lines):
+                continue  # code, grammar, indented lists and tables
+            text = re.sub(r"\s+", " ", " ".join(line.strip() for line in lines)).strip()
+            if not _MIN_CHARS <= len(text) <= _MAX_CHARS:
+                continue
+            if not text[0].isupper() or not text.endswith("."):
+                continue
+            if "::=" in text or ">>>" in text or text.startswith(("* ", "Note:", "See also")):
+                continue
+            seen.setdefault(text, None)
+    return tuple(seen)
+
+
+def default_corpus(n: int | None = None) -> list[str]:
+    """The embedded corpus (see the module docstring); the first ``n`` texts if ``n`` is given."""
+    texts = list(PROJECT_SENTENCES) + list(_pydoc_paragraphs())
+    if n is not None:
+        if n < 1:
+            raise CorpusError(f"n must be at least 1, got {n}.")
+        texts = texts[:n]
+    return texts
+
+
+def read_corpus(path: str | os.PathLike) -> list[str]:
+    """Read a corpus file: one text per line, or a table with a header.
+
+    - ``.tsv`` / ``.csv``: the column named ``text``, ``sentence``, ``sentence1``, ``#1 String``
+      or ``question`` (the first that exists), else the first column; one text per row;
+    - any other file: plain text, one text per non-blank line.
+
+    Blank texts are dropped. Raises :class:`CorpusError` with a one-line reason if the file is
+    missing, is a folder, is not UTF-8, or holds no text.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError(f"corpus file not found: {path}")
+    if path.is_dir():
+        raise CorpusError(f"corpus path is a folder, not a file: {path}")
+    try:
+        raw = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise CorpusError(f"corpus file {path} is not UTF-8 text ({error.reason})") from None
+    suffix = path.suffix.lower()
+    if suffix in (".tsv", ".csv"):
+        texts = _table_texts(raw, delimiter="\t" if suffix == ".tsv" else ",", path=path)
+    else:
+        texts = raw.splitlines()
+    texts = [text.strip() for text in texts if text and text.strip()]
+    if not texts:
+        raise CorpusError(f"corpus file {path} is empty: it holds no non-blank text")
+    return texts
+
+
+def _table_texts(raw: str, *, delimiter: str, path: Path) -> list[str]:
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(raw.splitlines(), delimiter=delimiter, quoting=quoting)
+    rows = list(reader)
+    if not rows:
+        return []
+    header = rows[0]
+    column = next((header.index(name) for name in TEXT_COLUMNS if name in header), 0)
+    return [row[column] for row in rows[1:] if len(row) > column]
+
+
+def resolve_corpus(corpus: str | os.PathLike | Iterable[str] | None) -> list[str]:
+    """Texts for ``corpus=``: ``None`` or ``"default"`` → :func:`default_corpus`; a path →
+    :func:`read_corpus`; an iterable of strings → that list. Empty → :class:`CorpusError`."""
+    if corpus is None or (isinstance(corpus, str) and corpus == "default"):
+        return default_corpus()
+    if isinstance(corpus, str | os.PathLike):
+        return read_corpus(corpus)
+    texts = list(corpus)
+    if not texts:
+        raise CorpusError("the corpus is empty: pass at least one text")
+    bad = next((t for t in texts if not isinstance(t, str | tuple | list)), None)
+    if bad is not None:
+        raise CorpusError(f"a corpus holds strings (or sentence pairs), got {type(bad).__name__}")
+    return texts

@@ -1,0 +1,440 @@
+"""Plotly figures of attention: head grids, all heads tiled in one heatmap, and views side by side.
+
+Conventions shared by every figure:
+
+- layers are rows (layer 0 at the top) and heads are columns, labelled ``L0, L1, ...`` and
+  ``H0, H1, ...``;
+- hover text names the layer, the head, the query and key tokens (with their positions) and the
+  value;
+- attention of a decoder (``causal=True``) is masked above the diagonal (keys after the query are
+  left blank); encoders are shown in full;
+- attention that can be negative or above 1 (effective attention) gets a diverging colour scale
+  centred on 0 (:data:`DIVERGING`); ordinary attention a sequential one (:data:`SEQUENTIAL`)
+  from 0.
+
+Padding never reaches a figure: pass only the valid positions (``valid=`` does the selection).
+:func:`patterns` draws every head in **one** heatmap trace (tiles separated by blank gaps), so it
+stays fast with hundreds of heads; hover labels are per row and per column of the tiled image,
+not per cell.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from einops import rearrange
+from jaxtyping import Bool, Float
+from plotly.subplots import make_subplots
+
+#: colour scale for attention in [0, 1]
+SEQUENTIAL = "Viridis"
+#: colour scale, centred on 0, for signed attention (effective attention)
+DIVERGING = "RdBu_r"
+#: colours of a categorical head grid
+CATEGORICAL_COLOURS: tuple[str, ...] = (
+    "#4c78a8", "#f58518", "#54a24b", "#e45756", "#72b7b2",
+    "#eeca3b", "#b279a2", "#ff9da6", "#9d755d", "#bab0ac",
+)
+
+#: at most this many token labels on an axis of :func:`side_by_side` (hover names every token)
+MAX_TICK_LABELS = 32
+
+_TOLERANCE = 1e-6
+
+
+def as_array(values: Any) -> np.ndarray:
+    """A NumPy copy of a tensor, array or nested sequence (tensors are detached, moved to CPU)."""
+    if hasattr(values, "detach"):
+        values = values.detach().float().cpu().numpy()
+    return np.asarray(values)
+
+
+def is_causal(model: Any) -> bool:
+    """True for decoders (causal attention): ``cfg.attention_dir == "causal"`` or GPT-2."""
+    cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "attention_dir", None) == "causal":
+        return True
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    return getattr(config, "model_type", None) == "gpt2"
+
+
+def is_signed(values: Any) -> bool:
+    """True when some finite value lies outside [0, 1], so a diverging scale is needed."""
+    array = as_array(values).astype(np.float64)
+    finite = array[np.isfinite(array)]
+    return bool(finite.size) and bool((finite.min() < -_TOLERANCE) or (finite.max() > 1 + _TOLERANCE))
+
+
+def _colour_range(array: np.ndarray, diverging: bool, zmin: float | None, zmax: float | None):
+    finite = array[np.isfinite(array)]
+    if diverging:
+        bound = float(np.abs(finite).max()) if finite.size else 1.0
+        bound = bound or 1.0
+        return dict(
+            colorscale=DIVERGING,
+            zmid=0.0,
+            zmin=-bound if zmin is None else zmin,
+            zmax=bound if zmax is None else zmax,
+        )
+    top = float(finite.max()) if finite.size else 1.0
+    return dict(
+        colorscale=SEQUENTIAL,
+        zmin=0.0 if zmin is None else zmin,
+        zmax=(top if top > 0 else 1.0) if zmax is None else zmax,
+    )
+
+
+def _causal_mask(array: np.ndarray) -> np.ndarray:
+    n_query, n_key = array.shape[-2:]
+    above = np.triu(np.ones((n_query, n_key), dtype=bool), k=1 + max(n_key - n_query, 0))
+    array = array.astype(np.float32, copy=True)
+    array[..., above] = np.nan
+    return array
+
+
+def _token_label(token: str) -> str:
+    return html.escape(str(token), quote=False)
+
+
+def select_valid(
+    pattern: Float[np.ndarray, "*heads query key"],
+    tokens: Sequence[str],
+    valid: Bool[np.ndarray, "pos"],
+) -> tuple[np.ndarray, list[str]]:
+    """Keep only valid positions (drop padding) on the query and key axes, and their tokens."""
+    keep = np.flatnonzero(as_array(valid).astype(bool))
+    array = as_array(pattern)[..., keep, :][..., keep]
+    return array, [tokens[i] for i in keep]
+
+
+# --------------------------------------------------------------------------------------------
+# head grid
+
+
+def head_grid(
+    values: Float[np.ndarray, "layer head"] | Mapping[str, Float[np.ndarray, "layer head"]],
+    *,
+    title: str | None = None,
+    name: str = "value",
+    categorical: bool | None = None,
+    categories: Sequence[str] | None = None,
+    diverging: bool = False,
+    colorscale: str | None = None,
+    zmin: float | None = None,
+    zmax: float | None = None,
+    fmt: str = ".3f",
+) -> go.Figure:
+    """One scalar per head, as a ``[layer, head]`` grid (layer 0 on top).
+
+    ``values`` is a ``[layer, head]`` array/tensor, or a mapping ``panel name -> [layer, head]``
+    drawn as panels side by side on one shared colour scale (e.g. one panel per view).
+    Values may be numbers (continuous colour scale; ``diverging=True`` centres it on 0) or labels
+    (``categorical=True``, the default for strings): each category gets its own colour and the
+    colour bar names the categories. Hover: ``L{layer}H{head}``, the panel and the value.
+    """
+    panels = dict(values) if isinstance(values, Mapping) else {"": values}
+    arrays = {key: as_array(value) for key, value in panels.items()}
+    shapes = {array.shape for array in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 2:
+        raise ValueError(f"head_grid needs [layer, head] arrays of one shape, got {sorted(shapes)}.")
+    n_layers, n_heads = next(iter(shapes))
+    if categorical is None:
+        categorical = any(array.dtype.kind in "OUSb" for array in arrays.values())
+
+    if categorical:
+        if categories is None:
+            unique = {v for array in arrays.values() for v in array.ravel().tolist()}
+            try:
+                categories = sorted(unique)  # numbers in numeric order
+            except TypeError:
+                categories = sorted(unique, key=str)
+        categories = [str(c) for c in categories]
+        index = {c: i for i, c in enumerate(categories)}
+        unknown = {str(v) for a in arrays.values() for v in a.ravel()} - set(index)
+        if unknown:
+            raise ValueError(f"values {sorted(unknown)} are not among categories {categories}.")
+        k = len(categories)
+        scale = []
+        for i in range(k):
+            colour = CATEGORICAL_COLOURS[i % len(CATEGORICAL_COLOURS)]
+            scale += [[i / k, colour], [(i + 1) / k, colour]]
+        colour_axis = dict(
+            colorscale=scale, cmin=-0.5, cmax=k - 0.5,
+            colorbar=dict(title=dict(text=name), tickvals=list(range(k)), ticktext=categories),
+        )
+    else:
+        stacked = np.stack([a.astype(np.float64) for a in arrays.values()])
+        scale = _colour_range(stacked, diverging, zmin, zmax)
+        if colorscale is not None:
+            scale["colorscale"] = colorscale
+        colour_axis = dict(
+            colorscale=scale["colorscale"], cmin=scale["zmin"], cmax=scale["zmax"],
+            colorbar=dict(title=dict(text=name)),
+        )
+        if "zmid" in scale:
+            colour_axis["cmid"] = scale["zmid"]
+
+    n_panels = len(arrays)
+    fig = make_subplots(
+        rows=1, cols=n_panels, subplot_titles=[key for key in arrays] if n_panels > 1 else None,
+        horizontal_spacing=0.04 if n_panels > 1 else 0.2,
+    )
+    for column, (panel, array) in enumerate(arrays.items(), start=1):
+        if categorical:
+            labels = np.vectorize(str, otypes=[object])(array)
+            z = np.vectorize(index.__getitem__, otypes=[np.float32])(labels)
+            customdata = labels
+            value = "%{customdata}"
+        else:
+            z = array.astype(np.float32)
+            customdata = None
+            value = f"%{{z:{fmt}}}"
+        where = f"{panel}<br>" if panel else ""
+        fig.add_trace(
+            go.Heatmap(
+                z=z,
+                x=list(range(n_heads)),
+                y=list(range(n_layers)),
+                customdata=customdata,
+                coloraxis="coloraxis",
+                xgap=1,
+                ygap=1,
+                hovertemplate=f"{where}L%{{y}}H%{{x}}<br>{name}: {value}<extra></extra>",
+                name=panel or name,
+            ),
+            row=1,
+            col=column,
+        )
+        fig.update_xaxes(
+            title_text="head", tickmode="array", tickvals=list(range(n_heads)),
+            ticktext=[f"H{h}" for h in range(n_heads)], row=1, col=column,
+        )
+        fig.update_yaxes(
+            title_text="layer" if column == 1 else None, tickmode="array",
+            tickvals=list(range(n_layers)), ticktext=[f"L{layer}" for layer in range(n_layers)],
+            autorange="reversed", showticklabels=column == 1, row=1, col=column,
+        )
+    fig.update_layout(
+        title=title, coloraxis=colour_axis, height=140 + 26 * n_layers,
+        margin=dict(l=60, r=20, t=70, b=50), plot_bgcolor="white",
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# all heads tiled
+
+
+def tile(
+    pattern: Float[np.ndarray, "layer head query key"], gap: int = 1
+) -> Float[np.ndarray, "rows columns"]:
+    """Tile ``[layer, head, query, key]`` into one image: layers are rows of tiles, heads columns.
+
+    Tiles are separated by ``gap`` rows/columns of NaN; the result has
+    ``layer * (query + gap) - gap`` rows and ``head * (key + gap) - gap`` columns.
+    """
+    array = as_array(pattern).astype(np.float32)
+    padded = np.pad(array, ((0, 0), (0, 0), (0, gap), (0, gap)), constant_values=np.nan)
+    tiled = rearrange(padded, "layer head query key -> (layer query) (head key)")
+    return tiled[: tiled.shape[0] - gap, : tiled.shape[1] - gap] if gap else tiled
+
+
+def patterns(
+    pattern: Float[np.ndarray, "layer head query key"] | Float[np.ndarray, "head query key"],
+    tokens: Sequence[str],
+    *,
+    valid: Bool[np.ndarray, "pos"] | None = None,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    causal: bool = False,
+    diverging: bool | None = None,
+    title: str | None = None,
+    name: str = "attention",
+    zmin: float | None = None,
+    zmax: float | None = None,
+    width_px: int = 1000,
+) -> go.Figure:
+    """Every head's pattern for one example, tiled in a single heatmap trace with token labels.
+
+    ``pattern`` is ``[layer, head, query, key]`` (or ``[head, query, key]`` for one layer) for one
+    example; ``tokens`` are its tokens (one per position). ``valid`` (a mask over positions) drops
+    padding first. ``layers`` / ``heads`` are the indices to label the tiles with when ``pattern``
+    holds a subset. Tiles are labelled ``L{layer}`` (rows) and ``H{head}`` (columns); hovering a
+    cell names its layer, query position and token, head, key position and token, and the value.
+
+    ``causal=True`` (decoders) blanks keys after the query. ``diverging=None`` picks a diverging
+    scale centred on 0 when values leave [0, 1] (effective attention), a sequential one otherwise.
+    One trace, whatever the number of heads: 384 heads of 32 tokens are 400k cells. The height
+    is chosen for square cells at about ``width_px`` pixels of plot width.
+    """
+    array = as_array(pattern)
+    if array.ndim == 3:
+        array = array[None]
+    if array.ndim != 4:
+        raise ValueError(f"patterns needs [layer, head, query, key], got shape {array.shape}.")
+    tokens = list(tokens)
+    if valid is not None:
+        array, tokens = select_valid(array, tokens, valid)
+    n_layers, n_heads, n_query, n_key = array.shape
+    if len(tokens) != n_key or n_query > n_key:
+        raise ValueError(
+            f"{len(tokens)} tokens for a pattern with {n_query} queries and {n_key} keys."
+        )
+    layers = list(range(n_layers)) if layers is None else list(layers)
+    heads = list(range(n_heads)) if heads is None else list(heads)
+    if len(layers) != n_layers or len(heads) != n_heads:
+        raise ValueError("layers/heads labels do not match the pattern's layer/head axes.")
+    if causal:
+        array = _causal_mask(array)
+    if diverging is None:
+        diverging = is_signed(array)
+    z = tile(array)
+
+    labels = [_token_label(t) for t in tokens]
+    y_labels: list[str] = []
+    for i, layer in enumerate(layers):
+        y_labels += [f"L{layer} query {q} '{labels[n_key - n_query + q]}'" for q in range(n_query)]
+        if i < n_layers - 1:
+            y_labels.append(f"L{layer}|L{layers[i + 1]}")
+    x_labels: list[str] = []
+    for i, head in enumerate(heads):
+        x_labels += [f"H{head} key {k} '{labels[k]}'" for k in range(n_key)]
+        if i < n_heads - 1:
+            x_labels.append(f"H{head}|H{heads[i + 1]}")
+
+    step_q, step_k = n_query + 1, n_key + 1
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=x_labels,
+            y=y_labels,
+            hoverongaps=False,
+            hovertemplate="%{y}<br>%{x}<br>" + name + ": %{z:.3f}<extra></extra>",
+            colorbar=dict(title=dict(text=name)),
+            name=name,
+            **_colour_range(z, diverging, zmin, zmax),
+        )
+    )
+    fig.update_xaxes(
+        type="category", title_text="head (key tokens within each tile; hover for tokens)",
+        tickmode="array", tickvals=[x_labels[i * step_k + n_key // 2] for i in range(n_heads)],
+        ticktext=[f"H{h}" for h in heads], showgrid=False, side="top", constrain="domain",
+    )
+    fig.update_yaxes(
+        type="category", title_text="layer (query tokens within each tile)",
+        tickmode="array", tickvals=[y_labels[i * step_q + n_query // 2] for i in range(n_layers)],
+        ticktext=[f"L{layer}" for layer in layers], autorange="reversed", showgrid=False,
+        scaleanchor="x", scaleratio=1, constrain="domain",
+    )
+    rows, columns = z.shape
+    fig.update_layout(
+        title=title,
+        height=int(min(2400, max(320, width_px * rows / columns + 150))),
+        margin=dict(l=60, r=20, t=90, b=20),
+        plot_bgcolor="white",
+    )
+    fig.layout.meta = dict(kind="patterns", tokens=list(map(str, tokens)), n_layers=n_layers, n_heads=n_heads)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# views side by side
+
+
+def side_by_side(
+    views: Mapping[str, Float[np.ndarray, "query key"]],
+    tokens: Sequence[str],
+    *,
+    layer: int,
+    head: int,
+    valid: Bool[np.ndarray, "pos"] | None = None,
+    causal: bool = False,
+    diverging: Mapping[str, bool] | None = None,
+    title: str | None = None,
+) -> go.Figure:
+    """One head's pattern under several views, side by side (e.g. standard, PAPA, effective).
+
+    ``views`` maps a view name to that head's ``[query, key]`` pattern for one example;
+    ``tokens`` label the axes (queries down, keys across). Each view has its own colour bar:
+    diverging and centred on 0 for views whose values leave [0, 1] (or as ``diverging`` says,
+    e.g. ``{"effective": True}``), sequential otherwise. Hover names the layer, head, view, query
+    and key tokens and the value. ``causal=True`` blanks keys after the query.
+    """
+    if not views:
+        raise ValueError("side_by_side needs at least one view.")
+    tokens = list(tokens)
+    arrays = {}
+    for view, value in views.items():
+        array = as_array(value)
+        if array.ndim != 2:
+            raise ValueError(f"view {view!r}: side_by_side needs [query, key], got {array.shape}.")
+        if valid is not None:
+            array, _ = select_valid(array, tokens, valid)
+        arrays[view] = _causal_mask(array) if causal else array.astype(np.float32)
+    if valid is not None:
+        tokens = [t for t, keep in zip(tokens, as_array(valid).astype(bool), strict=True) if keep]
+    n = len(tokens)
+    for view, array in arrays.items():
+        if array.shape != (n, n):
+            raise ValueError(f"view {view!r} has shape {array.shape}, expected ({n}, {n}).")
+    labels = [_token_label(t) for t in tokens]
+    text = [
+        [f"L{layer}H{head} query {q} '{labels[q]}' → key {k} '{labels[k]}'" for k in range(n)]
+        for q in range(n)
+    ]
+    n_views = len(arrays)
+    spacing = 0.09
+    step = max(1, math.ceil(n / MAX_TICK_LABELS))
+    ticks = list(range(0, n, step))
+    tick_size = 11 if n <= 20 else 9
+    fig = make_subplots(
+        rows=1, cols=n_views, subplot_titles=list(arrays), horizontal_spacing=spacing,
+    )
+    width = (1 - spacing * (n_views - 1)) / n_views
+    for column, (view, array) in enumerate(arrays.items(), start=1):
+        signed = (diverging or {}).get(view)
+        signed = is_signed(array) if signed is None else signed
+        right = (column - 1) * (width + spacing) + width
+        fig.add_trace(
+            go.Heatmap(
+                z=array,
+                x=list(range(n)),
+                y=list(range(n)),
+                text=text,
+                hoverongaps=False,
+                hovertemplate="%{text}<br>" + view + ": %{z:.3f}<extra></extra>",
+                colorbar=dict(
+                    x=right + 0.005, thickness=10, len=0.8, title=dict(text=view, side="right")
+                ),
+                name=view,
+                **_colour_range(array, signed, None, None),
+            ),
+            row=1,
+            col=column,
+        )
+        fig.update_xaxes(
+            tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks], tickangle=-90,
+            tickfont=dict(size=tick_size), title_text="key", showgrid=False, constrain="domain",
+            row=1, col=column,
+        )
+        fig.update_yaxes(
+            tickmode="array", tickvals=ticks, ticktext=[labels[i] for i in ticks],
+            tickfont=dict(size=tick_size), autorange="reversed",
+            title_text="query" if column == 1 else None, showticklabels=column == 1,
+            showgrid=False, scaleanchor="x" if column == 1 else f"x{column}", constrain="domain",
+            constraintoward="top",
+            row=1, col=column,
+        )
+    fig.update_layout(
+        title=title or f"Layer {layer}, head {head}",
+        height=int(190 + min(540, 900 / n_views)),
+        margin=dict(l=90, r=40, t=80, b=100),
+        plot_bgcolor="white",
+    )
+    fig.layout.meta = dict(kind="side_by_side", layer=layer, head=head, views=list(arrays))
+    return fig

@@ -1,0 +1,131 @@
+"""The HTML report of a :class:`attnlens.compare.Comparison`: self-contained and offline.
+
+plotly.js is embedded once (inline, no CDN) with the first figure; the other figures reuse it.
+The table of statistics follows the figures. The same HTML (without ``<html>``) is what Jupyter
+shows for a comparison.
+"""
+
+from __future__ import annotations
+
+import html
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import plotly.io as pio
+
+if TYPE_CHECKING:
+    from attnlens.compare import Comparison
+
+#: figure captions by figure name (prefix match for ``patterns_*``)
+CAPTIONS: dict[str, str] = {
+    "distance_from_standard": (
+        "How far each view is from the model's own attention, head by head: the mean over query "
+        "tokens of the total-variation distance ½·Σ|a_view − a_standard| (0: identical; 1: disjoint)."
+    ),
+    "side_by_side": (
+        "One head and one example under each view (the head whose first non-standard view is "
+        "farthest from standard, unless chosen). Effective attention can be negative or above 1 "
+        "and uses a diverging colour scale centred on 0."
+    ),
+    "dominant_target": (
+        "Which target gets the largest share of each head's attention, on average over the corpus."
+    ),
+    "patterns_": (
+        "Every head for one example, layers as rows of tiles and heads as columns; within a tile, "
+        "queries run down and keys across. Hover a cell for its layer, head, tokens and value."
+    ),
+}
+
+_CSS = """
+.attnlens-report { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;
+       color: #1f2933; background: #ffffff; max-width: 1280px; margin: 0 auto;
+       padding: 16px 24px 48px; }
+.attnlens-report h1 { font-size: 1.5rem; margin: 8px 0 4px; }
+.attnlens-report h2 { font-size: 1.15rem; margin: 28px 0 4px; border-bottom: 1px solid #d9e2ec; }
+.attnlens-report p.caption { margin: 2px 0 8px; color: #52606d; font-size: 0.9rem; }
+.attnlens-report dl.summary { display: grid; grid-template-columns: max-content auto;
+       gap: 2px 16px; margin: 8px 0; }
+.attnlens-report dl.summary dt { font-weight: 600; }
+.attnlens-report dl.summary dd { margin: 0; }
+.attnlens-report .figure { margin: 4px 0 12px; }
+.attnlens-report .table-wrap { max-height: 520px; overflow: auto; border: 1px solid #d9e2ec; }
+.attnlens-report table.attnlens { border-collapse: collapse; font-size: 0.8rem;
+       font-variant-numeric: tabular-nums; }
+.attnlens-report table.attnlens th, .attnlens-report table.attnlens td { padding: 2px 8px;
+       border-bottom: 1px solid #eef2f6; text-align: right; }
+.attnlens-report table.attnlens thead th { position: sticky; top: 0; background: #f5f7fa; }
+.attnlens-report ul.columns { font-size: 0.85rem; color: #52606d; }
+"""
+
+
+def _caption(name: str) -> str:
+    for key, text in CAPTIONS.items():
+        if name == key or (key.endswith("_") and name.startswith(key)):
+            return text
+    return ""
+
+
+def figure_html(fig: Any, *, include_plotlyjs: bool, div_id: str) -> str:
+    """One figure as an HTML fragment; ``include_plotlyjs=True`` embeds plotly.js inline."""
+    return pio.to_html(
+        fig,
+        include_plotlyjs=include_plotlyjs,
+        full_html=False,
+        div_id=div_id,
+        config={"displaylogo": False, "responsive": True},
+        default_height=f"{int(fig.layout.height or 450)}px",
+    )
+
+
+def _summary(c: Comparison) -> str:
+    items = {
+        "model": c.model_name,
+        "heads": f"{c.n_layers} layers × {c.n_heads} heads ({'decoder' if c.causal else 'encoder'})",
+        "views": ", ".join(c.views),
+        "corpus": f"{c.n_examples} texts, {c.n_tokens} tokens ({c.n_truncated} truncated)",
+        "tokenization": f"max_len {c.max_len}, {c.layout} layout",
+        "example": f"text {c.example_index}: " + " ".join(c.example_tokens),
+        "focus head": f"layer {c.focus[0]}, head {c.focus[1]}",
+    }
+    rows = "".join(
+        f"<dt>{html.escape(key)}</dt><dd>{html.escape(str(value))}</dd>" for key, value in items.items()
+    )
+    return f'<dl class="summary">{rows}</dl>'
+
+
+def _table(c: Comparison) -> str:
+    from attnlens.compare import COLUMN_DOCS
+
+    docs = "".join(
+        f"<li><code>{html.escape(name)}</code>: {html.escape(text)}</li>"
+        for name, text in COLUMN_DOCS.items()
+    )
+    table = c.table.to_html(
+        index=False, float_format=lambda value: f"{value:.4f}", classes="attnlens", border=0
+    )
+    return f'<ul class="columns">{docs}</ul><div class="table-wrap">{table}</div>'
+
+
+def render(c: Comparison, *, full_html: bool = True) -> str:
+    """The report of ``c`` as HTML: a summary, every figure (plotly.js inline once), the table."""
+    parts = [f"<h1>attnlens: {html.escape(' vs '.join(c.views))} attention</h1>", _summary(c)]
+    prefix = f"attnlens-{uuid.uuid4().hex[:8]}"
+    for index, (name, fig) in enumerate(c.figures.items()):
+        title = name.replace("_", " ")
+        caption = _caption(name)
+        parts.append(f'<h2 id="{html.escape(name)}">{html.escape(title)}</h2>')
+        if caption:
+            parts.append(f'<p class="caption">{html.escape(caption)}</p>')
+        fragment = figure_html(fig, include_plotlyjs=index == 0, div_id=f"{prefix}-{name}")
+        parts.append(f'<div class="figure">{fragment}</div>')
+    parts.append('<h2 id="table">table</h2>')
+    parts.append(_table(c))
+    body = f'<main class="attnlens-report">{"".join(parts)}</main>'
+    if not full_html:
+        return f"<style>{_CSS}</style>{body}"
+    title = html.escape(f"attnlens report: {c.model_name}")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n<title>{title}</title>\n"
+        f"<style>body {{ margin: 0; background: #ffffff; }}{_CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )

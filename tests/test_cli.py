@@ -1,0 +1,146 @@
+"""The attnlens command line, end to end on the default model, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnlens.corpus import default_corpus
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
+
+
+def attnlens_command() -> list[str]:
+    """The installed console script if there is one, else ``python -m attnlens.cli``."""
+    script = Path(sys.executable).with_name("attnlens")
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("attnlens")
+    return [found] if found else [sys.executable, "-m", "attnlens.cli"]
+
+
+def run(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*attnlens_command(), *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture()
+def small_corpus(tmp_path) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(default_corpus(4)) + "\n", encoding="utf-8")
+    return path
+
+
+def test_fit_papa_then_compare_end_to_end(tmp_path, small_corpus):
+    constants = tmp_path / "out" / "constants.safetensors"
+    fitted = run(
+        "fit-papa", "--corpus", str(small_corpus), "--max-len", "36", "--out", str(constants),
+        cwd=tmp_path,
+    )
+    assert fitted.returncode == 0, fitted.stderr
+    assert constants.is_file()
+    assert "papa.fit" in fitted.stderr  # progress bar on the corpus pass
+    assert f"wrote constants: {constants.resolve()}" in fitted.stdout
+
+    report, table = tmp_path / "report.html", tmp_path / "comparison.json"
+    compared = run(
+        "compare", "--corpus", str(small_corpus), "--views", "standard,papa,effective",
+        "--constants", str(constants), "--json", str(table), "--out", str(report), cwd=tmp_path,
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert "compare (standard, papa, effective)" in compared.stderr  # progress bar
+    assert f"wrote report: {report.resolve()}" in compared.stdout
+    html = report.read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in html and "plotly.js v" in html
+    data = json.loads(table.read_text(encoding="utf-8"))
+    assert len(data["table"]) == 3 * 72 and data["max_len"] == 36
+    assert "papa: mean distance from standard" in compared.stdout
+
+
+def _one_line_error(process: subprocess.CompletedProcess) -> str:
+    assert process.returncode != 0
+    lines = [line for line in process.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, process.stderr
+    assert lines[0].startswith("attnlens: error: ")
+    assert "Traceback" not in process.stderr
+    return lines[0]
+
+
+def test_unknown_view(tmp_path):
+    line = _one_line_error(run("compare", "--views", "standard,attn", "--out", "r.html", cwd=tmp_path))
+    assert "unknown view 'attn'" in line and "'standard', 'papa', 'effective'" in line
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_missing_corpus_file(tmp_path):
+    line = _one_line_error(run("compare", "--corpus", "missing.txt", "--out", "r.html", cwd=tmp_path))
+    assert "corpus file not found: missing.txt" in line
+
+
+def test_empty_corpus(tmp_path):
+    (tmp_path / "empty.txt").write_text("\n  \n\n", encoding="utf-8")
+    line = _one_line_error(run("fit-papa", "--corpus", "empty.txt", "--out", "c.safetensors", cwd=tmp_path))
+    assert "empty" in line and "empty.txt" in line
+    line = _one_line_error(run("compare", "--corpus", "empty.txt", "--out", "r.html", cwd=tmp_path))
+    assert "empty" in line
+
+
+def test_other_bad_input_in_process(tmp_path, capsys):
+    from attnlens.cli import main
+
+    cases = [
+        (["compare", "--out", str(tmp_path / "r.txt")], "should end in .html"),
+        (["fit-papa", "--corpus", "default"], "required: --out"),
+        (["compare", "--n-examples", "0"], "positive integer"),
+        (["compare", "--views", ",", "--out", "r.html"], "--views is empty"),
+        (["compare", "--constants", str(tmp_path / "no.safetensors")], "constants file not found"),
+        (["nonsense"], "invalid choice"),
+    ]
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("attnlens: error: ") and "\n" not in err, err
+        assert expected in err, (argv, err)
+
+
+# -- corpora ------------------------------------------------------------------------------------
+
+
+def test_default_corpus_is_embedded_prose():
+    from attnlens.corpus import PROJECT_SENTENCES
+
+    texts = default_corpus()
+    assert texts == default_corpus()  # deterministic
+    assert len(texts) > 200 and len(set(texts)) == len(texts)
+    assert texts[: len(PROJECT_SENTENCES)] == list(PROJECT_SENTENCES)
+    assert all(isinstance(t, str) and t[0].isupper() for t in texts)
+    assert not any("::=" in t or ">>>" in t or "\n" in t for t in texts)
+    assert default_corpus(5) == texts[:5]
+
+
+def test_read_corpus_formats_and_errors(tmp_path):
+    from attnlens.corpus import CorpusError, read_corpus, resolve_corpus
+
+    (tmp_path / "a.txt").write_text("first text\n\n  second text  \n", encoding="utf-8")
+    assert read_corpus(tmp_path / "a.txt") == ["first text", "second text"]
+    (tmp_path / "b.tsv").write_text("label\tsentence\n1\tgood film\n0\tbad film\n", encoding="utf-8")
+    assert read_corpus(tmp_path / "b.tsv") == ["good film", "bad film"]
+    (tmp_path / "c.csv").write_text('text,label\n"a, b",1\n', encoding="utf-8")
+    assert read_corpus(tmp_path / "c.csv") == ["a, b"]
+    (tmp_path / "d.txt").write_bytes(b"\xff\xfe\x00bad")
+    with pytest.raises(CorpusError, match="not UTF-8"):
+        read_corpus(tmp_path / "d.txt")
+    with pytest.raises(CorpusError, match="folder"):
+        read_corpus(tmp_path)
+    assert resolve_corpus("default") == default_corpus()
+    assert resolve_corpus(["x"]) == ["x"]

@@ -1,0 +1,247 @@
+"""attnlens.compare: the table, the figures, HTML/JSON output, and the callable module."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attnlens
+from attnlens.compare import COLUMNS, Comparison
+from attnlens.stats import AttentionStatistics, token_classes
+from tests.small_comparison import MAX_LEN, small_comparison, texts
+
+SHORT = [
+    "The film is a charming, funny and moving portrait of a family.",
+    "It rained all day, so the match was postponed until Sunday.",
+    "Why would a head put all of its attention on one token?",
+]
+
+
+@pytest.fixture(scope="module")
+def comparison(minilm) -> Comparison:
+    return small_comparison(minilm)
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+def test_table_has_two_times_72_rows_plus_standard(comparison):
+    table = comparison.table
+    assert isinstance(table, pd.DataFrame)
+    assert list(table.columns) == list(COLUMNS)
+    assert list(table.columns) == [
+        "view", "layer", "head", "to_cls", "to_sep", "to_punct", "to_self", "to_prev",
+        "to_next", "entropy", "distance_from_standard",
+    ]
+    assert len(table) == 2 * 72 + 72
+    assert table["view"].value_counts().to_dict() == {"standard": 72, "papa": 72, "effective": 72}
+    assert comparison.views == ("standard", "papa", "effective")
+    for _, rows in table.groupby("view"):
+        assert sorted(zip(rows["layer"], rows["head"], strict=True)) == [
+            (layer, head) for layer in range(6) for head in range(12)
+        ]
+    assert not table.isna().any().any()
+
+
+def test_table_values(comparison):
+    table = comparison.table
+    standard = table[table["view"] == "standard"]
+    papa = table[table["view"] == "papa"]
+    effective = table[table["view"] == "effective"]
+    assert (standard["distance_from_standard"] == 0).all()
+    assert papa["distance_from_standard"].between(0, 1).all()
+    assert papa["distance_from_standard"].mean() > 0.05  # constant attention is not the model's
+    assert (effective["distance_from_standard"] >= 0).all()
+    assert effective["distance_from_standard"].max() > 1e-3  # two texts are longer than d_head
+    for view in (standard, papa):  # distributions: shares in [0, 1]
+        for column in ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next"):
+            assert view[column].between(-1e-6, 1 + 1e-6).all(), column
+    assert (standard["entropy"] >= 0).all()
+
+
+def test_standard_statistics_match_attention_statistics(minilm):
+    result = attnlens.compare(minilm, "standard", corpus=SHORT, max_len=32, progress=False)
+    batch = attnlens.tokenize(minilm, SHORT, max_len=32, layout="padded")
+    with torch.no_grad():
+        _, cache = minilm.run_with_cache(batch.input_ids, **batch.model_kwargs())
+    statistics = AttentionStatistics(6, 12)
+    classes = token_classes(minilm.tokenizer, batch.input_ids)
+    valid = batch.attention_mask.bool()
+    for layer in range(6):
+        statistics.update(layer, cache[f"blocks.{layer}.attn.hook_pattern"], classes, valid)
+    expected = statistics.means()
+    for column in ("to_cls", "to_sep", "to_prev", "entropy"):
+        np.testing.assert_allclose(result.grid(column), expected[column].numpy(), atol=1e-5)
+    assert len(result.table) == 72 and result.layout == "padded"
+
+
+def test_distance_is_total_variation(minilm):
+    """With identity constants PAPA is one-hot on the query: TV(δ_q, a_q) = 1 − a_qq."""
+    from attnlens import papa
+
+    constants = papa.identity(minilm, max_len=32)
+    result = attnlens.compare(minilm, "papa", corpus=SHORT, constants=constants, progress=False)
+    assert result.max_len == 32 and result.layout == "papa"
+    np.testing.assert_allclose(
+        result.grid("distance_from_standard", "papa"), 1 - result.grid("to_self", "standard"),
+        atol=1e-5,
+    )
+    np.testing.assert_allclose(result.grid("to_self", "papa"), 1.0, atol=1e-6)
+
+
+def test_effective_equals_standard_on_short_texts(minilm):
+    """At most d_head (32) tokens: the values span every direction, so A⊥ = A."""
+    result = attnlens.compare(minilm, "effective", corpus=SHORT, max_len=24, progress=False)
+    assert result.grid("distance_from_standard", "effective").max() < 1e-3
+
+
+def test_unknown_view_is_a_value_error_naming_valid_views(minilm):
+    with pytest.raises(ValueError, match=r"unknown view 'attn'.*'standard', 'papa', 'effective'"):
+        attnlens.compare(minilm, "papa", "attn", corpus=SHORT)
+    with pytest.raises(TypeError, match="first argument is the model"):
+        attnlens.compare("papa", "effective", corpus=SHORT)
+
+
+def test_bad_corpus_and_options(minilm, tmp_path):
+    from attnlens.corpus import CorpusError
+
+    with pytest.raises(CorpusError, match="empty"):
+        attnlens.compare(minilm, "standard", corpus=[])
+    with pytest.raises(CorpusError, match="not found"):
+        attnlens.compare(minilm, "standard", corpus=tmp_path / "missing.txt")
+    with pytest.raises(ValueError, match="n_examples"):
+        attnlens.compare(minilm, "standard", corpus=SHORT, n_examples=0)
+    from attnlens import papa
+
+    with pytest.raises(ValueError, match="max_len"):
+        attnlens.compare(
+            minilm, "papa", corpus=SHORT, max_len=16, constants=papa.uniform(minilm, max_len=32)
+        )
+
+
+# -- compare is a callable module ----------------------------------------------------------------
+
+
+def test_compare_is_callable_after_import_attnlens(minilm):
+    result = attnlens.compare(minilm, "standard", corpus=SHORT[:1], max_len=16, progress=False)
+    assert isinstance(result, attnlens.Comparison)
+    assert callable(attnlens.compare.compare)
+
+
+def test_compare_is_callable_after_import_attnlens_compare(minilm):
+    import attnlens.compare as module
+
+    assert module is attnlens.compare
+    result = module(minilm, "standard", corpus=SHORT[:1], max_len=16, progress=False)
+    assert isinstance(result, module.Comparison)
+    assert len(result.table) == 72
+
+
+def test_compare_is_callable_in_a_fresh_interpreter():
+    code = (
+        "import attnlens, sys; ok = callable(attnlens.compare); import attnlens.compare as m; "
+        "sys.exit(0 if ok and callable(m) and m is attnlens.compare else 1)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+# -- figures, HTML, JSON -------------------------------------------------------------------------
+
+
+def test_figures(comparison):
+    figures = comparison.figures
+    assert {
+        "distance_from_standard", "side_by_side", "dominant_target", "to_cls", "to_sep",
+        "to_punct", "to_self", "to_prev", "to_next", "entropy",
+        "patterns_standard", "patterns_papa", "patterns_effective",
+    } <= set(figures)
+    grid = figures["distance_from_standard"]
+    assert [trace.name for trace in grid.data] == ["papa", "effective"]  # no standard panel
+    assert all(np.asarray(trace.z).shape == (6, 12) for trace in grid.data)
+    assert [trace.name for trace in figures["to_sep"].data] == ["standard", "papa", "effective"]
+
+    n = len(comparison.example_tokens)
+    assert comparison.example_tokens[0] == "[CLS]" and comparison.example_tokens[-1] == "[SEP]"
+    assert "[PAD]" not in comparison.example_tokens
+    assert n > 32  # the default example is longer than d_head, so effective attention differs
+    for view in comparison.views:
+        fig = figures[f"patterns_{view}"]
+        assert len(fig.data) == 1
+        assert np.asarray(fig.data[0].z).shape == (6 * (n + 1) - 1, 12 * (n + 1) - 1)
+        assert list(fig.layout.xaxis.ticktext) == [f"H{h}" for h in range(12)]
+        assert list(fig.layout.yaxis.ticktext) == [f"L{layer}" for layer in range(6)]
+    assert figures["patterns_effective"].data[0].zmid == 0.0  # diverging
+    assert figures["patterns_standard"].data[0].zmid is None
+
+    side = figures["side_by_side"]
+    layer, head = comparison.focus
+    assert [trace.name for trace in side.data] == ["standard", "papa", "effective"]
+    assert f"Layer {layer}, head {head}" in side.layout.title.text
+    papa_distance = comparison.grid("distance_from_standard", "papa")
+    assert papa_distance[layer, head] == papa_distance.max()
+    np.testing.assert_allclose(
+        np.asarray(side.data[0].z), comparison.example_patterns["standard"][layer, head]
+    )
+
+
+def test_save_html_is_self_contained(comparison, tmp_path):
+    path = comparison.save_html(tmp_path / "sub" / "report.html")
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    assert len(re.findall(r"plotly\.js v\d", text)) == 1  # plotly.js embedded exactly once
+    assert not re.search(r"<script[^>]+src=", text)  # nothing to fetch: works offline
+    assert text.count("Plotly.newPlot") == len(comparison.figures)
+    assert "distance_from_standard" in text and "<table" in text
+    fragment = comparison._repr_html_()
+    assert "<html" not in fragment and "Plotly.newPlot" in fragment
+
+
+def test_to_json_round_trip(comparison):
+    data = json.loads(comparison.to_json())
+    assert data["views"] == ["standard", "papa", "effective"]
+    assert len(data["table"]) == 216
+    assert set(data["table"][0]) == set(COLUMNS)
+    assert "total-variation" in data["columns"]["distance_from_standard"]
+    assert data["max_len"] == MAX_LEN and data["n_examples"] == len(texts())
+    restored = Comparison.from_json(comparison.to_json())
+    pd.testing.assert_frame_equal(restored.table, comparison.table)
+    assert restored.focus == comparison.focus
+    assert set(restored.figures) == set(comparison.figures)
+
+
+def test_decoder_patterns_are_masked_above_the_diagonal():
+    from tests.tiny import CORPUS, gpt2_tokenizer, tiny_gpt2
+
+    model = attnlens.load(tiny_gpt2(), tokenizer=gpt2_tokenizer())
+    result = attnlens.compare(model, "effective", corpus=CORPUS[:4], max_len=16, progress=False)
+    assert result.causal and result.views == ("standard", "effective")
+    n = len(result.example_tokens)
+    z = np.asarray(result.figures["patterns_standard"].data[0].z)
+    tile = z[:n, :n]
+    assert np.isnan(tile[np.triu_indices(n, k=1)]).all()
+    assert not np.isnan(tile[np.tril_indices(n)]).any()
+
+
+def test_long_example_is_cropped_in_the_tiled_figure(comparison):
+    from attnlens.compare import MAX_TILED_TOKENS
+
+    tokens = [f"w{i}" for i in range(MAX_TILED_TOKENS + 6)]
+    n = len(tokens)
+    long = Comparison.from_json(comparison.to_json())
+    long.example_tokens = tokens
+    long.example_patterns = {
+        view: np.full((6, 12, n, n), 1.0 / n, dtype=np.float32) for view in long.views
+    }
+    figures = long.figures
+    z = np.asarray(figures["patterns_papa"].data[0].z)
+    m = MAX_TILED_TOKENS
+    assert z.shape == (6 * (m + 1) - 1, 12 * (m + 1) - 1)
+    assert f"first {m} of {n} tokens" in figures["patterns_papa"].layout.title.text
+    assert np.asarray(figures["side_by_side"].data[0].z).shape == (n, n)

@@ -1,0 +1,222 @@
+"""The HTML report renders in headless Chromium, offline, with no console errors.
+
+Needs Debian's ``chromium`` package (``.ci/run`` installs it); skipped with a reason without it.
+Two runs of Chromium; the first on a copy of the report with a small probe script added at the
+top of ``<head>`` (it records ``window.onerror``, unhandled rejections and ``console.error``):
+
+- ``--dump-dom`` of the probed copy: every figure was drawn by plotly.js (an ``svg.main-svg``
+  per figure), the probe recorded no error, Chromium's console log on stderr has no
+  ``Uncaught`` either, and hovering a cell (``Plotly.Fx.hover``) of the tiled patterns and of the
+  side-by-side figure shows the layer, head, query and key tokens and the value;
+- ``--screenshot`` of the report itself: the pixels of the top of the page (the first figure is
+  a head grid) are far from blank: many non-white pixels and many distinct colours.
+
+Network access is disabled (``--host-resolver-rules``), so the report must be self-contained.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import shutil
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.small_comparison import small_comparison
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+CHROMIUM = _chromium()
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="headless Chromium not installed (Debian: apt-get install -y chromium; .ci/run does it)",
+)
+
+PROBE = """<script>
+window.__attnlensErrors = [];
+window.addEventListener("error", function (e) { __attnlensErrors.push("error: " + e.message); });
+window.addEventListener("unhandledrejection", function (e) {
+  __attnlensErrors.push("unhandled rejection: " + e.reason); });
+(function () { var original = console.error; console.error = function () {
+  __attnlensErrors.push("console.error: " + Array.prototype.join.call(arguments, " "));
+  return original.apply(console, arguments); }; })();
+window.addEventListener("load", function () { setTimeout(function () {
+  var plots = document.querySelectorAll(".js-plotly-plot"), hover = {};
+  plots.forEach(function (gd) {  // hover cell (query 3, key 2) of the first panel / tile
+    if (!/(patterns_standard|side_by_side)$/.test(gd.id)) return;
+    try {
+      gd.scrollIntoView();
+      Plotly.Fx.hover(gd, {xval: 2, yval: 3}, "xy");
+      hover[gd.id.replace(/^.*-/, "")] = Array.prototype.map.call(
+        gd.querySelectorAll(".hoverlayer text"), function (t) { return t.textContent; }).join(" ");
+    } catch (e) { __attnlensErrors.push("hover: " + e); }
+  });
+  document.body.setAttribute("data-attnlens-hover", JSON.stringify(hover));
+  document.body.setAttribute("data-attnlens-plots", String(plots.length));
+  document.body.setAttribute("data-attnlens-errors", JSON.stringify(__attnlensErrors));
+}, 500); });
+</script>"""
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--host-resolver-rules=MAP * ~NOTFOUND",  # offline: any network fetch fails
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=15000",
+]
+
+
+def chromium(page: Path, profile: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", *extra, page.resolve().as_uri()],
+        capture_output=True, text=True, timeout=180,
+    )
+
+
+def probed(html: str) -> str:
+    return html.replace("<head>", "<head>\n" + PROBE, 1)
+
+
+def attribute(dom: str, name: str) -> object:
+    match = re.search(rf'data-attnlens-{name}="([^"]*)"', dom)
+    assert match, f"the page did not finish loading (no data-attnlens-{name})"
+    return json.loads(html.unescape(match.group(1)))
+
+
+def console_errors(stderr: str) -> list[str]:
+    return [
+        line for line in stderr.splitlines()
+        if "CONSOLE" in line and re.search(r"Uncaught|Error|error", line.split("]", 1)[-1])
+    ]
+
+
+def read_png(path: Path) -> np.ndarray:
+    """Decode an 8-bit RGB/RGBA, non-interlaced PNG (what Chromium writes) to ``[y, x, channel]``."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    position, chunks, header = 8, [], None
+    while position < len(data):
+        length, kind = struct.unpack(">I4s", data[position : position + 8])
+        body = data[position + 8 : position + 8 + length]
+        position += 12 + length
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            chunks.append(body)
+        elif kind == b"IEND":
+            break
+    width, height, depth, colour, _, _, interlace = header
+    assert depth == 8 and interlace == 0 and colour in (2, 6), f"unsupported PNG {header}"
+    bpp = 3 if colour == 2 else 4
+    raw = zlib.decompress(b"".join(chunks))
+    stride = width * bpp
+    image = np.zeros((height, stride), dtype=np.uint8)
+    previous = np.zeros(stride, dtype=np.int64)
+    for y in range(height):
+        start = y * (stride + 1)
+        kind = raw[start]
+        line = np.frombuffer(raw, dtype=np.uint8, count=stride, offset=start + 1).astype(np.int64)
+        if kind == 0:
+            row = line
+        elif kind == 1:  # Sub: running sum per channel
+            row = (line.reshape(-1, bpp).cumsum(0) % 256).reshape(-1)
+        elif kind == 2:  # Up
+            row = (line + previous) % 256
+        else:  # Average (3) and Paeth (4) depend on the pixel to the left: one byte at a time
+            out = bytearray(stride)
+            current, up = line.tolist(), previous.tolist()
+            for x in range(stride):
+                a = out[x - bpp] if x >= bpp else 0
+                b = up[x]
+                if kind == 3:
+                    out[x] = (current[x] + ((a + b) >> 1)) & 255
+                    continue
+                c = up[x - bpp] if x >= bpp else 0
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                predictor = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                out[x] = (current[x] + predictor) & 255
+            row = np.frombuffer(bytes(out), dtype=np.uint8).astype(np.int64)
+        image[y] = row
+        previous = row
+    return image.reshape(height, width, bpp)[..., :3]
+
+
+@pytest.fixture(scope="module")
+def report(minilm, tmp_path_factory) -> tuple[Path, Path, int]:
+    """(the report as saved, a copy with the probe, the number of figures)."""
+    comparison = small_comparison(minilm)
+    folder = tmp_path_factory.mktemp("report")
+    path = comparison.save_html(folder / "report.html")
+    page = folder / "probed.html"
+    page.write_text(probed(path.read_text(encoding="utf-8")), encoding="utf-8")
+    return path, page, len(comparison.figures)
+
+
+def test_probe_catches_errors(tmp_path):
+    """The checks below would see a broken page: a thrown error and a console.error."""
+    page = tmp_path / "broken.html"
+    page.write_text(probed(
+        "<!DOCTYPE html><html><head></head><body><p>x</p>"
+        "<script>console.error('bad'); null.f();</script></body></html>"
+    ), encoding="utf-8")
+    result = chromium(page, tmp_path / "profile", "--dump-dom")
+    errors = attribute(result.stdout, "errors")
+    assert any("console.error: bad" in e for e in errors) and any("TypeError" in e for e in errors)
+    assert console_errors(result.stderr)
+
+
+def test_report_renders_every_figure_without_console_errors(report, tmp_path):
+    _, page, n_figures = report
+    result = chromium(page, tmp_path / "profile", "--dump-dom")
+    assert result.returncode == 0, result.stderr[-2000:]
+    dom = result.stdout
+    assert attribute(dom, "errors") == []
+    assert console_errors(result.stderr) == []
+    assert attribute(dom, "plots") == n_figures
+    assert dom.count('class="main-svg"') >= n_figures  # plotly drew every figure
+    assert 'class="hm"' in dom or "heatmaplayer" in dom  # heatmaps, not empty axes
+    # hovering names layer, head, tokens and value (example: [CLS] when the committee ...)
+    hover = attribute(dom, "hover")
+    assert re.fullmatch(r"L0 query 3 'committee'\s*H0 key 2 'the'\s*standard: \d\.\d{3}", hover["patterns_standard"])
+    assert re.fullmatch(
+        r"L\d+H\d+ query 3 'committee' → key 2 'the'\s*standard: \d\.\d{3}", hover["side_by_side"]
+    )
+
+
+def test_report_screenshot_is_not_blank(report, tmp_path):
+    page, _, _ = report  # the report itself, as a user opens it
+    shot = tmp_path / "report.png"
+    result = chromium(page, tmp_path / "profile", "--window-size=1200,900", f"--screenshot={shot}")
+    assert result.returncode == 0 and shot.is_file(), result.stderr[-2000:]
+    image = read_png(shot)
+    assert image.shape[:2] == (900, 1200)
+    figure = image[200:900]  # below the summary: the first head grid and more
+    non_white = (figure < 235).any(-1)
+    assert non_white.mean() > 0.10, f"only {non_white.mean():.1%} of pixels are not white"
+    colours = np.unique(figure.reshape(-1, 3), axis=0)
+    assert len(colours) > 100, f"only {len(colours)} distinct colours"
+    # a heatmap: many saturated pixels (colour, not just grey text)
+    saturation = figure.max(-1).astype(int) - figure.min(-1).astype(int)
+    assert (saturation > 60).mean() > 0.05
