@@ -40,6 +40,7 @@ from torch import Tensor
 from attnlens.corpus import resolve_corpus
 from attnlens.inputs import Batch, tokenize
 from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
+from attnlens.streaming import chunks, device_of
 
 #: the views compare knows, in report order
 VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
@@ -309,11 +310,6 @@ def _as_model(model: Any) -> Any:
     return load(model)
 
 
-def _batches(texts: Sequence, size: int) -> Iterable[Sequence]:
-    for start in range(0, len(texts), size):
-        yield texts[start : start + size]
-
-
 def _standard_patterns(model: Any, batch: Batch) -> list[Tensor]:
     names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
     _, cache = model.run_with_cache(
@@ -460,11 +456,11 @@ def compare(
     n_truncated = 0
     kept: dict[str, np.ndarray] = {}
     kept_tokens: list[str] = []
-    device = next(model.parameters()).device
+    device = device_of(model)
     bar = _progress(len(texts), f"compare ({', '.join(names)})", progress)
     seen = 0
     with torch.no_grad():
-        for chunk in _batches(texts, batch_size):
+        for chunk in chunks(texts, batch_size):
             batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
             valid = batch.attention_mask.bool()
             classes = token_classes(model.tokenizer, batch.input_ids)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import itertools
 import time
 from pathlib import Path
 
@@ -30,13 +29,10 @@ import torch
 import attnlens
 from attnlens import papa
 from attnlens.papa.fitting import _commit, _PatternSums
+from attnlens.streaming import chunks, run_patterns
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TARGET = 1.15
-
-
-class _Stop(Exception):
-    pass
 
 
 def paragraphs(n: int) -> list[str]:
@@ -52,20 +48,13 @@ def paragraphs(n: int) -> list[str]:
 
 def plain_forward(model, texts, *, max_len: int, batch_size: int, stop: bool) -> None:
     """The forward fit hooks, on the same batches, without accumulating anything."""
-    last = f"blocks.{model.cfg.n_layers - 1}.attn.hook_pattern"
-
-    def halt(pattern, hook):
-        raise _Stop
-
-    hooks = [(last, halt)] if stop else []
-    examples = iter(texts)
-    while chunk := list(itertools.islice(examples, batch_size)):
+    for chunk in chunks(texts, batch_size):
         batch = attnlens.tokenize(model, chunk, max_len=max_len, layout="papa")
-        try:
+        if stop:
+            run_patterns(model, batch, [])
+        else:
             with torch.inference_mode():
-                model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=hooks)
-        except _Stop:
-            pass
+                model(batch.input_ids, **batch.model_kwargs())
 
 
 def timed(fn) -> float:

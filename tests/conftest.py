@@ -42,3 +42,15 @@ def minilm():
     import attnlens
 
     return attnlens.load()
+
+
+@pytest.fixture(scope="module")
+def single_blas_thread():
+    """NumPy reference loops do many tiny SVDs and products: one BLAS thread is fastest."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield
+        return
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield

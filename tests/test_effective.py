@@ -21,16 +21,7 @@ D_HEAD = 32
 LENGTHS = (9, 20, 31, 32, 33, 40, 55)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_blas_thread():
-    """NumPy's reference loop does many tiny SVDs and products: one BLAS thread is fastest."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 
 def sentences_of_lengths(model, sentences, lengths):

@@ -24,16 +24,7 @@ from tests.conftest import DATA
 D_HEAD = 32
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_blas_thread():
-    """NumPy's reference loop does many tiny SVDs and products: one BLAS thread is fastest."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 
 def is_z(name: str) -> bool:

@@ -33,6 +33,7 @@ from attnlens import seam
 from attnlens.effective.core import effective_attention
 from attnlens.inputs import Batch, tokenize
 from attnlens.stats import AttentionStatistics, token_classes
+from attnlens.streaming import chunks, device_of, run_patterns
 
 Mode = Literal["effective", "null"]
 MODES: tuple[str, ...] = ("effective", "null")
@@ -191,10 +192,6 @@ def _as_batch(model: Any, tokens: Tokens, max_len: int, layout: str) -> Batch:
     return tokenize(model, tokens, max_len=max_len, layout=layout)  # type: ignore[arg-type]
 
 
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
-
-
 def run(
     model: Any,
     tokens: Tokens,
@@ -211,7 +208,7 @@ def run(
     read). Patterns are ``[layer, batch, head, query, key]``; effective attention as in
     :func:`~attnlens.effective.core.effective_attention` (``rtol``, ``padded``).
     """
-    batch = _as_batch(model, tokens, max_len, layout).to(_device(model))
+    batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
     standard: dict[int, Tensor] = {}
     effective: dict[int, Tensor] = {}
 
@@ -231,10 +228,6 @@ def run(
         logits=logits,
         batch=batch,
     )
-
-
-class _StopForward(Exception):
-    """Raised after the last layer's statistics: the rest of the forward is not needed."""
 
 
 def statistics(
@@ -260,31 +253,25 @@ def statistics(
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     standard = AttentionStatistics(n_layers, n_heads)
     effective = AttentionStatistics(n_layers, n_heads)
-    device = _device(model)
+    device = device_of(model)
     current: dict[str, Any] = {}
     counts = {"sequences": 0, "tokens": 0, "truncated": 0}
 
     def update(layer: int, pattern: Tensor, eff: Tensor, valid: Tensor) -> None:
         standard.update(layer, pattern, current["classes"], current["valid"])
         effective.update(layer, eff, current["classes"], current["valid"])
-        if layer == n_layers - 1:
-            raise _StopForward
 
     fwd_hooks = _effective_hooks(model, None, update, rtol=rtol, padded=padded)
-    chunks = _chunks(corpus, batch_size)
+    batches = chunks(corpus, batch_size)
     if progress:
         from tqdm.auto import tqdm
 
-        chunks = tqdm(chunks, desc="effective attention statistics", unit="batch")
-    for chunk in chunks:
+        batches = tqdm(batches, desc="effective attention statistics", unit="batch")
+    for chunk in batches:
         batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)  # type: ignore[arg-type]
         current["valid"] = batch.attention_mask.bool()
         current["classes"] = token_classes(model.tokenizer, batch.input_ids)
-        try:
-            with torch.no_grad():
-                model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks)
-        except _StopForward:
-            pass
+        run_patterns(model, batch, fwd_hooks)
         counts["sequences"] += len(batch)
         counts["tokens"] += int(batch.attention_mask.sum())
         counts["truncated"] += batch.n_truncated
@@ -297,16 +284,3 @@ def statistics(
         n_tokens=counts["tokens"],
         n_truncated=counts["truncated"],
     )
-
-
-def _chunks(corpus: Iterable, size: int) -> Iterator[list]:
-    if size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {size}")
-    chunk: list = []
-    for item in corpus:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk

@@ -15,24 +15,19 @@ from __future__ import annotations
 
 import itertools
 import os
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens.inputs import LAYOUTS, Batch, tokenize
 from attnlens.papa.constants import PapaConstants, check_model
+from attnlens.streaming import chunks, corpus_iterator, device_of, run_patterns
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
 CHECKPOINT_EVERY = 20
-
-
-class _Stop(Exception):
-    """Raised by the last layer's hook: the rest of the forward is not needed."""
 
 
 def fit(
@@ -67,7 +62,7 @@ def fit(
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     if batch_size < 1 or checkpoint_every < 1:
         raise ValueError("batch_size and checkpoint_every must be at least 1.")
-    examples = _examples(corpus)
+    examples = corpus_iterator(corpus)
     state = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
     consumed = state.examples
     skipped = sum(1 for _ in itertools.islice(examples, consumed))
@@ -77,14 +72,14 @@ def fit(
             f"{skipped}: it belongs to another corpus."
         )
     sums = _PatternSums(model)
-    device = _device(model)
+    device = device_of(model)
     total = len(corpus) if hasattr(corpus, "__len__") else None
     bar = _progress(total, consumed, progress)
     saved_at, since_save, committing = state.examples, 0, False
     was_training = model.training
     model.eval()
     try:
-        while chunk := list(itertools.islice(examples, batch_size)):
+        for chunk in chunks(examples, batch_size):
             batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
             if state.examples and state.pairs != batch.is_pair:
                 raise ValueError("The corpus mixes single sentences and sentence pairs.")
@@ -130,8 +125,6 @@ class _PatternSums:
         ]
 
     def _hook(self, layer: int):
-        last = layer == self.n_layers - 1
-
         def accumulate(pattern: Float[Tensor, "batch head query key"], hook: Any) -> None:
             # Sums over the batch as a [1, batch] @ [batch, head*query*key] product: the same
             # float32 sum as .sum(0), but a BLAS call copes far better with a busy CPU.
@@ -140,8 +133,6 @@ class _PatternSums:
             masked.mul_(masked)
             self.second[layer] = (self.ones @ masked).view(pattern.shape[1:])
             self.fired += 1
-            if last:
-                raise _Stop
 
         return accumulate
 
@@ -160,10 +151,7 @@ class _PatternSums:
         self.ones = self.weights.new_ones(1, len(batch))
         self.fired = 0
         try:
-            with torch.inference_mode():
-                model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=self.hooks)
-        except _Stop:
-            pass
+            run_patterns(model, batch, self.hooks)
         finally:
             self.weights = self.ones = None
         if self.fired != self.n_layers:
@@ -210,32 +198,6 @@ def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaCon
             f"max_len={state.max_len}; this fit asks for layout={layout!r}, max_len={max_len}."
         )
     return state
-
-
-def _examples(corpus: Any) -> Iterator:
-    """An iterator over the corpus, with clear errors for things that are not a corpus."""
-    if isinstance(corpus, str | bytes):
-        raise TypeError("corpus must be an iterable of strings or (str, str) pairs, not one string.")
-    datasets = sys.modules.get("datasets")
-    if datasets is not None and isinstance(corpus, datasets.Dataset | datasets.IterableDataset):
-        names = ", ".join(repr(name) for name in (corpus.column_names or []))
-        raise TypeError(
-            f"Pass one column of the dataset (e.g. dataset[{names.split(', ')[0] or 'text'}]), "
-            f"not the whole dataset (columns: {names})."
-        )
-    try:
-        return iter(corpus)
-    except TypeError as error:
-        raise TypeError(
-            f"corpus must be an iterable of strings or (str, str) pairs, got {type(corpus).__name__}."
-        ) from error
-
-
-def _device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
 
 
 def _progress(total: int | None, initial: int, enabled: bool) -> Any:
