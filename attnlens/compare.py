@@ -329,16 +329,9 @@ def _effective_patterns(model: Any, batch: Batch) -> tuple[list[Tensor], list[Te
 
 def _papa_patterns(constants: Any, valid: Bool[Tensor, "batch key"]) -> list[Tensor]:
     """Each layer's PAPA pattern for a batch with key mask ``valid`` (``[batch, head, q, k]``)."""
-    if hasattr(constants, "layer_pattern"):
-        return [
-            constants.layer_pattern(layer, valid, dtype=torch.float32)
-            for layer in range(constants.n_layers)
-        ]
-    from attnlens import papa
-
-    mean = constants.mean
     return [
-        papa.constant_pattern(mean[layer].to(valid.device), valid) for layer in range(mean.shape[0])
+        constants.layer_pattern(layer, valid, dtype=torch.float32)
+        for layer in range(constants.n_layers)
     ]
 
 
@@ -437,14 +430,8 @@ def compare(
                 "pass max_len=constants.max_len (or leave it out)"
             )
         max_len = constants.max_len
-        layout = getattr(constants, "layout", "papa")
-        if hasattr(constants, "check_compatible"):
-            constants.check_compatible(model)
-        elif tuple(constants.mean.shape[:2]) != (n_layers, n_heads):
-            raise ValueError(
-                f"the PAPA constants are for {tuple(constants.mean.shape[:2])} layers x heads, "
-                f"the model has ({n_layers}, {n_heads})"
-            )
+        layout = constants.layout
+        constants.check_compatible(model)
     max_len = max_len or DEFAULT_MAX_LEN
     if example is None:
         example = _default_example(model, texts, names, max_len)
