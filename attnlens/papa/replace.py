@@ -53,12 +53,7 @@ def constant_pattern(
     ``renormalize=False`` (the ``zeros`` baseline) the restricted matrix is returned as it is.
     The result has ``dtype`` (default: the constant's) and the constant's device.
     """
-    if constant.ndim != 3:
-        raise ValueError(f"constant must be [head, query, key], got {tuple(constant.shape)}.")
-    dtype = dtype or constant.dtype
-    n_keys = key_mask.shape[-1]
-    constant = _fit_to(constant, n_keys).to(dtype)
-    key_mask = key_mask.to(device=constant.device, dtype=torch.bool)
+    constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant")
     valid_key = key_mask[:, None, None, :]
     valid_pair = key_mask[:, None, :, None] & valid_key
     masked = constant[None] * valid_pair.to(dtype)
@@ -81,14 +76,21 @@ def softmax_pattern(
     Axes as in :func:`constant_pattern`. Padded query rows are uniform over the valid keys.
     Differentiable in ``logits``.
     """
-    if logits.ndim != 3:
-        raise ValueError(f"logits must be [head, query, key], got {tuple(logits.shape)}.")
-    dtype = dtype or logits.dtype
-    n_keys = key_mask.shape[-1]
-    logits = _fit_to(logits, n_keys).to(dtype)
-    key_mask = key_mask.to(device=logits.device, dtype=torch.bool)
+    logits, key_mask, dtype = _prepare(logits, key_mask, dtype, "logits")
     valid_key = key_mask[:, None, None, :]
     scores = logits[None].masked_fill(~valid_key, torch.finfo(dtype).min)
     pattern = torch.softmax(scores, dim=-1) * valid_key.to(dtype)
     valid_query = key_mask[:, None, :, None]
     return torch.where(valid_query, pattern, _uniform(valid_key, dtype))
+
+
+def _prepare(
+    matrix: Tensor, key_mask: Tensor, dtype: torch.dtype | None, name: str
+) -> tuple[Tensor, Tensor, torch.dtype]:
+    """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length, cast it, and put
+    ``key_mask`` on its device as bool."""
+    if matrix.ndim != 3:
+        raise ValueError(f"{name} must be [head, query, key], got {tuple(matrix.shape)}.")
+    dtype = dtype or matrix.dtype
+    matrix = _fit_to(matrix, key_mask.shape[-1]).to(dtype)
+    return matrix, key_mask.to(device=matrix.device, dtype=torch.bool), dtype
