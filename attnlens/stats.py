@@ -94,14 +94,13 @@ def row_statistics(
 
 def _diagonal(pattern: Tensor, offset: int) -> Tensor:
     """``pattern[b, h, i, i + offset]``, 0 where ``i + offset`` is outside the sequence."""
-    n_query, n_key = pattern.shape[-2:]
     diagonal = torch.diagonal(pattern, offset=offset, dim1=-2, dim2=-1)
     out = pattern.new_zeros(pattern.shape[:-1])
     if offset >= 0:
         out[..., : diagonal.shape[-1]] = diagonal
     else:
         out[..., -offset : -offset + diagonal.shape[-1]] = diagonal
-    return out[..., :n_query] if n_query <= n_key else out
+    return out
 
 
 class AttentionStatistics:

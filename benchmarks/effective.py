@@ -27,24 +27,17 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import einops
 import torch
+from realdata import wikitext_paragraphs
 
 import attnlens
 from attnlens.effective import effective_attention, run
 from attnlens.effective.reference import effective_attention_loop
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 BATCH, LENGTH = 32, 128
-
-
-def wikitext_paragraphs(path: Path) -> list[str]:
-    """Paragraph lines of WikiText (headings `` = Title = `` and blank lines dropped)."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.strip().startswith("=")]
 
 
 def timed_pairs(
@@ -91,7 +84,7 @@ def main() -> None:
     tokenizer = model.tokenizer
     paragraphs = [
         text
-        for text in wikitext_paragraphs(DATA / "wikitext2" / "valid.txt")
+        for text in wikitext_paragraphs()
         if len(tokenizer(text, add_special_tokens=True)["input_ids"]) >= LENGTH
     ][:BATCH]
     batch = attnlens.tokenize(model, paragraphs, max_len=LENGTH, layout="padded").to(model.cfg.device)

@@ -22,27 +22,22 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from pathlib import Path
 
 import torch
+from realdata import wikitext_paragraphs
 
 import attnlens
 from attnlens import papa
 from attnlens.papa.fitting import _commit, _PatternSums
 from attnlens.streaming import chunks, run_patterns
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 TARGET = 1.15
 
 
 def paragraphs(n: int) -> list[str]:
-    path = DATA / "wikitext2" / "valid.txt"
-    if not path.exists():
-        raise SystemExit(f"real data not found at {path} (../shared/data beside the repository)")
-    lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
-    texts = [line for line in lines if line and not line.startswith("=")]
+    texts = wikitext_paragraphs()
     if len(texts) < n:
-        raise SystemExit(f"only {len(texts)} paragraphs in {path}, asked for {n}")
+        raise SystemExit(f"only {len(texts)} WikiText paragraphs, asked for {n}")
     return texts[:n]
 
 

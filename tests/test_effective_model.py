@@ -7,8 +7,6 @@ the standard z (Frobenius norms); streamed statistics vs the same statistics fro
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import einops
 import pytest
 import torch
@@ -19,7 +17,6 @@ from attnlens.effective import effective_attention
 from attnlens.effective.reference import effective_attention_loop
 from attnlens.stats import AttentionStatistics, token_classes
 from tests import tiny
-from tests.conftest import DATA
 
 D_HEAD = 32
 
@@ -29,15 +26,6 @@ pytestmark = pytest.mark.usefixtures("single_blas_thread")
 
 def is_z(name: str) -> bool:
     return name.endswith("attn.hook_z")
-
-
-@pytest.fixture(scope="module")
-def wikitext_paragraphs() -> list[str]:
-    path = Path(DATA) / "wikitext2" / "valid.txt"
-    if not path.exists():
-        pytest.skip(f"real data not found at {path}")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    return [line for line in lines if len(line) > 400 and not line.startswith("=")]
 
 
 @pytest.fixture(scope="module")

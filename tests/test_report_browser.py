@@ -1,6 +1,6 @@
 """The HTML report renders in headless Chromium, offline, with no console errors.
 
-Needs Debian's ``chromium`` package (``.ci/run`` installs it); skipped with a reason without it.
+Needs Debian's ``chromium`` package (``.ci/run`` installs it); without it the tests skip locally and fail in CI.
 Two runs of Chromium; the first on a copy of the report with a small probe script added at the
 top of ``<head>`` (it records ``window.onerror``, unhandled rejections and ``console.error``):
 
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.conftest import required
 from tests.small_comparison import small_comparison
 
 
@@ -40,10 +41,12 @@ def _chromium() -> str | None:
 
 
 CHROMIUM = _chromium()
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None,
-    reason="headless Chromium not installed (Debian: apt-get install -y chromium; .ci/run does it)",
-)
+
+
+@pytest.fixture(autouse=True)
+def _chromium_installed():
+    if CHROMIUM is None:
+        required("headless Chromium", "apt-get install -y chromium (.ci/run does it)")
 
 PROBE = """<script>
 window.__attnlensErrors = [];

@@ -1,0 +1,63 @@
+"""attnlens.stats against a plain Python loop written from the definitions (Clark et al. 2019)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
+from tests import tiny
+
+TEXTS = ["the film , though slow , is wise .", "a charming portrait !", "it rained ; the match was off ."]
+
+
+def loop_means(pattern, input_ids, valid, tokenizer):
+    """Per head, each statistic averaged over valid query tokens, one row at a time."""
+    batch, heads, n, _ = pattern.shape
+    tokens = [tokenizer.convert_ids_to_tokens(row.tolist()) for row in input_ids]
+    punctuation = set(",.;:!?")
+    sums = {name: [0.0] * heads for name in STATISTICS}
+    count = 0
+    for b in range(batch):
+        keys = [k for k in range(n) if valid[b, k]]
+        for q in keys:
+            count += 1
+            for h in range(heads):
+                row = {k: float(pattern[b, h, q, k]) for k in keys}
+                sums["to_cls"][h] += sum(a for k, a in row.items() if tokens[b][k] == "[CLS]")
+                sums["to_sep"][h] += sum(a for k, a in row.items() if tokens[b][k] == "[SEP]")
+                sums["to_punct"][h] += sum(a for k, a in row.items() if tokens[b][k] in punctuation)
+                sums["to_self"][h] += row[q]
+                sums["to_prev"][h] += row.get(q - 1, 0.0)
+                sums["to_next"][h] += row.get(q + 1, 0.0)
+                total = sum(abs(a) for a in row.values())
+                sums["entropy"][h] -= sum(
+                    abs(a) / total * math.log(abs(a) / total) for a in row.values() if a != 0
+                )
+    return {name: torch.tensor(values, dtype=torch.float64) / count for name, values in sums.items()}
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["softmax", "signed"])
+def test_statistics_equal_a_plain_loop(signed):
+    tokenizer = tiny.bert_tokenizer()
+    encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    input_ids, valid = encoded["input_ids"], encoded["attention_mask"].bool()
+    assert (~valid).any(), "the batch must contain padding"
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(len(TEXTS), 3, *input_ids.shape[1:2] * 2, generator=generator)
+    pattern = scores.masked_fill(~valid[:, None, None, :], -torch.inf).softmax(-1)
+    if signed:  # effective attention can be negative or above 1
+        pattern = pattern * 1.5 - 0.2 * valid[:, None, None, :]
+    stats = AttentionStatistics(n_layers=1, n_heads=3)
+    stats.update(0, pattern, token_classes(tokenizer, input_ids), valid)
+    expected = loop_means(pattern.double(), input_ids, valid, tokenizer)
+    got = stats.means()
+    for name in STATISTICS:
+        torch.testing.assert_close(got[name][0].double(), expected[name], atol=1e-5, rtol=1e-5)
+
+
+def test_means_without_any_batch_are_refused():
+    with pytest.raises(ValueError, match="No tokens"):
+        AttentionStatistics(2, 3).means()
