@@ -25,9 +25,9 @@ import json
 import os
 import sys
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +37,11 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens import seam
 from attnlens.corpus import resolve_corpus
-from attnlens.inputs import Batch, tokenize
+from attnlens.inputs import tokenize
 from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
-from attnlens.streaming import chunks, device_of
+from attnlens.streaming import chunks, device_of, run_patterns
 
 #: the views compare knows, in report order
 VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
@@ -310,31 +311,6 @@ def _as_model(model: Any) -> Any:
     return load(model)
 
 
-def _standard_patterns(model: Any, batch: Batch) -> list[Tensor]:
-    names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
-    _, cache = model.run_with_cache(
-        batch.input_ids, **batch.model_kwargs(), names_filter=lambda name: name in names
-    )
-    return [cache[name] for name in names]
-
-
-def _effective_patterns(model: Any, batch: Batch) -> tuple[list[Tensor], list[Tensor]]:
-    """(standard, effective) patterns per layer, each ``[batch, head, query, key]``, from one
-    forward pass of :func:`attnlens.effective.run`."""
-    from attnlens import effective
-
-    result = effective.run(model, batch)
-    return list(result.standard.unbind(0)), list(result.effective.unbind(0))
-
-
-def _papa_patterns(constants: Any, valid: Bool[Tensor, "batch key"]) -> list[Tensor]:
-    """Each layer's PAPA pattern for a batch with key mask ``valid`` (``[batch, head, q, k]``)."""
-    return [
-        constants.layer_pattern(layer, valid, dtype=torch.float32)
-        for layer in range(constants.n_layers)
-    ]
-
-
 def _default_example(model: Any, texts: Sequence, views: Sequence[str], max_len: int) -> int:
     """0, or with effective attention the first of the first 256 texts longer than ``d_head``
     tokens (effective attention equals standard attention when there are at most ``d_head``
@@ -438,48 +414,59 @@ def compare(
 
     statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
     distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
-    n_rows = 0.0
     n_tokens = 0
     n_truncated = 0
     kept: dict[str, np.ndarray] = {}
     kept_tokens: list[str] = []
+    current: dict[str, Any] = {}
+
+    def on_layer(layer: int, standard: Tensor, effective_: Tensor | None, _: Tensor) -> None:
+        """Update every view's statistics from one layer's patterns ``[batch, head, q, k]``."""
+        valid, classes, row = current["valid"], current["classes"], current["row"]
+        per_view = {"standard": standard.float()}
+        if effective_ is not None:
+            per_view["effective"] = effective_.float()
+        if "papa" in names:
+            per_view["papa"] = constants.layer_pattern(layer, valid, dtype=torch.float32)
+        for view, pattern in per_view.items():
+            statistics[view].update(layer, pattern, classes, valid)
+            if view != "standard":
+                distance[view][layer] += _total_variation(pattern, per_view["standard"], valid).cpu()
+            if row is not None:
+                keep = current["keep"]
+                current["example"][view][layer] = pattern[row][:, keep][:, :, keep].cpu()
+
+    if "effective" in names:
+        from attnlens.effective import pattern_hooks
+
+        fwd_hooks = pattern_hooks(model, on_layer)
+    else:
+        fwd_hooks = [
+            (f"blocks.{layer}.attn.hook_pattern", partial(_observe, on_layer, layer))
+            for layer in range(n_layers)
+        ]
     device = device_of(model)
     bar = _progress(len(texts), f"compare ({', '.join(names)})", progress)
     seen = 0
-    with torch.no_grad():
-        for chunk in chunks(texts, batch_size):
-            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
-            valid = batch.attention_mask.bool()
-            classes = token_classes(model.tokenizer, batch.input_ids)
-            if "effective" in names:
-                standard, effective_ = _effective_patterns(model, batch)
-            else:
-                standard, effective_ = _standard_patterns(model, batch), None
-            per_view = {"standard": standard}
-            if effective_ is not None:
-                per_view["effective"] = effective_
-            if "papa" in names:
-                per_view["papa"] = _papa_patterns(constants, valid)
-            for layer in range(n_layers):
-                for view in names:
-                    pattern = per_view[view][layer].float()
-                    statistics[view].update(layer, pattern, classes, valid)
-                    if view != "standard":
-                        distance[view][layer] += _total_variation(
-                            pattern, standard[layer].float(), valid
-                        ).cpu()
-            if seen <= example < seen + len(chunk):
-                row = example - seen
-                keep = valid[row].nonzero().squeeze(-1)
-                kept_tokens = model.tokenizer.convert_ids_to_tokens(batch.input_ids[row, keep].tolist())
-                for view in names:
-                    stacked = torch.stack([p[row] for p in per_view[view]])
-                    kept[view] = stacked[:, :, keep][:, :, :, keep].float().cpu().numpy()
-            n_rows += float(valid.sum())
-            n_tokens += int(valid.sum())
-            n_truncated += batch.n_truncated
-            seen += len(chunk)
-            bar.update(len(chunk))
+    for chunk in chunks(texts, batch_size):
+        batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
+        valid = batch.attention_mask.bool()
+        row = example - seen if seen <= example < seen + len(chunk) else None
+        current.update(valid=valid, classes=token_classes(model.tokenizer, batch.input_ids), row=row)
+        if row is not None:
+            current["keep"] = valid[row].nonzero().squeeze(-1)
+            current["example"] = {view: [None] * n_layers for view in names}
+            kept_tokens = model.tokenizer.convert_ids_to_tokens(
+                batch.input_ids[row, current["keep"]].tolist()
+            )
+        if not run_patterns(model, batch, fwd_hooks):
+            raise RuntimeError("the forward pass did not reach the last layer's hook_pattern")
+        if row is not None:
+            kept = {view: torch.stack(layers).numpy() for view, layers in current["example"].items()}
+        n_tokens += int(valid.sum())
+        n_truncated += batch.n_truncated
+        seen += len(chunk)
+        bar.update(len(chunk))
     bar.close()
 
     records = []
@@ -489,7 +476,7 @@ def compare(
             for head in range(n_heads):
                 record = {"view": view, "layer": layer, "head": head}
                 record.update({name: float(means[name][layer, head]) for name in STATISTICS})
-                record["distance_from_standard"] = float(distance[view][layer, head] / n_rows)
+                record["distance_from_standard"] = float(distance[view][layer, head] / n_tokens)
                 records.append(record)
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     table.attrs["columns"] = dict(COLUMN_DOCS)
@@ -497,7 +484,7 @@ def compare(
     if focus is None:
         others = [view for view in names if view != "standard"]
         if others:
-            grid = (distance[others[0]] / n_rows).numpy()
+            grid = (distance[others[0]] / n_tokens).numpy()
             focus = tuple(int(i) for i in np.unravel_index(np.argmax(grid), grid.shape))
         else:
             grid = statistics["standard"].means()["entropy"].numpy()
@@ -523,6 +510,11 @@ def compare(
         focus=(int(layer), int(head)),
         n_truncated=n_truncated,
     )
+
+
+def _observe(on_layer: Callable, layer: int, pattern: Tensor, hook: Any) -> None:
+    """A ``hook_pattern`` hook that only reads: ``on_layer(layer, A, None, valid)``."""
+    on_layer(layer, pattern, None, seam.key_mask(pattern))
 
 
 def _progress(total: int, description: str, enabled: bool) -> Any:

@@ -2,7 +2,7 @@
 
 - :func:`effective_attention`: ``A⊥ = A P`` for a batch of patterns and value vectors
   (:mod:`attnlens.effective.core`);
-- :func:`run`, :func:`hooks`, :func:`hooked`, :func:`statistics`: the same on a whole model
+- :func:`run`, :func:`hooks`, :func:`hooked`, :func:`statistics`, :func:`pattern_hooks`: the same on a whole model
   through TransformerLens hooks (:mod:`attnlens.effective.model`).
 """
 
@@ -15,6 +15,7 @@ from attnlens.effective.model import (
     EffectiveStatistics,
     hooked,
     hooks,
+    pattern_hooks,
     run,
     statistics,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "effective_attention",
     "hooked",
     "hooks",
+    "pattern_hooks",
     "run",
     "statistics",
 ]

@@ -110,15 +110,21 @@ def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
     return chosen
 
 
-def _effective_hooks(
+def pattern_hooks(
     model: Any,
-    layers: Iterable[int] | None,
     on_pattern: Callable[[int, Tensor, Tensor, Tensor], Tensor | None],
     *,
-    rtol: float | None,
-    padded: bool,
+    layers: Iterable[int] | None = None,
+    rtol: float | None = None,
+    padded: bool = False,
 ) -> list[tuple[str, Callable]]:
-    """Hook pairs: stash V at hook_v, then call ``on_pattern(layer, A, A⊥, valid)``."""
+    """``fwd_hooks`` calling ``on_pattern(layer, A, A⊥, valid)`` at each layer's ``hook_pattern``.
+
+    ``A`` and ``A⊥`` are ``[batch, head, query, key]``, ``valid`` the ``[batch, key]`` mask of real
+    tokens. V is stashed at the layer's ``hook_v``, which fires first. Whatever ``on_pattern``
+    returns replaces the pattern (``None`` leaves it unchanged): :func:`hooks`, :func:`run`,
+    :func:`statistics` and :func:`attnlens.compare` are all built on this.
+    """
     stash: dict[int, Tensor] = {}
     n_heads = model.cfg.n_heads
     fwd_hooks: list[tuple[str, Callable]] = []
@@ -165,7 +171,7 @@ def hooks(
     def replace(layer: int, pattern: Tensor, effective: Tensor, valid: Tensor) -> Tensor:
         return effective if mode == "effective" else pattern - effective
 
-    return _effective_hooks(model, layers, replace, rtol=rtol, padded=padded)
+    return pattern_hooks(model, replace, layers=layers, rtol=rtol, padded=padded)
 
 
 @contextlib.contextmanager
@@ -217,7 +223,7 @@ def run(
         standard[layer] = pattern.detach()
         effective[layer] = eff.detach()
 
-    fwd_hooks = _effective_hooks(model, None, record, rtol=rtol, padded=padded)
+    fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
     with torch.no_grad():
         logits = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks)
     layers = range(model.cfg.n_layers)
@@ -261,7 +267,7 @@ def statistics(
         standard.update(layer, pattern, current["classes"], current["valid"])
         effective.update(layer, eff, current["classes"], current["valid"])
 
-    fwd_hooks = _effective_hooks(model, None, update, rtol=rtol, padded=padded)
+    fwd_hooks = pattern_hooks(model, update, rtol=rtol, padded=padded)
     batches = chunks(corpus, batch_size)
     if progress:
         from tqdm.auto import tqdm
