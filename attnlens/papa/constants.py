@@ -44,6 +44,10 @@ def model_info(model: Any) -> tuple[str, int, int]:
     return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
+#: metadata that must agree for constants to be merged
+IDENTITY: tuple[str, ...] = ("model_id", "layout", "max_len", "n_layers", "n_heads")
+
+
 @dataclass(eq=False)
 class PapaConstants:
     """Per-head constant attention matrices and how they were obtained.
@@ -246,13 +250,8 @@ class PapaConstants:
         return NotImplemented
 
     def _identity(self) -> dict[str, Any]:
-        return {
-            "model_id": self.model_id,
-            "layout": self.layout,
-            "max_len": self.max_len,
-            "n_layers": self.n_layers,
-            "n_heads": self.n_heads,
-        }
+        """The metadata two constants must share to be merged."""
+        return {key: self.metadata[key] for key in IDENTITY}
 
     # ---- compatibility ------------------------------------------------------------------
 
