@@ -117,6 +117,40 @@ def test_rank_tolerance_is_relative_to_each_heads_largest_singular_value(activat
     assert (cut - effective_attention(pattern, v, key_mask=valid)[long]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("condition", [10.0, 1e3, 1e5])
+def test_badly_conditioned_values_take_the_float64_route_and_still_match(activations, condition, monkeypatch):
+    """Values with condition number ``condition`` (the real ones are below 60): the float32 refined
+    route serves well-conditioned heads; the others must go to the float64 Gram route, since the
+    float32 route's error grows like eps · κ (measured 1.7e-4 at κ = 3000 without the fallback)."""
+    layers, valid = activations
+    long = valid.sum(-1) > D_HEAD
+    pattern, v = (x[long] for x in layers[4])
+    valid = valid[long]
+    left, sigma, right = torch.linalg.svd(v.double() * valid[:, None, :, None], full_matrices=False)
+    spread = torch.logspace(0, -np.log10(condition), D_HEAD, dtype=torch.float64)
+    conditioned = ((left * (sigma[..., :1] * spread)[..., None, :]) @ right).float()
+    routed = []
+    original = core._basis_gram
+    monkeypatch.setattr(core, "_basis_gram", lambda v64, tol: routed.append(len(v64)) or original(v64, tol))
+    got = effective_attention(pattern, conditioned, key_mask=valid)
+    expected = torch.from_numpy(effective_attention_loop(pattern, conditioned, valid))
+    error = (got.double() - expected).abs()[valid_block(valid).expand_as(got)]
+    assert error.max() <= ATOL, f"max abs error {error.max():.2e} at condition number {condition:g}"
+    n_matrices = pattern.shape[0] * pattern.shape[1]
+    assert sum(routed) == (0 if condition <= 10 else n_matrices)
+
+
+def test_real_heads_take_the_float32_route(activations, monkeypatch):
+    """Real values of sequences well above d_head are well conditioned (κ < 60 on MiniLM), so the
+    fast route serves them all; nearly square ones (33 keys: κ up to ~3000) may need float64."""
+    layers, valid = activations
+    roomy = valid.sum(-1) >= 40
+    assert roomy.sum() >= 2
+    monkeypatch.setattr(core, "_basis_gram", lambda *args: pytest.fail("a real head needed float64"))
+    for pattern, v in layers:
+        effective_attention(pattern[roomy], v[roomy], key_mask=valid[roomy])
+
+
 @pytest.mark.parametrize("padded", [False, True], ids=["valid-keys", "padded"])
 def test_effective_attention_times_v_equals_attention_times_v(activations, padded):
     layers, valid = activations
