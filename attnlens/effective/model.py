@@ -215,21 +215,24 @@ def run(
     :func:`~attnlens.effective.core.effective_attention` (``rtol``, ``padded``).
     """
     batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
-    standard: dict[int, Tensor] = {}
-    effective: dict[int, Tensor] = {}
+    n_layers = model.cfg.n_layers
+    maps: dict[str, Tensor] = {}
 
     def record(layer: int, pattern: Tensor, eff: Tensor, valid: Tensor) -> None:
-        # the hook leaves the pattern as it is, and the model does not modify it in place
-        standard[layer] = pattern.detach()
-        effective[layer] = eff.detach()
+        # written into [layer, ...] buffers as the forward goes, so each layer's effective map is
+        # freed (and its memory reused) at once instead of all of them waiting for a final stack
+        if not maps:
+            maps["standard"] = pattern.new_empty((n_layers, *pattern.shape))
+            maps["effective"] = eff.new_empty((n_layers, *eff.shape))
+        maps["standard"][layer].copy_(pattern)
+        maps["effective"][layer].copy_(eff)
 
     fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
     with torch.no_grad():
         logits = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks)
-    layers = range(model.cfg.n_layers)
     return EffectiveRun(
-        standard=torch.stack([standard[layer] for layer in layers]),
-        effective=torch.stack([effective[layer] for layer in layers]),
+        standard=maps["standard"],
+        effective=maps["effective"],
         valid=batch.attention_mask.bool(),
         logits=logits,
         batch=batch,
