@@ -118,7 +118,8 @@ def effective_attention(
     Sequences with at most ``d_head`` valid keys are returned exactly (no decomposition). The
     basis is built in float32 with one refinement step, falling back to float64 for heads whose
     values are badly conditioned; the products run in float32 (float64 for float64 inputs); see
-    :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of ``pattern``'s shape, dtype and device.
+    :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
+    ``pattern``'s shape, dtype and device.
     """
     batch, n_heads, _, n_keys = pattern.shape
     if v.ndim != 4 or v.shape[:3] != (batch, n_heads, n_keys):
