@@ -1,0 +1,49 @@
+"""The Python examples of the docs pages run as written, on the embedded default model.
+
+Pages whose examples use placeholder names (``plots.md``) are not run.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def run_examples(page: str) -> dict:
+    """Execute every ```python block of ``docs/page`` in order, in one namespace."""
+    blocks = re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(), re.S)
+    assert blocks, f"no python example in docs/{page}"
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, f"docs/{page}", "exec"), namespace)
+    return namespace
+
+
+def test_effective_page(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    names = run_examples("effective.md")
+    pattern, a_perp, v = names["pattern"], names["a_perp"], names["v"]
+    assert a_perp.shape == pattern.shape
+    lengths = names["batch"].attention_mask.sum(-1)
+    assert lengths[0] <= v.shape[-1] < lengths[1]  # one sequence on each side of d_head
+    assert torch.equal(a_perp[0], pattern[0]) and (a_perp[1] - pattern[1]).abs().max() > 0.1
+    torch.testing.assert_close(a_perp @ v, pattern @ v, atol=1e-5, rtol=1e-4)
+    assert names["run"].effective.shape[0] == names["model"].cfg.n_layers
+    assert set(names["stats"].to_frame()["attention"]) == {"standard", "effective"}
+
+
+def test_compare_page(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    names = run_examples("compare.md")
+    assert (tmp_path / "report.html").stat().st_size > 100_000
+    assert len(names["comparison"].table) == 3 * 72
+
+
+@pytest.mark.parametrize("page", ["index.md", "compare.md", "effective.md", "plots.md", "cli.md"])
+def test_pages_are_in_the_site_navigation(page):
+    assert f": {page}" in (DOCS.parent / "mkdocs.yml").read_text()
