@@ -20,8 +20,8 @@ build ``U``; every head gets the cheapest one that is certified for it:
   ``G = V_validᵀ V_valid = L Lᵀ`` and ``U₁ = V_valid L⁻ᵀ``, then one refinement step
   ``U = U₁ (I − E/2 + 3E²/8)`` with ``E = U₁ᵀU₁ − I``, the second-order expansion of
   ``(I + E)^(-1/2)``, which leaves an orthogonality defect of order ``E³``. ``E`` is about
-  ``eps · κ(V)²``; the head is accepted when ``max |E| ≤`` :data:`REFINE_MAX_DEFECT` (``κ`` up to a
-  few hundred) and a cheap certificate proves every singular value above the tolerance
+  ``eps · κ(V)²``; the head is accepted when ``max |E| ≤`` :data:`REFINE_MAX_DEFECT` (``κ`` up to
+  about 200) and a cheap certificate proves every singular value above the tolerance
   (``σ_min² ≥ 1 / ‖L⁻¹‖_F²`` and ``σ_max² ≤ trace G``). The remaining error is that of the
   subspace, about ``eps · κ``: on MiniLM activations (``κ < 60`` for sequences of 40 keys or more)
   it agrees with the float64 reference to about 3e-7 absolute (tests allow 1e-5). Only float32
@@ -72,7 +72,7 @@ from torch import Tensor
 #: smallest ``rtol`` the Gram routes resolve reliably; below it the QR route is used
 GRAM_MIN_RTOL = 1e-6
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
-#: accepts; beyond it (``κ(V)`` above a few hundred) a head goes to the float64 Gram route
+#: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 Gram route
 REFINE_MAX_DEFECT = 1e-3
 
 
@@ -267,6 +267,7 @@ def _basis_refined(
 
 
 def _basis_qr(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]) -> Tensor:
+    """float64 QR route: ``V = Q R``, SVD of the small ``R``, kept left singular vectors ``Q U_R``."""
     with _single_threaded(v64.device):
         q, r = torch.linalg.qr(v64, mode="reduced")  # q: [.., key, d_head], r: [.., d_head, d_head]
         u_r, sigma, _ = torch.linalg.svd(r)
