@@ -154,10 +154,9 @@ def effective_attention(
     rows = None if bool(long.all()) else long.nonzero().squeeze(-1)
     take = (lambda x: x) if rows is None else (lambda x: x[rows])
     compute = torch.promote_types(pattern.dtype, torch.float32)
-    use_qr = v.dtype == torch.float64 or bool((tolerance[long.cpu()] < GRAM_MIN_RTOL).any())
-    basis = _column_space_basis(
-        take(v), take(valid), tolerance[long.cpu()] if rows is not None else tolerance, use_qr=use_qr
-    )
+    tolerance = tolerance[long.cpu()]  # one per long sequence
+    use_qr = v.dtype == torch.float64 or bool((tolerance < GRAM_MIN_RTOL).any())
+    basis = _column_space_basis(take(v), take(valid), tolerance, use_qr=use_qr)
     basis = basis.to(compute)
     effective = (take(pattern).to(compute) @ basis) @ basis.mT
     if rows is None:
