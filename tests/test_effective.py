@@ -216,3 +216,53 @@ def test_value_layout_is_checked(activations):
         effective_attention(pattern, einops.rearrange(v, "b h k d -> b k h d"))
     with pytest.raises(ValueError, match="key_mask"):
         effective_attention(pattern, v, key_mask=valid[:, :10])
+
+
+def test_pattern_layout_and_rtol_are_checked(activations):
+    layers, valid = activations
+    pattern, v = layers[0]
+    with pytest.raises(ValueError, match=r"\[batch, head, query, key\]"):
+        effective_attention(pattern[0], v[0])
+    for bad in (float("nan"), float("inf"), -1e-3):
+        with pytest.raises(ValueError, match="rtol"):
+            effective_attention(pattern, v, key_mask=valid, rtol=bad)
+
+
+def test_an_explicit_rtol_applies_to_short_sequences_too(activations):
+    """A large tolerance drops directions of a short sequence's V as well (the loop applies it)."""
+    layers, valid = activations
+    pattern, v = layers[1]
+    for rtol in (0.05, 0.5):
+        got = effective_attention(pattern, v, key_mask=valid, rtol=rtol)
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid, rtol=rtol))
+        block = valid_block(valid).expand_as(pattern)
+        assert (got.double() - expected).abs()[block].max() <= ATOL
+        short = valid.sum(-1) <= D_HEAD
+        assert (got[short] - pattern[short]).abs().max() > 0.05  # the shortcut was not taken
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_padded_keys_columns_are_zero_even_where_the_pattern_puts_mass_there(activations, dtype):
+    """Attention on padded keys is dropped for short and long sequences, on every route; float64
+    (QR route) with the padding first, where Householder vectors touch the zeroed rows."""
+    layers, valid = activations
+    right = (*(x.to(dtype) for x in layers[3]), valid)
+    left = (right[0].flip(-1).flip(-2), right[1].flip(-2), valid.flip(-1))  # padding first
+    for pattern, v, mask in (right, left):
+        smeared = pattern + 0.01 * (~mask)[:, None, None, :].to(dtype)  # mass on padded keys
+        got = effective_attention(smeared, v, key_mask=mask)
+        assert torch.all(got.transpose(1, 3)[~mask] == 0)
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, mask))
+        assert (got.double() - expected).abs()[valid_block(mask).expand_as(got)].max() <= ATOL
+
+
+def test_reference_loop_handles_an_all_padding_example(activations):
+    layers, valid = activations
+    pattern, v = layers[0]
+    valid = valid.clone()
+    valid[0] = False
+    expected = effective_attention_loop(pattern, v, valid)
+    got = effective_attention(pattern, v, key_mask=valid)
+    assert np.all(expected[0] == 0) and torch.all(got[0] == 0)
+    block = valid_block(valid).expand_as(pattern)
+    assert (got.double() - torch.from_numpy(expected)).abs()[block].max() <= ATOL

@@ -55,14 +55,18 @@ and would discard well-determined directions, breaking ``A⊥ V = A V``.)
 Short sequences
 ---------------
 When a sequence has at most ``d_head`` valid keys, ``V_valid`` has at least as many columns as
-rows, the left null space is trivial and ``A⊥ = A``: that sequence's rows are returned exactly
-(bit for bit) and no decomposition is computed for it. (This assumes, as the papers do, that the
-value vectors of a sequence are linearly independent; for real activations they are.)
+rows, the left null space is trivial and ``A⊥ = A``: with the default tolerance that sequence's
+rows are returned exactly (bit for bit on its valid keys; padded keys' columns are 0 as
+everywhere) and no decomposition is computed for it. (This assumes, as the papers do, that the
+value vectors of a sequence are linearly independent; for real activations they are.) With an
+explicit ``rtol`` every sequence is decomposed, since a large tolerance can drop directions of a
+short one too.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 
 import torch
@@ -115,12 +119,18 @@ def effective_attention(
     ``A⊥ V = A V``); attnlens keeps its per-head relative tolerance and leaves those columns as
     computed (multiply by the key mask to zero them).
 
-    Sequences with at most ``d_head`` valid keys are returned exactly (no decomposition). The
+    With the default ``rtol``, sequences with at most ``d_head`` valid keys are returned exactly
+    (no decomposition; an explicit ``rtol`` decomposes them too). The
     basis is built in float32 with one refinement step, falling back to float64 for heads whose
     values are badly conditioned; the products run in float32 (float64 for float64 inputs); see
     :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
     """
+    if pattern.ndim != 4:
+        raise ValueError(
+            f"pattern must be [batch, head, query, key], got shape {tuple(pattern.shape)}; "
+            "for a single example add the batch axis with pattern[None] (and v[None])."
+        )
     batch, n_heads, _, n_keys = pattern.shape
     if v.ndim != 4 or v.shape[:3] != (batch, n_heads, n_keys):
         raise ValueError(
@@ -140,17 +150,21 @@ def effective_attention(
     if valid.shape != (batch, n_keys):
         raise ValueError(f"key_mask must be [batch, key] = [{batch}, {n_keys}], got {tuple(valid.shape)}")
     lengths = valid.sum(-1)
-    if rtol is not None and rtol < 0:
-        raise ValueError(f"rtol must be >= 0, got {rtol}")
+    if rtol is not None and not (math.isfinite(rtol) and rtol >= 0):
+        raise ValueError(f"rtol must be a finite number >= 0, got {rtol}")
     if rtol is None:
         eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
         tolerance = lengths.cpu().clamp_min(d_head).to(torch.float64) * eps
     else:
         tolerance = torch.full((batch,), float(rtol), dtype=torch.float64)
 
-    long = lengths > d_head  # sequences with a non-trivial left null space
-    if not bool(long.any()):
-        return pattern.clone()
+    # sequences to decompose: with the default tolerance those with a non-trivial left null space;
+    # a given rtol may also cut the rank of a short one, so then every non-empty sequence
+    long = lengths > (d_head if rtol is None else 0)
+    if not bool(long.all()):  # the others keep A on their valid keys
+        kept = pattern if bool(valid.all()) else pattern.masked_fill(~valid[:, None, None, :], 0)
+        if not bool(long.any()):
+            return kept.clone() if kept is pattern else kept
     rows = None if bool(long.all()) else long.nonzero().squeeze(-1)
     take = (lambda x: x) if rows is None else (lambda x: x[rows])
     compute = torch.promote_types(pattern.dtype, torch.float32)
@@ -161,7 +175,7 @@ def effective_attention(
     effective = (take(pattern).to(compute) @ basis) @ basis.mT
     if rows is None:
         return effective.to(pattern.dtype)
-    out = pattern.clone()
+    out = kept.clone() if kept is pattern else kept
     out[rows] = effective.to(pattern.dtype)
     return out
 
@@ -190,6 +204,8 @@ def _column_space_basis(
     tolerance = tolerance.to(device=flat.device).repeat_interleave(n_heads)  # one per matrix
     if use_qr:
         basis = _basis_qr(flat, tolerance)
+        if not bool(valid.all()):  # Householder vectors may leave rounding on the zeroed rows
+            basis = basis * valid.repeat_interleave(n_heads, dim=0)[:, :, None].to(basis.dtype)
     else:
         basis, certified = _basis_refined(flat, tolerance)
         if not bool(certified.all()):

@@ -33,6 +33,8 @@ def effective_attention_loop(
     out = np.zeros_like(attention)
     for example in range(attention.shape[0]):
         keys = np.flatnonzero(valid[example])
+        if keys.size == 0:  # an all-padding example: nothing is valid, A⊥ is 0
+            continue
         block = np.ix_(keys, keys)
         for head in range(attention.shape[1]):
             v_valid = values[example, head][keys]
