@@ -22,8 +22,9 @@ hook) the numerics are exactly those of ``attn_implementation="eager"``.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -93,13 +94,29 @@ def _key_mask_from_additive(
     return rows.expand(batch, n_keys)
 
 
+@contextlib.contextmanager
+def batch_key_mask(valid: Bool[Tensor, "batch key"]) -> Iterator[None]:
+    """Inside this context, :func:`key_mask` returns ``valid`` (``[batch, key]``, True for real
+    tokens) for patterns of that batch and length, unless an attention module prepared by
+    :func:`install` reads its own mask (the same one). attnlens's runs over a :class:`Batch` use
+    it, so that decoders (whose pattern hooks have no seam) need no inference either."""
+    token = _KEY_MASK.set(valid)
+    try:
+        yield
+    finally:
+        _KEY_MASK.reset(token)
+
+
 def key_mask(pattern: Float[Tensor, "batch head query key"]) -> Bool[Tensor, "batch key"]:
     """Which keys of the batch being run are real tokens (True) rather than padding (False).
 
     Inside a ``hook_pattern`` hook on an encoder prepared by :func:`install`, this is read from
-    the attention mask the model is using. Elsewhere (e.g. GPT-2's native hook, or a pattern
-    taken from a cache) it is inferred from the pattern: a key is valid if any head and any query
-    gives it non-zero attention (padded keys receive exactly 0 after the masked softmax).
+    the attention mask the model is using; inside :func:`batch_key_mask`, it is that mask.
+    Elsewhere (e.g. GPT-2's native hook run by hand, or a pattern taken from a cache) it is
+    inferred from the pattern: a key is valid if any head and any query gives it non-zero
+    attention (padded keys receive exactly 0 after the masked softmax). The inference fails for
+    a left-padded decoder, whose padded query rows see no key and come out uniform: wrap such runs
+    in :func:`batch_key_mask`.
     """
     stashed = _KEY_MASK.get()
     batch, _, _, n_keys = pattern.shape

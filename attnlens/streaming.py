@@ -6,7 +6,8 @@ share two small steps, kept here once:
 - :func:`chunks`: read a corpus lazily, ``size`` examples at a time;
 - :func:`run_patterns`: run a batch with hooks on ``hook_pattern`` and stop the forward right
   after the last layer's pattern hook: what follows (the last MLP and the LM head, a third of a
-  MiniLM forward) is not needed to read attention.
+  MiniLM forward) is not needed to read attention;
+- :func:`progress_bar`: the tqdm bar every corpus pass shows, counting examples.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from attnlens.inputs import Batch
+from attnlens.seam import batch_key_mask
 
 
 class _Stop(Exception):
@@ -58,6 +60,18 @@ def chunks(corpus: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
+def progress_bar(corpus: Any, description: str, enabled: bool, *, initial: int = 0) -> Any:
+    """A tqdm bar counting examples of ``corpus`` (its length is the total when it has one, so
+    the bar shows a percentage and an ETA); ``enabled=False`` gives a silent bar."""
+    from tqdm.auto import tqdm
+
+    total = len(corpus) if hasattr(corpus, "__len__") else None
+    return tqdm(
+        total=total, initial=initial, desc=description, unit="example", disable=not enabled,
+        dynamic_ncols=True,
+    )
+
+
 def device_of(model: Any) -> torch.device:
     """The device of the model's parameters (CPU for a model without any)."""
     try:
@@ -83,7 +97,7 @@ def run_patterns(
         raise _Stop
 
     try:
-        with torch.no_grad():
+        with torch.no_grad(), batch_key_mask(batch.attention_mask.bool()):
             model.run_with_hooks(
                 batch.input_ids, **batch.model_kwargs(), fwd_hooks=[*fwd_hooks, (last, stop)]
             )

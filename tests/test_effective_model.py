@@ -186,3 +186,53 @@ def test_papa_layout_padding_in_the_middle(minilm, sst2_sentences):
         error = (result.effective[layer].double() - torch.from_numpy(expected)).abs()[block]
         assert error.max() <= 1e-5
         assert torch.all(result.effective[layer].transpose(1, 3)[~valid] == 0)
+
+
+def test_left_padded_decoder_uses_the_batch_mask():
+    """GPT-2 has no seam: with left padding its padded query rows see no key and come out uniform,
+    so a mask inferred from the pattern would count every padded key as real. ``run`` must use the
+    batch's mask: A⊥ equals the loop on the valid block and is 0 on padded keys."""
+    tokenizer = tiny.gpt2_tokenizer()
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
+    model = attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
+    batch = attnlens.tokenize(model, [tiny.CORPUS[0], " ".join(tiny.CORPUS[:2])], max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    assert not bool(valid[0, 0]) and bool(valid[0, -1])  # padding first
+    result = effective.run(model, batch)
+    assert torch.equal(result.valid, valid)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs())
+    block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(result.effective[0])
+    for layer in range(model.cfg.n_layers):
+        v = einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d")
+        expected = effective_attention_loop(result.standard[layer], v, valid)
+        assert (result.effective[layer].double() - torch.from_numpy(expected)).abs()[block].max() <= 1e-5
+        assert torch.all(result.effective[layer].transpose(1, 3)[~valid] == 0)
+
+
+def test_models_without_attnlens_preparation_are_refused():
+    from transformer_lens.model_bridge import TransformerBridge
+
+    raw = tiny.tiny_bert()
+    for call in (lambda: effective.hooks(raw), lambda: effective.run(raw, torch.ones(1, 4, dtype=torch.long))):
+        with pytest.raises(TypeError, match=r"attnlens\.load"):
+            call()
+    bridge = TransformerBridge.boot_transformers(str(attnlens.loading.default_model_path()), device="cpu")
+    with pytest.raises(ValueError, match=r"attnlens\.load"):
+        effective.hooks(bridge, "null")
+
+
+def test_statistics_progress_counts_the_corpus(minilm, sst2_sentences, monkeypatch):
+    from attnlens.effective import model as effective_model
+
+    bars = []
+    original = effective_model.progress_bar
+
+    def spy(*args, **kwargs):
+        bars.append(original(*args, **kwargs))
+        return bars[-1]
+
+    monkeypatch.setattr(effective_model, "progress_bar", spy)
+    corpus = sst2_sentences[:5]
+    effective.statistics(minilm, corpus, max_len=32, batch_size=2, progress=True)
+    assert [(bar.total, bar.n) for bar in bars] == [(5, 5)]  # a percentage and an ETA are shown

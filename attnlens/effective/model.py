@@ -33,7 +33,7 @@ from attnlens import seam
 from attnlens.effective.core import effective_attention
 from attnlens.inputs import Batch, tokenize
 from attnlens.stats import AttentionStatistics, token_classes
-from attnlens.streaming import chunks, device_of, run_patterns
+from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
 Mode = Literal["effective", "null"]
 MODES: tuple[str, ...] = ("effective", "null")
@@ -110,6 +110,14 @@ def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
     return chosen
 
 
+def _require_bridge(model: Any) -> None:
+    if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
+        raise TypeError(
+            f"attnlens.effective needs a TransformerBridge, got {type(model).__name__}; "
+            "load the model with attnlens.load(model) (it accepts a Hugging Face model too)."
+        )
+
+
 def pattern_hooks(
     model: Any,
     on_pattern: Callable[[int, Tensor, Tensor, Tensor], Tensor | None],
@@ -125,6 +133,7 @@ def pattern_hooks(
     returns replaces the pattern (``None`` leaves it unchanged): :func:`hooks`, :func:`run`,
     :func:`statistics` and :func:`attnlens.compare` are all built on this.
     """
+    _require_bridge(model)
     stash: dict[int, Tensor] = {}
     n_heads = model.cfg.n_heads
     fwd_hooks: list[tuple[str, Callable]] = []
@@ -167,6 +176,12 @@ def hooks(
     """
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
+    _require_bridge(model)
+    if not seam.is_installed(model):
+        raise ValueError(
+            "hook_pattern edits do not reach this model's output, so replacing patterns would "
+            "change nothing; load the model with attnlens.load()."
+        )
 
     def replace(layer: int, pattern: Tensor, effective: Tensor, valid: Tensor) -> Tensor:
         return effective if mode == "effective" else pattern - effective
@@ -214,6 +229,7 @@ def run(
     read). Patterns are ``[layer, batch, head, query, key]``; effective attention as in
     :func:`~attnlens.effective.core.effective_attention` (``rtol``, ``padded``).
     """
+    _require_bridge(model)
     batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
     n_layers = model.cfg.n_layers
     maps: dict[str, Tensor] = {}
@@ -228,7 +244,7 @@ def run(
         maps["effective"][layer].copy_(eff)
 
     fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
-    with torch.no_grad():
+    with torch.no_grad(), seam.batch_key_mask(batch.attention_mask.bool()):
         logits = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks)
     return EffectiveRun(
         standard=maps["standard"],
@@ -259,6 +275,7 @@ def statistics(
     the mass on those key positions (:func:`attnlens.stats.token_classes`). The forward stops
     after the last layer's pattern hook (the rest of the model is not needed).
     """
+    _require_bridge(model)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     standard = AttentionStatistics(n_layers, n_heads)
     effective = AttentionStatistics(n_layers, n_heads)
@@ -271,19 +288,16 @@ def statistics(
         effective.update(layer, eff, current["classes"], current["valid"])
 
     fwd_hooks = pattern_hooks(model, update, rtol=rtol, padded=padded)
-    batches = chunks(corpus, batch_size)
-    if progress:
-        from tqdm.auto import tqdm
-
-        batches = tqdm(batches, desc="effective attention statistics", unit="batch")
-    for chunk in batches:
-        batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)  # type: ignore[arg-type]
-        current["valid"] = batch.attention_mask.bool()
-        current["classes"] = token_classes(model.tokenizer, batch.input_ids)
-        run_patterns(model, batch, fwd_hooks)
-        counts["sequences"] += len(batch)
-        counts["tokens"] += int(batch.attention_mask.sum())
-        counts["truncated"] += batch.n_truncated
+    with progress_bar(corpus, "effective attention statistics", progress) as bar:
+        for chunk in chunks(corpus, batch_size):
+            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)  # type: ignore[arg-type]
+            current["valid"] = batch.attention_mask.bool()
+            current["classes"] = token_classes(model.tokenizer, batch.input_ids)
+            run_patterns(model, batch, fwd_hooks)
+            counts["sequences"] += len(batch)
+            counts["tokens"] += int(batch.attention_mask.sum())
+            counts["truncated"] += batch.n_truncated
+            bar.update(len(chunk))
     if counts["sequences"] == 0:
         raise ValueError("The corpus is empty.")
     return EffectiveStatistics(
