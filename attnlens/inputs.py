@@ -88,6 +88,10 @@ def tokenize(
     ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
     ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
     ``max_len`` (the tokenizer's own special tokens and pair format).
+
+    ``max_len`` must leave room for one real token per segment besides the special tokens
+    (:func:`min_max_len`) and, when ``model`` is a bridge, fit in its position embeddings
+    (:func:`position_limit`); otherwise ``ValueError`` names the limit.
     """
     tokenizer = getattr(model, "tokenizer", None) or model
     if layout not in LAYOUTS:
@@ -96,9 +100,77 @@ def tokenize(
     is_pair = isinstance(examples[0], tuple)
     if any(isinstance(example, tuple) != is_pair for example in examples):
         raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
+    check_max_len(model, max_len, layout=layout, is_pair=is_pair)
     if layout == "papa":
         return _papa(tokenizer, examples, max_len, is_pair)
     return _padded(tokenizer, examples, max_len, is_pair)
+
+
+#: model types whose position ids start after ``padding_idx`` (RoBERTa counts positions from
+#: ``padding_idx + 1``, so ``padding_idx + 1`` of its position embeddings are never used)
+_POSITIONS_AFTER_PADDING: tuple[str, ...] = ("roberta", "xlm-roberta", "camembert")
+
+
+def position_limit(model: Any) -> int | None:
+    """How many token positions ``model``'s position embeddings cover, or ``None`` if unknown.
+
+    ``config.max_position_embeddings`` of the Hugging Face model behind a bridge (GPT-2's
+    ``n_positions``); for RoBERTa, whose positions start at ``padding_idx + 1``, that many fewer.
+    A bare tokenizer knows no model, hence ``None``.
+    """
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(positions, int):
+        return None
+    return positions - _reserved_positions(config)
+
+
+def _reserved_positions(config: Any) -> int:
+    """Position embeddings a model never uses: ``padding_idx + 1`` for RoBERTa, else 0."""
+    if getattr(config, "model_type", None) not in _POSITIONS_AFTER_PADDING:
+        return 0
+    return int(getattr(config, "pad_token_id", None) or 0) + 1
+
+
+def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = False) -> int:
+    """The smallest ``max_len`` that keeps one real token per segment besides the special tokens.
+
+    PAPA layout: start, separator(s) and one token per segment (3 for sentences, 5 for pairs).
+    Padded layout: the tokenizer's own special tokens plus one token per segment (BERT: 3 and 5).
+    """
+    segments = 2 if is_pair else 1
+    if layout == "papa":
+        return 2 + (segments - 1) + segments
+    count = getattr(tokenizer, "num_special_tokens_to_add", None)
+    return (count(pair=is_pair) if count is not None else 0) + segments
+
+
+def check_max_len(
+    model: Any, max_len: int, *, layout: Layout = "papa", is_pair: bool = False
+) -> None:
+    """Raise ``ValueError`` unless ``max_len`` fits ``model`` (a bridge or a tokenizer).
+
+    Too small: below :func:`min_max_len` (no room for a real token). Too large: above
+    :func:`position_limit` (the forward pass would run out of position embeddings).
+    """
+    tokenizer = getattr(model, "tokenizer", None) or model
+    minimum = min_max_len(tokenizer, layout=layout, is_pair=is_pair)
+    if max_len < minimum:
+        inputs = "sentence pairs" if is_pair else "single sentences"
+        raise ValueError(
+            f"max_len={max_len} leaves no room for tokens in the {layout!r} layout: {inputs} "
+            f"need max_len >= {minimum} (special tokens plus one token per segment)."
+        )
+    limit = position_limit(model)
+    if limit is not None and max_len > limit:
+        config = model.original_model.config
+        reserved = _reserved_positions(config)
+        unused = f" minus padding_idx + 1 = {reserved}" if reserved else ""
+        raise ValueError(
+            f"max_len={max_len} is more than the {limit} token positions of the model "
+            f"(config.max_position_embeddings={config.max_position_embeddings}{unused}); "
+            f"use max_len={limit} or less."
+        )
 
 
 def _as_examples(texts_or_pairs: Any) -> list:
@@ -142,8 +214,6 @@ def special_ids(tokenizer: Any) -> tuple[int, int, int]:
 def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
     start, sep, pad = special_ids(tokenizer)
     middle = max_len // 2
-    if max_len < (5 if is_pair else 3):
-        raise ValueError(f"max_len={max_len} leaves no room for tokens in the PAPA layout.")
     n = len(examples)
     input_ids = torch.full((n, max_len), pad, dtype=torch.long)
     attention_mask = torch.zeros((n, max_len), dtype=torch.long)

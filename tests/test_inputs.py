@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import attnlens
 from tests import tiny
@@ -89,3 +90,79 @@ def test_bad_inputs_are_refused():
         attnlens.tokenize(tokenizer, [], max_len=8)
     with pytest.raises(ValueError, match="Mix"):
         attnlens.tokenize(tokenizer, ["a", ("b", "c")], max_len=8)
+
+
+# -- max_len: the model's position embeddings and the special tokens ------------------------------
+
+
+@pytest.fixture(scope="module", params=["bert", "roberta"])
+def bridge(request):
+    if request.param == "bert":
+        return attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())
+    return attnlens.load(tiny.tiny_roberta(), tokenizer=tiny.roberta_tokenizer())
+
+
+def hf_forward_accepts(hf_model, tokenizer, n_tokens: int) -> bool:
+    """Whether the Hugging Face model itself runs on ``n_tokens`` real (non-pad) tokens."""
+    ids = torch.full((1, n_tokens), tokenizer.cls_token_id, dtype=torch.long)
+    try:
+        with torch.no_grad():
+            hf_model(input_ids=ids)
+    except (IndexError, RuntimeError):
+        return False
+    return True
+
+
+def test_max_len_beyond_position_embeddings_is_refused(bridge):
+    """The limit is where the HF model's own forward starts failing (BERT: 128 positions;
+    RoBERTa: 130 embeddings of which padding_idx + 1 = 2 are never used), and a larger max_len
+    is a ValueError naming both numbers and the fix, not an error deep in the forward."""
+    from attnlens.inputs import position_limit
+
+    limit = position_limit(bridge)
+    assert hf_forward_accepts(bridge.original_model, bridge.tokenizer, limit)
+    assert not hf_forward_accepts(bridge.original_model, bridge.tokenizer, limit + 1)
+    long_text = " ".join(tiny.CORPUS)
+    for layout in ("papa", "padded"):
+        batch = attnlens.tokenize(bridge, [long_text], max_len=limit, layout=layout)
+        assert batch.input_ids.shape == (1, limit)
+        with torch.no_grad():
+            bridge(batch.input_ids, **batch.model_kwargs())
+        with pytest.raises(ValueError) as error:
+            attnlens.tokenize(bridge, [long_text], max_len=limit + 1, layout=layout)
+        message = str(error.value)
+        assert f"max_len={limit + 1}" in message and f"use max_len={limit} or less" in message
+        assert f"max_position_embeddings={bridge.original_model.config.max_position_embeddings}" in message
+
+
+def shortest_example_length(tokenizer, is_pair: bool) -> int:
+    """Length of the shortest real example the tokenizer encodes: one token per segment plus its
+    own special tokens."""
+    segments = ("a", "a") if is_pair else ("a",)
+    assert all(len(content(tokenizer, part)) == 1 for part in segments)
+    return len(tokenizer(*segments, add_special_tokens=True)["input_ids"])
+
+
+@pytest.mark.parametrize("layout", ["papa", "padded"])
+@pytest.mark.parametrize("is_pair", [False, True], ids=["sentences", "pairs"])
+def test_max_len_too_small_for_the_special_tokens_is_refused(tokenizer, layout, is_pair):
+    """The smallest max_len keeps one real token per segment besides the special tokens: in the
+    PAPA layout (module docstring) start + separator(s) + one token per segment; in the padded
+    layout the length of the shortest example the tokenizer itself encodes."""
+    segments = 2 if is_pair else 1
+    if layout == "papa":
+        minimum = 2 + (segments - 1) + segments
+    else:
+        minimum = shortest_example_length(tokenizer, is_pair)
+    example = ("a film that is funny", "it rained all day") if is_pair else "a film that is funny"
+    batch = attnlens.tokenize(tokenizer, [example], max_len=minimum, layout=layout)
+    real = [
+        token for token, valid in zip(batch.input_ids[0].tolist(), batch.attention_mask[0].tolist(), strict=True)
+        if valid and token not in tokenizer.all_special_ids
+    ]
+    assert len(real) == segments  # exactly one real token per segment at the minimum
+    for max_len in sorted({minimum - 1, 2, 1, 0}):
+        if max_len >= minimum:
+            continue
+        with pytest.raises(ValueError, match=rf"max_len={max_len} leaves no room.*max_len >= {minimum}"):
+            attnlens.tokenize(tokenizer, [example], max_len=max_len, layout=layout)
