@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import operator
 import os
 import sys
 import types
@@ -41,7 +42,7 @@ from attnlens import seam
 from attnlens.corpus import resolve_corpus
 from attnlens.inputs import tokenize
 from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
-from attnlens.streaming import chunks, device_of, run_patterns
+from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
 #: the views compare knows, in report order
 VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
@@ -311,19 +312,20 @@ def _as_model(model: Any) -> Any:
     return load(model)
 
 
-def _default_example(model: Any, texts: Sequence, views: Sequence[str], max_len: int) -> int:
-    """0, or with effective attention the first of the first 256 texts longer than ``d_head``
-    tokens (effective attention equals standard attention when there are at most ``d_head``
-    tokens: the values then span every direction)."""
+def _default_example(
+    model: Any, texts: Sequence, views: Sequence[str], max_len: int, layout: str
+) -> int:
+    """0, or with effective attention the first of the first 256 texts with more than ``d_head``
+    real tokens once tokenized with ``max_len`` and ``layout`` (effective attention equals
+    standard attention when there are at most ``d_head`` tokens: the values then span every
+    direction). Real tokens are counted in the layout itself: in the PAPA layout each segment of
+    a pair gets only half of ``max_len``."""
     if "effective" not in views:
         return 0
-    head = list(texts[:256])
-    if isinstance(head[0], tuple | list):
-        ids = model.tokenizer([a for a, _ in head], [b for _, b in head])["input_ids"]
-    else:
-        ids = model.tokenizer(head)["input_ids"]
-    d_head = int(model.cfg.d_head)
-    return next((i for i, row in enumerate(ids) if min(len(row), max_len) > d_head), 0)
+    batch = tokenize(model, list(texts[:256]), max_len=max_len, layout=layout)
+    lengths = batch.attention_mask.sum(-1)
+    longer = (lengths > int(model.cfg.d_head)).nonzero()
+    return int(longer[0, 0]) if len(longer) else 0
 
 
 def _total_variation(
@@ -361,18 +363,22 @@ def compare(
     (:func:`attnlens.corpus.default_corpus`); ``n_examples`` keeps the first ``n``. Texts are
     tokenized with ``max_len`` tokens (default 128, or the constants' ``max_len``) in the PAPA
     layout when the ``"papa"`` view is requested (PAPA constants are positional), else with
-    ordinary padding. ``constants``: precomputed :class:`attnlens.papa.PapaConstants`; otherwise
-    they are fitted on the same corpus first (a separate pass).
+    ordinary padding. ``constants``: precomputed :class:`attnlens.papa.PapaConstants`, which must
+    match the model and the corpus (layout, ``max_len``, sentences or pairs); otherwise they are
+    fitted on the same corpus first (a separate pass).
 
     For every view and head the table gives the statistics of :mod:`attnlens.stats` (mean over
     valid query tokens) and ``distance_from_standard``: the mean over valid query rows of the
     total-variation distance ``½ · Σ_k |a_view(q, k) − a_standard(q, k)|`` over valid keys (0 to
     1 for attention distributions; effective attention can exceed 1). The figures show example
-    ``example`` (default: the first text, or with the ``"effective"`` view the first text longer
-    than ``d_head`` tokens, since effective attention equals standard attention on shorter ones)
-    and, side by side, head ``focus = (layer, head)`` (default: the head whose first
-    non-standard view is farthest from standard; the lowest-entropy head for standard alone).
-    ``progress`` shows tqdm bars for each pass over the corpus.
+    ``example`` (default: the first text, or with the ``"effective"`` view the first text with
+    more than ``d_head`` real tokens once tokenized, since effective attention equals standard
+    attention on shorter ones) and, side by side, head ``focus = (layer, head)`` (default: the
+    head whose first non-standard view is farthest from standard; the lowest-entropy head for
+    standard alone). ``progress`` shows tqdm bars for each pass over the corpus.
+
+    The model runs in eval mode (no dropout), as in :func:`attnlens.papa.fit`; its previous
+    mode is restored afterwards, also when the comparison fails.
     """
     if len(views) == 1 and isinstance(views[0], list | tuple):
         views = tuple(views[0])
@@ -387,31 +393,87 @@ def compare(
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     model = _as_model(model)
+    if focus is not None:
+        focus = _check_focus(focus, model.cfg.n_layers, model.cfg.n_heads)
+    was_training = model.training
+    model.eval()
+    try:
+        constants, max_len, layout = _papa_setup(
+            model, names, texts, constants, max_len, batch_size, progress
+        )
+        if example is None:
+            example = _default_example(model, texts, names, max_len, layout)
+        return _compare(
+            model, names, texts, constants, max_len=max_len, layout=layout,
+            batch_size=batch_size, example=example, focus=focus, progress=progress,
+        )
+    finally:
+        model.train(was_training)
+
+
+def _check_focus(focus: Any, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """``focus`` as ``(layer, head)`` ints; ``ValueError`` unless it names one of the model's heads."""
+    try:
+        layer, head = (operator.index(part) for part in focus)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"focus={focus!r} should be a (layer, head) pair of integers, e.g. focus=(0, 0)"
+        ) from None
+    if not (0 <= layer < n_layers and 0 <= head < n_heads):
+        raise ValueError(
+            f"focus={tuple(focus)} is outside the model's {n_layers} x {n_heads} heads; use "
+            f"0 <= layer < {n_layers} and 0 <= head < {n_heads}"
+        )
+    return layer, head
+
+
+def _papa_setup(
+    model: Any,
+    names: Sequence[str],
+    texts: Sequence,
+    constants: Any,
+    max_len: int | None,
+    batch_size: int,
+    progress: bool,
+) -> tuple[Any, int, str]:
+    """``(constants, max_len, layout)`` of the pass: without the ``"papa"`` view no constants and
+    the padded layout; with it the given constants (checked against the model) or ones fitted on
+    ``texts``, and their ``max_len`` and layout."""
+    if "papa" not in names:
+        return None, max_len or DEFAULT_MAX_LEN, "padded"
+    if constants is None:
+        from attnlens import papa
+
+        max_len = max_len or DEFAULT_MAX_LEN
+        constants = papa.fit(
+            model, texts, max_len=max_len, layout="papa", batch_size=batch_size, progress=progress,
+        )
+    if max_len is not None and constants.max_len != max_len:
+        raise ValueError(
+            f"the PAPA constants were fitted with max_len={constants.max_len}, not {max_len}; "
+            "pass max_len=constants.max_len (or leave it out)"
+        )
+    constants.check_compatible(model)
+    return constants, constants.max_len, constants.layout
+
+
+def _compare(
+    model: Any,
+    names: tuple[str, ...],
+    texts: Sequence,
+    constants: Any,
+    *,
+    max_len: int,
+    layout: str,
+    batch_size: int,
+    example: int,
+    focus: tuple[int, int] | None,
+    progress: bool,
+) -> Comparison:
+    """The pass over the corpus of :func:`compare`, its arguments checked and resolved."""
     from attnlens.plots import is_causal
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    layout = "padded"
-    if "papa" in names:
-        if constants is None:
-            from attnlens import papa
-
-            max_len = max_len or DEFAULT_MAX_LEN
-            constants = papa.fit(
-                model, texts, max_len=max_len, layout="papa", batch_size=batch_size,
-                progress=progress,
-            )
-        if max_len is not None and constants.max_len != max_len:
-            raise ValueError(
-                f"the PAPA constants were fitted with max_len={constants.max_len}, not {max_len}; "
-                "pass max_len=constants.max_len (or leave it out)"
-            )
-        max_len = constants.max_len
-        layout = constants.layout
-        constants.check_compatible(model)
-    max_len = max_len or DEFAULT_MAX_LEN
-    if example is None:
-        example = _default_example(model, texts, names, max_len)
-
     statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
     distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
     n_tokens = 0
@@ -446,28 +508,34 @@ def compare(
             for layer in range(n_layers)
         ]
     device = device_of(model)
-    bar = _progress(len(texts), f"compare ({', '.join(names)})", progress)
+    bar = progress_bar(texts, f"compare ({', '.join(names)})", progress)
     seen = 0
-    for chunk in chunks(texts, batch_size):
-        batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
-        valid = batch.attention_mask.bool()
-        row = example - seen if seen <= example < seen + len(chunk) else None
-        current.update(valid=valid, classes=token_classes(model.tokenizer, batch.input_ids), row=row)
-        if row is not None:
-            current["keep"] = valid[row].nonzero().squeeze(-1)
-            current["example"] = {view: [None] * n_layers for view in names}
-            kept_tokens = model.tokenizer.convert_ids_to_tokens(
-                batch.input_ids[row, current["keep"]].tolist()
+    try:
+        for chunk in chunks(texts, batch_size):
+            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
+            if constants is not None:
+                _check_constants(constants, model, batch)
+            valid = batch.attention_mask.bool()
+            row = example - seen if seen <= example < seen + len(chunk) else None
+            current.update(
+                valid=valid, classes=token_classes(model.tokenizer, batch.input_ids), row=row
             )
-        if not run_patterns(model, batch, fwd_hooks):
-            raise RuntimeError("the forward pass did not reach the last layer's hook_pattern")
-        if row is not None:
-            kept = {view: torch.stack(layers).numpy() for view, layers in current["example"].items()}
-        n_tokens += int(valid.sum())
-        n_truncated += batch.n_truncated
-        seen += len(chunk)
-        bar.update(len(chunk))
-    bar.close()
+            if row is not None:
+                current["keep"] = valid[row].nonzero().squeeze(-1)
+                current["example"] = {view: [None] * n_layers for view in names}
+                kept_tokens = model.tokenizer.convert_ids_to_tokens(
+                    batch.input_ids[row, current["keep"]].tolist()
+                )
+            if not run_patterns(model, batch, fwd_hooks):
+                raise RuntimeError("the forward pass did not reach the last layer's hook_pattern")
+            if row is not None:
+                kept = {view: torch.stack(layers).numpy() for view, layers in current["example"].items()}
+            n_tokens += int(valid.sum())
+            n_truncated += batch.n_truncated
+            seen += len(chunk)
+            bar.update(len(chunk))
+    finally:
+        bar.close()
 
     records = []
     for view in names:
@@ -480,18 +548,9 @@ def compare(
                 records.append(record)
     table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
     table.attrs["columns"] = dict(COLUMN_DOCS)
-
     if focus is None:
-        others = [view for view in names if view != "standard"]
-        if others:
-            grid = (distance[others[0]] / n_tokens).numpy()
-            focus = tuple(int(i) for i in np.unravel_index(np.argmax(grid), grid.shape))
-        else:
-            grid = statistics["standard"].means()["entropy"].numpy()
-            focus = tuple(int(i) for i in np.unravel_index(np.argmin(grid), grid.shape))
+        focus = _default_focus(names, distance, statistics, n_tokens)
     layer, head = focus
-    if not (0 <= layer < n_layers and 0 <= head < n_heads):
-        raise ValueError(f"focus={focus} is outside the model's {n_layers} x {n_heads} heads")
 
     return Comparison(
         table=table,
@@ -512,15 +571,39 @@ def compare(
     )
 
 
+def _check_constants(constants: Any, model: Any, batch: Any) -> None:
+    """Refuse constants that do not fit ``batch`` (layout, ``max_len``, sentences or pairs)."""
+    try:
+        constants.check_compatible(model, batch)
+    except ValueError as error:
+        raise ValueError(
+            f"the PAPA constants do not fit this corpus: {error} Pass constants fitted on a corpus "
+            "of the same kind (single sentences or pairs), or leave constants out to fit them on "
+            "this one."
+        ) from error
+
+
+def _default_focus(
+    names: Sequence[str],
+    distance: dict[str, Float[Tensor, "layer head"]],
+    statistics: dict[str, AttentionStatistics],
+    n_tokens: int,
+) -> tuple[int, int]:
+    """``(layer, head)`` whose first non-standard view is farthest from standard; the
+    lowest-entropy head when standard is the only view."""
+    others = [view for view in names if view != "standard"]
+    if others:
+        grid = (distance[others[0]] / n_tokens).numpy()
+        layer, head = np.unravel_index(np.argmax(grid), grid.shape)
+    else:
+        grid = statistics["standard"].means()["entropy"].numpy()
+        layer, head = np.unravel_index(np.argmin(grid), grid.shape)
+    return int(layer), int(head)
+
+
 def _observe(on_layer: Callable, layer: int, pattern: Tensor, hook: Any) -> None:
     """A ``hook_pattern`` hook that only reads: ``on_layer(layer, A, None, valid)``."""
     on_layer(layer, pattern, None, seam.key_mask(pattern))
-
-
-def _progress(total: int, description: str, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=description, unit="text", disable=not enabled)
 
 
 class _CallableModule(types.ModuleType):

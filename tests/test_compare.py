@@ -245,3 +245,117 @@ def test_long_example_is_cropped_in_the_tiled_figure(comparison):
     assert z.shape == (6 * (m + 1) - 1, 12 * (m + 1) - 1)
     assert f"first {m} of {n} tokens" in figures["patterns_papa"].layout.title.text
     assert np.asarray(figures["side_by_side"].data[0].z).shape == (n, n)
+
+
+# -- arguments checked before the pass; eval mode; the shared progress bar -------------------------
+
+
+@pytest.fixture()
+def tiny_bert():
+    from tests.tiny import bert_tokenizer, tiny_bert
+
+    return attnlens.load(tiny_bert(), tokenizer=bert_tokenizer())
+
+
+def pairs_of(texts):
+    return list(zip(texts[0::2], texts[1::2], strict=False))
+
+
+def test_constants_fitted_on_pairs_are_refused_for_single_sentences(tiny_bert):
+    """Reference: PapaConstants.check_compatible refuses a single-sentence batch for constants
+    fitted on pairs; compare must refuse them too instead of applying them."""
+    from attnlens import papa
+    from tests.tiny import CORPUS
+
+    constants = papa.fit(tiny_bert, pairs_of(CORPUS[:8]), max_len=16, progress=False)
+    singles = attnlens.tokenize(tiny_bert, CORPUS[:4], max_len=16, layout="papa")
+    with pytest.raises(ValueError, match="fitted on sentence pairs"):
+        constants.check_compatible(tiny_bert, singles)
+    with pytest.raises(ValueError, match="fitted on sentence pairs; the batch holds single"):
+        attnlens.compare(tiny_bert, "papa", corpus=CORPUS[:4], constants=constants, progress=False)
+    result = attnlens.compare(
+        tiny_bert, "papa", corpus=pairs_of(CORPUS[:8]), constants=constants, progress=False
+    )
+    assert result.layout == "papa" and result.max_len == 16
+
+
+def papa_real_tokens(tokenizer, first: str, second: str, max_len: int) -> int:
+    """Real tokens of a pair in the PAPA layout, from its definition (attnlens.inputs docstring):
+    [CLS], the middle and final [SEP], the first segment in max_len//2 - 1 positions, the second
+    in max_len - max_len//2 - 2."""
+    middle = max_len // 2
+    a = len(tokenizer(first, add_special_tokens=False)["input_ids"])
+    b = len(tokenizer(second, add_special_tokens=False)["input_ids"])
+    return 3 + min(a, middle - 1) + min(b, max_len - middle - 2)
+
+
+def test_default_example_of_pairs_counts_the_real_tokens_of_the_papa_layout(tiny_bert):
+    """The first pair is longer than d_head in the tokenizer's own pair format, but not in the
+    PAPA layout, where each segment has half of max_len: the default example is the second."""
+    from tests.tiny import CORPUS
+
+    max_len, d_head = 12, tiny_bert.cfg.d_head
+    long = " ".join(CORPUS[:2])
+    pairs = [("a", long), (long, long), ("a", "b")]
+    tokenizer = tiny_bert.tokenizer
+    own_format = [len(ids) for ids in tokenizer([a for a, _ in pairs], [b for _, b in pairs])["input_ids"]]
+    assert min(own_format[0], max_len) > d_head  # the old count picked the first pair
+    lengths = [papa_real_tokens(tokenizer, a, b, max_len) for a, b in pairs]
+    expected = next(i for i, n in enumerate(lengths) if n > d_head)
+    assert expected == 1
+    result = attnlens.compare(tiny_bert, "papa", "effective", corpus=pairs, max_len=max_len, progress=False)
+    assert result.example_index == expected
+    assert len(result.example_tokens) == lengths[expected] > d_head
+    assert not np.allclose(result.example_patterns["effective"], result.example_patterns["standard"], atol=1e-5)
+
+
+def test_compare_runs_in_eval_mode_and_restores_the_mode(tiny_bert):
+    """Reference: the same comparison of the model in eval mode (no dropout). The caller's
+    training mode comes back, also when compare fails half-way."""
+    from attnlens import papa
+    from tests.tiny import CORPUS
+
+    assert tiny_bert.original_model.config.attention_probs_dropout_prob > 0
+    tiny_bert.eval()
+    reference = attnlens.compare(tiny_bert, "standard", "papa", corpus=CORPUS, max_len=16, progress=False)
+    assert not tiny_bert.training
+    tiny_bert.train()
+    result = attnlens.compare(tiny_bert, "standard", "papa", corpus=CORPUS, max_len=16, progress=False)
+    pd.testing.assert_frame_equal(result.table, reference.table)
+    assert tiny_bert.training and tiny_bert.original_model.training
+    constants = papa.fit(tiny_bert, pairs_of(CORPUS[:8]), max_len=16, progress=False)
+    with pytest.raises(ValueError, match="pairs"):
+        attnlens.compare(tiny_bert, "papa", corpus=CORPUS[:4], constants=constants, progress=False)
+    assert tiny_bert.training and tiny_bert.original_model.training
+
+
+@pytest.mark.parametrize("focus", [(99, 0), (0, 4), (-1, 0), (0,), "ab", 3])
+def test_bad_focus_is_refused_before_any_forward_pass(tiny_bert, focus):
+    """The tiny model has 2 layers x 4 heads; a focus outside them (or not a (layer, head) pair)
+    is refused before the PAPA fit and the pass over the corpus: no forward of the HF model."""
+    from tests.tiny import CORPUS
+
+    forwards = []
+    handle = tiny_bert.original_model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    try:
+        with pytest.raises(ValueError, match="focus"):
+            attnlens.compare(tiny_bert, "papa", corpus=CORPUS, focus=focus, max_len=16, progress=False)
+        assert forwards == []
+        result = attnlens.compare(tiny_bert, "standard", corpus=CORPUS[:2], focus=(1, 3), max_len=16, progress=False)
+        assert result.focus == (1, 3) and forwards == [1]
+    finally:
+        handle.remove()
+
+
+def test_compare_shows_the_shared_progress_bar(tiny_bert, capsys):
+    """Each pass over the corpus shows attnlens.streaming.progress_bar (as papa.fit's does):
+    counting examples out of the corpus' length, under the same description as before."""
+    from tests.tiny import CORPUS
+
+    attnlens.compare(tiny_bert, "standard", "papa", corpus=CORPUS, max_len=16, batch_size=4)
+    err = capsys.readouterr().err
+    n = len(CORPUS)
+    assert re.search(rf"papa\.fit: 100%.*{n}/{n} .*example/s", err), err
+    assert re.search(rf"compare \(standard, papa\): 100%.*{n}/{n} .*example/s", err), err
+    attnlens.compare(tiny_bert, "standard", corpus=CORPUS, max_len=16, progress=False)
+    assert capsys.readouterr().err == ""
