@@ -11,8 +11,11 @@
 ``--model`` is anything :func:`attnlens.load` accepts (a hub name or a local folder; default: the
 embedded all-MiniLM-L6-v2). ``--corpus`` is a file (one text per line, or a TSV/CSV with a
 header; see :func:`attnlens.corpus.read_corpus`) or ``default``, the embedded corpus. Passes over
-the corpus show progress bars (on stderr) unless ``--quiet``. Bad input exits with status 2 and a
-one-line reason on stderr (``attnlens: error: ...``), before the model is loaded when possible.
+the corpus (and the loading of the model's weights) show progress bars on stderr unless
+``--quiet``. ``--constants`` needs the ``papa`` view in ``--views``; ``--max-len`` must fit the
+model's position embeddings. Bad input exits with status 2 and a one-line reason on stderr
+(``attnlens: error: ...``), before the model is loaded when possible, and before any pass over
+the corpus otherwise.
 """
 
 from __future__ import annotations
@@ -68,7 +71,9 @@ def _common(parser: argparse.ArgumentParser, *, out_help: str, out_default: str 
     )
     parser.add_argument("--n-examples", type=_positive, default=None, help="use the first N texts")
     parser.add_argument("--batch-size", type=_positive, default=32, help="texts per forward pass")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress bars (nor the model's weight loading)"
+    )
     parser.add_argument(
         "--out", required=out_default is None, default=out_default, help=out_help,
     )
@@ -139,24 +144,49 @@ def _out(path: str, suffixes: tuple[str, ...]) -> Path:
     return out
 
 
-def _load(model: str | None) -> Any:
+def _load(model: str | None, *, quiet: bool = False) -> Any:
+    """:func:`attnlens.load`; ``quiet`` also hides transformers' weight-loading bar."""
+    from transformers.utils import logging as hf_logging
+
     from attnlens.loading import load
 
-    return load(model)
+    shown = hf_logging.is_progress_bar_enabled()
+    if quiet:
+        hf_logging.disable_progress_bar()
+    try:
+        return load(model)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
+def _check_max_len(model: Any, texts: list, max_len: int, layout: str) -> None:
+    """Refuse a ``--max-len`` the model cannot take before any pass over the corpus starts."""
+    from attnlens.inputs import check_max_len
+
+    check_max_len(model, max_len, layout=layout, is_pair=isinstance(texts[0], tuple))
 
 
 def _compare(args: argparse.Namespace) -> int:
     views = _views(args.views)
     out = _out(args.out, (".html", ".htm"))
+    if args.constants is not None and "papa" not in views:
+        raise UsageError(
+            f"--constants {args.constants} would be unused: --views {args.views} has no papa "
+            "view; add papa to --views (e.g. --views standard,papa) or drop --constants"
+        )
     texts = _texts(args)
     if args.constants is not None and not Path(args.constants).is_file():
         raise UsageError(f"constants file not found: {args.constants}")
-    model = _load(args.model)
+    model = _load(args.model, quiet=args.quiet)
     constants = None
-    if args.constants is not None and "papa" in views:
+    if args.constants is not None:
         from attnlens.papa import PapaConstants
 
         constants = PapaConstants.load(args.constants, model)
+    if args.max_len is not None:
+        layout = constants.layout if constants else "papa" if "papa" in views else "padded"
+        _check_max_len(model, texts, args.max_len, layout)
     from attnlens.compare import compare
 
     comparison = compare(
@@ -191,11 +221,13 @@ def summary(comparison: Any) -> str:
 def _fit_papa(args: argparse.Namespace) -> int:
     out = _out(args.out, (".safetensors",))
     texts = _texts(args)
-    model = _load(args.model)
+    model = _load(args.model, quiet=args.quiet)
+    max_len = args.max_len or 128
+    _check_max_len(model, texts, max_len, args.layout)
     from attnlens import papa
 
     constants = papa.fit(
-        model, texts, max_len=args.max_len or 128, layout=args.layout, batch_size=args.batch_size,
+        model, texts, max_len=max_len, layout=args.layout, batch_size=args.batch_size,
         progress=not args.quiet,
     )
     path = constants.save(out)

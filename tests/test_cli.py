@@ -113,6 +113,50 @@ def test_other_bad_input_in_process(tmp_path, capsys):
         assert expected in err, (argv, err)
 
 
+def test_constants_without_the_papa_view_are_refused(tmp_path, capsys):
+    """--constants only feed the papa view: without it they would be silently unused."""
+    from attnlens.cli import main
+
+    constants = tmp_path / "c.safetensors"
+    constants.write_bytes(b"not read: refused before")
+    report = tmp_path / "r.html"
+    with pytest.raises(SystemExit) as exit_info:
+        main([
+            "compare", "--views", "standard,effective", "--constants", str(constants),
+            "--out", str(report), "--quiet",
+        ])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("attnlens: error: ") and "\n" not in err, err
+    assert f"--constants {constants} would be unused" in err
+    assert "--views standard,effective has no papa view" in err
+    assert "add papa to --views" in err and "drop --constants" in err
+    assert not report.exists()
+
+
+def test_max_len_beyond_the_position_embeddings(tmp_path, small_corpus):
+    """MiniLM has 512 positions: --max-len 600 is one line naming both numbers, exit 2, before
+    the pass over the corpus (no papa.fit bar, no traceback, no constants written); 512 works."""
+    from attnlens import load
+
+    positions = load().original_model.config.max_position_embeddings
+    assert positions == 512
+    out = tmp_path / "c.safetensors"
+    line = _one_line_error(run(
+        "fit-papa", "--corpus", str(small_corpus), "--max-len", "600", "--out", str(out),
+        "--quiet", cwd=tmp_path,
+    ))
+    assert "max_len=600" in line and "max_position_embeddings=512" in line
+    assert "use max_len=512 or less" in line
+    assert not out.exists()
+    compared = run(
+        "compare", "--corpus", str(small_corpus), "--views", "standard", "--max-len", "512",
+        "--n-examples", "1", "--out", str(tmp_path / "r.html"), "--quiet", cwd=tmp_path,
+    )
+    assert compared.returncode == 0, compared.stderr
+    assert compared.stderr == ""  # --quiet: no bars at all, the weight loading's included
+
+
 # -- corpora ------------------------------------------------------------------------------------
 
 
