@@ -7,6 +7,8 @@ the standard z (Frobenius norms); streamed statistics vs the same statistics fro
 
 from __future__ import annotations
 
+import copy
+
 import einops
 import pytest
 import torch
@@ -192,7 +194,7 @@ def test_left_padded_decoder_uses_the_batch_mask():
     """GPT-2 has no seam: with left padding its padded query rows see no key and come out uniform,
     so a mask inferred from the pattern would count every padded key as real. ``run`` must use the
     batch's mask: A⊥ equals the loop on the valid block and is 0 on padded keys."""
-    tokenizer = tiny.gpt2_tokenizer()
+    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())  # the cached one stays without padding
     tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
     model = attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
     batch = attnlens.tokenize(model, [tiny.CORPUS[0], " ".join(tiny.CORPUS[:2])], max_len=64, layout="padded")
