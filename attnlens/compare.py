@@ -471,9 +471,10 @@ def _compare(
     progress: bool,
 ) -> Comparison:
     """The pass over the corpus of :func:`compare`, its arguments checked and resolved."""
-    from attnlens.plots import is_causal
+    from attnlens.loading import is_causal
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    causal = is_causal(model)
     statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
     distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
     n_tokens = 0
@@ -489,7 +490,7 @@ def _compare(
         if effective_ is not None:
             per_view["effective"] = effective_.float()
         if "papa" in names:
-            per_view["papa"] = constants.layer_pattern(layer, valid, dtype=torch.float32)
+            per_view["papa"] = constants.layer_pattern(layer, valid, dtype=torch.float32, causal=causal)
         for view, pattern in per_view.items():
             statistics[view].update(layer, pattern, classes, valid)
             if view != "standard":
@@ -562,7 +563,7 @@ def _compare(
         n_tokens=n_tokens,
         max_len=int(max_len),
         layout=layout,
-        causal=is_causal(model),
+        causal=causal,
         example_index=example,
         example_tokens=list(kept_tokens),
         example_patterns=kept,

@@ -1,7 +1,13 @@
-"""Load a model as a TransformerLens ``TransformerBridge`` with the attnlens hook seam installed."""
+"""Load a model as a TransformerLens ``TransformerBridge`` with the attnlens hook seam installed.
+
+Also what attnlens records about a model to tell models apart: :func:`model_id` (its name, a
+local folder as an absolute path), :func:`weights_fingerprint` (a short hash of some of its
+weights) and :func:`is_causal` (decoder or encoder).
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -77,8 +83,46 @@ def load(
 
 
 def model_id(bridge: Any) -> str:
-    """The name attnlens records for a model (in saved constants and reports)."""
+    """The name attnlens records for a model (in saved constants and reports): the hub name, or
+    the absolute path of a local folder (however it was given to :func:`load`)."""
     return str(bridge.cfg.model_name)
+
+
+#: elements of each parameter tensor hashed by :func:`weights_fingerprint`
+FINGERPRINT_ELEMENTS = 1024
+
+
+def weights_fingerprint(bridge: Any) -> str:
+    """A short hash (16 hex digits) of the weights attention depends on, to tell apart two
+    models that share a name (e.g. two in-memory models of one architecture, or a model and its
+    fine-tuned copy).
+
+    Every parameter of the Hugging Face base model (the encoder or decoder stack: not the LM
+    head, which attention does not depend on and which is randomly initialised when a checkpoint
+    has none) contributes its name, shape and :data:`FINGERPRINT_ELEMENTS` evenly spaced elements,
+    rounded to float16 (so a model loaded in float16 has the fingerprint of its float32 weights).
+    It reads a few hundred kilobytes, not the whole model.
+    """
+    hf_model = getattr(bridge, "original_model", bridge)
+    hf_model = getattr(hf_model, "base_model", hf_model)
+    digest = hashlib.sha256()
+    for name, param in hf_model.named_parameters():
+        flat = param.detach().reshape(-1)
+        step = max(1, flat.numel() // FINGERPRINT_ELEMENTS)
+        sample = flat[::step][:FINGERPRINT_ELEMENTS].to(device="cpu", dtype=torch.float16)
+        digest.update(f"{name}{tuple(param.shape)}".encode())
+        digest.update(sample.contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def is_causal(model: Any) -> bool:
+    """True for decoders (causal attention: query ``q`` never sees a key ``k > q``), i.e.
+    ``cfg.attention_dir == "causal"`` or a GPT-2 model."""
+    cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "attention_dir", None) == "causal":
+        return True
+    config = getattr(getattr(model, "original_model", None), "config", None)
+    return getattr(config, "model_type", None) == "gpt2"
 
 
 def _is_pretrained_model(model: Any) -> bool:
@@ -106,7 +150,7 @@ def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any)
         raise OSError(_offline_message(name_or_path, "HF_HUB_OFFLINE is set"))
     try:
         return TransformerBridge.boot_transformers(
-            str(Path(name_or_path).expanduser()) if is_local else name_or_path,
+            _local_name(name_or_path) if is_local else name_or_path,
             device=device,
             dtype=dtype,
             tokenizer=tokenizer,
@@ -122,6 +166,12 @@ def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any)
                 f"{', '.join(SUPPORTED_CLASSES)}."
             ) from error
         raise
+
+
+def _local_name(folder: str | os.PathLike) -> str:
+    """A local folder as an absolute path, so that its :func:`model_id` does not depend on the
+    working directory or on how the path was written (``./model``, ``~/model``, symlinks)."""
+    return str(Path(folder).expanduser().resolve())
 
 
 def _offline_message(name: str, reason: str) -> str:
@@ -153,6 +203,8 @@ def _wrap(hf_model: Any, *, device: str, dtype: torch.dtype, tokenizer: Any) -> 
             )
     hf_model = hf_model.to(device=device, dtype=dtype)
     name = getattr(hf_model, "name_or_path", "") or type(hf_model).__name__
+    if Path(name).expanduser().is_dir():
+        name = _local_name(name)
     return TransformerBridge.boot_transformers(
         name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
     )

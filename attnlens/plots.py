@@ -54,15 +54,6 @@ def as_array(values: Any) -> np.ndarray:
     return np.asarray(values)
 
 
-def is_causal(model: Any) -> bool:
-    """True for decoders (causal attention): ``cfg.attention_dir == "causal"`` or GPT-2."""
-    cfg = getattr(model, "cfg", None)
-    if getattr(cfg, "attention_dir", None) == "causal":
-        return True
-    config = getattr(getattr(model, "original_model", None), "config", None)
-    return getattr(config, "model_type", None) == "gpt2"
-
-
 def is_signed(values: Any) -> bool:
     """True when some finite value lies outside [0, 1], so a diverging scale is needed."""
     array = as_array(values).astype(np.float64)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import attnlens
-from attnlens import seam
+from attnlens import papa, seam
+from attnlens.loading import is_causal, model_id, weights_fingerprint
 from tests import tiny
 
 
@@ -76,3 +78,47 @@ def test_missing_tokenizer():
 def test_bad_type():
     with pytest.raises(TypeError, match="hub name or local folder"):
         attnlens.load(42)
+
+
+def test_local_folder_by_relative_path_has_the_id_of_its_absolute_path(tmp_path, monkeypatch):
+    folder = tmp_path / "tiny-bert"
+    tiny.tiny_bert().save_pretrained(folder)
+    tiny.bert_tokenizer().save_pretrained(folder)
+    absolute = attnlens.load(str(folder))
+    monkeypatch.chdir(tmp_path)
+    relative = [attnlens.load("./tiny-bert"), attnlens.load("tiny-bert"), attnlens.load(Path("tiny-bert"))]
+    monkeypatch.chdir(folder)
+    relative.append(attnlens.load("../tiny-bert"))
+    assert model_id(absolute) == str(folder.resolve())
+    assert [model_id(bridge) for bridge in relative] == [str(folder.resolve())] * 4
+    # so constants fitted on one are accepted for the other (same id, same weights)
+    constants = papa.fit(relative[0], tiny.CORPUS[:4], max_len=16, progress=False)
+    constants.check_compatible(absolute)
+
+
+def test_weights_fingerprint_tells_weights_apart_but_not_dtypes_or_lm_heads():
+    def bridge(hf_model):
+        return attnlens.load(hf_model, tokenizer=tiny.bert_tokenizer())
+
+    reference = weights_fingerprint(bridge(tiny.tiny_bert(0)))
+    assert len(reference) == 16 and int(reference, 16) >= 0
+    assert weights_fingerprint(bridge(tiny.tiny_bert(0))) == reference, "same weights, same hash"
+    assert weights_fingerprint(bridge(tiny.tiny_bert(1))) != reference, "another initialisation"
+    # float16 weights are the float32 ones rounded: the same fingerprint
+    assert weights_fingerprint(attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer(),
+                                             dtype=torch.float16)) == reference
+    # one attention weight changed (element 0 is always sampled): another fingerprint
+    changed = tiny.tiny_bert(0)
+    with torch.no_grad():
+        changed.bert.encoder.layer[1].attention.self.query.weight[0, 0] += 0.5
+    assert weights_fingerprint(bridge(changed)) != reference
+    # the LM head does not shape attention (and is random when a checkpoint has none)
+    head = tiny.tiny_bert(0)
+    with torch.no_grad():
+        head.cls.predictions.transform.dense.weight.normal_()
+    assert weights_fingerprint(bridge(head)) == reference
+
+
+def test_is_causal():
+    assert is_causal(attnlens.load(tiny.tiny_gpt2(), tokenizer=tiny.gpt2_tokenizer())) is True
+    assert is_causal(attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())) is False

@@ -215,11 +215,3 @@ def test_side_by_side_long_input_thins_tick_labels():
     fig = plots.side_by_side({"standard": attention}, tokens, layer=0, head=0)
     assert len(fig.layout.xaxis.ticktext) <= plots.MAX_TICK_LABELS
     assert np.asarray(fig.data[0].z).shape == (n, n)
-
-
-def test_is_causal(minilm):
-    from attnlens.loading import load
-    from tests.tiny import gpt2_tokenizer, tiny_gpt2
-
-    assert plots.is_causal(minilm) is False
-    assert plots.is_causal(load(tiny_gpt2(), tokenizer=gpt2_tokenizer())) is True
