@@ -243,3 +243,109 @@ def test_trainable_constants_are_masked_softmaxes(minilm, texts):
     assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
     for param in minilm.parameters():
         param.grad = None
+
+
+# ---- files that are not constants, old files, and weights fingerprints ----------------------
+
+
+def test_load_of_a_file_that_is_not_constants_is_a_value_error_saying_why(tmp_path):
+    from safetensors.torch import save_file
+
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"not a safetensors file at all")
+    empty = tmp_path / "empty.safetensors"
+    empty.write_bytes(b"")
+    foreign = tmp_path / "foreign.safetensors"  # a valid safetensors file of something else
+    save_file({"weight": torch.zeros(2, 2)}, str(foreign))
+    cases = {
+        garbage: "Error while deserializing header",
+        empty: "Error while deserializing header",
+        foreign: "its format is None",
+    }
+    for path, reason in cases.items():
+        with pytest.raises(ValueError, match=rf"{path.name} is not an attnlens constants file .*: {reason}"):
+            papa.load(path)
+    with pytest.raises(FileNotFoundError):
+        papa.load(tmp_path / "missing.safetensors")
+
+
+@pytest.fixture(scope="module")
+def tiny_berts():
+    """Two tiny BERTs of one name ('BertForMaskedLM') with different weights."""
+    return [attnlens.load(tiny.tiny_bert(seed), tokenizer=tiny.bert_tokenizer()) for seed in (0, 1)]
+
+
+def test_constants_of_a_model_with_other_weights_are_refused(tiny_berts, tmp_path):
+    first, second = tiny_berts
+    assert attnlens.loading.model_id(first) == attnlens.loading.model_id(second)
+    constants = papa.fit(first, tiny.CORPUS, max_len=16, progress=False)
+    assert constants.fingerprint == attnlens.loading.weights_fingerprint(first)
+    refusal = r"other weights than this model's .* papa\.fit\(model, corpus\).* constants\.fingerprint = None"
+    constants.check_compatible(first)
+    with pytest.raises(ValueError, match=refusal):
+        constants.check_compatible(second)
+    with pytest.raises(ValueError, match=refusal):
+        with papa.intervention(second, constants):
+            pass
+    with pytest.raises(ValueError, match=refusal):
+        papa.TrainableConstants.from_average(constants).check_compatible(second)
+    path = constants.save(tmp_path / "first.safetensors")
+    assert papa.load(path, first).fingerprint == constants.fingerprint
+    with pytest.raises(ValueError, match=refusal):
+        papa.load(path, second)
+    with pytest.raises(ValueError, match="models with different weights"):
+        constants + papa.fit(second, tiny.CORPUS, max_len=16, progress=False)
+    with pytest.raises(ValueError, match=refusal):  # resuming another model's checkpoint
+        papa.fit(second, tiny.CORPUS, max_len=16, progress=False, checkpoint=path)
+    constants.replace(fingerprint=None).check_compatible(second)  # the documented way round
+
+
+def test_constants_saved_before_fingerprints_still_load(tiny_berts, tmp_path):
+    """Files written before ``causal`` and ``fingerprint`` were recorded have neither key."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    first, second = tiny_berts
+    path = papa.fit(first, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "new.safetensors")
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = {k: v for k, v in handle.metadata().items() if k not in ("causal", "fingerprint")}
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+    old = tmp_path / "old.safetensors"
+    save_file(tensors, str(old), metadata=metadata)
+    loaded = papa.load(old, second)  # no fingerprint: the weights are not checked
+    assert (loaded.fingerprint, loaded.causal) == (None, None)
+    assert torch.equal(loaded.sums, papa.load(path).sums)
+
+
+@pytest.mark.parametrize("checkpointed", ["pairs", "sentences"])
+def test_resuming_a_checkpoint_with_the_other_kind_of_inputs_says_so(tiny_berts, tmp_path, checkpointed):
+    model = tiny_berts[0]
+    pairs = list(zip(tiny.CORPUS[:8], tiny.CORPUS[8:], strict=True))
+    first, then = (pairs, tiny.CORPUS) if checkpointed == "pairs" else (tiny.CORPUS, pairs)
+    checkpoint = tmp_path / "fit.ckpt"
+    papa.fit(model, first[:4], max_len=16, progress=False, checkpoint=checkpoint)
+    fitted, given = ("sentence pairs", "single sentences")[:: 1 if checkpointed == "pairs" else -1]
+    with pytest.raises(ValueError, match=f"checkpoint .*fit.ckpt was fitted on {fitted}; this corpus holds {given}"):
+        papa.fit(model, then, max_len=16, progress=False, checkpoint=checkpoint)
+    # without a checkpoint, a corpus that changes kind half-way is said to mix them
+    with pytest.raises(ValueError, match="The corpus mixes single sentences and sentence pairs"):
+        papa.fit(model, first[:4] + then[4:8], max_len=16, batch_size=4, progress=False)
+
+
+def test_fit_shows_the_shared_progress_bar_from_where_it_resumes(tiny_berts, tmp_path, monkeypatch):
+    from attnlens import streaming
+    from attnlens.papa import fitting
+
+    calls = []
+
+    def recording(corpus, description, enabled, *, initial=0):
+        calls.append((description, enabled, initial))
+        return streaming.progress_bar(corpus, description, enabled, initial=initial)
+
+    monkeypatch.setattr(fitting, "progress_bar", recording)
+    model, checkpoint = tiny_berts[0], tmp_path / "fit.ckpt"
+    with pytest.raises(KeyboardInterrupt):
+        papa.fit(model, interrupted(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,
+                 checkpoint=checkpoint, checkpoint_every=1)
+    papa.fit(model, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    assert calls == [("papa.fit", False, 0), ("papa.fit", False, 8)]

@@ -7,9 +7,13 @@ import torch
 
 import attnlens
 from attnlens import papa
+from tests import tiny
 
 MAX_LEN = 32
 ROW_ATOL = 1e-6
+LAM_ATOL = 2e-7  # lam=0 / lam=1 are clamped to 1e-7 / 1 - 1e-7 (float32)
+BLEND_ATOL = 1e-5  # logits of a blend at lam=1 (lam=0) vs the model (replacement)
+CAUSAL_ATOL = 1e-6  # GPT-2 logits before the last position when only the last token changes
 
 
 def is_pattern(name: str) -> bool:
@@ -51,9 +55,11 @@ def test_blend_with_lambda_one_is_the_model_and_lambda_zero_is_replace(minilm, b
     replaced = run(minilm, batch, papa.hooks(constants))
     assert (replaced - original).abs().max() > 1.0
     blend_one = papa.hooks(constants, mode="blend", lam=1.0)
-    assert torch.equal(blend_one.lam, torch.ones(6, 12))
-    assert torch.equal(run(minilm, batch, blend_one), original)
-    assert torch.equal(run(minilm, batch, papa.hooks(constants, mode="blend", lam=0.0)), replaced)
+    # θ is kept finite (λ = 1 − 1.2e-7) so that it stays trainable; the blend is the model to 1e-5
+    torch.testing.assert_close(blend_one.lam, torch.ones(6, 12), atol=LAM_ATOL, rtol=0)
+    torch.testing.assert_close(run(minilm, batch, blend_one), original, atol=BLEND_ATOL, rtol=0)
+    blend_zero = papa.hooks(constants, mode="blend", lam=0.0)
+    torch.testing.assert_close(run(minilm, batch, blend_zero), replaced, atol=BLEND_ATOL, rtol=0)
     halfway = papa.hooks(constants, mode="blend")
     assert isinstance(halfway.theta, torch.nn.Parameter) and halfway.theta.shape == (6, 12)
     assert torch.equal(halfway.theta, torch.zeros(6, 12)) and torch.equal(halfway.lam, torch.full((6, 12), 0.5))
@@ -245,3 +251,161 @@ def test_learned_lambda_trains_theta_with_a_user_loss(minilm, sst2_sentences, co
     assert len(chosen) == 36
     assert chosen.order == [divmod(int(i), 12) for i in torch.argsort(chosen.scores.flatten(), stable=True)[:36]]
     assert (chosen.scores != 0.5).any()
+
+
+# ---- causal models (GPT-2) ------------------------------------------------------------------
+
+
+def causal_reference(constant: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Causal replacement by its definition, one row at a time in float64: the allowed keys of
+    query ``q`` are the valid keys ``k <= q``; a valid row is the constant over them,
+    renormalized, or uniform over them when it has no mass there; a padded row is uniform."""
+    n_batch, n = valid.shape
+    out = torch.zeros(n_batch, constant.shape[0], n, n, dtype=torch.float64)
+    for b in range(n_batch):
+        for h in range(constant.shape[0]):
+            for q in range(n):
+                allowed = [k for k in range(q + 1) if valid[b, k]]
+                if not allowed:
+                    continue
+                weights = constant[h, q, allowed].double() if valid[b, q] else torch.zeros(len(allowed))
+                total = float(weights.sum())
+                out[b, h, q, allowed] = weights / total if total > 0 else 1.0 / len(allowed)
+    return out
+
+
+def test_constant_and_softmax_patterns_are_causal_on_request():
+    generator = torch.Generator().manual_seed(0)
+    constant = torch.rand(3, 6, 6, generator=generator, dtype=torch.float64)
+    constant[:, 4] = 0.0  # a row never seen in the fit: the uniform fallback
+    constant[1, 2, :3] = 0.0  # mass only on later keys: nothing left at or before the query
+    valid = torch.tensor([[True] * 6, [True, True, True, True, False, False]])
+    expected = causal_reference(constant, valid)
+    got = papa.constant_pattern(constant, valid, causal=True)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    assert torch.all(got.triu(1) == 0), "keys after the query get exactly 0"
+    # trainable constants: a softmax over the allowed keys is exp(logits) renormalized over them
+    logits = torch.randn(3, 6, 6, generator=generator, dtype=torch.float64)
+    soft = papa.softmax_pattern(logits, valid, causal=True)
+    torch.testing.assert_close(soft, causal_reference(logits.exp(), valid), atol=1e-12, rtol=0)
+    assert torch.all(soft.triu(1) == 0)
+    # causal=False (the default) is unchanged: later keys keep their weight
+    assert papa.constant_pattern(constant, valid).triu(1).sum() > 0
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return attnlens.load(tiny.tiny_gpt2(), tokenizer=tiny.gpt2_tokenizer())
+
+
+def test_data_free_constants_of_a_decoder_are_causal(gpt2):
+    n = 12
+    i, j = torch.meshgrid(torch.arange(n), torch.arange(n), indexing="ij")
+    harmonic = torch.where(j <= i, 1.0 / ((i - j).abs() + 1).double(), 0.0)
+    expected = {
+        "toeplitz": harmonic / harmonic.sum(-1, keepdim=True),
+        "uniform": torch.where(j <= i, 1.0 / (i + 1).double(), 0.0),
+        "identity": torch.eye(n, dtype=torch.float64),
+    }
+    for kind, matrix in expected.items():
+        constants = getattr(papa, kind)(gpt2, max_len=n, layout="padded")
+        assert constants.causal is True
+        torch.testing.assert_close(constants.mean[1, 3], matrix, atol=1e-12, rtol=0)
+    trainable = papa.TrainableConstants.from_toeplitz(gpt2, max_len=n, layout="padded")
+    torch.testing.assert_close(trainable.mean[0, 2], expected["toeplitz"], atol=1e-6, rtol=0)
+
+
+def gpt2_constants(model, kind: str):
+    if kind == "fitted":  # fitted on 4-token sentences: later rows were never seen -> uniform fallback
+        return papa.fit(model, ["the fox ."] * 4, max_len=MAX_LEN, layout="padded", progress=False)
+    if kind == "trainable":
+        return papa.TrainableConstants.from_toeplitz(model, max_len=MAX_LEN, layout="padded")
+    return getattr(papa, kind)(model, max_len=MAX_LEN, layout="padded")
+
+
+@pytest.mark.parametrize("how", ["hooks", "intervention", "unrecorded"])
+@pytest.mark.parametrize("kind", ["fitted", "toeplitz", "uniform", "trainable"])
+def test_replacement_on_gpt2_never_sees_the_future(gpt2, kind, how):
+    """Changing the last token must not change the logits of earlier positions (a causal model
+    stays causal), and the replaced patterns are the causal reference. ``unrecorded``: constants
+    that do not record whether the model is causal (saved before it was), used via hooks."""
+    constants = gpt2_constants(gpt2, kind)
+    if how == "unrecorded":
+        constants.causal = None
+    batch = attnlens.tokenize(gpt2, [tiny.CORPUS[0]], max_len=MAX_LEN, layout="padded")
+    changed = batch.input_ids.clone()
+    changed[0, -1] = (changed[0, -1] + 1) % gpt2.cfg.d_vocab
+    seen = {}
+
+    def keep(pattern, hook):
+        seen[hook.layer()] = pattern.detach().clone()
+
+    def logits(ids):
+        with torch.no_grad():
+            if how == "intervention":
+                with papa.intervention(gpt2, constants), gpt2.hooks(fwd_hooks=[(is_pattern, keep)]):
+                    return gpt2(ids, **batch.model_kwargs())
+            hooks = list(papa.hooks(constants)) + [(is_pattern, keep)]
+            return gpt2.run_with_hooks(ids, **batch.model_kwargs(), fwd_hooks=hooks)
+
+    first, second = logits(batch.input_ids), logits(changed)
+    assert (first[0, -1] - second[0, -1]).abs().max() > 0, "the last position does see its token"
+    torch.testing.assert_close(first[0, :-1], second[0, :-1], atol=CAUSAL_ATOL, rtol=0)
+    valid = batch.attention_mask.bool()
+    n = valid.shape[-1]
+    for layer, pattern in seen.items():
+        constant = constants.mean[layer][:, :n, :n]
+        expected = causal_reference(constant, valid).float()
+        torch.testing.assert_close(pattern, expected, atol=ROW_ATOL, rtol=0)
+
+
+# ---- blend endpoints and learn_lambda ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("lam", [0.0, 1.0])
+def test_blend_at_lambda_zero_or_one_can_still_be_trained(minilm, batch, constants, original, lam):
+    blend = papa.hooks(constants, mode="blend", lam=lam)
+    # θ = logit(clamp(λ, 1e-7, 1 - 1e-7)): finite, where sigmoid has a gradient
+    expected = torch.logit(torch.tensor(lam), eps=1e-7).expand(6, 12)  # LAM_EPS, as documented
+    assert torch.isfinite(blend.theta).all()
+    torch.testing.assert_close(blend.theta.detach(), expected, atol=1e-4, rtol=0)
+    valid = batch.attention_mask.bool()
+    replaced = run(minilm, batch, papa.hooks(constants))
+    target = replaced if lam == 1.0 else original  # a loss pulling λ away from where it starts
+    logits = minilm.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=blend)
+    loss = (logits - target)[valid].square().mean()
+    (grad,) = torch.autograd.grad(loss, [blend.theta])
+    assert torch.isfinite(grad).all() and (grad != 0).all(), "every head's λ gets a gradient"
+    before = blend.theta.detach().clone()
+    blend.theta.grad = grad
+    torch.optim.Adam([blend.theta], lr=0.5).step()
+    assert (blend.theta.detach() != before).all(), "one Adam step moves every θ"
+
+
+def test_learn_lambda_leaves_other_gradients_alone_and_shows_progress(capsys):
+    model = attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())
+    fitted = papa.fit(model, tiny.CORPUS, max_len=16, progress=False)
+    trainable = papa.TrainableConstants.from_average(fitted)
+    earlier = torch.full_like(trainable.logits, 0.25)
+    trainable.logits.grad = earlier.clone()  # a user's gradient from their own training
+    scale = torch.nn.Parameter(torch.ones(()))  # a user's probe, used in the loss
+    frozen_before = next(model.parameters())
+    frozen_before.requires_grad_(False)  # a user's frozen weight stays frozen
+    batches = [attnlens.tokenize(model, tiny.CORPUS[:4], max_len=16)]
+
+    def loss_fn(logits, batch):
+        return (scale * logits[batch.attention_mask.bool()]).logsumexp(-1).mean()
+
+    capsys.readouterr()
+    lam = papa.learn_lambda(model, trainable, loss_fn=loss_fn, batches=batches, steps=3, lr=0.1)
+    err = capsys.readouterr().err
+    assert "papa.learn_lambda" in err and "3/3" in err
+    assert lam.shape == (2, 4) and not torch.equal(lam, torch.full((2, 4), 0.5))
+    assert torch.equal(trainable.logits.grad, earlier), "the constants' gradient is unchanged"
+    assert trainable.logits.requires_grad
+    assert scale.grad is None, "the probe's gradient is unchanged"
+    assert all(p.grad is None for p in model.parameters())
+    assert not frozen_before.requires_grad
+    assert all(p.requires_grad for p in model.parameters() if p is not frozen_before)
+    papa.learn_lambda(model, fitted, loss_fn=loss_fn, batches=batches, steps=1, progress=False)
+    assert "papa.learn_lambda" not in capsys.readouterr().err

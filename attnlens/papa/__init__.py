@@ -22,7 +22,8 @@ unlabeled corpus, with hooks on an unmodified model::
 - data-free :func:`identity`, :func:`toeplitz`, :func:`zeros`, :func:`uniform`, and
   :class:`TrainableConstants`;
 - :func:`hooks` / :func:`intervention`: ``mode="replace"`` or ``"blend"``;
-  :func:`constant_pattern`: the pattern a constant gives a batch;
+  :func:`constant_pattern`: the pattern a constant gives a batch (causal on a decoder such as
+  GPT-2: no key after the query);
 - :class:`HeadSet` and :func:`select_heads`: which heads to replace.
 """
 

@@ -9,6 +9,9 @@ Data-free constants (each a :class:`PapaConstants` usable wherever fitted ones a
 
 They are made for the same model, layout and ``max_len`` as a ``like`` argument: a bridge (give
 ``max_len``; ``layout`` defaults to ``"papa"``) or fitted constants (their settings are used).
+For a causal model (a decoder such as GPT-2) the matrices are causal: keys after the query get 0
+and each row is renormalized over the keys at or before the query (a causal Toeplitz matrix,
+uniform attention over the past), and replacement keeps them causal on every batch.
 
 :class:`TrainableConstants` are ``[layer, head, query, key]`` logits, initialized from fitted
 means or from the Toeplitz matrix, for the paper's "labeled data" rows: train their
@@ -25,31 +28,52 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from attnlens.inputs import LAYOUTS
-from attnlens.papa.constants import PapaConstants, check_batch, check_model, model_info
+from attnlens.papa.constants import (
+    PapaConstants,
+    check_batch,
+    check_model,
+    model_causal,
+    model_info,
+)
 from attnlens.papa.replace import softmax_pattern
 
 
-def _settings(like: Any, max_len: int | None, layout: str | None) -> tuple[str, int, int, int, str]:
-    """(model id, n_layers, n_heads, max_len, layout) for constants made like ``like``."""
+def _settings(
+    like: Any, max_len: int | None, layout: str | None
+) -> tuple[str, int, int, int, str, bool | None]:
+    """(model id, n_layers, n_heads, max_len, layout, causal) for constants made like ``like``."""
     if isinstance(like, PapaConstants | TrainableConstants):
         name, n_layers, n_heads = like.model_id, like.n_layers, like.n_heads
         max_len = like.max_len if max_len is None else max_len
         layout = like.layout if layout is None else layout
+        causal = like.causal
     else:
         name, n_layers, n_heads = model_info(like)
         if max_len is None:
             raise ValueError("Pass max_len= (the length the inputs will be tokenized to).")
         layout = layout or "papa"
+        causal = model_causal(like)
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    return name, n_layers, n_heads, int(max_len), layout
+    return name, n_layers, n_heads, int(max_len), layout, causal
+
+
+def causal_matrix(matrix: Float[Tensor, "query key"]) -> Float[Tensor, "query key"]:
+    """``matrix`` with keys after the query set to 0 and each row renormalized over the keys at or
+    before it (rows summing to 0 stay 0)."""
+    lower = matrix.tril()
+    total = lower.sum(-1, keepdim=True)
+    return torch.where(total > 0, lower / torch.where(total > 0, total, 1.0), lower)
 
 
 def _data_free(
     kind: str, matrix: Float[Tensor, "query key"], like: Any, max_len: int | None, layout: str | None
 ) -> PapaConstants:
-    name, n_layers, n_heads, max_len, layout = _settings(like, max_len, layout)
-    full = matrix.to(torch.float64).expand(n_layers, n_heads, max_len, max_len).contiguous()
+    name, n_layers, n_heads, max_len, layout, causal = _settings(like, max_len, layout)
+    matrix = matrix.to(torch.float64)
+    if causal:
+        matrix = causal_matrix(matrix)
+    full = matrix.expand(n_layers, n_heads, max_len, max_len).contiguous()
     return PapaConstants(
         sums=full,
         squares=full.square(),
@@ -58,6 +82,7 @@ def _data_free(
         layout=layout,
         max_len=max_len,
         kind=kind,
+        causal=causal,
     )
 
 
@@ -103,9 +128,10 @@ class TrainableConstants(nn.Module):
     """Trainable constant attention: logits ``[layer, head, query, key]`` as an ``nn.Parameter``.
 
     Each example's pattern is a softmax of the logits over its valid keys (masked and
-    row-normalized like the output of a softmax). Use :meth:`from_average` or
-    :meth:`from_toeplitz`; :meth:`to_constants` takes a :class:`PapaConstants` snapshot
-    (``kind="trained"``) that can be saved and gives the same patterns.
+    row-normalized like the output of a softmax; on a causal model only the keys at or before the
+    query). Use :meth:`from_average` or :meth:`from_toeplitz`; :meth:`to_constants` takes a
+    :class:`PapaConstants` snapshot (``kind="trained"``) that can be saved and gives the same
+    patterns. ``causal`` and ``fingerprint`` are as in :class:`PapaConstants`.
     """
 
     def __init__(
@@ -117,6 +143,8 @@ class TrainableConstants(nn.Module):
         max_len: int,
         init: str,
         pairs: bool | None = None,
+        causal: bool | None = None,
+        fingerprint: str | None = None,
     ) -> None:
         super().__init__()
         if logits.ndim != 4 or logits.shape[-2:] != (max_len, max_len):
@@ -124,6 +152,7 @@ class TrainableConstants(nn.Module):
         self.logits = nn.Parameter(logits.detach().clone().float())
         self.model_id, self.layout, self.max_len = model_id, layout, int(max_len)
         self.init, self.pairs = init, pairs
+        self.causal, self.fingerprint = causal, fingerprint
 
     @classmethod
     def from_average(cls, constants: PapaConstants, *, floor: float = 1e-12) -> TrainableConstants:
@@ -138,6 +167,7 @@ class TrainableConstants(nn.Module):
         return cls(
             logits, model_id=constants.model_id, layout=constants.layout,
             max_len=constants.max_len, init="average", pairs=constants.pairs,
+            causal=constants.causal, fingerprint=constants.fingerprint,
         )
 
     @classmethod
@@ -145,9 +175,11 @@ class TrainableConstants(nn.Module):
         cls, like: Any, *, max_len: int | None = None, layout: str | None = None
     ) -> TrainableConstants:
         """Start from the harmonic Toeplitz matrix (see :func:`toeplitz`)."""
-        name, n_layers, n_heads, max_len, layout = _settings(like, max_len, layout)
+        name, n_layers, n_heads, max_len, layout, causal = _settings(like, max_len, layout)
         logits = toeplitz_matrix(max_len).log().expand(n_layers, n_heads, max_len, max_len)
-        return cls(logits, model_id=name, layout=layout, max_len=max_len, init="toeplitz")
+        return cls(
+            logits, model_id=name, layout=layout, max_len=max_len, init="toeplitz", causal=causal
+        )
 
     @property
     def n_layers(self) -> int:
@@ -159,14 +191,26 @@ class TrainableConstants(nn.Module):
 
     @property
     def mean(self) -> Float[Tensor, "layer head query key"]:
-        """``softmax(logits)`` over all keys (detached float64), the current constant matrices."""
-        return torch.softmax(self.logits.detach().double(), dim=-1)
+        """``softmax(logits)`` over all keys (over the keys at or before the query when
+        :attr:`causal`), detached float64: the current constant matrices."""
+        logits = self.logits.detach().double()
+        if self.causal:
+            future = torch.ones(self.max_len, self.max_len, dtype=torch.bool).triu(1)
+            logits = logits.masked_fill(future.to(logits.device), float("-inf"))
+        return torch.softmax(logits, dim=-1)
 
     def layer_pattern(
-        self, layer: int, key_mask: Bool[Tensor, "batch key"], *, dtype: torch.dtype
+        self,
+        layer: int,
+        key_mask: Bool[Tensor, "batch key"],
+        *,
+        dtype: torch.dtype,
+        causal: bool | None = None,
     ) -> Float[Tensor, "batch head query key"]:
-        """The (differentiable) pattern of ``layer`` for a batch with this key mask."""
-        return softmax_pattern(self.logits[layer], key_mask, dtype=dtype)
+        """The (differentiable) pattern of ``layer`` for a batch with this key mask
+        (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`)."""
+        causal = bool(self.causal) if causal is None else causal
+        return softmax_pattern(self.logits[layer], key_mask, dtype=dtype, causal=causal)
 
     def to_constants(self) -> PapaConstants:
         """A :class:`PapaConstants` snapshot (``kind="trained"``) of the current softmax."""
@@ -180,6 +224,8 @@ class TrainableConstants(nn.Module):
             max_len=self.max_len,
             kind="trained",
             pairs=self.pairs,
+            causal=self.causal,
+            fingerprint=self.fingerprint,
         )
 
     def check_compatible(self, model: Any = None, batch: Any = None) -> None:

@@ -44,6 +44,20 @@ def model_info(model: Any) -> tuple[str, int, int]:
     return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
+def model_causal(model: Any) -> bool:
+    """Whether ``model`` is a decoder (see :func:`attnlens.loading.is_causal`)."""
+    from attnlens.loading import is_causal
+
+    return is_causal(model)
+
+
+def model_fingerprint(model: Any) -> str:
+    """The weights fingerprint of ``model`` (see :func:`attnlens.loading.weights_fingerprint`)."""
+    from attnlens.loading import weights_fingerprint
+
+    return weights_fingerprint(model)
+
+
 #: metadata that must agree for constants to be merged
 IDENTITY: tuple[str, ...] = ("model_id", "layout", "max_len", "n_layers", "n_heads")
 
@@ -57,8 +71,12 @@ class PapaConstants:
 
     Metadata: ``model_id``, ``layout``, ``max_len``, ``examples`` (examples seen), ``tokens``
     (real tokens seen, i.e. valid query rows), ``truncated`` (examples that lost tokens to
-    ``max_len``), ``kind`` (one of :data:`KINDS`) and ``pairs`` (True if fitted on sentence
-    pairs, False on single sentences, None for data-free constants).
+    ``max_len``), ``kind`` (one of :data:`KINDS`), ``pairs`` (True if fitted on sentence
+    pairs, False on single sentences, None for data-free constants), ``causal`` (True for a
+    decoder: replacement then keeps keys after the query at 0; None when unknown, as in files
+    saved before it was recorded) and ``fingerprint`` (the fitted model's
+    :func:`attnlens.loading.weights_fingerprint`; None for data-free constants and older files,
+    which are then not checked against the model's weights).
     """
 
     sums: Float[Tensor, "layer head query key"]
@@ -72,6 +90,8 @@ class PapaConstants:
     truncated: int = 0
     kind: str = "average"
     pairs: bool | None = None
+    causal: bool | None = None
+    fingerprint: str | None = None
     _cache: dict = field(default_factory=dict, repr=False, init=False)
 
     def __post_init__(self) -> None:
@@ -107,6 +127,8 @@ class PapaConstants:
             model_id=name,
             layout=layout,
             max_len=max_len,
+            causal=model_causal(model),
+            fingerprint=model_fingerprint(model),
         )
 
     # ---- views --------------------------------------------------------------------------
@@ -174,6 +196,8 @@ class PapaConstants:
             "truncated": self.truncated,
             "kind": self.kind,
             "pairs": self.pairs,
+            "causal": self.causal,
+            "fingerprint": self.fingerprint,
         }
 
     def layer_mean(
@@ -187,11 +211,22 @@ class PapaConstants:
         return self._cache[key]
 
     def layer_pattern(
-        self, layer: int, key_mask: Bool[Tensor, "batch key"], *, dtype: torch.dtype
+        self,
+        layer: int,
+        key_mask: Bool[Tensor, "batch key"],
+        *,
+        dtype: torch.dtype,
+        causal: bool | None = None,
     ) -> Float[Tensor, "batch head query key"]:
-        """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`)."""
+        """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`).
+
+        ``causal`` defaults to :attr:`causal` (False when that is unknown).
+        """
+        causal = bool(self.causal) if causal is None else causal
         constant = self.layer_mean(layer, dtype=dtype, device=key_mask.device)
-        return constant_pattern(constant, key_mask, renormalize=self.renormalize, dtype=dtype)
+        return constant_pattern(
+            constant, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal
+        )
 
     def __repr__(self) -> str:
         return (
@@ -206,8 +241,9 @@ class PapaConstants:
     def merge(self, other: PapaConstants) -> PapaConstants:
         """Constants of the union of both corpora (sums, counts and metadata added).
 
-        Refuses constants of another model, layout, ``max_len`` or input kind, and data-free
-        constants (only fitted averages can be merged).
+        Refuses constants of another model (id, or weights when both recorded a fingerprint),
+        layout, ``max_len`` or input kind, and data-free constants (only fitted averages can be
+        merged). The result keeps the fingerprint only when both parts have it.
         """
         if not isinstance(other, PapaConstants):
             raise TypeError(f"Cannot merge PapaConstants with {type(other).__name__}.")
@@ -227,6 +263,11 @@ class PapaConstants:
             raise ValueError(
                 "Cannot merge constants fitted on single sentences with constants fitted on pairs."
             )
+        if None not in (self.fingerprint, other.fingerprint) and self.fingerprint != other.fingerprint:
+            raise ValueError(
+                f"Cannot merge constants fitted on models with different weights (fingerprint "
+                f"{self.fingerprint} vs {other.fingerprint}), although both are {self.model_id!r}."
+            )
         return PapaConstants(
             sums=self.sums + other.sums,
             squares=self.squares + other.squares,
@@ -239,6 +280,8 @@ class PapaConstants:
             truncated=self.truncated + other.truncated,
             kind="average",
             pairs=pairs,
+            causal=self.causal if self.causal is not None else other.causal,
+            fingerprint=self.fingerprint if self.fingerprint == other.fingerprint else None,
         )
 
     def __add__(self, other: PapaConstants) -> PapaConstants:
@@ -258,9 +301,10 @@ class PapaConstants:
     def check_compatible(self, model: Any = None, batch: Any = None) -> None:
         """Raise ``ValueError`` unless ``model`` and/or ``batch`` match these constants.
 
-        ``model`` must have the same id, number of layers and heads; ``batch`` (an
-        :class:`attnlens.Batch`) the same layout and ``max_len``, and the same kind of inputs
-        (sentences or pairs) when that is known.
+        ``model`` must have the same id, number of layers and heads, and the same weights when
+        the constants recorded a :attr:`fingerprint`; ``batch`` (an :class:`attnlens.Batch`) the
+        same layout and ``max_len``, and the same kind of inputs (sentences or pairs) when that
+        is known.
         """
         check_model(self, model)
         if batch is not None:
@@ -300,19 +344,22 @@ class PapaConstants:
 
     @classmethod
     def _load(cls, path: str | os.PathLike) -> tuple[PapaConstants, dict[str, Any]]:
-        from safetensors import safe_open
+        """Constants and the ``extra`` metadata of a file written by :meth:`_save`.
 
-        with safe_open(str(path), framework="pt") as handle:
-            raw = handle.metadata() or {}
-            if raw.get("format") != FORMAT:
-                raise ValueError(f"{path} is not a PapaConstants file (format {raw.get('format')!r}).")
-            tensors = {name: handle.get_tensor(name) for name in _TENSORS}
-        meta = {key: json.loads(value) for key, value in raw.items() if key != "format"}
-        extra = meta.pop("extra", {})
-        n_layers, n_heads = meta.pop("n_layers"), meta.pop("n_heads")
-        constants = cls(**tensors, **meta)
-        if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
-            raise ValueError(f"{path}: tensor shapes do not match the recorded layers and heads.")
+        Raises ``ValueError("<path> is not an attnlens constants file ...: <reason>")`` for a
+        file that is not one (corrupt, another format, missing fields); a file that does not
+        exist raises ``FileNotFoundError``.
+        """
+        raw, tensors = _read(path)
+        try:
+            meta = {key: json.loads(value) for key, value in raw.items() if key != "format"}
+            extra = meta.pop("extra", {})
+            n_layers, n_heads = meta.pop("n_layers"), meta.pop("n_heads")
+            constants = cls(**tensors, **meta)
+            if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
+                raise ValueError("its tensor shapes do not match the recorded layers and heads")
+        except (ValueError, TypeError, KeyError) as error:
+            raise ValueError(_not_constants(path, error)) from error
         return constants, extra
 
     def replace(self, **changes: Any) -> PapaConstants:
@@ -320,8 +367,35 @@ class PapaConstants:
         return dataclasses.replace(self, **changes)
 
 
+def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
+    """The raw string metadata and the tensors of a constants file, or a ``ValueError`` saying
+    why the file is not one."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            raw = handle.metadata() or {}
+            if raw.get("format") != FORMAT:
+                raise ValueError(f"its format is {raw.get('format')!r}, not {FORMAT!r}")
+            missing = [name for name in _TENSORS if name not in handle.keys()]
+            if missing:
+                raise ValueError(f"it lacks the tensors {', '.join(missing)}")
+            tensors = {name: handle.get_tensor(name) for name in _TENSORS}
+    except (SafetensorError, ValueError) as error:
+        raise ValueError(_not_constants(path, error)) from error
+    return raw, tensors
+
+
+def _not_constants(path: str | os.PathLike, reason: Exception) -> str:
+    return (
+        f"{path} is not an attnlens constants file (one written by PapaConstants.save or "
+        f"papa.fit(checkpoint=...)): {reason}"
+    )
+
+
 def check_model(constants: Any, model: Any) -> None:
-    """Raise unless ``model`` is the model ``constants`` were made for (id, layers, heads)."""
+    """Raise unless ``model`` is the model ``constants`` were made for (id, layers, heads, and
+    weights when ``constants.fingerprint`` is set)."""
     if model is None:
         return
     name, n_layers, n_heads = model_info(model)
@@ -331,6 +405,15 @@ def check_model(constants: Any, model: Any) -> None:
         raise ValueError(
             f"constants have {constants.n_layers} layers x {constants.n_heads} heads, "
             f"model {name!r} has {n_layers} x {n_heads}."
+        )
+    expected = getattr(constants, "fingerprint", None)
+    if expected is not None and (found := model_fingerprint(model)) != expected:
+        raise ValueError(
+            f"constants were fitted on a {name!r} with other weights than this model's "
+            f"(weights fingerprint {expected} when fitted, {found} for this model: e.g. another "
+            "initialisation, a fine-tuned copy, or bfloat16 weights). Fit constants on this model "
+            "with papa.fit(model, corpus); to use these on it anyway, set "
+            "constants.fingerprint = None."
         )
 
 

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from attnlens.inputs import LAYOUTS, Batch, tokenize
 from attnlens.papa.constants import PapaConstants, check_model
-from attnlens.streaming import chunks, corpus_iterator, device_of, run_patterns
+from attnlens.streaming import chunks, corpus_iterator, device_of, progress_bar, run_patterns
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
 CHECKPOINT_EVERY = 20
@@ -73,8 +73,7 @@ def fit(
         )
     sums = _PatternSums(model)
     device = device_of(model)
-    total = len(corpus) if hasattr(corpus, "__len__") else None
-    bar = _progress(total, consumed, progress)
+    bar = progress_bar(corpus, "papa.fit", progress, initial=consumed)
     saved_at, since_save, committing = state.examples, 0, False
     was_training = model.training
     model.eval()
@@ -82,7 +81,7 @@ def fit(
         for chunk in chunks(examples, batch_size):
             batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
             if state.examples and state.pairs != batch.is_pair:
-                raise ValueError("The corpus mixes single sentences and sentence pairs.")
+                raise ValueError(_mixed_inputs(state, batch, checkpoint, resumed=consumed))
             first, second, pair_counts = sums.run(model, batch)
             committing = True
             _commit(state, batch, first, second, pair_counts)
@@ -200,10 +199,17 @@ def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaCon
     return state
 
 
-def _progress(total: int | None, initial: int, enabled: bool) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(
-        total=total, initial=initial, unit="example", desc="papa.fit", disable=not enabled,
-        dynamic_ncols=True,
+def _mixed_inputs(state: PapaConstants, batch: Batch, checkpoint: Any, *, resumed: int) -> str:
+    """Why a batch of sentences (or pairs) cannot be added to sums of pairs (or sentences):
+    the checkpoint being resumed holds the other kind, or the corpus mixes both."""
+    fitted = "sentence pairs" if state.pairs else "single sentences"
+    given = "sentence pairs" if batch.is_pair else "single sentences"
+    if resumed and state.examples == resumed:
+        return (
+            f"checkpoint {checkpoint} was fitted on {fitted}; this corpus holds {given}. Resume it "
+            "with the corpus it was fitted on, or start a new fit with another checkpoint path."
+        )
+    return (
+        f"The corpus mixes single sentences and sentence pairs: {state.examples} examples of "
+        f"{fitted}, then {given}."
     )

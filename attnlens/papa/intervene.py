@@ -8,7 +8,13 @@ the same hooks inside a ``with`` block. For each selected head of each layer:
   uniform over the valid keys (see :mod:`attnlens.papa.replace`);
 - ``mode="blend"``: ``B = λ·A + (1 − λ)·C`` with ``λ = sigmoid(θ)`` per head; ``θ`` is a
   trainable ``nn.Parameter`` of shape ``[layer, head]`` (``hooks.theta``), 0 unless ``lam=``
-  sets it. ``λ = 1`` gives back the model exactly, ``λ = 0`` replacement exactly.
+  sets it. ``θ`` stays finite so that it can be trained: ``lam=1`` gives the largest float32
+  ``λ`` below 1 (``1 − 1.2·10⁻⁷``: the model up to that share of the constant), ``lam=0`` gives
+  ``λ = 10⁻⁷`` (replacement up to as little); see :data:`LAM_EPS`.
+
+On a causal model (a decoder such as GPT-2) the constant pattern ``C`` is causal: keys after the
+query get 0 and rows are renormalized over the keys at or before the query (see
+:mod:`attnlens.papa.replace`), so no token sees the future through a replaced head.
 
 Heads that are not selected keep their attention; layers without a selected head get no hook.
 
@@ -33,6 +39,12 @@ from attnlens.papa.constants import PapaConstants
 from attnlens.papa.selection import HeadSet, resolve_heads
 
 MODES: tuple[str, ...] = ("replace", "blend")
+
+#: ``lam=`` is clamped to ``[LAM_EPS, 1 − LAM_EPS]`` so that ``θ = logit(λ)`` is finite
+#: (``|θ| ≈ 15.9``): ``1 − LAM_EPS`` rounds to the largest float32 below 1, the ``λ`` nearest 1
+#: at which float32 ``sigmoid`` still has a gradient. Smaller would give ``λ = 1`` exactly and no
+#: gradient; larger would move ``lam=0`` / ``lam=1`` further from replacement / the model.
+LAM_EPS = 1e-7
 
 Constants = PapaConstants | TrainableConstants
 
@@ -75,6 +87,7 @@ def hooks(
     heads: str | HeadSet | float | Bool[Tensor, "layer head"] = "all",
     mode: str = "replace",
     lam: float | Float[Tensor, "layer head"] | None = None,
+    causal: bool | None = None,
 ) -> PapaHooks:
     """Forward hooks that replace (or blend) the selected heads' attention with ``constants``.
 
@@ -84,7 +97,12 @@ def hooks(
     :attr:`PapaConstants.input_dependence` (fitted constants only; for other orders pass
     ``heads=select_heads(...)``).
     ``mode``: ``"replace"`` or ``"blend"``. ``lam`` (blend only): initial ``λ``, a number or a
-    ``[layer, head]`` tensor in ``[0, 1]``; by default ``θ = 0``, i.e. ``λ = 0.5``.
+    ``[layer, head]`` tensor in ``[0, 1]``, clamped to ``[LAM_EPS, 1 − LAM_EPS]`` (see
+    :func:`_theta`); by default ``θ = 0``, i.e. ``λ = 0.5``.
+    ``causal``: whether the model is a decoder, so that constant patterns keep keys after the
+    query at 0. By default ``constants.causal`` (recorded when they were made); when that is
+    unknown (files saved before it was recorded), it is read off each pattern: a pattern with no
+    weight above the diagonal comes from a causal model.
     """
     if mode not in MODES:
         raise ValueError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
@@ -93,6 +111,8 @@ def hooks(
             f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
         )
     selected = resolve_heads(heads, constants)
+    if causal is None:
+        causal = getattr(constants, "causal", None)
     theta = None
     if mode == "blend":
         theta = nn.Parameter(_theta(lam, constants.n_layers, constants.n_heads))
@@ -101,33 +121,55 @@ def hooks(
     items = []
     for layer in range(constants.n_layers):
         if bool(selected.mask[layer].any()):
-            fn = _layer_hook(constants, layer, selected.mask[layer], mode, theta)
+            fn = _layer_hook(constants, layer, selected.mask[layer], mode, theta, causal)
             items.append((f"blocks.{layer}.attn.hook_pattern", fn))
     return PapaHooks(items, constants=constants, heads=selected, mode=mode, theta=theta)
 
 
-def _theta(lam: Any, n_layers: int, n_heads: int) -> Tensor:
+def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:
+    """Initial ``θ = logit(λ)`` per ``[layer, head]`` (0 when ``lam`` is None).
+
+    ``λ`` is clamped to ``[LAM_EPS, 1 − LAM_EPS]`` first: ``logit(0)`` and ``logit(1)`` are
+    ``∓inf``, where ``sigmoid`` has zero gradient and ``λ`` could never be trained. So ``lam=1``
+    starts at ``θ ≈ 15.9`` (``λ = 1 − 1.2·10⁻⁷``) and ``lam=0`` at ``θ ≈ −16.1``
+    (``λ = 10⁻⁷``); the blend then differs from the model (replacement) by about that share.
+    """
     if lam is None:
         return torch.zeros(n_layers, n_heads)
     lam = torch.as_tensor(lam, dtype=torch.float32).expand(n_layers, n_heads).clone()
     if bool(((lam < 0) | (lam > 1)).any()):
         raise ValueError("lam must lie in [0, 1].")
-    return torch.logit(lam)  # ±inf at 0 and 1, so that sigmoid gives back 0 and 1 exactly
+    return torch.logit(lam, eps=LAM_EPS)
+
+
+def looks_causal(pattern: Float[Tensor, "batch head query key"]) -> bool:
+    """True if no query gives weight to a later key: the pattern of a causal model.
+
+    (A bidirectional model gives exactly 0 to every later key only when every key but the first
+    is padding, where causal and bidirectional replacement are the same.)
+    """
+    return not bool(pattern.detach().triu(1).any())
 
 
 def _layer_hook(
-    constants: Constants, layer: int, head_mask: Tensor, mode: str, theta: nn.Parameter | None
+    constants: Constants,
+    layer: int,
+    head_mask: Tensor,
+    mode: str,
+    theta: nn.Parameter | None,
+    causal: bool | None,
 ):
     every_head = bool(head_mask.all())
 
     def intervene(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
         valid = seam.key_mask(pattern)
         check_inputs(constants, pattern, valid)
-        constant = constants.layer_pattern(layer, valid, dtype=pattern.dtype)
+        is_causal = looks_causal(pattern) if causal is None else causal
+        constant = constants.layer_pattern(layer, valid, dtype=pattern.dtype, causal=is_causal)
         if mode == "blend":
             lam = torch.sigmoid(theta[layer]).to(device=pattern.device, dtype=pattern.dtype)
             lam = lam[None, :, None, None]
-            constant = lam * pattern + (1 - lam) * constant
+            constant = torch.lerp(constant, pattern, lam)  # accurate at both ends (λ near 0 or 1)
         if every_head:
             return constant
         selected = head_mask.to(pattern.device)[None, :, None, None]
@@ -179,14 +221,17 @@ def intervention(
     """``with papa.intervention(model, constants, ...) as h:`` runs of ``model`` use the hooks.
 
     Same arguments as :func:`hooks`; checks first that the constants were made for ``model``
-    (model id, layers, heads) and that its ``hook_pattern`` edits are real. Yields the
+    (model id, layers, heads, weights) and that its ``hook_pattern`` edits are real. Whether the
+    patterns are causal is taken from ``model`` (:func:`attnlens.loading.is_causal`). Yields the
     :class:`PapaHooks` (e.g. to train ``h.theta``).
     """
+    from attnlens.loading import is_causal
+
     constants.check_compatible(model)
     if not seam.is_installed(model):
         raise ValueError(
             "hook_pattern edits do not reach this model's output; load it with attnlens.load()."
         )
-    installed = hooks(constants, heads=heads, mode=mode, lam=lam)
+    installed = hooks(constants, heads=heads, mode=mode, lam=lam, causal=is_causal(model))
     with model.hooks(fwd_hooks=list(installed)):
         yield installed

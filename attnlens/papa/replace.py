@@ -8,8 +8,15 @@ or a row whose mass was all on padded keys) **falls back to uniform attention ov
 keys**, so every row of the result is a distribution over the example's real tokens and padded
 keys always get exactly 0.
 
-Trainable constants are logits instead: their pattern is a softmax over the valid keys, with the
-same uniform rows for padded queries, i.e. exactly what renormalizing ``softmax(logits)`` gives.
+On a **causal** model (a decoder such as GPT-2, ``causal=True``) a query may only attend to keys
+at or before it: the allowed keys of query ``q`` are the valid keys ``k <= q``. Keys ``k > q``
+get exactly 0, rows are renormalized over the allowed keys, and the uniform fallback is uniform
+over the allowed keys too, so that replacing heads never lets a token see the future. (A row
+with no allowed key at all, such as a left-padded query, is 0.)
+
+Trainable constants are logits instead: their pattern is a softmax over the allowed keys, with
+the same uniform rows for padded queries, i.e. exactly what renormalizing ``softmax(logits)``
+gives.
 """
 
 from __future__ import annotations
@@ -30,9 +37,24 @@ def _fit_to(constant: Tensor, n_keys: int) -> Tensor:
     return constant[..., :n_keys, :n_keys]
 
 
-def _uniform(valid_key: Tensor, dtype: torch.dtype) -> Tensor:
-    weights = valid_key.to(dtype)
+def _uniform(allowed: Tensor, dtype: torch.dtype) -> Tensor:
+    """Rows uniform over the allowed keys (0 where a row allows none)."""
+    weights = allowed.to(dtype)
     return weights / weights.sum(-1, keepdim=True).clamp_min(1)
+
+
+def allowed_keys(
+    key_mask: Bool[Tensor, "batch key"], *, causal: bool = False
+) -> Bool[Tensor, "batch 1 query key"]:
+    """Which keys each query may attend to: the valid keys, and with ``causal`` only those at or
+    before the query (``k <= q``). ``key_mask`` is ``[batch, key]``, True for real tokens; the
+    result is ``[batch, 1, query, key]`` with ``query`` the same positions as ``key``."""
+    n = key_mask.shape[-1]
+    allowed = key_mask[:, None, None, :].expand(-1, 1, n, -1)
+    if causal:
+        before = torch.ones(n, n, dtype=torch.bool, device=key_mask.device).tril()
+        allowed = allowed & before
+    return allowed
 
 
 def constant_pattern(
@@ -41,28 +63,31 @@ def constant_pattern(
     *,
     renormalize: bool = True,
     dtype: torch.dtype | None = None,
+    causal: bool = False,
 ) -> Float[Tensor, "batch head query key"]:
     """The attention pattern that constant matrices give each example of a batch.
 
     ``constant`` is ``[head, query, key]`` (one layer of :attr:`PapaConstants.mean`; positions
     beyond the batch's length are dropped, as for right-padded inputs). ``key_mask`` is
-    ``[batch, key]``, True for real tokens (see :func:`attnlens.seam.key_mask`).
+    ``[batch, key]``, True for real tokens (see :func:`attnlens.seam.key_mask`). ``causal``: the
+    model is a decoder, so query ``q`` may only attend to keys ``k <= q``.
 
-    Returns ``[batch, head, query, key]``: ``constant`` times ``valid(query) × valid(key)``, each
-    row divided by its sum; rows with no mass left are uniform over the valid keys. With
-    ``renormalize=False`` (the ``zeros`` baseline) the restricted matrix is returned as it is.
-    The result has ``dtype`` (default: the constant's) and the constant's device.
+    Returns ``[batch, head, query, key]``: ``constant`` times ``valid(query) × allowed(query,
+    key)`` (:func:`allowed_keys`), each row divided by its sum; rows with no mass left are uniform
+    over the allowed keys. With ``renormalize=False`` (the ``zeros`` baseline) the restricted
+    matrix is returned as it is. The result has ``dtype`` (default: the constant's) and the
+    constant's device.
     """
     constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant")
-    valid_key = key_mask[:, None, None, :]
-    valid_pair = key_mask[:, None, :, None] & valid_key
+    allowed = allowed_keys(key_mask, causal=causal)
+    valid_pair = key_mask[:, None, :, None] & allowed
     masked = constant[None] * valid_pair.to(dtype)
     if not renormalize:
         return masked
     total = masked.sum(-1, keepdim=True)
     has_mass = total > 0
     normalized = masked / torch.where(has_mass, total, torch.ones_like(total))
-    return torch.where(has_mass, normalized, _uniform(valid_key, dtype))
+    return torch.where(has_mass, normalized, _uniform(allowed, dtype))
 
 
 def softmax_pattern(
@@ -70,18 +95,20 @@ def softmax_pattern(
     key_mask: Bool[Tensor, "batch key"],
     *,
     dtype: torch.dtype | None = None,
+    causal: bool = False,
 ) -> Float[Tensor, "batch head query key"]:
-    """Pattern of trainable constants: a softmax of ``logits`` over each example's valid keys.
+    """Pattern of trainable constants: a softmax of ``logits`` over each example's allowed keys
+    (the valid keys; with ``causal`` only those at or before the query).
 
-    Axes as in :func:`constant_pattern`. Padded query rows are uniform over the valid keys.
+    Axes as in :func:`constant_pattern`. Padded query rows are uniform over the allowed keys.
     Differentiable in ``logits``.
     """
     logits, key_mask, dtype = _prepare(logits, key_mask, dtype, "logits")
-    valid_key = key_mask[:, None, None, :]
-    scores = logits[None].masked_fill(~valid_key, torch.finfo(dtype).min)
-    pattern = torch.softmax(scores, dim=-1) * valid_key.to(dtype)
+    allowed = allowed_keys(key_mask, causal=causal)
+    scores = logits[None].masked_fill(~allowed, torch.finfo(dtype).min)
+    pattern = torch.softmax(scores, dim=-1) * allowed.to(dtype)
     valid_query = key_mask[:, None, :, None]
-    return torch.where(valid_query, pattern, _uniform(valid_key, dtype))
+    return torch.where(valid_query, pattern, _uniform(allowed, dtype))
 
 
 def _prepare(

@@ -125,6 +125,7 @@ def select_heads(
     batches: Iterable[Any] | None = None,
     steps: int = 100,
     lr: float = 0.05,
+    progress: bool = True,
 ) -> HeadSet:
     """The heads to replace, by ``strategy`` (one of :data:`STRATEGIES`), in replacement order.
 
@@ -132,7 +133,7 @@ def select_heads(
     from ``constants``, ``model`` or ``n_layers``/``n_heads``. ``"input_dependence"`` needs fitted
     ``constants``. The λ strategies use ``lam=`` (``[layer, head]``) if given, otherwise learn it
     with :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``,
-    ``lr``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
+    ``lr``, ``progress``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
@@ -150,7 +151,10 @@ def select_heads(
                     f"strategy {strategy!r} needs lam=, or model=, constants=, loss_fn= and "
                     "batches= to learn it."
                 )
-            lam = learn_lambda(model, constants, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr)
+            lam = learn_lambda(
+                model, constants, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr,
+                progress=progress,
+            )
         scores = torch.as_tensor(lam).detach().float().cpu().reshape(n_layers, n_heads)
         flat = scores.flatten() if strategy == "lambda" else -scores.flatten()
         ranking = torch.argsort(flat, stable=True).tolist()
@@ -207,35 +211,74 @@ def learn_lambda(
     batches: Iterable[Any],
     steps: int = 100,
     lr: float = 0.05,
+    progress: bool = True,
 ) -> Float[Tensor, "layer head"]:
     """Learn ``λ`` per head by blending every head with ``constants`` and minimizing a loss.
 
     Each step runs ``model`` on the next batch (an :class:`attnlens.Batch`, cycling through
     ``batches``) with blend hooks and takes an Adam step on ``θ`` (``λ = sigmoid(θ)``, ``θ``
-    starts at 0) for ``loss_fn(logits, batch)``, e.g. a probe's loss. The model's own weights
-    are frozen meanwhile. Returns ``λ`` ``[layer, head]`` (detached).
+    starts at 0) for ``loss_fn(logits, batch)``, e.g. a probe's loss. ``progress`` shows a tqdm
+    bar over the ``steps`` with the last loss. Returns ``λ`` ``[layer, head]`` (detached).
+
+    Only ``θ`` is trained: the model's weights and trainable constants' logits are frozen
+    meanwhile (their ``requires_grad`` is restored afterwards), and gradients are taken with
+    ``torch.autograd.grad``, so no ``.grad`` outside ``θ`` (the model's, the constants', a
+    probe's) is changed.
     """
+    from tqdm.auto import tqdm
+
     from attnlens.papa.intervene import intervention
 
     batches = list(batches)
     if not batches:
         raise ValueError("learn_lambda needs at least one batch.")
-    frozen = [(param, param.requires_grad) for param in model.parameters()]
-    for param, _ in frozen:
-        param.requires_grad_(False)
+    frozen = _freeze([*model.parameters(), *_parameters(constants)])
+    bar = tqdm(
+        total=steps, desc="papa.learn_lambda", unit="step", disable=not progress, dynamic_ncols=True
+    )
     try:
         with intervention(model, constants, heads="all", mode="blend") as blend:
             optimizer = torch.optim.Adam([blend.theta], lr=lr)
             for batch in itertools.islice(itertools.cycle(batches), steps):
-                logits = model(batch.input_ids, **batch.model_kwargs())
-                loss = loss_fn(logits, batch)
-                optimizer.zero_grad()
-                loss.backward()
+                loss = loss_fn(model(batch.input_ids, **batch.model_kwargs()), batch)
+                blend.theta.grad = _theta_gradient(loss, blend.theta)
                 optimizer.step()
+                bar.set_postfix(loss=f"{float(loss.detach()):.4g}", refresh=False)
+                bar.update(1)
             return blend.lam.detach()
     finally:
+        bar.close()
         for param, requires_grad in frozen:
             param.requires_grad_(requires_grad)
+
+
+def _parameters(constants: Any) -> list[Tensor]:
+    """Trainable tensors of ``constants`` (the logits of :class:`TrainableConstants`), if any."""
+    parameters = getattr(constants, "parameters", None)
+    return list(parameters()) if callable(parameters) else []
+
+
+def _freeze(params: list[Tensor]) -> list[tuple[Tensor, bool]]:
+    """Set ``requires_grad=False`` on ``params``; returns each with its previous setting."""
+    frozen = [(param, param.requires_grad) for param in params]
+    for param, _ in frozen:
+        param.requires_grad_(False)
+    return frozen
+
+
+def _theta_gradient(loss: Tensor, theta: Tensor) -> Float[Tensor, "layer head"]:
+    """``d loss / d θ``, without touching any other tensor's ``.grad``."""
+    if loss.ndim != 0:
+        raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}.")
+    gradient = None
+    if loss.requires_grad:
+        (gradient,) = torch.autograd.grad(loss, [theta], allow_unused=True)
+    if gradient is None:
+        raise ValueError(
+            "loss_fn's loss does not depend on the blended attention; compute it from the logits "
+            "learn_lambda passes it."
+        )
+    return gradient
 
 
 def _shape(constants: Any, model: Any, n_layers: int | None, n_heads: int | None) -> tuple[int, int]:
