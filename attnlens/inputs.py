@@ -23,6 +23,8 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from attnlens.loading import is_causal
+
 Layout = Literal["papa", "padded"]
 LAYOUTS: tuple[str, ...] = ("papa", "padded")
 
@@ -34,6 +36,8 @@ class Batch:
     ``input_ids``, ``attention_mask`` and ``token_type_ids`` are ``[batch, pos]``: one row per
     example, one column per token position. ``attention_mask`` is 1 for real tokens (special
     tokens included) and 0 for padding. ``n_truncated`` counts examples that lost tokens.
+    ``token_types``: whether the model takes ``token_type_ids``; ``positions_from_mask``: whether
+    position ids come from the mask (decoders); see :meth:`model_kwargs`.
     """
 
     input_ids: Int[Tensor, "batch pos"]
@@ -44,21 +48,29 @@ class Batch:
     max_len: int
     is_pair: bool = False
     extra: dict = field(default_factory=dict)
+    token_types: bool = True
+    positions_from_mask: bool = False
 
     def model_kwargs(self) -> dict[str, Tensor | None]:
         """Keyword arguments for ``bridge(batch.input_ids, **batch.model_kwargs())``.
 
-        ``position_ids=None`` is passed on purpose: given a mask with padding *before* a real
+        ``token_type_ids`` only when the model uses them (``token_types``; GPT-2 has no
+        token-type embedding and would add its word embedding of token 0 instead).
+
+        Encoders get ``position_ids=None`` on purpose: given a mask with padding *before* a real
         token (the PAPA layout's final [SEP]), TransformerBridge would otherwise derive positions
         from the mask and move that token to position ``n_real - 1``. With ``None`` the HF model
         uses its own positions (``0 .. pos-1`` for BERT; RoBERTa's padding-aware ones), exactly
-        as when it is called directly.
+        as when it is called directly. Decoders (``positions_from_mask``) get no ``position_ids``,
+        so the bridge derives them from the mask: a left-padded sequence's real tokens then keep
+        the positions they have when the sequence runs alone.
         """
-        return {
-            "attention_mask": self.attention_mask,
-            "token_type_ids": self.token_type_ids,
-            "position_ids": None,
-        }
+        kwargs: dict[str, Tensor | None] = {"attention_mask": self.attention_mask}
+        if self.token_types:
+            kwargs["token_type_ids"] = self.token_type_ids
+        if not self.positions_from_mask:
+            kwargs["position_ids"] = None
+        return kwargs
 
     def to(self, device: str | torch.device) -> Batch:
         return Batch(
@@ -70,6 +82,8 @@ class Batch:
             self.max_len,
             self.is_pair,
             dict(self.extra),
+            self.token_types,
+            self.positions_from_mask,
         )
 
     def __len__(self) -> int:
@@ -102,8 +116,12 @@ def tokenize(
         raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
     check_max_len(model, max_len, layout=layout, is_pair=is_pair)
     if layout == "papa":
-        return _papa(tokenizer, examples, max_len, is_pair)
-    return _padded(tokenizer, examples, max_len, is_pair)
+        batch = _papa(tokenizer, examples, max_len, is_pair)
+    else:
+        batch = _padded(tokenizer, examples, max_len, is_pair)
+    batch.token_types = _uses_token_types(tokenizer)
+    batch.positions_from_mask = model is not tokenizer and is_causal(model)
+    return batch
 
 
 #: model types whose position ids start after ``padding_idx`` (RoBERTa counts positions from

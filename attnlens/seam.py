@@ -107,22 +107,30 @@ def batch_key_mask(valid: Bool[Tensor, "batch key"]) -> Iterator[None]:
         _KEY_MASK.reset(token)
 
 
-def key_mask(pattern: Float[Tensor, "batch head query key"]) -> Bool[Tensor, "batch key"]:
+def key_mask(
+    pattern: Float[Tensor, "batch head query key"], *, causal: bool = False
+) -> Bool[Tensor, "batch key"]:
     """Which keys of the batch being run are real tokens (True) rather than padding (False).
 
     Inside a ``hook_pattern`` hook on an encoder prepared by :func:`install`, this is read from
     the attention mask the model is using; inside :func:`batch_key_mask`, it is that mask.
     Elsewhere (e.g. GPT-2's native hook run by hand, or a pattern taken from a cache) it is
     inferred from the pattern: a key is valid if any head and any query gives it non-zero
-    attention (padded keys receive exactly 0 after the masked softmax). The inference fails for
-    a left-padded decoder, whose padded query rows see no key and come out uniform: wrap such runs
-    in :func:`batch_key_mask`.
+    attention (padded keys receive exactly 0 after the masked softmax).
+
+    ``causal=True`` (a decoder's pattern) leaves out query rows that give weight to a later key:
+    a left-padded decoder's padded query rows see no allowed key and come out uniform over every
+    key, padding included; the real rows (and right padding's trailing rows) are causal.
     """
     stashed = _KEY_MASK.get()
-    batch, _, _, n_keys = pattern.shape
+    batch, _, n_queries, n_keys = pattern.shape
     if stashed is not None and stashed.shape == (batch, n_keys):
         return stashed.to(pattern.device)
-    return (pattern.detach() != 0).any(dim=1).any(dim=1)
+    attended = pattern.detach() != 0
+    if causal:  # rows of fully masked (padded) queries are not causal; drop them
+        later = attended.triu(n_keys - n_queries + 1).any(dim=-1, keepdim=True)
+        attended = attended & ~later
+    return attended.any(dim=1).any(dim=1)
 
 
 def _register() -> None:

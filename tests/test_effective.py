@@ -266,3 +266,19 @@ def test_reference_loop_handles_an_all_padding_example(activations):
     assert np.all(expected[0] == 0) and torch.all(got[0] == 0)
     block = valid_block(valid).expand_as(pattern)
     assert (got.double() - torch.from_numpy(expected)).abs()[block].max() <= ATOL
+
+
+@pytest.mark.parametrize(
+    "dtype, rtol", [(torch.float64, 1e-3), (torch.float32, 1e-8)], ids=["float64", "tiny-rtol"]
+)
+def test_qr_route_takes_fewer_keys_than_d_head(activations, dtype, rtol):
+    """The QR route (float64 values, or an rtol below GRAM_MIN_RTOL) on a batch whose padded
+    length (9) is below d_head: reduced QR then gives fewer than d_head columns."""
+    layers, valid = activations
+    n = int(valid[0].sum())
+    assert n < D_HEAD
+    pattern, v = layers[2][0][:1, :, :n, :n].to(dtype), layers[2][1][:1, :, :n].to(dtype)
+    got = effective_attention(pattern, v, rtol=rtol)
+    expected = torch.from_numpy(effective_attention_loop(pattern, v, valid[:1, :n], rtol=rtol))
+    assert got.shape == pattern.shape
+    assert (got.double() - expected).abs().max() <= ATOL

@@ -190,14 +190,76 @@ def test_papa_layout_padding_in_the_middle(minilm, sst2_sentences):
         assert torch.all(result.effective[layer].transpose(1, 3)[~valid] == 0)
 
 
+def padded_gpt2(side: str):
+    """Tiny GPT-2 whose tokenizer pads on ``side`` (a copy: the cached one stays without padding)."""
+    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, side
+    return attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
+
+
+GPT2_TEXTS = [tiny.CORPUS[0], " ".join(tiny.CORPUS[:2])]
+
+
+def test_decoder_runs_the_plain_hugging_face_forward():
+    """GPT-2 has no token types (given zeros, HF would add the embedding of token 0 everywhere):
+    ``run`` on a padded batch, or on ids, gives the HF model's own logits on real tokens."""
+    model = padded_gpt2("right")
+    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    assert not bool(valid.all())
+    with torch.no_grad():
+        expected = model.original_model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        alone = model.original_model(input_ids=batch.input_ids[1:]).logits
+    torch.testing.assert_close(effective.run(model, batch).logits[valid], expected[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(effective.run(model, batch.input_ids[1:]).logits, alone, atol=1e-5, rtol=0)
+
+
+def test_left_padded_decoder_equals_each_sequence_alone():
+    """Left padding shifts a short sequence's tokens; positions come from the mask, so its
+    standard and effective patterns on the valid block are those of the sequence run alone."""
+    model = padded_gpt2("left")
+    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    n = int(valid[0].sum())
+    assert n < valid.shape[1] and not bool(valid[0, 0])
+    together = effective.run(model, batch)
+    alone = effective.run(model, attnlens.tokenize(model, GPT2_TEXTS[:1], max_len=64, layout="padded"))
+    for maps in ("standard", "effective"):
+        short = getattr(together, maps)[:, 0][..., -n:, -n:]
+        torch.testing.assert_close(short, getattr(alone, maps)[:, 0], atol=1e-5, rtol=0)
+
+
+def test_decoder_hooks_infer_the_mask_of_a_left_padded_run():
+    """Run by hand (``run_with_hooks`` with an attention mask, no Batch), GPT-2's padded query rows
+    are uniform over every key; the inferred mask must leave those rows out."""
+    model = padded_gpt2("left")
+    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    seen = {}
+
+    def record(layer, pattern, eff, mask):
+        seen[layer] = (pattern, eff, mask)
+
+    names = [f"blocks.{layer}.attn.hook_v" for layer in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, attention_mask=batch.attention_mask, names_filter=names)
+        model.run_with_hooks(
+            batch.input_ids, attention_mask=batch.attention_mask, fwd_hooks=effective.pattern_hooks(model, record)
+        )
+    for layer, (pattern, eff, mask) in seen.items():
+        assert torch.equal(mask, valid)
+        v = einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d")
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid))
+        block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(eff)
+        assert (eff.double() - expected).abs()[block].max() <= 1e-5
+
+
 def test_left_padded_decoder_uses_the_batch_mask():
     """GPT-2 has no seam: with left padding its padded query rows see no key and come out uniform,
     so a mask inferred from the pattern would count every padded key as real. ``run`` must use the
     batch's mask: A⊥ equals the loop on the valid block and is 0 on padded keys."""
-    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())  # the cached one stays without padding
-    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
-    model = attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
-    batch = attnlens.tokenize(model, [tiny.CORPUS[0], " ".join(tiny.CORPUS[:2])], max_len=64, layout="padded")
+    model = padded_gpt2("left")
+    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
     valid = batch.attention_mask.bool()
     assert not bool(valid[0, 0]) and bool(valid[0, -1])  # padding first
     result = effective.run(model, batch)

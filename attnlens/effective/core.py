@@ -287,7 +287,9 @@ def _basis_qr(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, 
         q, r = torch.linalg.qr(v64, mode="reduced")  # q: [.., key, d_head], r: [.., d_head, d_head]
         u_r, sigma, _ = torch.linalg.svd(r)
     keep = sigma > tolerance[:, None] * sigma[..., :1]
-    return q @ (u_r * keep[..., None, :].to(u_r.dtype))
+    basis = q @ (u_r * keep[..., None, :].to(u_r.dtype))  # [.., key, min(key, d_head)]
+    short = v64.shape[-1] - basis.shape[-1]  # fewer keys than d_head: pad with zero columns
+    return torch.nn.functional.pad(basis, (0, short)) if short else basis
 
 
 def _basis_gram(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]) -> Tensor:

@@ -32,6 +32,7 @@ from torch import Tensor
 from attnlens import seam
 from attnlens.effective.core import effective_attention
 from attnlens.inputs import Batch, tokenize
+from attnlens.loading import is_causal
 from attnlens.stats import AttentionStatistics, token_classes
 from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
@@ -136,6 +137,7 @@ def pattern_hooks(
     _require_bridge(model)
     stash: dict[int, Tensor] = {}
     n_heads = model.cfg.n_heads
+    causal = is_causal(model)
     fwd_hooks: list[tuple[str, Callable]] = []
     for layer in _layers(model, layers):
 
@@ -146,7 +148,7 @@ def pattern_hooks(
             if layer not in stash:
                 raise RuntimeError(f"hook_v of layer {layer} did not fire before its hook_pattern.")
             v = _values(stash.pop(layer), n_heads)
-            valid = seam.key_mask(pattern)
+            valid = seam.key_mask(pattern, causal=causal)
             effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
             return on_pattern(layer, pattern, effective, valid)
 
@@ -209,7 +211,8 @@ def _as_batch(model: Any, tokens: Tokens, max_len: int, layout: str) -> Batch:
     if isinstance(tokens, Tensor):
         ids = tokens if tokens.ndim == 2 else tokens[None]
         ones = torch.ones_like(ids)
-        return Batch(ids, ones, torch.zeros_like(ids), 0, "ids", ids.shape[1])
+        # no padding: the model's default token types and positions are the right ones
+        return Batch(ids, ones, torch.zeros_like(ids), 0, "ids", ids.shape[1], token_types=False)
     return tokenize(model, tokens, max_len=max_len, layout=layout)  # type: ignore[arg-type]
 
 

@@ -162,9 +162,9 @@ def _layer_hook(
     every_head = bool(head_mask.all())
 
     def intervene(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
-        valid = seam.key_mask(pattern)
-        check_inputs(constants, pattern, valid)
         is_causal = looks_causal(pattern) if causal is None else causal
+        valid = seam.key_mask(pattern, causal=is_causal)
+        check_inputs(constants, pattern, valid)
         constant = constants.layer_pattern(layer, valid, dtype=pattern.dtype, causal=is_causal)
         if mode == "blend":
             lam = torch.sigmoid(theta[layer]).to(device=pattern.device, dtype=pattern.dtype)
