@@ -41,7 +41,7 @@ from torch import Tensor
 from attnlens import seam
 from attnlens.corpus import resolve_corpus
 from attnlens.inputs import tokenize
-from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
+from attnlens.stats import STATISTICS, AttentionStatistics, token_classes, token_text
 from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
 #: the views compare knows, in report order
@@ -263,7 +263,7 @@ def build_figures(comparison: Comparison) -> dict[str, Any]:
         c.example_tokens,
         layer=layer,
         head=head,
-        causal=c.causal,
+        causal={view: _blank_later_keys(c, view) for view in c.views},
         diverging={view: view in SIGNED_VIEWS for view in c.views},
         title=f"Layer {layer}, head {head}: " + " vs ".join(c.views) + f" (example {c.example_index})",
     )
@@ -274,11 +274,10 @@ def build_figures(comparison: Comparison) -> dict[str, Any]:
         categories=[*TARGETS.values(), "broad"],
     )
     for column in STATISTICS:
-        grids = {view: c.grid(column, view) for view in c.views}
-        signed = any(np.nanmin(grid) < -1e-6 for grid in grids.values())
         figures[column] = plots.head_grid(
-            grids, title=f"{column}: {html.escape(COLUMN_DOCS[column])}", name=column,
-            diverging=signed,
+            {view: c.grid(column, view) for view in c.views},
+            title=f"{column}: {html.escape(COLUMN_DOCS[column])}",
+            name=column,
         )
     n_tokens = len(c.example_tokens)
     shown = min(n_tokens, MAX_TILED_TOKENS)
@@ -287,12 +286,18 @@ def build_figures(comparison: Comparison) -> dict[str, Any]:
         figures[f"patterns_{view}"] = plots.patterns(
             array[..., :shown, :shown],
             c.example_tokens[:shown],
-            causal=c.causal,
+            causal=_blank_later_keys(c, view),
             diverging=view in SIGNED_VIEWS,
             title=f"{view} attention of every head, example {c.example_index}{crop}",
             name=view,
         )
     return figures
+
+
+def _blank_later_keys(comparison: Comparison, view: str) -> bool:
+    """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view but
+    effective attention, which reaches later keys (``A⊥ = A P`` mixes all value vectors)."""
+    return comparison.causal and view not in SIGNED_VIEWS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -362,8 +367,8 @@ def compare(
     :func:`attnlens.corpus.read_corpus`), or ``None`` / ``"default"`` for the embedded corpus
     (:func:`attnlens.corpus.default_corpus`); ``n_examples`` keeps the first ``n``. Texts are
     tokenized with ``max_len`` tokens (default 128, or the constants' ``max_len``) in the PAPA
-    layout when the ``"papa"`` view is requested (PAPA constants are positional), else with
-    ordinary padding. ``constants``: precomputed :class:`attnlens.papa.PapaConstants`, which must
+    layout when the ``"papa"`` view is requested on an encoder (PAPA constants are positional),
+    else with ordinary padding (decoders such as GPT-2 have no [CLS]/[SEP] to fix in place). ``constants``: precomputed :class:`attnlens.papa.PapaConstants`, which must
     match the model and the corpus (layout, ``max_len``, sentences or pairs); otherwise they are
     fitted on the same corpus first (a separate pass).
 
@@ -388,8 +393,8 @@ def compare(
         if n_examples < 1:
             raise ValueError(f"n_examples must be at least 1, got {n_examples}")
         texts = texts[:n_examples]
-    if example is not None and not 0 <= example < len(texts):
-        raise ValueError(f"example={example} is outside the corpus of {len(texts)} texts")
+    if example is not None:
+        example = _check_example(example, len(texts))
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     model = _as_model(model)
@@ -409,6 +414,17 @@ def compare(
         )
     finally:
         model.train(was_training)
+
+
+def _check_example(example: Any, n_texts: int) -> int:
+    """``example`` as an int; ``ValueError`` unless it indexes one of the ``n_texts`` texts."""
+    try:
+        index = operator.index(example)
+    except TypeError:
+        raise ValueError(f"example={example!r} should be an integer index into the corpus") from None
+    if not 0 <= index < n_texts:
+        raise ValueError(f"example={index} is outside the corpus of {n_texts} texts")
+    return index
 
 
 def _check_focus(focus: Any, n_layers: int, n_heads: int) -> tuple[int, int]:
@@ -443,10 +459,13 @@ def _papa_setup(
         return None, max_len or DEFAULT_MAX_LEN, "padded"
     if constants is None:
         from attnlens import papa
+        from attnlens.loading import is_causal
 
         max_len = max_len or DEFAULT_MAX_LEN
+        # decoders have no [CLS]/[SEP] to fix in place: their constants use ordinary padding
+        layout = "padded" if is_causal(model) else "papa"
         constants = papa.fit(
-            model, texts, max_len=max_len, layout="papa", batch_size=batch_size, progress=progress,
+            model, texts, max_len=max_len, layout=layout, batch_size=batch_size, progress=progress,
         )
     if max_len is not None and constants.max_len != max_len:
         raise ValueError(
@@ -524,9 +543,10 @@ def _compare(
             if row is not None:
                 current["keep"] = valid[row].nonzero().squeeze(-1)
                 current["example"] = {view: [None] * n_layers for view in names}
-                kept_tokens = model.tokenizer.convert_ids_to_tokens(
-                    batch.input_ids[row, current["keep"]].tolist()
-                )
+                kept_tokens = [
+                    token_text(model.tokenizer, token)
+                    for token in model.tokenizer.convert_ids_to_tokens(batch.input_ids[row, current["keep"]].tolist())
+                ]
             if not run_patterns(model, batch, fwd_hooks):
                 raise RuntimeError("the forward pass did not reach the last layer's hook_pattern")
             if row is not None:

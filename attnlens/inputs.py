@@ -217,7 +217,7 @@ def special_ids(tokenizer: Any) -> tuple[int, int, int]:
     pad = tokenizer.pad_token_id
     missing = [
         name
-        for name, value in (("cls_token (or <s>)", start), ("sep_token", sep), ("pad_token", pad))
+        for name, value in (("cls_token ([CLS] or <s>)", start), ("sep_token", sep), ("pad_token", pad))
         if value is None
     ]
     if missing:
@@ -262,38 +262,30 @@ def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Ba
 
 
 def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
-    if tokenizer.pad_token_id is None:
-        raise ValueError(
-            f"{type(tokenizer).__name__} has no pad token, so a batch cannot be padded; set "
-            "tokenizer.pad_token = tokenizer.eos_token (or tokenize one example at a time)."
-        )
     if is_pair:
         args = ([a for a, _ in examples], [b for _, b in examples])
     else:
         args = (list(examples),)
     full = tokenizer(*args, add_special_tokens=True, truncation=False)["input_ids"]
     encoded = tokenizer(
-        *args,
-        add_special_tokens=True,
-        truncation=True,
-        max_length=max_len,
-        padding="longest",
-        return_tensors="pt",
-        return_token_type_ids=True,
+        *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True
     )
+    rows = encoded["input_ids"]
+    types = encoded.get("token_type_ids") if _uses_token_types(tokenizer) else None
+    n, longest = len(rows), max(len(ids) for ids in rows)
+    # padded keys are masked, so any id will do where the tokenizer has no pad token (GPT-2)
+    pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+    input_ids = torch.full((n, longest), pad, dtype=torch.long)
+    attention_mask = torch.zeros((n, longest), dtype=torch.long)
+    token_type_ids = torch.zeros((n, longest), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        where = slice(longest - len(ids), longest) if tokenizer.padding_side == "left" else slice(0, len(ids))
+        input_ids[row, where] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, where] = 1
+        if types is not None:
+            token_type_ids[row, where] = torch.tensor(types[row], dtype=torch.long)
     n_truncated = sum(len(ids) > max_len for ids in full)
-    token_type_ids = encoded.get("token_type_ids")
-    if token_type_ids is None or not _uses_token_types(tokenizer):
-        token_type_ids = torch.zeros_like(encoded["input_ids"])
-    return Batch(
-        encoded["input_ids"].long(),
-        encoded["attention_mask"].long(),
-        token_type_ids.long(),
-        int(n_truncated),
-        "padded",
-        max_len,
-        is_pair,
-    )
+    return Batch(input_ids, attention_mask, token_type_ids, int(n_truncated), "padded", max_len, is_pair)
 
 
 def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -114,7 +114,7 @@ def head_grid(
     name: str = "value",
     categorical: bool | None = None,
     categories: Sequence[str] | None = None,
-    diverging: bool = False,
+    diverging: bool | None = None,
     colorscale: str | None = None,
     zmin: float | None = None,
     zmax: float | None = None,
@@ -124,7 +124,8 @@ def head_grid(
 
     ``values`` is a ``[layer, head]`` array/tensor, or a mapping ``panel name -> [layer, head]``
     drawn as panels side by side on one shared colour scale (e.g. one panel per view).
-    Values may be numbers (continuous colour scale; ``diverging=True`` centres it on 0) or labels
+    Values may be numbers (continuous colour scale; ``diverging=True`` centres it on 0, and
+    ``diverging=None`` does so when some value is negative; a grid may exceed 1) or labels
     (``categorical=True``, the default for strings): each category gets its own colour and the
     colour bar names the categories. Hover: ``L{layer}H{head}``, the panel and the value.
     """
@@ -160,6 +161,8 @@ def head_grid(
         )
     else:
         stacked = np.stack([a.astype(np.float64) for a in arrays.values()])
+        if diverging is None:
+            diverging = bool((stacked[np.isfinite(stacked)] < -_TOLERANCE).any())
         scale = _colour_range(stacked, diverging, zmin, zmax)
         if colorscale is not None:
             scale["colorscale"] = colorscale
@@ -344,7 +347,7 @@ def side_by_side(
     layer: int,
     head: int,
     valid: Bool[np.ndarray, "pos"] | None = None,
-    causal: bool = False,
+    causal: bool | Mapping[str, bool] = False,
     diverging: Mapping[str, bool] | None = None,
     title: str | None = None,
 ) -> go.Figure:
@@ -354,7 +357,8 @@ def side_by_side(
     ``tokens`` label the axes (queries down, keys across). Each view has its own colour bar:
     diverging and centred on 0 for views whose values leave [0, 1] (or as ``diverging`` says,
     e.g. ``{"effective": True}``), sequential otherwise. Hover names the layer, head, view, query
-    and key tokens and the value. ``causal=True`` blanks keys after the query.
+    and key tokens and the value. ``causal=True`` blanks keys after the query (a mapping says it
+    per view: a decoder's effective attention does reach later keys, e.g. ``{"effective": False}``).
     """
     if not views:
         raise ValueError("side_by_side needs at least one view.")
@@ -366,7 +370,8 @@ def side_by_side(
             raise ValueError(f"view {view!r}: side_by_side needs [query, key], got {array.shape}.")
         if valid is not None:
             array, _ = select_valid(array, tokens, valid)
-        arrays[view] = _causal_mask(array) if causal else array.astype(np.float32)
+        blank = causal.get(view, False) if isinstance(causal, Mapping) else causal
+        arrays[view] = _causal_mask(array) if blank else array.astype(np.float32)
     if valid is not None:
         tokens = [t for t, keep in zip(tokens, as_array(valid).astype(bool), strict=True) if keep]
     n = len(tokens)

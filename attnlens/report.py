@@ -22,11 +22,6 @@ CAPTIONS: dict[str, str] = {
         "How far each view is from the model's own attention, head by head: the mean over query "
         "tokens of the total-variation distance ½·Σ|a_view − a_standard| (0: identical; 1: disjoint)."
     ),
-    "side_by_side": (
-        "One head and one example under each view (the head whose first non-standard view is "
-        "farthest from standard, unless chosen). Effective attention can be negative or above 1 "
-        "and uses a diverging colour scale centred on 0."
-    ),
     "dominant_target": (
         "Which target gets the largest share of each head's attention, on average over the corpus."
     ),
@@ -58,11 +53,32 @@ _CSS = """
 """
 
 
-def _caption(name: str) -> str:
+def _caption(name: str, c: Comparison) -> str:
+    if name == "side_by_side":
+        return _side_by_side_caption(c)
     for key, text in CAPTIONS.items():
         if name == key or (key.endswith("_") and name.startswith(key)):
             return text
     return ""
+
+
+def _side_by_side_caption(c: Comparison) -> str:
+    """What the side-by-side figure shows, for the views and the kind of model of ``c``."""
+    if len(c.views) == 1:
+        text = "One head and one example (the head with the lowest entropy, unless chosen)."
+    else:
+        text = (
+            "One head and one example under each view (the head whose first non-standard view is "
+            "farthest from standard, unless chosen)."
+        )
+    if "effective" in c.views:
+        text += (
+            " Effective attention can be negative or above 1 and uses a diverging colour scale "
+            "centred on 0."
+        )
+        if c.causal:
+            text += " On this decoder it also reaches keys after the query, which the other views blank."
+    return text
 
 
 def figure_html(fig: Any, *, include_plotlyjs: bool, div_id: str) -> str:
@@ -112,7 +128,7 @@ def render(c: Comparison, *, full_html: bool = True) -> str:
     prefix = f"attnlens-{uuid.uuid4().hex[:8]}"
     for index, (name, fig) in enumerate(c.figures.items()):
         title = name.replace("_", " ")
-        caption = _caption(name)
+        caption = _caption(name, c)
         parts.append(f'<h2 id="{html.escape(name)}">{html.escape(title)}</h2>')
         if caption:
             parts.append(f'<p class="caption">{html.escape(caption)}</p>')

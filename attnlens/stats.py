@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import string
 import unicodedata
+import weakref
 from typing import Any
 
 import torch
@@ -35,27 +36,39 @@ STATISTICS: tuple[str, ...] = (
 #: offset of the key from the query for each positional statistic
 OFFSETS: dict[str, int] = {"to_self": 0, "to_prev": -1, "to_next": +1}
 
-_PUNCT_TABLES: dict[int, Tensor] = {}
+#: one table per tokenizer, dropped with it (an ``id()`` key could be reused by a new tokenizer)
+_PUNCT_TABLES: weakref.WeakKeyDictionary[Any, Tensor] = weakref.WeakKeyDictionary()
 
 
-def _is_punctuation(token: str) -> bool:
-    text = token.replace("Ġ", "").replace("##", "").replace("▁", "")
+def _is_punctuation(text: str) -> bool:
+    text = text.strip().removeprefix("##").removeprefix("▁")
     return bool(text) and all(
         ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text
     )
 
 
+def token_text(tokenizer: Any, token: str | None) -> str:
+    """The text a vocabulary entry stands for: byte-level BPE entries (RoBERTa, GPT-2: ``'ĠâĢĶ'``
+    is ``' —'``, a lone piece of a character ``'�'``) decoded, as TransformerLens'
+    ``to_str_tokens`` shows them; WordPiece entries as they are (``'##s'``)."""
+    if token is None:
+        return ""
+    try:
+        return tokenizer.convert_tokens_to_string([token])
+    except Exception:  # a tokenizer that cannot decode a lone entry: its raw form
+        return token.replace("Ġ", " ")
+
+
 def punctuation_table(tokenizer: Any) -> Bool[Tensor, "vocab"]:
     """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached."""
-    key = id(tokenizer)
-    if key not in _PUNCT_TABLES:
+    if tokenizer not in _PUNCT_TABLES:
         tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
         special = set(tokenizer.all_special_ids)
-        _PUNCT_TABLES[key] = torch.tensor(
-            [i not in special and _is_punctuation(t or "") for i, t in enumerate(tokens)],
+        _PUNCT_TABLES[tokenizer] = torch.tensor(
+            [i not in special and _is_punctuation(token_text(tokenizer, t)) for i, t in enumerate(tokens)],
             dtype=torch.bool,
         )
-    return _PUNCT_TABLES[key]
+    return _PUNCT_TABLES[tokenizer]
 
 
 def token_classes(

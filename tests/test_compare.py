@@ -118,6 +118,9 @@ def test_bad_corpus_and_options(minilm, tmp_path):
         attnlens.compare(minilm, "standard", corpus=tmp_path / "missing.txt")
     with pytest.raises(ValueError, match="n_examples"):
         attnlens.compare(minilm, "standard", corpus=SHORT, n_examples=0)
+    for example in (1.0, "1", len(SHORT)):
+        with pytest.raises(ValueError, match="example"):
+            attnlens.compare(minilm, "standard", corpus=SHORT, example=example)
     from attnlens import papa
 
     with pytest.raises(ValueError, match="max_len"):
@@ -216,17 +219,35 @@ def test_to_json_round_trip(comparison):
     assert set(restored.figures) == set(comparison.figures)
 
 
-def test_decoder_patterns_are_masked_above_the_diagonal():
+def test_decoder_patterns_are_masked_above_the_diagonal_except_effective_attention():
+    """GPT-2 (no [CLS]/[SEP], no pad token) with every view: PAPA constants come from padded
+    texts; standard and PAPA figures blank later keys, effective attention (which reaches them,
+    A⊥ = A P) shows its values there, as the example patterns hold them."""
     from tests.tiny import CORPUS, gpt2_tokenizer, tiny_gpt2
 
     model = attnlens.load(tiny_gpt2(), tokenizer=gpt2_tokenizer())
-    result = attnlens.compare(model, "effective", corpus=CORPUS[:4], max_len=16, progress=False)
-    assert result.causal and result.views == ("standard", "effective")
+    result = attnlens.compare(model, corpus=CORPUS[:4], max_len=16, batch_size=2, progress=False)
+    assert result.causal and result.views == ("standard", "papa", "effective")
+    assert result.layout == "padded"
+    # token labels are the text of each token ('Ġthe' is ' the'): together, the example's text
+    text = "".join(t for t in result.example_tokens if t not in model.tokenizer.all_special_tokens)
+    assert text and CORPUS[result.example_index].startswith(text)
     n = len(result.example_tokens)
-    z = np.asarray(result.figures["patterns_standard"].data[0].z)
-    tile = z[:n, :n]
-    assert np.isnan(tile[np.triu_indices(n, k=1)]).all()
-    assert not np.isnan(tile[np.tril_indices(n)]).any()
+    upper = np.triu_indices(n, k=1)
+    for view in ("standard", "papa"):
+        tile = np.asarray(result.figures[f"patterns_{view}"].data[0].z)[:n, :n]
+        assert np.isnan(tile[upper]).all()
+        assert not np.isnan(tile[np.tril_indices(n)]).any()
+    tile = np.asarray(result.figures["patterns_effective"].data[0].z)[:n, :n]
+    expected = result.example_patterns["effective"][0, 0]
+    np.testing.assert_allclose(tile[upper], expected[upper], atol=1e-6)
+    assert np.abs(expected[upper]).max() > 1e-3
+    panels = {trace.name: np.asarray(trace.z) for trace in result.figures["side_by_side"].data}
+    layer, head = result.focus
+    np.testing.assert_allclose(
+        panels["effective"][upper], result.example_patterns["effective"][layer, head][upper], atol=1e-6
+    )
+    assert np.isnan(panels["standard"][upper]).all()
 
 
 def test_long_example_is_cropped_in_the_tiled_figure(comparison):
@@ -359,3 +380,14 @@ def test_compare_shows_the_shared_progress_bar(tiny_bert, capsys):
     assert re.search(rf"compare \(standard, papa\): 100%.*{n}/{n} .*example/s", err), err
     attnlens.compare(tiny_bert, "standard", corpus=CORPUS, max_len=16, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_side_by_side_caption_describes_the_views_shown(tiny_bert):
+    """Standard alone shows the lowest-entropy head; the caption must not promise other views."""
+    from attnlens.report import render
+    from tests.tiny import CORPUS
+
+    alone = attnlens.compare(tiny_bert, "standard", corpus=CORPUS[:3], max_len=16, progress=False)
+    both = attnlens.compare(tiny_bert, "effective", corpus=CORPUS[:3], max_len=16, progress=False)
+    assert "lowest entropy" in render(alone) and "non-standard" not in render(alone)
+    assert "non-standard" in render(both) and "diverging colour scale" in render(both)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -78,8 +80,24 @@ def test_padded_layout_pairs(tokenizer):
 def test_tokenizer_without_special_tokens_is_refused():
     with pytest.raises(ValueError, match="cls_token"):
         attnlens.tokenize(tiny.gpt2_tokenizer(), ["a film ."], max_len=8, layout="papa")
-    with pytest.raises(ValueError, match="pad token"):
-        attnlens.tokenize(tiny.gpt2_tokenizer(), ["a film .", "b"], max_len=8, layout="padded")
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_layout_without_a_pad_token_pads_like_hugging_face_with_eos(side):
+    """GPT-2 has no pad token; padded positions are masked, so attnlens pads with eos, as HF does
+    once ``pad_token = eos_token`` is set (the user's tokenizer is left as it is)."""
+    texts = ["a film .", "it is a very funny film", "b"]
+    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
+    tokenizer.padding_side = side
+    assert tokenizer.pad_token_id is None
+    batch = attnlens.tokenize(tokenizer, texts, max_len=5, layout="padded")
+    assert tokenizer.pad_token_id is None
+    reference = copy.deepcopy(tokenizer)
+    reference.pad_token = reference.eos_token
+    expected = reference(texts, truncation=True, max_length=5, padding="longest")
+    assert batch.input_ids.tolist() == expected["input_ids"]
+    assert batch.attention_mask.tolist() == expected["attention_mask"]
+    assert batch.n_truncated == 1 and not batch.token_types
 
 
 def test_bad_inputs_are_refused():

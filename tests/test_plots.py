@@ -64,6 +64,16 @@ def test_head_grid_diverging_is_centred_on_zero():
     assert axis.colorscale[0][1] != axis.colorscale[-1][1]
 
 
+def test_head_grid_turns_diverging_by_itself_only_for_negative_values():
+    """A negative value on a sequential scale from 0 would look like 0; values above 1 (entropy
+    in nats) are not signed."""
+    signed = np.linspace(-0.6, 0.4, N_LAYERS * N_HEADS).reshape(N_LAYERS, N_HEADS)
+    axis = plots.head_grid(signed).layout.coloraxis
+    assert axis.cmid == 0.0 and axis.cmin == pytest.approx(-0.6)
+    axis = plots.head_grid(signed + 1.0).layout.coloraxis  # 0.4 .. 1.4
+    assert axis.cmid is None and axis.cmin == 0.0 and axis.cmax == pytest.approx(1.4)
+
+
 def test_head_grid_categorical():
     labels = np.array([["[CLS]", "[SEP]", "self"] * 4] * N_LAYERS, dtype=object)
     fig = plots.head_grid(labels, name="target", categories=["[CLS]", "[SEP]", "self", "broad"])

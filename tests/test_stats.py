@@ -61,3 +61,19 @@ def test_statistics_equal_a_plain_loop(signed):
 def test_means_without_any_batch_are_refused():
     with pytest.raises(ValueError, match="No tokens"):
         AttentionStatistics(2, 3).means()
+
+
+@pytest.mark.parametrize("make_tokenizer", [tiny.gpt2_tokenizer, tiny.roberta_tokenizer, tiny.bert_tokenizer])
+def test_punctuation_is_judged_on_the_decoded_text(make_tokenizer):
+    """Byte-level BPE writes '—' as 'âĢĶ' (its UTF-8 bytes as stand-in characters): the table must
+    classify the text an entry decodes to (Unicode category P*), not the stand-ins."""
+    from attnlens.stats import _is_punctuation, token_text
+
+    tokenizer = make_tokenizer()
+    byte_level = make_tokenizer is not tiny.bert_tokenizer
+    punctuation = ["ĠâĢĶ", "âĢĿ", "ĠâĢ¦", "Ġ,"] if byte_level else ["—", "”", "##,", ","]
+    words = ["Ġthe", "âĢ", "Ġ"] if byte_level else ["the", "##s", "[UNK]x"]
+    for token in punctuation:
+        assert _is_punctuation(token_text(tokenizer, token)), token
+    for token in words:
+        assert not _is_punctuation(token_text(tokenizer, token)), token
