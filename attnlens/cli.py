@@ -13,9 +13,11 @@ embedded all-MiniLM-L6-v2). ``--corpus`` is a file (one text per line, or a TSV/
 header; see :func:`attnlens.corpus.read_corpus`) or ``default``, the embedded corpus. Passes over
 the corpus (and the loading of the model's weights) show progress bars on stderr unless
 ``--quiet``. ``--constants`` needs the ``papa`` view in ``--views``; ``--max-len`` must fit the
-model's position embeddings. Bad input exits with status 2 and a one-line reason on stderr
+model's position embeddings. ``--out`` and ``--json`` may name folders that do not exist yet
+(they are created). Bad input exits with status 2 and a one-line reason on stderr
 (``attnlens: error: ...``), before the model is loaded when possible, and before any pass over
-the corpus otherwise.
+the corpus otherwise; bad output paths (a folder, or a file where a folder should be) are
+refused before the model is loaded.
 """
 
 from __future__ import annotations
@@ -135,12 +137,20 @@ def _views(text: str) -> list[str]:
     return names
 
 
-def _out(path: str, suffixes: tuple[str, ...]) -> Path:
+def _out(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
+    """An output path checked before any work: not a folder, no file where its folders go
+    (missing folders are created when it is written), ending in one of ``suffixes`` if given."""
     out = Path(path)
-    if out.exists() and out.is_dir():
-        raise UsageError(f"--out {out} is a folder; give a file name")
-    if out.suffix.lower() not in suffixes:
-        raise UsageError(f"--out {out} should end in {' or '.join(suffixes)}")
+    if out.is_dir():
+        raise UsageError(f"{option} {out} is a folder; give a file name")
+    folder = next(parent for parent in out.parents if parent.exists())
+    if not folder.is_dir():
+        raise UsageError(
+            f"{option} {out} cannot be written: {folder} is a file, not a folder; "
+            "choose another path"
+        )
+    if suffixes and out.suffix.lower() not in suffixes:
+        raise UsageError(f"{option} {out} should end in {' or '.join(suffixes)}")
     return out
 
 
@@ -169,7 +179,8 @@ def _check_max_len(model: Any, texts: list, max_len: int, layout: str) -> None:
 
 def _compare(args: argparse.Namespace) -> int:
     views = _views(args.views)
-    out = _out(args.out, (".html", ".htm"))
+    out = _out(args.out, "--out", (".html", ".htm"))
+    json_out = _out(args.json, "--json") if args.json else None
     if args.constants is not None and "papa" not in views:
         raise UsageError(
             f"--constants {args.constants} would be unused: --views {args.views} has no papa "
@@ -195,8 +206,8 @@ def _compare(args: argparse.Namespace) -> int:
     )
     path = comparison.save_html(out)
     print(summary(comparison))
-    if args.json:
-        comparison.to_json(args.json)
+    if json_out is not None:
+        comparison.to_json(json_out)
         print(f"wrote {args.json}")
     print(f"wrote report: {path.resolve()}")
     return 0
@@ -219,7 +230,7 @@ def summary(comparison: Any) -> str:
 
 
 def _fit_papa(args: argparse.Namespace) -> int:
-    out = _out(args.out, (".safetensors",))
+    out = _out(args.out, "--out", (".safetensors",))
     texts = _texts(args)
     model = _load(args.model, quiet=args.quiet)
     max_len = args.max_len or 128

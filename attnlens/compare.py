@@ -207,10 +207,13 @@ class Comparison:
         }
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = None) -> str:
-        """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given."""
+        """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given
+        (missing folders are created, as :meth:`save_html` does)."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
-            Path(path).write_text(text, encoding="utf-8")
+            path = Path(path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
         return text
 
     @classmethod
@@ -470,7 +473,8 @@ def _papa_setup(
     if max_len is not None and constants.max_len != max_len:
         raise ValueError(
             f"the PAPA constants were fitted with max_len={constants.max_len}, not {max_len}; "
-            "pass max_len=constants.max_len (or leave it out)"
+            f"pass max_len={constants.max_len} (on the command line --max-len {constants.max_len}) "
+            "or leave it out"
         )
     constants.check_compatible(model)
     return constants, constants.max_len, constants.layout

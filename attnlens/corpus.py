@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import io
 import os
 import re
 from collections.abc import Iterable
@@ -92,7 +93,11 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
 
     - ``.tsv`` / ``.csv``: the column named ``text``, ``sentence``, ``sentence1``, ``#1 String``
       or ``question`` (the first that exists), else the first column; one text per row;
-    - any other file: plain text, one text per non-blank line.
+    - any other file: plain text, one text per non-blank line. Lines end at ``\\n``,
+      ``\\r\\n`` or ``\\r`` only: the other breaks :meth:`str.splitlines` knows (form feed,
+      ``\\u2028``, ...) stay inside a text.
+
+    A quoted CSV cell may span lines: its line breaks are kept in the text.
 
     Blank texts are dropped. Raises :class:`CorpusError` with a one-line reason if the file is
     missing, is a folder, is not UTF-8, or holds no text.
@@ -110,7 +115,7 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
     if suffix in (".tsv", ".csv"):
         texts = _table_texts(raw, delimiter="\t" if suffix == ".tsv" else ",", path=path)
     else:
-        texts = raw.splitlines()
+        texts = re.split(r"\r\n|\r|\n", raw)
     texts = [text.strip() for text in texts if text and text.strip()]
     if not texts:
         raise CorpusError(f"corpus file {path} is empty: it holds no non-blank text")
@@ -119,7 +124,7 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
 
 def _table_texts(raw: str, *, delimiter: str, path: Path) -> list[str]:
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(raw.splitlines(), delimiter=delimiter, quoting=quoting)
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting)
     rows = list(reader)
     if not rows:
         return []

@@ -100,8 +100,10 @@ def tokenize(
     """Tokenize single sentences or (first, second) pairs for ``model`` (a bridge or a tokenizer).
 
     ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
-    ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
-    ``max_len`` (the tokenizer's own special tokens and pair format).
+    ``layout="padded"`` gives ordinary padding to the longest example on the tokenizer's
+    ``padding_side`` (right unless set), truncated to ``max_len`` (the tokenizer's own special
+    tokens and pair format); a tokenizer without a pad token (GPT-2) is padded with its eos token,
+    which the mask hides.
 
     ``max_len`` must leave room for one real token per segment besides the special tokens
     (:func:`min_max_len`) and, when ``model`` is a bridge, fit in its position embeddings

@@ -134,6 +134,51 @@ def test_constants_without_the_papa_view_are_refused(tmp_path, capsys):
     assert not report.exists()
 
 
+def test_bad_output_paths_are_refused_before_the_model_is_loaded(tmp_path, capsys, monkeypatch):
+    """An --out or --json under a regular file, or naming a folder, is one line, exit 2, before
+    the model is loaded (so before any pass over the corpus), and nothing is written."""
+    from attnlens import cli
+
+    def no_load(*args, **kwargs):
+        pytest.fail("the model was loaded before the bad output path was refused")
+
+    monkeypatch.setattr(cli, "_load", no_load)
+    afile, folder, report = tmp_path / "afile", tmp_path / "folder", tmp_path / "r.html"
+    afile.write_text("not a folder", encoding="utf-8")
+    folder.mkdir()
+    cases = [
+        (["fit-papa", "--out", str(afile / "c.safetensors")], f"--out {afile / 'c.safetensors'}"),
+        (["fit-papa", "--out", str(afile / "x" / "c.safetensors")], f"--out {afile / 'x' / 'c.safetensors'}"),
+        (["compare", "--out", str(afile / "r.html")], f"--out {afile / 'r.html'}"),
+        (["compare", "--out", str(report), "--json", str(afile / "x.json")], f"--json {afile / 'x.json'}"),
+    ]
+    for argv, option in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([*argv, "--quiet"])
+        assert exit_info.value.code == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("attnlens: error: ") and "\n" not in err, err
+        assert option in err and f"cannot be written: {afile} is a file, not a folder" in err, err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["compare", "--out", str(report), "--json", str(folder), "--quiet"])
+    assert exit_info.value.code == 2
+    assert f"--json {folder} is a folder; give a file name" in capsys.readouterr().err
+    assert not report.exists() and afile.read_text(encoding="utf-8") == "not a folder"
+
+
+def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus):
+    """--json creates its folders, as --out does, instead of failing after the pass."""
+    table = tmp_path / "new" / "deeper" / "comparison.json"
+    compared = run(
+        "compare", "--corpus", str(small_corpus), "--views", "standard", "--n-examples", "1",
+        "--max-len", "16", "--json", str(table), "--out", str(tmp_path / "r.html"), "--quiet",
+        cwd=tmp_path,
+    )
+    assert compared.returncode == 0, compared.stderr
+    data = json.loads(table.read_text(encoding="utf-8"))
+    assert len(data["table"]) == 72 and data["max_len"] == 16
+
+
 def test_max_len_beyond_the_position_embeddings(tmp_path, small_corpus):
     """MiniLM has 512 positions: --max-len 600 is one line naming both numbers, exit 2, before
     the pass over the corpus (no papa.fit bar, no traceback, no constants written); 512 works."""
@@ -188,3 +233,18 @@ def test_read_corpus_formats_and_errors(tmp_path):
         read_corpus(tmp_path)
     assert resolve_corpus("default") == default_corpus()
     assert resolve_corpus(["x"]) == ["x"]
+
+
+def test_read_corpus_keeps_line_breaks_in_quoted_cells_and_splits_on_line_breaks_only(tmp_path):
+    """A quoted CSV cell spanning lines keeps its line break; texts and TSV rows end only at
+    \\n, \\r\\n or \\r, not at the other characters str.splitlines splits on."""
+    from attnlens.corpus import read_corpus
+
+    (tmp_path / "m.csv").write_bytes(b'text,label\n"first line\nsecond line",1\r\n"plain",0\n')
+    assert read_corpus(tmp_path / "m.csv") == ["first line\nsecond line", "plain"]
+    (tmp_path / "m.tsv").write_bytes("label\tsentence\r\n1\tgood\x0cfilm\r0\tbad\u2028film\n".encode())
+    assert read_corpus(tmp_path / "m.tsv") == ["good\x0cfilm", "bad\u2028film"]
+    inner = "\x0b \x0c \x1c \x1d \x1e \x85 \u2028 \u2029"
+    text = f"one {inner} still one\r\ntwo\rthree\nfour {inner} end\n"
+    (tmp_path / "m.txt").write_bytes(text.encode("utf-8"))
+    assert read_corpus(tmp_path / "m.txt") == [f"one {inner} still one", "two", "three", f"four {inner} end"]

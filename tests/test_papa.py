@@ -212,6 +212,28 @@ def test_data_free_constants(minilm):
         papa.identity(minilm)
 
 
+def test_layer_mean_follows_reassigned_sums_and_counts(minilm):
+    """The hooks' ``layer_mean`` cache must not outlive the tensors it was computed from: after
+    ``.sums`` or ``.pair_counts`` is reassigned (the new tensor may get a freed one's id and
+    version counter) or changed in place, it gives the new mean. Reference: ``sums / counts``
+    in NumPy float64 cast to float32; exact (the same IEEE division and rounding)."""
+    constants = papa.uniform(minilm, max_len=8)
+    shape = constants.sums.shape
+    generator = torch.Generator().manual_seed(0)
+    for step in range(50):
+        constants.layer_mean(2, dtype=torch.float32, device="cpu")  # cache the current mean
+        if step % 3 == 2:
+            constants.pair_counts = torch.randint(0, 4, (8, 8), generator=generator)
+        else:
+            constants.sums = torch.rand(shape, generator=generator, dtype=torch.float64)
+        if step % 5 == 4:
+            constants.sums.mul_(2.0)
+        got = constants.layer_mean(2, dtype=torch.float32, device="cpu").numpy()
+        sums, counts = constants.sums[2].numpy(), constants.pair_counts.numpy()
+        want = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0).astype(np.float32)
+        np.testing.assert_array_equal(got, want, err_msg=f"step {step}")
+
+
 def test_trainable_constants_are_masked_softmaxes(minilm, texts):
     constants = papa.fit(minilm, texts[:12], max_len=32, progress=False)
     batch = attnlens.tokenize(minilm, texts[20:24], max_len=32)

@@ -227,6 +227,45 @@ def test_input_dependence_and_lambda_strategies_rank_by_their_scores(constants):
         papa.select_heads("lambda", fraction=0.5, constants=constants)
 
 
+@pytest.mark.parametrize(
+    ("fraction", "total", "expected"),
+    [
+        # the paper's fractions of MiniLM's 72 heads (1/16 of 72 is 4.5: up)
+        (1.0, 72, 72), (0.5, 72, 36), (1 / 8, 72, 9), (1 / 16, 72, 5), (0.0, 72, 0),
+        # decimal halves that the float product puts just below .5
+        (0.145, 100, 15), (0.285, 100, 29), (0.575, 100, 58), (0.29, 50, 15),
+        # other halves and non-halves
+        (0.25, 10, 3), (0.125, 12, 2), (0.3, 72, 22), (0.1, 72, 7), (1 / 3, 72, 24), (2 / 3, 3, 2),
+    ],
+)
+def test_fraction_of_heads_rounds_exact_halves_up(fraction, total, expected):
+    """``round(k · heads)`` with halves up, on the decimal ``k`` the user wrote; expected counts
+    worked out by hand (exact integers, no tolerance)."""
+    from attnlens.papa.selection import n_selected
+
+    assert n_selected(fraction, 1, total) == expected
+    assert len(papa.select_heads("first_to_last", fraction=fraction, n_layers=1, n_heads=total)) == expected
+
+
+def test_lam_of_another_shape_is_refused():
+    """A ``lam=`` transposed ([head, layer]) or flat is not silently reshaped."""
+    for lam in (torch.rand(12, 6), torch.rand(72), torch.rand(6, 12, 1)):
+        shape = ", ".join(map(str, lam.shape))
+        with pytest.raises(ValueError, match=rf"lam= is \[{shape}\], not \[n_layers, n_heads\] = \[6, 12\]"):
+            papa.select_heads("lambda", fraction=0.25, n_layers=6, n_heads=12, lam=lam)
+
+
+def test_input_dependence_needs_fitted_constants(minilm):
+    """Trainable constants (and no constants) have no measured input dependence: a ValueError
+    that says so, like data-free constants give."""
+    trainable = papa.TrainableConstants.from_toeplitz(minilm, max_len=MAX_LEN)
+    for given, name in ((trainable, "TrainableConstants"), (None, "none")):
+        with pytest.raises(ValueError, match=rf"measured in papa.fit.*\(got {name}\)"):
+            papa.select_heads("input_dependence", fraction=0.5, constants=given, n_layers=6, n_heads=12)
+    with pytest.raises(ValueError, match="input_dependence is measured during papa.fit"):
+        papa.select_heads("input_dependence", fraction=0.5, constants=papa.uniform(minilm, max_len=MAX_LEN))
+
+
 def test_learned_lambda_trains_theta_with_a_user_loss(minilm, sst2_sentences, constants):
     batches = []
     for start in (400, 404):

@@ -203,12 +203,19 @@ class PapaConstants:
     def layer_mean(
         self, layer: int, *, dtype: torch.dtype, device: torch.device | str
     ) -> Float[Tensor, "head query key"]:
-        """``mean[layer]`` cast to ``dtype`` on ``device`` (cached for the hooks)."""
-        key = (layer, dtype, str(device), id(self.sums), id(self.pair_counts),
-               self.sums._version, self.pair_counts._version)
-        if key not in self._cache:
-            self._cache[key] = self.mean[layer].to(device=device, dtype=dtype)
-        return self._cache[key]
+        """``mean[layer]`` cast to ``dtype`` on ``device`` (cached for the hooks).
+
+        The cache entry remembers the ``sums`` and ``pair_counts`` tensors it was computed from
+        (the objects, compared with ``is``, and their in-place version counters), so assigning new
+        tensors to these attributes or changing them in place recomputes it.
+        """
+        key = (layer, dtype, str(device))
+        source = (self.sums, self.pair_counts, self.sums._version, self.pair_counts._version)
+        cached = self._cache.get(key)
+        if cached is None or not _same_source(cached[0], source):
+            cached = (source, self.mean[layer].to(device=device, dtype=dtype))
+            self._cache[key] = cached
+        return cached[1]
 
     def layer_pattern(
         self,
@@ -365,6 +372,12 @@ class PapaConstants:
     def replace(self, **changes: Any) -> PapaConstants:
         """A copy with some fields changed (``dataclasses.replace``)."""
         return dataclasses.replace(self, **changes)
+
+
+def _same_source(cached: tuple, current: tuple) -> bool:
+    """Whether a :meth:`PapaConstants.layer_mean` cache entry was computed from ``current``:
+    the same ``sums`` and ``pair_counts`` objects at the same versions."""
+    return cached[0] is current[0] and cached[1] is current[1] and cached[2:] == current[2:]
 
 
 def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:

@@ -21,11 +21,14 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+from attnlens.papa.constants import PapaConstants
 
 STRATEGIES: tuple[str, ...] = (
     "lambda",
@@ -104,10 +107,15 @@ class HeadSet:
 
 
 def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
-    """``round(fraction · n_layers · n_heads)``, halves rounded up."""
+    """``round(fraction · n_layers · n_heads)``, halves rounded up.
+
+    ``fraction`` is taken as the decimal it prints as (``0.145`` is ``145/1000``, not the binary
+    float just below it), and the product is rounded exactly: ``0.145`` of 100 heads is 15.
+    """
     if not 0.0 <= float(fraction) <= 1.0:
         raise ValueError(f"fraction must lie in [0, 1], got {fraction}.")
-    return int(math.floor(float(fraction) * n_layers * n_heads + 0.5))
+    exact = Fraction(repr(float(fraction))) * n_layers * n_heads
+    return math.floor(exact + Fraction(1, 2))
 
 
 def select_heads(
@@ -131,9 +139,10 @@ def select_heads(
 
     Give ``fraction=k`` (``round(k · layers · heads)`` heads) or ``n=`` (a count). The shape comes
     from ``constants``, ``model`` or ``n_layers``/``n_heads``. ``"input_dependence"`` needs fitted
-    ``constants``. The λ strategies use ``lam=`` (``[layer, head]``) if given, otherwise learn it
-    with :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``,
-    ``lr``, ``progress``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
+    ``constants`` (:class:`PapaConstants` from :func:`attnlens.papa.fit`). The λ strategies use
+    ``lam=`` (exactly ``[n_layers, n_heads]``) if given, otherwise learn it with
+    :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``, ``lr``,
+    ``progress``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
@@ -155,12 +164,22 @@ def select_heads(
                 model, constants, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr,
                 progress=progress,
             )
-        scores = torch.as_tensor(lam).detach().float().cpu().reshape(n_layers, n_heads)
+        scores = torch.as_tensor(lam).detach().float().cpu()
+        if scores.shape != (n_layers, n_heads):
+            raise ValueError(
+                f"lam= is {list(scores.shape)}, not [n_layers, n_heads] = [{n_layers}, {n_heads}]; "
+                f"pass one λ per head as a [{n_layers}, {n_heads}] tensor (layers first)."
+            )
         flat = scores.flatten() if strategy == "lambda" else -scores.flatten()
         ranking = torch.argsort(flat, stable=True).tolist()
     elif strategy == "input_dependence":
-        if constants is None:
-            raise ValueError("strategy 'input_dependence' needs fitted constants=.")
+        if not isinstance(constants, PapaConstants):
+            given = "none" if constants is None else type(constants).__name__
+            raise ValueError(
+                "strategy 'input_dependence' ranks heads by the input dependence measured in "
+                f"papa.fit; pass constants= fitted with papa.fit (got {given}), or choose another "
+                "strategy."
+            )
         scores = constants.input_dependence.float()
         ranking = torch.argsort(scores.flatten(), stable=True).tolist()
     elif strategy == "first_to_last":
