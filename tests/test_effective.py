@@ -214,8 +214,9 @@ def test_value_layout_is_checked(activations):
     pattern, v = layers[0]
     with pytest.raises(ValueError, match="rearrange"):
         effective_attention(pattern, einops.rearrange(v, "b h k d -> b k h d"))
-    with pytest.raises(ValueError, match="key_mask"):
-        effective_attention(pattern, v, key_mask=valid[:, :10])
+    for padded in (False, True):  # padded=True ignores the mask's values, not a wrong shape
+        with pytest.raises(ValueError, match="key_mask"):
+            effective_attention(pattern, v, key_mask=valid[:, :10], padded=padded)
 
 
 def test_pattern_layout_and_rtol_are_checked(activations):

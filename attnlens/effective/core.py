@@ -139,6 +139,8 @@ def effective_attention(
             "[batch, key, head, d_head]: pass einops.rearrange(v, 'b k h d -> b h k d')."
         )
     d_head = v.shape[-1]
+    if key_mask is not None and tuple(key_mask.shape) != (batch, n_keys):
+        raise ValueError(f"key_mask must be [batch, key] = [{batch}, {n_keys}], got {tuple(key_mask.shape)}")
     if padded:
         valid = torch.ones(batch, n_keys, dtype=torch.bool, device=pattern.device)
     elif key_mask is None:
@@ -147,8 +149,6 @@ def effective_attention(
         valid = infer_key_mask(pattern)
     else:
         valid = key_mask.to(device=pattern.device, dtype=torch.bool)
-    if valid.shape != (batch, n_keys):
-        raise ValueError(f"key_mask must be [batch, key] = [{batch}, {n_keys}], got {tuple(valid.shape)}")
     lengths = valid.sum(-1)
     if rtol is not None and not (math.isfinite(rtol) and rtol >= 0):
         raise ValueError(f"rtol must be a finite number >= 0, got {rtol}")
