@@ -100,10 +100,12 @@ def tokenize(
     """Tokenize single sentences or (first, second) pairs for ``model`` (a bridge or a tokenizer).
 
     ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
-    ``layout="padded"`` gives ordinary padding to the longest example on the tokenizer's
-    ``padding_side`` (right unless set), truncated to ``max_len`` (the tokenizer's own special
-    tokens and pair format); a tokenizer without a pad token (GPT-2) is padded with its eos token,
-    which the mask hides.
+    ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
+    ``max_len`` (the tokenizer's own special tokens and pair format); a tokenizer without a pad
+    token (GPT-2) is padded with its eos token, which the mask hides. Only a decoder (``model`` a
+    bridge of one) whose tokenizer has ``padding_side="left"`` is padded on the left: its
+    positions then come from the mask (:meth:`Batch.model_kwargs`). An encoder keeps positions
+    ``0 .. n-1`` only with right padding, so it always gets that.
 
     ``max_len`` must leave room for one real token per segment besides the special tokens
     (:func:`min_max_len`) and, when ``model`` is a bridge, fit in its position embeddings
@@ -117,12 +119,13 @@ def tokenize(
     if any(isinstance(example, tuple) != is_pair for example in examples):
         raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
     check_max_len(model, max_len, layout=layout, is_pair=is_pair)
+    causal = model is not tokenizer and is_causal(model)
     if layout == "papa":
         batch = _papa(tokenizer, examples, max_len, is_pair)
     else:
-        batch = _padded(tokenizer, examples, max_len, is_pair)
+        batch = _padded(tokenizer, examples, max_len, is_pair, left=causal and tokenizer.padding_side == "left")
     batch.token_types = _uses_token_types(tokenizer)
-    batch.positions_from_mask = model is not tokenizer and is_causal(model)
+    batch.positions_from_mask = causal
     return batch
 
 
@@ -263,7 +266,7 @@ def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Ba
     return Batch(input_ids, attention_mask, token_type_ids, int(truncated.sum()), "papa", max_len, is_pair)
 
 
-def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
+def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, *, left: bool) -> Batch:
     if is_pair:
         args = ([a for a, _ in examples], [b for _, b in examples])
     else:
@@ -281,7 +284,7 @@ def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> 
     attention_mask = torch.zeros((n, longest), dtype=torch.long)
     token_type_ids = torch.zeros((n, longest), dtype=torch.long)
     for row, ids in enumerate(rows):
-        where = slice(longest - len(ids), longest) if tokenizer.padding_side == "left" else slice(0, len(ids))
+        where = slice(longest - len(ids), longest) if left else slice(0, len(ids))
         input_ids[row, where] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, where] = 1
         if types is not None:

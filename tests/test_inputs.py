@@ -84,16 +84,17 @@ def test_tokenizer_without_special_tokens_is_refused():
 
 @pytest.mark.parametrize("side", ["right", "left"])
 def test_padded_layout_without_a_pad_token_pads_like_hugging_face_with_eos(side):
-    """GPT-2 has no pad token; padded positions are masked, so attnlens pads with eos, as HF does
-    once ``pad_token = eos_token`` is set (the user's tokenizer is left as it is)."""
+    """A bare GPT-2 tokenizer has no pad token; padded positions are masked, so attnlens pads
+    with eos, as HF does once ``pad_token = eos_token`` is set (the user's tokenizer is left as
+    it is). Without a model to say it is a decoder, padding goes on the right."""
     texts = ["a film .", "it is a very funny film", "b"]
     tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
     tokenizer.padding_side = side
     assert tokenizer.pad_token_id is None
     batch = attnlens.tokenize(tokenizer, texts, max_len=5, layout="padded")
-    assert tokenizer.pad_token_id is None
+    assert tokenizer.pad_token_id is None and tokenizer.padding_side == side
     reference = copy.deepcopy(tokenizer)
-    reference.pad_token = reference.eos_token
+    reference.pad_token, reference.padding_side = reference.eos_token, "right"
     expected = reference(texts, truncation=True, max_length=5, padding="longest")
     assert batch.input_ids.tolist() == expected["input_ids"]
     assert batch.attention_mask.tolist() == expected["attention_mask"]
@@ -184,3 +185,20 @@ def test_max_len_too_small_for_the_special_tokens_is_refused(tokenizer, layout, 
             continue
         with pytest.raises(ValueError, match=rf"max_len={max_len} leaves no room.*max_len >= {minimum}"):
             attnlens.tokenize(tokenizer, [example], max_len=max_len, layout=layout)
+
+
+def test_encoders_are_padded_on_the_right_whatever_the_tokenizer_says():
+    """BERT keeps positions 0 .. n-1 (position_ids=None): left padding would move a short
+    example's tokens and make its attention depend on the rest of the batch."""
+    tokenizer = copy.deepcopy(tiny.bert_tokenizer())
+    tokenizer.padding_side = "left"
+    model = attnlens.load(tiny.tiny_bert(), tokenizer=tokenizer)
+    texts = ["a film .", "it is a very funny film"]
+    batch = attnlens.tokenize(model, texts, max_len=16, layout="padded")
+    reference = copy.deepcopy(model.tokenizer)
+    reference.padding_side = "right"
+    assert batch.input_ids.tolist() == reference(texts, padding="longest")["input_ids"]
+    with torch.no_grad():
+        together = model(batch.input_ids, **batch.model_kwargs())[0, :5]
+        alone = model(batch.input_ids[:1, :5], **batch.model_kwargs() | {"attention_mask": None, "token_type_ids": None})
+    torch.testing.assert_close(together, alone[0], atol=1e-5, rtol=0)

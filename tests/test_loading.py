@@ -122,3 +122,44 @@ def test_weights_fingerprint_tells_weights_apart_but_not_dtypes_or_lm_heads():
 def test_is_causal():
     assert is_causal(attnlens.load(tiny.tiny_gpt2(), tokenizer=tiny.gpt2_tokenizer())) is True
     assert is_causal(attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())) is False
+
+
+def test_folder_without_tokenizer_files_is_refused(tmp_path):
+    """transformers makes up a 5-token BertTokenizer for such a folder: every word would be [UNK]."""
+    tiny.tiny_bert().save_pretrained(tmp_path)
+    from transformers import BertForMaskedLM
+
+    for model in (str(tmp_path), BertForMaskedLM.from_pretrained(tmp_path)):
+        with pytest.raises(ValueError, match="tokenizer knows 5 tokens but the model's vocabulary has 30522"):
+            attnlens.load(model)
+    bridge = attnlens.load(str(tmp_path), tokenizer=tiny.bert_tokenizer())
+    assert len(bridge.tokenizer) == 30522
+
+
+def test_missing_local_folder_is_named_not_looked_up_on_the_hub(tmp_path):
+    for path in (tmp_path / "missing", "./no-such-model", "~/no/such/model"):
+        with pytest.raises(FileNotFoundError, match="No model folder at /"):
+            attnlens.load(path if isinstance(path, str) else str(path))
+
+
+def test_cached_hub_name_loads_offline(tmp_path):
+    """HF_HUB_OFFLINE=1 still lets transformers read its cache; attnlens must not refuse first."""
+    snapshot = tmp_path / "hub" / "models--someorg--tiny-bert" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (tmp_path / "hub" / "models--someorg--tiny-bert" / "refs").mkdir()
+    (tmp_path / "hub" / "models--someorg--tiny-bert" / "refs" / "main").write_text("0" * 40)
+    tiny.tiny_bert().save_pretrained(snapshot)
+    tiny.bert_tokenizer().save_pretrained(snapshot)
+    code = "import attnlens; m = attnlens.load('someorg/tiny-bert'); print(m.cfg.n_layers, attnlens.seam.is_installed(m))"
+    env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == "2 True"
+
+
+def test_model_object_keeps_its_dtype_and_a_bridge_takes_no_arguments():
+    model = tiny.tiny_bert().to(torch.float64)
+    bridge = attnlens.load(model, tokenizer=tiny.bert_tokenizer())
+    assert bridge.original_model.dtype == torch.float64 and bridge.original_model is model
+    with pytest.raises(ValueError, match="dtype="):
+        attnlens.load(bridge, dtype=torch.float32)
