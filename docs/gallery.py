@@ -23,13 +23,14 @@ DOCS = Path(__file__).resolve().parent
 N_TEXTS, MAX_LEN = 64, 64
 
 
-def main(n_texts: int = N_TEXTS) -> Path:
+def main(n_texts: int = N_TEXTS, docs: Path = DOCS) -> Path:
+    """Write ``gallery.md`` and ``assets/plotly.min.js`` into ``docs``; returns the page's path."""
     model = attnlens.load()
     comparison = attnlens.compare(
-        model, "papa", "effective", corpus=default_corpus(n_texts), max_len=MAX_LEN
+        model, "papa", "effective", corpus=default_corpus(n_texts), max_len=MAX_LEN, progress=False
     )
-    (DOCS / "assets").mkdir(exist_ok=True)
-    (DOCS / "assets" / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
+    (docs / "assets").mkdir(exist_ok=True)
+    (docs / "assets" / "plotly.min.js").write_text(get_plotlyjs(), encoding="utf-8")
     parts = [
         "# Gallery",
         "",
@@ -43,8 +44,9 @@ def main(n_texts: int = N_TEXTS) -> Path:
     ]
     for name, fig in comparison.figures.items():
         parts += [f"## {name.replace('_', ' ')}", ""]
-        if _caption(name):
-            parts += [_caption(name), ""]
+        caption = _caption(name, comparison)
+        if caption:
+            parts += [caption, ""]
         fragment = pio.to_html(
             fig, include_plotlyjs=False, full_html=False, div_id=f"gallery-{name}",
             config={"displaylogo": False, "responsive": True},
@@ -53,9 +55,9 @@ def main(n_texts: int = N_TEXTS) -> Path:
         # Markdown ends a raw HTML block at a blank line: keep the fragment free of them
         lines = [line for line in fragment.splitlines() if line.strip()]
         parts += ['<div class="attnlens-figure">', *lines, "</div>", ""]
-    out = DOCS / "gallery.md"
+    out = docs / "gallery.md"
     out.write_text("\n".join(parts), encoding="utf-8")
-    print(f"wrote {out} ({len(comparison.figures)} figures) and {DOCS / 'assets' / 'plotly.min.js'}")
+    print(f"wrote {out} ({len(comparison.figures)} figures) and {docs / 'assets' / 'plotly.min.js'}")
     return out
 
 

@@ -47,3 +47,18 @@ def test_compare_page(tmp_path, monkeypatch):
 @pytest.mark.parametrize("page", ["index.md", "compare.md", "effective.md", "plots.md", "cli.md"])
 def test_pages_are_in_the_site_navigation(page):
     assert f": {page}" in (DOCS.parent / "mkdocs.yml").read_text()
+
+
+def test_gallery_page_is_generated_with_every_figure_and_its_caption(tmp_path):
+    """``make docs`` runs docs/gallery.py; it must keep working with the report it copies."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gallery", DOCS / "gallery.py")
+    gallery = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gallery)
+    page = gallery.main(4, docs=tmp_path).read_text()
+    assert (tmp_path / "assets" / "plotly.min.js").stat().st_size > 1_000_000
+    headings = re.findall(r"^## (.+)$", page, re.M)
+    assert "side by side" in headings and "patterns effective" in headings and len(headings) >= 10
+    assert page.count('<div class="attnlens-figure">') == len(headings)
+    assert "non-standard view is farthest from standard" in page
