@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import operator
 import os
 import sys
@@ -179,7 +180,8 @@ class Comparison:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict: metadata, column definitions, table records and the example."""
+        """A JSON-ready dict: metadata, column definitions, table records (exact: every float as
+        Python writes it, NaN as ``None``) and the example (patterns rounded to 6 decimals)."""
         return {
             "format": "attnlens.Comparison/1",
             "model": self.model_name,
@@ -193,7 +195,10 @@ class Comparison:
             "layout": self.layout,
             "causal": self.causal,
             "columns": {name: COLUMN_DOCS[name] for name in COLUMNS},
-            "table": json.loads(self.table.to_json(orient="records")),
+            "table": [
+                {name: None if isinstance(value, float) and math.isnan(value) else value for name, value in row.items()}
+                for row in self.table.to_dict("records")
+            ],
             "example": {
                 "index": self.example_index,
                 "tokens": self.example_tokens,

@@ -102,10 +102,10 @@ def tokenize(
     ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
     ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
     ``max_len`` (the tokenizer's own special tokens and pair format); a tokenizer without a pad
-    token (GPT-2) is padded with its eos token, which the mask hides. Only a decoder (``model`` a
-    bridge of one) whose tokenizer has ``padding_side="left"`` is padded on the left: its
-    positions then come from the mask (:meth:`Batch.model_kwargs`). An encoder keeps positions
-    ``0 .. n-1`` only with right padding, so it always gets that.
+    token (GPT-2) is padded with its eos token, which the mask hides. The padding goes on the
+    right whatever the tokenizer's ``padding_side``: every token then keeps its position
+    ``0 .. n-1`` (as when its text runs alone), and PAPA constants, indexed by position, do not
+    depend on how texts are grouped into batches.
 
     ``max_len`` must leave room for one real token per segment besides the special tokens
     (:func:`min_max_len`) and, when ``model`` is a bridge, fit in its position embeddings
@@ -119,13 +119,12 @@ def tokenize(
     if any(isinstance(example, tuple) != is_pair for example in examples):
         raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
     check_max_len(model, max_len, layout=layout, is_pair=is_pair)
-    causal = model is not tokenizer and is_causal(model)
     if layout == "papa":
         batch = _papa(tokenizer, examples, max_len, is_pair)
     else:
-        batch = _padded(tokenizer, examples, max_len, is_pair, left=causal and tokenizer.padding_side == "left")
+        batch = _padded(tokenizer, examples, max_len, is_pair)
     batch.token_types = _uses_token_types(tokenizer)
-    batch.positions_from_mask = causal
+    batch.positions_from_mask = model is not tokenizer and is_causal(model)
     return batch
 
 
@@ -266,7 +265,7 @@ def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Ba
     return Batch(input_ids, attention_mask, token_type_ids, int(truncated.sum()), "papa", max_len, is_pair)
 
 
-def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, *, left: bool) -> Batch:
+def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
     if is_pair:
         args = ([a for a, _ in examples], [b for _, b in examples])
     else:
@@ -283,12 +282,11 @@ def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, *, 
     input_ids = torch.full((n, longest), pad, dtype=torch.long)
     attention_mask = torch.zeros((n, longest), dtype=torch.long)
     token_type_ids = torch.zeros((n, longest), dtype=torch.long)
-    for row, ids in enumerate(rows):
-        where = slice(longest - len(ids), longest) if left else slice(0, len(ids))
-        input_ids[row, where] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, where] = 1
+    for row, ids in enumerate(rows):  # on the right: every token keeps its position 0 .. n-1
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
         if types is not None:
-            token_type_ids[row, where] = torch.tensor(types[row], dtype=torch.long)
+            token_type_ids[row, : len(ids)] = torch.tensor(types[row], dtype=torch.long)
     n_truncated = sum(len(ids) > max_len for ids in full)
     return Batch(input_ids, attention_mask, token_type_ids, int(n_truncated), "padded", max_len, is_pair)
 

@@ -214,7 +214,7 @@ def test_to_json_round_trip(comparison):
     assert "total-variation" in data["columns"]["distance_from_standard"]
     assert data["max_len"] == MAX_LEN and data["n_examples"] == len(texts())
     restored = Comparison.from_json(comparison.to_json())
-    pd.testing.assert_frame_equal(restored.table, comparison.table)
+    pd.testing.assert_frame_equal(restored.table, comparison.table, check_exact=True)
     assert restored.focus == comparison.focus
     assert set(restored.figures) == set(comparison.figures)
 

@@ -190,11 +190,22 @@ def test_papa_layout_padding_in_the_middle(minilm, sst2_sentences):
         assert torch.all(result.effective[layer].transpose(1, 3)[~valid] == 0)
 
 
-def padded_gpt2(side: str):
-    """Tiny GPT-2 whose tokenizer pads on ``side`` (a copy: the cached one stays without padding)."""
+def padded_gpt2():
+    """Tiny GPT-2 with a pad token (a copy: the cached tokenizer stays without one)."""
     tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
-    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, side
+    tokenizer.pad_token = tokenizer.eos_token
     return attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
+
+
+def left_padded(batch: attnlens.Batch) -> attnlens.Batch:
+    """The same texts with the padding moved before them, as a generation-style batch has it
+    (``tokenize`` pads on the right; a user's own batch may not)."""
+    shifts = (~batch.attention_mask.bool()).sum(-1).tolist()
+    rows = [torch.roll(x, shift, dims=-1) for x, shift in zip(batch.input_ids, shifts, strict=True)]
+    masks = [torch.roll(x, shift, dims=-1) for x, shift in zip(batch.attention_mask, shifts, strict=True)]
+    ids, mask = torch.stack(rows), torch.stack(masks)
+    return attnlens.Batch(ids, mask, torch.zeros_like(ids), 0, "padded", batch.max_len,
+                          token_types=False, positions_from_mask=True)
 
 
 GPT2_TEXTS = [tiny.CORPUS[0], " ".join(tiny.CORPUS[:2])]
@@ -203,7 +214,7 @@ GPT2_TEXTS = [tiny.CORPUS[0], " ".join(tiny.CORPUS[:2])]
 def test_decoder_runs_the_plain_hugging_face_forward():
     """GPT-2 has no token types (given zeros, HF would add the embedding of token 0 everywhere):
     ``run`` on a padded batch, or on ids, gives the HF model's own logits on real tokens."""
-    model = padded_gpt2("right")
+    model = padded_gpt2()
     batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
     valid = batch.attention_mask.bool()
     assert not bool(valid.all())
@@ -217,8 +228,8 @@ def test_decoder_runs_the_plain_hugging_face_forward():
 def test_left_padded_decoder_equals_each_sequence_alone():
     """Left padding shifts a short sequence's tokens; positions come from the mask, so its
     standard and effective patterns on the valid block are those of the sequence run alone."""
-    model = padded_gpt2("left")
-    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
+    model = padded_gpt2()
+    batch = left_padded(attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded"))
     valid = batch.attention_mask.bool()
     n = int(valid[0].sum())
     assert n < valid.shape[1] and not bool(valid[0, 0])
@@ -232,8 +243,8 @@ def test_left_padded_decoder_equals_each_sequence_alone():
 def test_decoder_hooks_infer_the_mask_of_a_left_padded_run():
     """Run by hand (``run_with_hooks`` with an attention mask, no Batch), GPT-2's padded query rows
     are uniform over every key; the inferred mask must leave those rows out."""
-    model = padded_gpt2("left")
-    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
+    model = padded_gpt2()
+    batch = left_padded(attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded"))
     valid = batch.attention_mask.bool()
     seen = {}
 
@@ -258,8 +269,8 @@ def test_left_padded_decoder_uses_the_batch_mask():
     """GPT-2 has no seam: with left padding its padded query rows see no key and come out uniform,
     so a mask inferred from the pattern would count every padded key as real. ``run`` must use the
     batch's mask: A⊥ equals the loop on the valid block and is 0 on padded keys."""
-    model = padded_gpt2("left")
-    batch = attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded")
+    model = padded_gpt2()
+    batch = left_padded(attnlens.tokenize(model, GPT2_TEXTS, max_len=64, layout="padded"))
     valid = batch.attention_mask.bool()
     assert not bool(valid[0, 0]) and bool(valid[0, -1])  # padding first
     result = effective.run(model, batch)

@@ -86,7 +86,7 @@ def test_tokenizer_without_special_tokens_is_refused():
 def test_padded_layout_without_a_pad_token_pads_like_hugging_face_with_eos(side):
     """A bare GPT-2 tokenizer has no pad token; padded positions are masked, so attnlens pads
     with eos, as HF does once ``pad_token = eos_token`` is set (the user's tokenizer is left as
-    it is). Without a model to say it is a decoder, padding goes on the right."""
+    it is). Padding goes on the right whatever the tokenizer's padding_side."""
     texts = ["a film .", "it is a very funny film", "b"]
     tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
     tokenizer.padding_side = side

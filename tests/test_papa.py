@@ -371,3 +371,18 @@ def test_fit_shows_the_shared_progress_bar_from_where_it_resumes(tiny_berts, tmp
                  checkpoint=checkpoint, checkpoint_every=1)
     papa.fit(model, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
     assert calls == [("papa.fit", False, 0), ("papa.fit", False, 8)]
+
+
+def test_decoder_constants_do_not_depend_on_batch_size_when_the_tokenizer_pads_left():
+    """Constants are indexed by position. With left padding a token's padded position would shift
+    with the longest text of its batch; the padded layout pads on the right so it does not."""
+    import copy
+
+    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
+    model = attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
+    texts = tiny.CORPUS[:6]
+    one = papa.fit(model, texts, max_len=24, layout="padded", batch_size=1, progress=False)
+    all_ = papa.fit(model, texts, max_len=24, layout="padded", batch_size=6, progress=False)
+    assert torch.equal(one.pair_counts, all_.pair_counts)
+    torch.testing.assert_close(one.mean, all_.mean, atol=1e-6, rtol=0)

@@ -255,6 +255,13 @@ def test_lam_of_another_shape_is_refused():
             papa.select_heads("lambda", fraction=0.25, n_layers=6, n_heads=12, lam=lam)
 
 
+def test_a_lambda_table_alone_gives_the_shape():
+    lam = torch.rand(6, 12, generator=torch.Generator().manual_seed(0))
+    chosen = papa.select_heads("lambda", fraction=0.125, lam=lam)
+    lowest = set(torch.argsort(lam.flatten())[:9].tolist())  # round(0.125 * 72) = 9 smallest λ
+    assert {layer * 12 + head for layer, head in chosen.order} == lowest
+
+
 def test_input_dependence_needs_fitted_constants(minilm):
     """Trainable constants (and no constants) have no measured input dependence: a ValueError
     that says so, like data-free constants give."""

@@ -138,7 +138,7 @@ def select_heads(
     """The heads to replace, by ``strategy`` (one of :data:`STRATEGIES`), in replacement order.
 
     Give ``fraction=k`` (``round(k · layers · heads)`` heads) or ``n=`` (a count). The shape comes
-    from ``constants``, ``model`` or ``n_layers``/``n_heads``. ``"input_dependence"`` needs fitted
+    from ``constants``, ``model``, ``n_layers``/``n_heads``, or a ``[layer, head]`` ``lam=`` alone. ``"input_dependence"`` needs fitted
     ``constants`` (:class:`PapaConstants` from :func:`attnlens.papa.fit`). The λ strategies use
     ``lam=`` (exactly ``[n_layers, n_heads]``) if given, otherwise learn it with
     :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``, ``lr``,
@@ -146,6 +146,10 @@ def select_heads(
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+    if lam is not None and constants is None and model is None and n_layers is None and n_heads is None:
+        lam = torch.as_tensor(lam)
+        if lam.ndim == 2:  # a λ table alone says the shape
+            n_layers, n_heads = lam.shape
     n_layers, n_heads = _shape(constants, model, n_layers, n_heads)
     if (fraction is None) == (n is None):
         raise ValueError("Pass exactly one of fraction= and n=.")
