@@ -41,7 +41,7 @@ from torch import Tensor
 
 from attnlens import seam
 from attnlens.corpus import resolve_corpus
-from attnlens.inputs import tokenize
+from attnlens.inputs import as_max_len, tokenize
 from attnlens.stats import STATISTICS, AttentionStatistics, token_classes, token_text
 from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
@@ -366,8 +366,8 @@ def compare(
 ) -> Comparison:
     """Compare views of attention head by head over a corpus; returns a :class:`Comparison`.
 
-    ``model``: a bridge from :func:`attnlens.load` (or anything ``load`` accepts; ``None`` is the
-    embedded default model). ``views``: any of ``"standard"``, ``"papa"``, ``"effective"``
+    ``model``: a bridge from :func:`attnlens.load` (or anything ``load`` accepts, loaded with it:
+    a Hugging Face model is taken over as ``load`` says; ``None`` is the embedded default model). ``views``: any of ``"standard"``, ``"papa"``, ``"effective"``
     (:data:`VIEWS`); ``"standard"`` is always included; no views means all of them. An unknown
     view raises ``ValueError`` naming the valid ones.
 
@@ -398,9 +398,12 @@ def compare(
     names = validate_views(views or VIEWS)
     texts = resolve_corpus(corpus)
     if n_examples is not None:
+        n_examples = _check_count(n_examples, "n_examples")
         if n_examples < 1:
             raise ValueError(f"n_examples must be at least 1, got {n_examples}")
         texts = texts[:n_examples]
+    if max_len is not None:
+        max_len = as_max_len(max_len)
     if example is not None:
         example = _check_example(example, len(texts))
     if batch_size < 1:
@@ -424,12 +427,19 @@ def compare(
         model.train(was_training)
 
 
+def _check_count(value: Any, name: str) -> int:
+    """``value`` as an int; ``ValueError`` naming ``name`` for a float, a string or a bool."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise ValueError(f"{name}={value!r} should be a whole number")
+
+
 def _check_example(example: Any, n_texts: int) -> int:
     """``example`` as an int; ``ValueError`` unless it indexes one of the ``n_texts`` texts."""
-    try:
-        index = operator.index(example)
-    except TypeError:
-        raise ValueError(f"example={example!r} should be an integer index into the corpus") from None
+    index = _check_count(example, "example (an index into the corpus)")
     if not 0 <= index < n_texts:
         raise ValueError(f"example={index} is outside the corpus of {n_texts} texts")
     return index
@@ -464,12 +474,12 @@ def _papa_setup(
     the padded layout; with it the given constants (checked against the model) or ones fitted on
     ``texts``, and their ``max_len`` and layout."""
     if "papa" not in names:
-        return None, max_len or DEFAULT_MAX_LEN, "padded"
+        return None, DEFAULT_MAX_LEN if max_len is None else max_len, "padded"
     if constants is None:
         from attnlens import papa
         from attnlens.loading import is_causal
 
-        max_len = max_len or DEFAULT_MAX_LEN
+        max_len = DEFAULT_MAX_LEN if max_len is None else max_len
         # decoders have no [CLS]/[SEP] to fix in place: their constants use ordinary padding
         layout = "padded" if is_causal(model) else "papa"
         constants = papa.fit(

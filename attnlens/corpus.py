@@ -140,7 +140,9 @@ def resolve_corpus(corpus: str | os.PathLike | Iterable[str] | None) -> list[str
         return default_corpus()
     if isinstance(corpus, str | os.PathLike):
         return read_corpus(corpus)
-    texts = list(corpus)
+    from attnlens.streaming import corpus_iterator
+
+    texts = list(corpus_iterator(corpus))
     if not texts:
         raise CorpusError("the corpus is empty: pass at least one text")
     bad = next((t for t in texts if not isinstance(t, str | tuple | list)), None)

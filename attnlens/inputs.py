@@ -15,6 +15,7 @@ Pairs use one middle separator for every tokenizer (RoBERTa's own pair format ha
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -89,6 +90,14 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def __repr__(self) -> str:
+        n, positions = self.input_ids.shape
+        return (
+            f"Batch({n} {'pairs' if self.is_pair else 'texts'} x {positions} positions, "
+            f"layout={self.layout!r}, max_len={self.max_len}, "
+            f"{int(self.attention_mask.sum())} real tokens, {self.n_truncated} truncated)"
+        )
+
 
 def tokenize(
     model: Any,
@@ -111,6 +120,11 @@ def tokenize(
     (:func:`min_max_len`) and, when ``model`` is a bridge, fit in its position embeddings
     (:func:`position_limit`); otherwise ``ValueError`` names the limit.
     """
+    if hasattr(model, "config") and not hasattr(model, "cfg"):  # a Hugging Face model
+        raise TypeError(
+            f"tokenize takes a bridge from attnlens.load or a tokenizer, got a "
+            f"{type(model).__name__}; pass attnlens.load(model) or its tokenizer."
+        )
     tokenizer = getattr(model, "tokenizer", None) or model
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
@@ -118,7 +132,7 @@ def tokenize(
     is_pair = isinstance(examples[0], tuple)
     if any(isinstance(example, tuple) != is_pair for example in examples):
         raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
-    check_max_len(model, max_len, layout=layout, is_pair=is_pair)
+    max_len = check_max_len(model, max_len, layout=layout, is_pair=is_pair)
     if layout == "papa":
         batch = _papa(tokenizer, examples, max_len, is_pair)
     else:
@@ -167,14 +181,29 @@ def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = Fals
     return (count(pair=is_pair) if count is not None else 0) + segments
 
 
+def as_max_len(max_len: Any) -> int:
+    """``max_len`` as an ``int`` (a NumPy integer is fine); ``TypeError`` for anything else."""
+    if not isinstance(max_len, bool):
+        try:
+            return operator.index(max_len)
+        except TypeError:
+            pass
+    raise TypeError(
+        f"max_len must be a whole number of tokens, got {max_len!r} ({type(max_len).__name__}); "
+        "e.g. max_len=128."
+    )
+
+
 def check_max_len(
     model: Any, max_len: int, *, layout: Layout = "papa", is_pair: bool = False
-) -> None:
-    """Raise ``ValueError`` unless ``max_len`` fits ``model`` (a bridge or a tokenizer).
+) -> int:
+    """``max_len`` as an ``int`` (:func:`as_max_len`); ``ValueError`` unless it fits ``model`` (a
+    bridge or a tokenizer).
 
     Too small: below :func:`min_max_len` (no room for a real token). Too large: above
     :func:`position_limit` (the forward pass would run out of position embeddings).
     """
+    max_len = as_max_len(max_len)
     tokenizer = getattr(model, "tokenizer", None) or model
     minimum = min_max_len(tokenizer, layout=layout, is_pair=is_pair)
     if max_len < minimum:
@@ -193,6 +222,7 @@ def check_max_len(
             f"(config.max_position_embeddings={config.max_position_embeddings}{unused}); "
             f"use max_len={limit} or less."
         )
+    return max_len
 
 
 def _as_examples(texts_or_pairs: Any) -> list:

@@ -108,6 +108,15 @@ def _check_tokenizer(tokenizer: Any, config: Any) -> None:
         )
 
 
+def require_bridge(model: Any, who: str) -> None:
+    """``TypeError`` unless ``model`` is a TransformerBridge; ``who`` names the caller."""
+    if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
+        raise TypeError(
+            f"{who} needs a TransformerBridge, got {type(model).__name__}; load the model with "
+            "attnlens.load(model) (it accepts a Hugging Face model too) and pass the result."
+        )
+
+
 def model_id(bridge: Any) -> str:
     """The name attnlens records for a model (in saved constants and reports): the hub name, or
     the absolute path of a local folder (however it was given to :func:`load`)."""
@@ -223,6 +232,14 @@ def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: A
     from transformer_lens.model_bridge import TransformerBridge
 
     _check_supported(hf_model)
+    earlier = getattr(hf_model, "_attnlens_bridge", None)
+    if earlier is not None:  # loaded before (e.g. a notebook cell run again): the same bridge
+        return _rewrap(hf_model, earlier, device=device, dtype=dtype, tokenizer=tokenizer)
+    if any(type(module).__name__.endswith("Bridge") for module in hf_model.modules()):
+        raise ValueError(
+            f"This {type(hf_model).__name__} is already wrapped by a TransformerBridge; pass that "
+            "bridge to attnlens.load instead of the Hugging Face model."
+        )
     if tokenizer is None:
         source = getattr(hf_model, "name_or_path", "") or ""
         if source and Path(source).is_dir():
@@ -243,6 +260,24 @@ def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: A
     name = getattr(hf_model, "name_or_path", "") or type(hf_model).__name__
     if Path(name).expanduser().is_dir():
         name = _local_name(name)
-    return TransformerBridge.boot_transformers(
+    bridge = TransformerBridge.boot_transformers(
         name, hf_model=hf_model, tokenizer=tokenizer, device=device, dtype=dtype
     )
+    # a second load returns this bridge (a plain attribute, not a submodule: no module cycle)
+    object.__setattr__(hf_model, "_attnlens_bridge", bridge)
+    return bridge
+
+
+def _rewrap(hf_model: Any, bridge: Any, *, device: Any, dtype: Any, tokenizer: Any) -> Any:
+    """The bridge an earlier :func:`load` made of ``hf_model`` (its layers are wrapped by now)."""
+    moved = (device is not None and torch.device(device) != hf_model.device) or (
+        dtype is not None and dtype != hf_model.dtype
+    )
+    if moved:
+        raise ValueError(
+            f"This model was already loaded by attnlens.load on {hf_model.device} in "
+            f"{hf_model.dtype}; reuse that bridge, or load a fresh copy with device=/dtype=."
+        )
+    if tokenizer is not None:
+        bridge.tokenizer = tokenizer
+    return bridge

@@ -13,7 +13,7 @@ share two small steps, kept here once:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -28,15 +28,19 @@ class _Stop(Exception):
 
 def corpus_iterator(corpus: Any) -> Iterator:
     """An iterator over ``corpus`` (strings or (str, str) pairs), refusing things that are not one:
-    a single string, or a whole ``datasets.Dataset`` instead of one of its columns."""
+    a single string, or a whole table (``datasets.Dataset``, ``pandas.DataFrame``, a dict of
+    columns), whose iteration would give its column names, instead of one of its columns."""
     if isinstance(corpus, str | bytes):
         raise TypeError("corpus must be an iterable of strings or (str, str) pairs, not one string.")
-    datasets = sys.modules.get("datasets")
-    if datasets is not None and isinstance(corpus, datasets.Dataset | datasets.IterableDataset):
-        names = ", ".join(repr(name) for name in (corpus.column_names or []))
+    datasets, pandas = sys.modules.get("datasets"), sys.modules.get("pandas")
+    tables = (datasets.Dataset, datasets.IterableDataset) if datasets is not None else ()
+    tables += (pandas.DataFrame,) if pandas is not None else ()
+    if isinstance(corpus, Mapping) or (tables and isinstance(corpus, tables)):
+        columns = corpus.column_names if hasattr(corpus, "column_names") else list(corpus.keys())
+        names = ", ".join(repr(name) for name in (columns or []))
         raise TypeError(
-            f"Pass one column of the dataset (e.g. dataset[{names.split(', ')[0] or 'text'}]), "
-            f"not the whole dataset (columns: {names})."
+            f"Pass one column of the {type(corpus).__name__} (e.g. corpus[{names.split(', ')[0] or 'text'}]), "
+            f"not the whole table (columns: {names})."
         )
     try:
         return iter(corpus)

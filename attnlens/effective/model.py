@@ -31,8 +31,8 @@ from torch import Tensor
 
 from attnlens import seam
 from attnlens.effective.core import effective_attention
-from attnlens.inputs import Batch, tokenize
-from attnlens.loading import is_causal
+from attnlens.inputs import Batch, as_max_len, tokenize
+from attnlens.loading import is_causal, require_bridge
 from attnlens.stats import AttentionStatistics, token_classes
 from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
@@ -55,6 +55,13 @@ class EffectiveRun:
     logits: Tensor
     batch: Batch | None = None
 
+    def __repr__(self) -> str:
+        return (
+            f"EffectiveRun(standard, effective: [layer, batch, head, query, key] = "
+            f"{list(self.standard.shape)}, {self.standard.dtype}, {self.standard.device}; "
+            f"{int(self.valid.sum())} real tokens)"
+        )
+
     @property
     def null(self) -> Float[Tensor, "layer batch head query key"]:
         """The part of each pattern that never reaches the output, ``standard - effective``."""
@@ -75,6 +82,14 @@ class EffectiveStatistics:
     n_sequences: int
     n_tokens: int
     n_truncated: int
+
+    def __repr__(self) -> str:
+        shape = list(next(iter(self.standard.values())).shape) if self.standard else []
+        return (
+            f"EffectiveStatistics({self.n_sequences} sequences, {self.n_tokens} tokens, "
+            f"{self.n_truncated} truncated; {', '.join(self.standard)} per [layer, head] = {shape} "
+            "for standard and effective; .to_frame() for a table)"
+        )
 
     def to_frame(self) -> Any:
         """Long ``pandas.DataFrame``: columns attention, statistic, layer, head, value."""
@@ -112,11 +127,7 @@ def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
 
 
 def _require_bridge(model: Any) -> None:
-    if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
-        raise TypeError(
-            f"attnlens.effective needs a TransformerBridge, got {type(model).__name__}; "
-            "load the model with attnlens.load(model) (it accepts a Hugging Face model too)."
-        )
+    require_bridge(model, "attnlens.effective")
 
 
 def pattern_hooks(
@@ -201,6 +212,7 @@ def hooked(
     padded: bool = False,
 ) -> Iterator[Any]:
     """Context manager: inside it, every forward of ``model`` runs with :func:`hooks` added."""
+    _require_bridge(model)
     with model.hooks(fwd_hooks=hooks(model, mode, layers=layers, rtol=rtol, padded=padded)):
         yield model
 
@@ -279,6 +291,7 @@ def statistics(
     after the last layer's pattern hook (the rest of the model is not needed).
     """
     _require_bridge(model)
+    max_len = as_max_len(max_len)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     standard = AttentionStatistics(n_layers, n_heads)
     effective = AttentionStatistics(n_layers, n_heads)

@@ -22,7 +22,8 @@ from typing import Any
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attnlens.inputs import LAYOUTS, Batch, tokenize
+from attnlens.inputs import LAYOUTS, Batch, check_max_len, tokenize
+from attnlens.loading import require_bridge
 from attnlens.papa.constants import PapaConstants, check_model
 from attnlens.streaming import chunks, corpus_iterator, device_of, progress_bar, run_patterns
 
@@ -58,10 +59,12 @@ def fit(
     those of the Hugging Face model on the same inputs; run interventions the same way
     (``model(batch.input_ids, **batch.model_kwargs())``).
     """
+    require_bridge(model, "papa.fit")
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     if batch_size < 1 or checkpoint_every < 1:
         raise ValueError("batch_size and checkpoint_every must be at least 1.")
+    max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
     examples = corpus_iterator(corpus)
     state = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
     consumed = state.examples

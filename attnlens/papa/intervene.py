@@ -225,8 +225,9 @@ def intervention(
     patterns are causal is taken from ``model`` (:func:`attnlens.loading.is_causal`). Yields the
     :class:`PapaHooks` (e.g. to train ``h.theta``).
     """
-    from attnlens.loading import is_causal
+    from attnlens.loading import is_causal, require_bridge
 
+    require_bridge(model, "papa.intervention")
     constants.check_compatible(model)
     if not seam.is_installed(model):
         raise ValueError(

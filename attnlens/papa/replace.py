@@ -114,10 +114,10 @@ def softmax_pattern(
 def _prepare(
     matrix: Tensor, key_mask: Tensor, dtype: torch.dtype | None, name: str
 ) -> tuple[Tensor, Tensor, torch.dtype]:
-    """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length, cast it, and put
-    ``key_mask`` on its device as bool."""
+    """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length, cast it and put it
+    on ``key_mask``'s device (the pattern's: a model on a GPU gets a GPU pattern), mask as bool."""
     if matrix.ndim != 3:
         raise ValueError(f"{name} must be [head, query, key], got {tuple(matrix.shape)}.")
     dtype = dtype or matrix.dtype
-    matrix = _fit_to(matrix, key_mask.shape[-1]).to(dtype)
-    return matrix, key_mask.to(device=matrix.device, dtype=torch.bool), dtype
+    matrix = _fit_to(matrix, key_mask.shape[-1]).to(device=key_mask.device, dtype=dtype)
+    return matrix, key_mask.to(dtype=torch.bool), dtype

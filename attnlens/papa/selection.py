@@ -28,6 +28,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens.loading import require_bridge
 from attnlens.papa.constants import PapaConstants
 
 STRATEGIES: tuple[str, ...] = (
@@ -308,6 +309,7 @@ def _shape(constants: Any, model: Any, n_layers: int | None, n_heads: int | None
     if constants is not None:
         return constants.n_layers, constants.n_heads
     if model is not None:
+        require_bridge(model, "papa.select_heads")
         return int(model.cfg.n_layers), int(model.cfg.n_heads)
     if n_layers is None or n_heads is None:
         raise ValueError("Pass constants=, model= or n_layers= and n_heads=.")

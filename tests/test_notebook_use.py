@@ -1,0 +1,118 @@
+"""What a notebook user runs into: cells run twice, the wrong kind of argument, short reprs.
+
+References: the first run's own results (a second run must give the same bridge and numbers), the
+error messages' promise to name the problem and the fix, and plain sizes for reprs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attnlens
+from attnlens import effective, papa
+from tests import tiny
+
+TEXTS = tiny.CORPUS[:4]
+
+
+@pytest.fixture()
+def hf_bert():
+    return tiny.tiny_bert()
+
+
+def test_loading_the_same_hugging_face_model_twice_returns_its_bridge(hf_bert, minilm):
+    """The first load wraps the model's layers; wrapping them again would give a bridge whose
+    hook_pattern never fires, so a PAPA intervention would silently change nothing. Reference: the
+    same intervention on a separately loaded copy of the same weights."""
+    first = attnlens.load(hf_bert, tokenizer=tiny.bert_tokenizer())
+    again = attnlens.load(hf_bert, tokenizer=tiny.bert_tokenizer())
+    reference = attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())
+    assert again is first
+
+    def effect(model):
+        batch = attnlens.tokenize(model, TEXTS, max_len=16)  # the PAPA layout of the constants
+        with torch.no_grad():
+            plain = model(batch.input_ids, **batch.model_kwargs())
+            with papa.intervention(model, papa.uniform(model, max_len=16), heads="all"):
+                return model(batch.input_ids, **batch.model_kwargs()) - plain
+
+    expected = effect(reference)
+    assert expected.abs().max() > 1e-6
+    torch.testing.assert_close(effect(again), expected, atol=1e-7, rtol=0)
+    with pytest.raises(ValueError, match="already loaded"):
+        attnlens.load(hf_bert, dtype=torch.float64)
+    with pytest.raises(ValueError, match="already wrapped by a TransformerBridge"):
+        attnlens.load(minilm.original_model, tokenizer=minilm.tokenizer)  # booted by name, not by load(object)
+
+
+def test_compare_twice_on_a_hugging_face_model(hf_bert):
+    attnlens.load(hf_bert, tokenizer=tiny.bert_tokenizer())  # compare(hf) needs the tokenizer once
+    first = attnlens.compare(hf_bert, "standard", corpus=TEXTS, max_len=16, progress=False)
+    second = attnlens.compare(hf_bert, "standard", corpus=TEXTS, max_len=16, progress=False)
+    pd.testing.assert_frame_equal(first.table, second.table, check_exact=True)
+
+
+@pytest.mark.parametrize("table", [pd.DataFrame({"text": TEXTS, "label": [0, 1, 0, 1]}), {"text": TEXTS}])
+def test_a_whole_table_as_corpus_is_refused(minilm, table):
+    """Iterating a DataFrame or a dict gives its column names: two 'texts' named text and label."""
+    for run in (
+        lambda: attnlens.compare(minilm, "standard", corpus=table, progress=False),
+        lambda: papa.fit(minilm, table, max_len=16, progress=False),
+        lambda: effective.statistics(minilm, table, max_len=16, progress=False),
+    ):
+        with pytest.raises(TypeError, match=r"one column .*corpus\['text'\]"):
+            run()
+
+
+def test_max_len_and_counts_of_any_integer_type_and_clear_errors_otherwise(minilm):
+    as_int = attnlens.tokenize(minilm, TEXTS, max_len=16)
+    as_numpy = attnlens.tokenize(minilm, TEXTS, max_len=np.int64(16))
+    assert torch.equal(as_int.input_ids, as_numpy.input_ids) and as_numpy.max_len == 16
+    assert isinstance(as_numpy.max_len, int)
+    for bad in (16.0, None, "16", True):
+        with pytest.raises(TypeError, match="max_len must be a whole number"):
+            attnlens.tokenize(minilm, TEXTS, max_len=bad)
+    with pytest.raises(TypeError, match="max_len must be a whole number"):
+        papa.fit(minilm, TEXTS, max_len=None, progress=False)
+    with pytest.raises(ValueError, match="max_len=-5 leaves no room"):
+        papa.fit(minilm, TEXTS, max_len=-5, progress=False)
+    with pytest.raises(ValueError, match="max_len=0 leaves no room"):
+        attnlens.compare(minilm, "standard", corpus=TEXTS, max_len=0, progress=False)
+    with pytest.raises(ValueError, match="n_examples=2.0 should be a whole number"):
+        attnlens.compare(minilm, "standard", corpus=TEXTS, n_examples=2.0, progress=False)
+
+
+def test_a_hugging_face_model_where_a_bridge_is_needed_says_to_load_it(hf_bert):
+    constants = papa.uniform(attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer()), max_len=16)
+    for run in (
+        lambda: papa.fit(hf_bert, TEXTS, max_len=16, progress=False),
+        lambda: papa.intervention(hf_bert, constants).__enter__(),
+        lambda: papa.select_heads("random", fraction=0.5, model=hf_bert),
+        lambda: effective.hooked(hf_bert).__enter__(),
+        lambda: attnlens.tokenize(hf_bert, TEXTS, max_len=16),
+    ):
+        with pytest.raises(TypeError, match=r"attnlens\.load"):
+            run()
+
+
+def test_reprs_are_short_and_say_the_shapes(minilm):
+    batch = attnlens.tokenize(minilm, TEXTS, max_len=16, layout="padded")
+    run = effective.run(minilm, batch)
+    stats = effective.statistics(minilm, TEXTS, max_len=16, progress=False)
+    assert repr(batch).startswith("Batch(4 texts x") and len(repr(batch)) < 200
+    assert f"{list(run.standard.shape)}" in repr(run) and len(repr(run)) < 300
+    assert "to_cls" in repr(stats) and "[6, 12]" in repr(stats) and len(repr(stats)) < 400
+
+
+def test_trainable_constants_follow_the_patterns_device():
+    """The pattern goes where the model's tensors are (the mask's device), not where the trained
+    logits live: on a GPU model a CPU pattern would be mixed with GPU ones. ``meta`` stands in for
+    a second device."""
+    from attnlens.papa.replace import softmax_pattern
+
+    logits = torch.randn(2, 5, 5, requires_grad=True)
+    pattern = softmax_pattern(logits, torch.ones(1, 5, dtype=torch.bool, device="meta"))
+    assert pattern.device.type == "meta" and pattern.shape == (1, 2, 5, 5)
