@@ -277,7 +277,7 @@ def build_figures(comparison: Comparison) -> dict[str, Any]:
     )
     figures["dominant_target"] = plots.head_grid(
         {view: c.dominant_target(view) for view in c.views},
-        title=f"What each head attends to most (\"broad\": no target above {BROAD_BELOW:g})",
+        title=f"What each head attends to most (\"broad\": every target below {BROAD_BELOW:g})",
         name="target",
         categories=[*TARGETS.values(), "broad"],
     )
@@ -557,7 +557,7 @@ def _compare(
             valid = batch.attention_mask.bool()
             row = example - seen if seen <= example < seen + len(chunk) else None
             current.update(
-                valid=valid, classes=token_classes(model.tokenizer, batch.input_ids), row=row
+                valid=valid, classes=token_classes(model.tokenizer, batch.input_ids, valid), row=row
             )
             if row is not None:
                 current["keep"] = valid[row].nonzero().squeeze(-1)

@@ -72,16 +72,28 @@ def punctuation_table(tokenizer: Any) -> Bool[Tensor, "vocab"]:
 
 
 def token_classes(
-    tokenizer: Any, input_ids: Int[Tensor, "batch pos"]
+    tokenizer: Any, input_ids: Int[Tensor, "batch pos"], valid: Bool[Tensor, "batch pos"] | None = None
 ) -> dict[str, Bool[Tensor, "batch pos"]]:
-    """Masks of the start ([CLS] / <s>), separator ([SEP] / </s>) and punctuation positions."""
+    """Masks of the start ([CLS] / <s>), separator ([SEP] / </s>) and punctuation positions.
+
+    A tokenizer without [CLS]/[SEP] (GPT-2) has bos and eos instead, often one token
+    (``<|endoftext|>``): then only its first occurrence among each example's real tokens
+    (``valid``; by default position 0) is the start, and the others are separators.
+    """
     start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     table = punctuation_table(tokenizer).to(input_ids.device)
     clipped = input_ids.clamp(max=table.shape[0] - 1)
+    none = torch.zeros_like(input_ids, dtype=torch.bool)
+    cls = input_ids == start if start is not None else none
+    if start is not None and start == sep:
+        if valid is None:
+            valid = torch.ones_like(input_ids, dtype=torch.bool)
+        first_real = valid & (valid.long().cumsum(-1) == 1)
+        cls = cls & first_real
     return {
-        "cls": input_ids == start if start is not None else torch.zeros_like(input_ids, dtype=torch.bool),
-        "sep": input_ids == sep if sep is not None else torch.zeros_like(input_ids, dtype=torch.bool),
+        "cls": cls,
+        "sep": (input_ids == sep) & ~cls if sep is not None else none,
         "punct": table[clipped],
     }
 

@@ -77,3 +77,20 @@ def test_punctuation_is_judged_on_the_decoded_text(make_tokenizer):
         assert _is_punctuation(token_text(tokenizer, token)), token
     for token in words:
         assert not _is_punctuation(token_text(tokenizer, token)), token
+
+
+def test_a_shared_bos_eos_token_is_the_start_once_and_a_separator_elsewhere():
+    """GPT-2's bos and eos are one token, <|endoftext|>: as both start and separator every head's
+    to_cls would equal its to_sep. Only the first real token is the start (left padding too)."""
+    import copy
+
+    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
+    tokenizer.bos_token = tokenizer.eos_token
+    eos, a, b = tokenizer.eos_token_id, 10, 11
+    ids = torch.tensor([[eos, a, eos, b, eos], [eos, eos, a, eos, b]])
+    valid = torch.tensor([[1, 1, 1, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)  # padding is eos too
+    classes = token_classes(tokenizer, ids, valid)
+    assert classes["cls"].tolist() == [[True, False, False, False, False], [False, True, False, False, False]]
+    assert (classes["sep"] & valid).tolist() == [[False, False, True, False, False], [False, False, False, True, False]]
+    other = token_classes(tiny.roberta_tokenizer(), ids)  # distinct <s> and </s>: unchanged rule
+    assert torch.equal(other["cls"], ids == tiny.roberta_tokenizer().cls_token_id)

@@ -308,7 +308,7 @@ def statistics(
         for chunk in chunks(corpus, batch_size):
             batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)  # type: ignore[arg-type]
             current["valid"] = batch.attention_mask.bool()
-            current["classes"] = token_classes(model.tokenizer, batch.input_ids)
+            current["classes"] = token_classes(model.tokenizer, batch.input_ids, current["valid"])
             run_patterns(model, batch, fwd_hooks)
             counts["sequences"] += len(batch)
             counts["tokens"] += int(batch.attention_mask.sum())
