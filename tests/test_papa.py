@@ -155,9 +155,13 @@ def test_save_then_load_is_bit_exact_and_load_refuses_another_model(minilm, text
     other = attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())
     with pytest.raises(ValueError, match="constants were fitted on 'sentence-transformers/all-MiniLM-L6-v2', model is"):
         papa.load(path, other)
-    constants.replace(model_id="someone/else").save(path)
+    constants.replace(model_id="someone/else", fingerprint=None).save(path)  # no weights to compare
     with pytest.raises(ValueError, match="fitted on 'someone/else', model is 'sentence-transformers"):
         papa.load(path, minilm)
+    # the same weights under another id (e.g. the model loaded by path, or moved): the fingerprint
+    # vouches for them
+    constants.replace(model_id="someone/else").save(path)
+    assert papa.load(path, minilm).model_id == "someone/else"
 
 
 def interrupted(examples, after):
@@ -386,3 +390,20 @@ def test_decoder_constants_do_not_depend_on_batch_size_when_the_tokenizer_pads_l
     all_ = papa.fit(model, texts, max_len=24, layout="padded", batch_size=6, progress=False)
     assert torch.equal(one.pair_counts, all_.pair_counts)
     torch.testing.assert_close(one.mean, all_.mean, atol=1e-6, rtol=0)
+
+
+def test_constants_follow_the_weights_across_folders_and_are_saved_readable(tmp_path):
+    """A copy of a model folder has another id (its absolute path) but the same weights: its
+    constants are accepted. The file gets the usual permissions (not mkstemp's 0600)."""
+    import os
+
+    for folder in ("a", "b"):
+        tiny.tiny_bert().save_pretrained(tmp_path / folder)
+        tiny.bert_tokenizer().save_pretrained(tmp_path / folder)
+    first, copy = (attnlens.load(str(tmp_path / folder)) for folder in ("a", "b"))
+    assert attnlens.loading.model_id(first) != attnlens.loading.model_id(copy)
+    path = papa.fit(first, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors")
+    assert papa.load(path, copy).fingerprint == attnlens.loading.weights_fingerprint(copy)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    assert (path.stat().st_mode & 0o777) == 0o666 & ~mask

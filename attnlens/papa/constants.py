@@ -336,6 +336,7 @@ class PapaConstants:
         os.close(handle)
         try:
             save_file(tensors, temporary, metadata=metadata)
+            os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it 0600; a file saved as usual
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
@@ -406,21 +407,34 @@ def _not_constants(path: str | os.PathLike, reason: Exception) -> str:
     )
 
 
+def _umask() -> int:
+    """The process's file-creation mask (read by setting it, then put back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def check_model(constants: Any, model: Any) -> None:
-    """Raise unless ``model`` is the model ``constants`` were made for (id, layers, heads, and
-    weights when ``constants.fingerprint`` is set)."""
+    """Raise unless ``model`` is the model ``constants`` were made for: its layers, heads and, when
+    ``constants.fingerprint`` is set, weights. The model's id must match too, unless the weights
+    fingerprint does (the same model loaded from another folder, or by name and by path)."""
     if model is None:
         return
     name, n_layers, n_heads = model_info(model)
-    if name != constants.model_id:
-        raise ValueError(f"constants were fitted on {constants.model_id!r}, model is {name!r}.")
+    expected = getattr(constants, "fingerprint", None)
+    found = model_fingerprint(model) if expected is not None else None
+    if name != constants.model_id and (expected is None or found != expected):
+        raise ValueError(
+            f"constants were fitted on {constants.model_id!r}, model is {name!r}"
+            + (" (and its weights differ)." if expected is not None else ".")
+            + " Fit constants on this model with papa.fit (attnlens fit-papa --model ...)."
+        )
     if (n_layers, n_heads) != (constants.n_layers, constants.n_heads):
         raise ValueError(
             f"constants have {constants.n_layers} layers x {constants.n_heads} heads, "
             f"model {name!r} has {n_layers} x {n_heads}."
         )
-    expected = getattr(constants, "fingerprint", None)
-    if expected is not None and (found := model_fingerprint(model)) != expected:
+    if expected is not None and found != expected:
         raise ValueError(
             f"constants were fitted on a {name!r} with other weights than this model's "
             f"(weights fingerprint {expected} when fitted, {found} for this model: e.g. another "
