@@ -22,6 +22,7 @@ import functools
 import io
 import os
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -49,6 +50,12 @@ PROJECT_SENTENCES: tuple[str, ...] = (
 
 #: columns read from a TSV/CSV file with a header, in order of preference
 TEXT_COLUMNS: tuple[str, ...] = ("text", "sentence", "sentence1", "#1 String", "question")
+
+#: header cells of a sentence-pair table (GLUE's MRPC, RTE, ...): read as (first, second) pairs
+PAIR_COLUMNS: tuple[tuple[str, str], ...] = (("sentence1", "sentence2"), ("#1 String", "#2 String"))
+
+#: csv's cell size limit while a table is read (a C long: 32 bits on Windows)
+_FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
 
 _MIN_CHARS, _MAX_CHARS = 60, 700
 
@@ -88,19 +95,26 @@ def default_corpus(n: int | None = None) -> list[str]:
     return texts
 
 
-def read_corpus(path: str | os.PathLike) -> list[str]:
-    """Read a corpus file: one text per line, or a table with a header.
+def read_corpus(path: str | os.PathLike) -> list[str | tuple[str, str]]:
+    """Read a corpus file: one text per line, or a table.
 
-    - ``.tsv`` / ``.csv``: the column named ``text``, ``sentence``, ``sentence1``, ``#1 String``
-      or ``question`` (the first that exists), else the first column; one text per row;
+    - ``.tsv`` / ``.csv``: row 1 is a header if one of its cells names a text column
+      (:data:`TEXT_COLUMNS`, any case); the texts are then that column (the first name of
+      :data:`TEXT_COLUMNS` that exists), one per row. A header with ``sentence1`` and
+      ``sentence2``, or ``#1 String`` and ``#2 String`` (GLUE's sentence-pair tasks, e.g.
+      MRPC), gives (first, second) sentence pairs instead. A table whose row 1 names no text
+      column is read as one text per row if it has one column, and refused otherwise (which
+      column holds the texts is unknown: CoLA's TSVs, for instance, have four columns and no
+      header). TSV cells are read without quote handling (as GLUE's files need);
     - any other file: plain text, one text per non-blank line. Lines end at ``\\n``,
       ``\\r\\n`` or ``\\r`` only: the other breaks :meth:`str.splitlines` knows (form feed,
       ``\\u2028``, ...) stay inside a text.
 
     A quoted CSV cell may span lines: its line breaks are kept in the text.
 
-    Blank texts are dropped. Raises :class:`CorpusError` with a one-line reason if the file is
-    missing, is a folder, is not UTF-8, or holds no text.
+    Texts are stripped and blank ones dropped (a pair only when both of its sentences are
+    blank). Raises :class:`CorpusError` with a one-line reason if the file is missing, is a
+    folder, is not UTF-8, is a table that cannot be read as said above, or holds no text.
     """
     path = Path(path)
     if not path.exists():
@@ -116,24 +130,63 @@ def read_corpus(path: str | os.PathLike) -> list[str]:
         texts = _table_texts(raw, delimiter="\t" if suffix == ".tsv" else ",", path=path)
     else:
         texts = re.split(r"\r\n|\r|\n", raw)
-    texts = [text.strip() for text in texts if text and text.strip()]
+    texts = [text for text in map(_stripped, texts) if text not in ("", ("", ""))]
     if not texts:
         raise CorpusError(f"corpus file {path} is empty: it holds no non-blank text")
     return texts
 
 
-def _table_texts(raw: str, *, delimiter: str, path: Path) -> list[str]:
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting)
-    rows = list(reader)
+def _stripped(text: str | tuple[str, str]) -> str | tuple[str, str]:
+    return tuple(part.strip() for part in text) if isinstance(text, tuple) else text.strip()
+
+
+def _table_texts(raw: str, *, delimiter: str, path: Path) -> list[str | tuple[str, str]]:
+    rows = _table_rows(raw, delimiter=delimiter, path=path)
     if not rows:
         return []
-    header = rows[0]
-    column = next((header.index(name) for name in TEXT_COLUMNS if name in header), 0)
-    return [row[column] for row in rows[1:] if len(row) > column]
+    header = [cell.strip().casefold() for cell in rows[0]]
+    for first, second in PAIR_COLUMNS:
+        if first.casefold() in header and second.casefold() in header:
+            i, j = header.index(first.casefold()), header.index(second.casefold())
+            return [(row[i], row[j]) for row in rows[1:] if len(row) > max(i, j)]
+    names = [name.casefold() for name in TEXT_COLUMNS if name.casefold() in header]
+    if names:
+        column = header.index(names[0])
+        return [row[column] for row in rows[1:] if len(row) > column]
+    if all(len(row) <= 1 for row in rows):
+        return [row[0] for row in rows if row]
+    width = max(len(row) for row in rows)
+    raise CorpusError(
+        f"corpus file {path} has {width} columns and no header naming the text column "
+        f"(row 1: {delimiter.join(rows[0])[:80]!r}); add a header row that names it "
+        f"(e.g. sentence), or pass a .txt file with one text per line"
+    )
 
 
-def resolve_corpus(corpus: str | os.PathLike | Iterable[str] | None) -> list[str]:
+def _table_rows(raw: str, *, delimiter: str, path: Path) -> list[list[str]]:
+    """The rows of a TSV (no quote handling) or CSV; a csv error becomes a :class:`CorpusError`.
+
+    The csv module refuses cells over 128 KiB by default: the limit is raised for this read and
+    then put back (it is global to the process)."""
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting)
+    rows: list[list[str]] = []
+    previous = csv.field_size_limit(_FIELD_LIMIT)
+    try:
+        rows.extend(reader)
+    except csv.Error as error:
+        raise CorpusError(
+            f"corpus file {path}, row {len(rows) + 1} (line {reader.line_num}) cannot be read: "
+            f"{error}; fix that row, or pass a .txt file with one text per line"
+        ) from None
+    finally:
+        csv.field_size_limit(previous)
+    return rows
+
+
+def resolve_corpus(
+    corpus: str | os.PathLike | Iterable[str] | None,
+) -> list[str | tuple[str, str]]:
     """Texts for ``corpus=``: ``None`` or ``"default"`` → :func:`default_corpus`; a path →
     :func:`read_corpus`; an iterable of strings → that list. Empty → :class:`CorpusError`."""
     if corpus is None or (isinstance(corpus, str) and corpus == "default"):
