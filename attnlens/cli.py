@@ -6,24 +6,30 @@
                      [--max-len N] [--n-examples N] [--batch-size N] [--constants FILE]
                      [--json FILE] [--quiet] --out report.html
     attnlens fit-papa [--model M] [--corpus FILE|default] [--max-len N] [--layout papa|padded]
-                      [--n-examples N] [--batch-size N] [--quiet] --out constants.safetensors
+                      [--n-examples N] [--batch-size N] [--checkpoint FILE [--checkpoint-every N]]
+                      [--quiet] --out constants.safetensors
 
 ``--model`` is anything :func:`attnlens.load` accepts (a hub name or a local folder; default: the
 embedded all-MiniLM-L6-v2). ``--corpus`` is a file (one text per line, or a TSV/CSV with a
 header; see :func:`attnlens.corpus.read_corpus`) or ``default``, the embedded corpus. Passes over
 the corpus (and the loading of the model's weights) show progress bars on stderr unless
 ``--quiet``. ``--constants`` needs the ``papa`` view in ``--views``; ``--max-len`` must fit the
-model's position embeddings. ``--out`` and ``--json`` may name folders that do not exist yet
-(they are created). Bad input exits with status 2 and a one-line reason on stderr
-(``attnlens: error: ...``), before the model is loaded when possible, and before any pass over
-the corpus otherwise; bad output paths (a folder, or a file where a folder should be) are
-refused before the model is loaded.
+model's position embeddings. ``--layout`` defaults to the model's: ``padded`` for a decoder
+(GPT-2), ``papa`` otherwise, as ``compare`` fits them. ``--checkpoint`` saves a fit's progress
+(every ``--checkpoint-every`` batches and when interrupted): the same command run again resumes
+it. ``--out``, ``--json`` and ``--checkpoint`` may name folders that do not exist yet (they are
+created). Bad input exits with status 2 and a one-line reason on stderr (``attnlens: error:
+...``), before the model is loaded when possible, and before any pass over the corpus otherwise;
+bad output paths (a folder, a file where a folder should be, a folder that cannot be written, the
+file of an input or of another output) are refused before the model is loaded.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -103,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--constants", default=None, help="PAPA constants from 'attnlens fit-papa' (else fitted)",
     )
-    compare.add_argument("--json", default=None, help="also write the comparison as JSON here")
+    compare.add_argument(
+        "--json", default=None, help="also write the comparison as JSON to this .json file"
+    )
     compare.set_defaults(handler=_compare)
 
     fit = commands.add_parser(
@@ -113,8 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _common(fit, out_help="safetensors file to write", out_default=None)
     fit.add_argument(
-        "--layout", choices=("papa", "padded"), default="papa",
-        help="tokenization layout (default papa: fixed [CLS]/[SEP] positions)",
+        "--layout", choices=("papa", "padded"), default=None,
+        help="tokenization layout (default by model: papa, fixed [CLS]/[SEP] positions, for "
+        "encoders; padded for decoders such as GPT-2)",
+    )
+    fit.add_argument(
+        "--checkpoint", default=None,
+        help="save the fit's progress here; the same command run again resumes an interrupted fit",
+    )
+    fit.add_argument(
+        "--checkpoint-every", type=_positive, default=None,
+        help="batches between two saves of --checkpoint (default 20)",
     )
     fit.set_defaults(handler=_fit_papa)
     return parser
@@ -137,9 +154,29 @@ def _views(text: str) -> list[str]:
     return names
 
 
-def _out(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
+def _corpus_file(args: argparse.Namespace) -> tuple[str, str | None]:
+    """``("--corpus", path)`` for :func:`_out`'s ``keep``; no path for the embedded corpus."""
+    return "--corpus", None if args.corpus == "default" else args.corpus
+
+
+def _same_file(path: Path, other: str | Path) -> bool:
+    """Whether ``path`` and ``other`` name one file (through links, ``..`` or another spelling)."""
+    try:
+        return os.path.samefile(path, other)
+    except OSError:  # one of them does not exist (yet)
+        return path.resolve() == Path(other).resolve()
+
+
+def _out(
+    path: str,
+    option: str,
+    suffixes: tuple[str, ...] = (),
+    keep: Sequence[tuple[str, str | Path | None]] = (),
+) -> Path:
     """An output path checked before any work: not a folder, no file where its folders go
-    (missing folders are created when it is written), ending in one of ``suffixes`` if given."""
+    (missing folders are created when it is written), a file can be created in its nearest
+    existing folder, ending in one of ``suffixes`` if given, and not the file of any
+    ``(option, path)`` in ``keep`` (the inputs and other outputs; ``None`` paths are skipped)."""
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{option} {out} is a folder; give a file name")
@@ -151,6 +188,20 @@ def _out(path: str, option: str, suffixes: tuple[str, ...] = ()) -> Path:
         )
     if suffixes and out.suffix.lower() not in suffixes:
         raise UsageError(f"{option} {out} should end in {' or '.join(suffixes)}")
+    for other, kept in keep:
+        if kept is not None and _same_file(out, kept):
+            raise UsageError(
+                f"{option} {out} is the same file as {other} {kept} and would overwrite it; "
+                f"give {option} another path"
+            )
+    try:  # os.access says yes to root even where nothing can be created (/proc, read-only mounts)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnlens-", suffix=".tmp"):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{option} {out} cannot be written: creating a file in {folder} failed "
+            f"({error.strerror or error}); choose another path"
+        ) from None
     return out
 
 
@@ -170,6 +221,12 @@ def _load(model: str | None, *, quiet: bool = False) -> Any:
             hf_logging.enable_progress_bar()
 
 
+def _fit_layout(model: Any) -> str:
+    from attnlens.papa.fitting import default_layout
+
+    return default_layout(model)
+
+
 def _check_max_len(model: Any, texts: list, max_len: int, layout: str) -> None:
     """Refuse a ``--max-len`` the model cannot take before any pass over the corpus starts."""
     from attnlens.inputs import check_max_len
@@ -179,8 +236,11 @@ def _check_max_len(model: Any, texts: list, max_len: int, layout: str) -> None:
 
 def _compare(args: argparse.Namespace) -> int:
     views = _views(args.views)
-    out = _out(args.out, "--out", (".html", ".htm"))
-    json_out = _out(args.json, "--json") if args.json else None
+    inputs = [_corpus_file(args), ("--constants", args.constants)]
+    out = _out(args.out, "--out", (".html", ".htm"), inputs)
+    json_out = None
+    if args.json is not None:
+        json_out = _out(args.json, "--json", (".json",), [*inputs, ("--out", out)])
     if args.constants is not None and "papa" not in views:
         raise UsageError(
             f"--constants {args.constants} would be unused: --views {args.views} has no papa "
@@ -196,7 +256,10 @@ def _compare(args: argparse.Namespace) -> int:
 
         constants = PapaConstants.load(args.constants, model)
     if args.max_len is not None:
-        layout = constants.layout if constants else "papa" if "papa" in views else "padded"
+        if constants is not None:
+            layout = constants.layout
+        else:
+            layout = _fit_layout(model) if "papa" in views else "padded"
         _check_max_len(model, texts, args.max_len, layout)
     from attnlens.compare import compare
 
@@ -230,17 +293,35 @@ def summary(comparison: Any) -> str:
 
 
 def _fit_papa(args: argparse.Namespace) -> int:
-    out = _out(args.out, "--out", (".safetensors",))
+    corpus = _corpus_file(args)
+    out = _out(args.out, "--out", (".safetensors",), [corpus])
+    checkpoint = None
+    if args.checkpoint is not None:
+        checkpoint = _out(args.checkpoint, "--checkpoint", keep=[corpus, ("--out", out)])
+    elif args.checkpoint_every is not None:
+        raise UsageError(
+            f"--checkpoint-every {args.checkpoint_every} would be unused without --checkpoint; "
+            "add --checkpoint FILE or drop --checkpoint-every"
+        )
     texts = _texts(args)
     model = _load(args.model, quiet=args.quiet)
     max_len = args.max_len or 128
-    _check_max_len(model, texts, max_len, args.layout)
-    from attnlens import papa
+    layout = args.layout or _fit_layout(model)
+    _check_max_len(model, texts, max_len, layout)
+    from attnlens.papa import fitting
 
-    constants = papa.fit(
-        model, texts, max_len=max_len, layout=args.layout, batch_size=args.batch_size,
-        progress=not args.quiet,
-    )
+    try:
+        constants = fitting.fit(
+            model, texts, max_len=max_len, layout=layout, batch_size=args.batch_size,
+            progress=not args.quiet, checkpoint=checkpoint,
+            checkpoint_every=args.checkpoint_every or fitting.CHECKPOINT_EVERY,
+        )
+    except KeyboardInterrupt:
+        if checkpoint is None:
+            raise
+        raise KeyboardInterrupt(
+            f"run the same command again to resume from --checkpoint {checkpoint}"
+        ) from None
     path = constants.save(out)
     print(repr(constants))
     print(f"wrote constants: {Path(path).resolve()}")
@@ -256,8 +337,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except KeyboardInterrupt:
-        _fail("interrupted", EXIT_INTERRUPTED)
+    except KeyboardInterrupt as interrupt:
+        _fail(f"interrupted; {interrupt}" if str(interrupt) else "interrupted", EXIT_INTERRUPTED)
     except (UsageError, ValueError, TypeError, OSError, KeyError) as error:
         _fail(_reason(error))
 

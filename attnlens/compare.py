@@ -476,14 +476,12 @@ def _papa_setup(
     if "papa" not in names:
         return None, DEFAULT_MAX_LEN if max_len is None else max_len, "padded"
     if constants is None:
-        from attnlens import papa
-        from attnlens.loading import is_causal
+        from attnlens.papa import fitting
 
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
-        # decoders have no [CLS]/[SEP] to fix in place: their constants use ordinary padding
-        layout = "padded" if is_causal(model) else "papa"
-        constants = papa.fit(
-            model, texts, max_len=max_len, layout=layout, batch_size=batch_size, progress=progress,
+        constants = fitting.fit(
+            model, texts, max_len=max_len, layout=fitting.default_layout(model),
+            batch_size=batch_size, progress=progress,
         )
     if max_len is not None and constants.max_len != max_len:
         raise ValueError(

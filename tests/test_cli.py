@@ -166,6 +166,195 @@ def test_bad_output_paths_are_refused_before_the_model_is_loaded(tmp_path, capsy
     assert not report.exists() and afile.read_text(encoding="utf-8") == "not a folder"
 
 
+def test_outputs_never_overwrite_an_input_or_another_output(tmp_path, capsys, monkeypatch):
+    """--json must end in .json and, like --out, not be the corpus, the constants or the report
+    (through a link or another spelling): refused before the model is loaded, nothing written."""
+    from attnlens import cli
+
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    for name in ("texts.json", "texts.html", "c.json"):
+        (tmp_path / name).write_text("the quick brown fox .\n", encoding="utf-8")
+    (tmp_path / "r.html").write_text("report", encoding="utf-8")
+    (tmp_path / "link.json").symlink_to(tmp_path / "r.html")
+    cases = [
+        (["--out", "r.html", "--json", "r.html"], "--json r.html should end in .json"),
+        (["--out", "r.html", "--json", "link.json"], "--json link.json is the same file as --out r.html"),
+        (["--corpus", "texts.json", "--out", "r.html", "--json", "sub/../texts.json"],
+         "--json sub/../texts.json is the same file as --corpus texts.json"),
+        (["--corpus", "texts.html", "--out", str(tmp_path / "texts.html")],
+         f"--out {tmp_path / 'texts.html'} is the same file as --corpus texts.html"),
+        (["--constants", "c.json", "--out", "r.html", "--json", "c.json"],
+         "--json c.json is the same file as --constants c.json"),
+    ]
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["compare", *argv, "--quiet"])
+        assert exit_info.value.code == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("attnlens: error: ") and "\n" not in err, err
+        assert expected in err, (argv, err)
+        assert "would overwrite it; give --" in err or "should end in" in err, err
+    assert (tmp_path / "r.html").read_text(encoding="utf-8") == "report"
+    for name in ("texts.json", "texts.html", "c.json"):
+        assert (tmp_path / name).read_text(encoding="utf-8") == "the quick brown fox .\n"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (no file can be made there)")
+def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_is_loaded(
+    tmp_path, capsys, monkeypatch
+):
+    """Creating a file is tried before any work (os.access says yes to root even in /proc)."""
+    from attnlens import cli
+
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    for argv in (
+        ["fit-papa", "--out", "/proc/attnlens-new/c.safetensors"],
+        ["fit-papa", "--out", str(tmp_path / "c.safetensors"), "--checkpoint", "/proc/ck"],
+        ["compare", "--out", "/proc/r.html"],
+        ["compare", "--out", str(tmp_path / "r.html"), "--json", "/proc/r.json"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main([*argv, "--quiet"])
+        assert exit_info.value.code == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("attnlens: error: ") and "\n" not in err, err
+        path = next(arg for arg in argv if arg.startswith("/proc/"))
+        option = argv[argv.index(path) - 1]
+        assert f"{option} {path} cannot be written: creating a file in /proc" in err, err
+        assert err.endswith("choose another path") and ".tmp" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_options_are_checked_before_the_model_is_loaded(tmp_path, capsys, monkeypatch):
+    from attnlens import cli
+
+    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    out = tmp_path / "c.safetensors"
+    cases = [
+        (["--checkpoint-every", "3"], "--checkpoint-every 3 would be unused without --checkpoint"),
+        (["--checkpoint", str(out)], f"--checkpoint {out} is the same file as --out {out}"),
+        (["--checkpoint", str(tmp_path)], f"--checkpoint {tmp_path} is a folder"),
+    ]
+    for argv, expected in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main(["fit-papa", "--out", str(out), *argv, "--quiet"])
+        assert exit_info.value.code == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("attnlens: error: ") and "\n" not in err, err
+        assert expected in err, (argv, err)
+
+
+@pytest.fixture(scope="module")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Folders holding a tiny BERT (an encoder) and a tiny GPT-2 (a decoder), for --model."""
+    from tests import tiny
+
+    root = tmp_path_factory.mktemp("models")
+    for name, model, tokenizer in [
+        ("bert", tiny.tiny_bert(), tiny.bert_tokenizer()),
+        ("gpt2", tiny.tiny_gpt2(), tiny.gpt2_tokenizer()),
+    ]:
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return {"bert": root / "bert", "gpt2": root / "gpt2"}
+
+
+@pytest.fixture()
+def tiny_corpus(tmp_path) -> Path:
+    from tests import tiny
+
+    path = tmp_path / "tiny.txt"
+    path.write_text("\n".join(tiny.CORPUS) + "\n", encoding="utf-8")
+    return path
+
+
+def test_fit_papa_layout_defaults_to_the_models(tmp_path, tiny_models, tiny_corpus):
+    """A decoder has no [CLS]/[SEP] to fix in place: its default layout is padded (as compare
+    fits it), an encoder's stays papa; --layout still chooses."""
+    from attnlens import papa
+    from attnlens.cli import main
+
+    for model, argv, layout in [
+        ("gpt2", [], "padded"), ("bert", [], "papa"), ("bert", ["--layout", "padded"], "padded"),
+    ]:
+        out = tmp_path / f"{model}-{layout}.safetensors"
+        assert main([
+            "fit-papa", "--model", str(tiny_models[model]), "--corpus", str(tiny_corpus),
+            "--max-len", "16", "--quiet", "--out", str(out), *argv,
+        ]) == 0
+        assert papa.load(out).layout == layout
+
+
+def test_compare_checks_max_len_in_the_layout_it_fits(tmp_path, tiny_models, tiny_corpus, capsys):
+    """compare fits a decoder's constants in the padded layout, so --max-len 2 is fine on GPT-2;
+    on BERT the papa layout needs 3."""
+    from attnlens.cli import main
+
+    argv = ["compare", "--corpus", str(tiny_corpus), "--max-len", "2", "--quiet"]
+    table = tmp_path / "g.json"
+    assert main([
+        *argv, "--model", str(tiny_models["gpt2"]), "--out", str(tmp_path / "g.html"),
+        "--json", str(table),
+    ]) == 0
+    assert json.loads(table.read_text(encoding="utf-8"))["max_len"] == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--model", str(tiny_models["bert"]), "--out", str(tmp_path / "b.html")])
+    assert exit_info.value.code == 2
+    assert "'papa' layout: single sentences need max_len >= 3" in capsys.readouterr().err
+
+
+def test_fit_papa_checkpoint_resumes_an_interrupted_fit(
+    tmp_path, tiny_models, tiny_corpus, monkeypatch, capsys
+):
+    """Interrupted after 5 of 8 batches with --checkpoint-every 2, the checkpoint holds 4 batches;
+    the same command again fits only the other 4 and gives the uninterrupted fit's constants."""
+    import torch
+
+    from attnlens import papa
+    from attnlens.cli import main
+    from attnlens.papa import fitting
+
+    argv = [
+        "fit-papa", "--model", str(tiny_models["bert"]), "--corpus", str(tiny_corpus),
+        "--max-len", "16", "--batch-size", "2", "--quiet",
+    ]
+    whole = tmp_path / "whole.safetensors"
+    assert main([*argv, "--out", str(whole)]) == 0
+
+    checkpoint, resumed = tmp_path / "ck" / "fit.safetensors", tmp_path / "resumed.safetensors"
+    argv += ["--checkpoint", str(checkpoint), "--checkpoint-every", "2", "--out", str(resumed)]
+    commit, batches = fitting._commit, []
+
+    def commit_until_the_fifth_batch(*args):
+        batches.append(args[1])
+        if len(batches) == 5:
+            raise KeyboardInterrupt
+        commit(*args)
+
+    monkeypatch.setattr(fitting, "_commit", commit_until_the_fifth_batch)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 130
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "attnlens: error: interrupted; run the same command again to resume from "
+        f"--checkpoint {checkpoint}"
+    )
+    assert papa.load(checkpoint).examples == 8 and not resumed.exists()
+
+    batches.clear()
+    assert main(argv) == 0
+    assert len(batches) == 4  # the 8 examples in the checkpoint are skipped
+    expected, got = papa.load(whole), papa.load(resumed)
+    assert (got.examples, got.tokens) == (expected.examples, expected.tokens) == (16, got.tokens)
+    for name in ("sums", "squares", "pair_counts"):
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+
+
 def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus):
     """--json creates its folders, as --out does, instead of failing after the pass."""
     table = tmp_path / "new" / "deeper" / "comparison.json"

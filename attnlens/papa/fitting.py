@@ -23,12 +23,18 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens.inputs import LAYOUTS, Batch, check_max_len, tokenize
-from attnlens.loading import require_bridge
+from attnlens.loading import is_causal, require_bridge
 from attnlens.papa.constants import PapaConstants, check_model
 from attnlens.streaming import chunks, corpus_iterator, device_of, progress_bar, run_patterns
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
 CHECKPOINT_EVERY = 20
+
+
+def default_layout(model: Any) -> str:
+    """The layout constants are fitted in when none is named (``compare``, ``attnlens fit-papa``):
+    ``padded`` for a decoder, which has no [CLS]/[SEP] to fix in place, else ``papa``."""
+    return "padded" if is_causal(model) else "papa"
 
 
 def fit(
