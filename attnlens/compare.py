@@ -41,7 +41,7 @@ from torch import Tensor
 
 from attnlens import seam
 from attnlens.corpus import resolve_corpus
-from attnlens.inputs import as_max_len, tokenize
+from attnlens.inputs import as_max_len, tokenize, whole_number
 from attnlens.stats import STATISTICS, AttentionStatistics, token_classes, token_text
 from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
 
@@ -428,13 +428,12 @@ def compare(
 
 
 def _check_count(value: Any, name: str) -> int:
-    """``value`` as an int; ``ValueError`` naming ``name`` for a float, a string or a bool."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise ValueError(f"{name}={value!r} should be a whole number")
+    """``value`` as an int (:func:`attnlens.inputs.whole_number`); a ``ValueError`` like the
+    other argument checks of :func:`compare`."""
+    try:
+        return whole_number(value, name)
+    except TypeError:
+        raise ValueError(f"{name}={value!r} should be a whole number") from None
 
 
 def _check_example(example: Any, n_texts: int) -> int:

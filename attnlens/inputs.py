@@ -181,17 +181,20 @@ def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = Fals
     return (count(pair=is_pair) if count is not None else 0) + segments
 
 
-def as_max_len(max_len: Any) -> int:
-    """``max_len`` as an ``int`` (a NumPy integer is fine); ``TypeError`` for anything else."""
-    if not isinstance(max_len, bool):
+def whole_number(value: Any, name: str, unit: str = "") -> int:
+    """``value`` as an ``int`` (a NumPy integer is fine); ``TypeError`` naming ``name`` for
+    anything else (a float, a string, ``None``, a bool)."""
+    if not isinstance(value, bool):
         try:
-            return operator.index(max_len)
+            return operator.index(value)
         except TypeError:
             pass
-    raise TypeError(
-        f"max_len must be a whole number of tokens, got {max_len!r} ({type(max_len).__name__}); "
-        "e.g. max_len=128."
-    )
+    raise TypeError(f"{name} must be a whole number{unit}, got {value!r} ({type(value).__name__})")
+
+
+def as_max_len(max_len: Any) -> int:
+    """``max_len`` as an ``int`` (:func:`whole_number`)."""
+    return whole_number(max_len, "max_len", " of tokens (e.g. max_len=128)")
 
 
 def check_max_len(

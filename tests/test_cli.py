@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from attnlens.corpus import default_corpus
+from tests.conftest import required
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1"}
 
@@ -201,12 +202,14 @@ def test_outputs_never_overwrite_an_input_or_another_output(tmp_path, capsys, mo
         assert (tmp_path / name).read_text(encoding="utf-8") == "the quick brown fox .\n"
 
 
-@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc (no file can be made there)")
 def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_is_loaded(
     tmp_path, capsys, monkeypatch
 ):
     """Creating a file is tried before any work (os.access says yes to root even in /proc)."""
     from attnlens import cli
+
+    if not Path("/proc/self").is_dir():
+        required("/proc", "a folder where no file can be made, even as root (Linux has it)")
 
     monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
     for argv in (
