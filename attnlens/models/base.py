@@ -1,0 +1,83 @@
+"""What attnlens needs to know about an architecture, in one value: :class:`Architecture`.
+
+Each supported architecture has one small module in :mod:`attnlens.models` (``bert.py``,
+``roberta.py``, ``gpt2.py``, ``llama.py``) holding its :class:`Architecture`. Loading, the hook
+seam, tokenizing, the pass engine and effective attention ask it, never ``isinstance`` checks or
+lists of model types of their own. A new architecture is one new module and its tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+#: how ``blocks.{l}.attn.hook_pattern`` edits reach the computation:
+#: ``"attnlens"``: through attnlens's attention implementation (:mod:`attnlens.seam`);
+#: ``"native"``: the TransformerLens bridge already runs attention itself and honours edits.
+Seam = Literal["attnlens", "native"]
+
+
+def _no_reserved_positions(config: Any) -> int:
+    return 0
+
+
+def _no_alias(name: str) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The facts of one architecture.
+
+    - ``name``: the adapter's name (``"bert"``);
+    - ``model_types``: the Hugging Face ``config.model_type`` values it covers;
+    - ``hf_classes``: the model classes attnlens wraps (the LM-head class: names and folders are
+      loaded as the first one);
+    - ``causal``: a decoder (query ``q`` never sees a key ``k > q``);
+    - ``seam``: see :data:`Seam`;
+    - ``layout``: the default input layout of PAPA constants (``"papa"``: fixed [CLS]/[SEP]
+      positions; ``"padded"``: left-aligned, right padding, no fixed separator);
+    - ``start_token`` / ``separator_token``: the tokenizer attributes naming the start and
+      separator tokens (``cls_token``/``sep_token`` on BERT, ``bos_token``/``eos_token`` on
+      decoders), used by the PAPA layout and by attention statistics;
+    - ``positions_from_mask``: position ids come from the attention mask (decoders), so a
+      left-padded text keeps the positions it has alone; else the model's own positions;
+    - ``reserved_positions(config)``: position embeddings never used (RoBERTa: ``padding_idx + 1``);
+    - ``value_hook`` / ``output_hook``: hook names (``{layer}`` filled in) carrying V
+      (``[batch, key, kv_head, d_head]``) and each head's output ``z`` (``[batch, query, head,
+      d_head]``);
+    - ``resolve(name)``: a local folder for a name this architecture knows (e.g. the SmolLM2 GGUF
+      converted once into a cache), or ``None``.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    hf_classes: tuple[str, ...]
+    causal: bool
+    seam: Seam
+    layout: str
+    start_token: str = "cls_token"
+    separator_token: str = "sep_token"
+    positions_from_mask: bool = False
+    reserved_positions: Callable[[Any], int] = field(default=_no_reserved_positions)
+    value_hook: str = "blocks.{layer}.attn.hook_v"
+    output_hook: str = "blocks.{layer}.attn.hook_z"
+    resolve: Callable[[str], str | None] = field(default=_no_alias)
+    aliases: tuple[str, ...] = ()
+
+    def kv_heads(self, config: Any) -> int:
+        """Key-value heads per layer: ``num_key_value_heads`` where the config has it (grouped
+        queries, Ainslie et al. 2023), else one per query head."""
+        heads = int(config.num_attention_heads if hasattr(config, "num_attention_heads") else config.n_head)
+        return int(getattr(config, "num_key_value_heads", None) or heads)
+
+    def kv_group(self, config: Any) -> int:
+        """Query heads per key-value head: query head ``h`` reads key-value head
+        ``h // kv_group`` (as Hugging Face's ``repeat_kv``)."""
+        heads = int(config.num_attention_heads if hasattr(config, "num_attention_heads") else config.n_head)
+        return heads // self.kv_heads(config)
+
+    def __repr__(self) -> str:
+        kind = "decoder" if self.causal else "encoder"
+        return f"Architecture({self.name!r}, {kind}, seam={self.seam!r}, layout={self.layout!r})"

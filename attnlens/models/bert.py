@@ -1,0 +1,12 @@
+"""BERT (Devlin et al. 2019): an encoder; [CLS] … [SEP]; pattern edits through the attnlens seam."""
+
+from attnlens.models.base import Architecture
+
+ARCHITECTURE = Architecture(
+    name="bert",
+    model_types=("bert",),
+    hf_classes=("BertForMaskedLM",),
+    causal=False,
+    seam="attnlens",
+    layout="papa",
+)
