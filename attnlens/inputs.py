@@ -138,13 +138,17 @@ def tokenize(
     else:
         batch = _padded(tokenizer, examples, max_len, is_pair)
     batch.token_types = _uses_token_types(tokenizer)
-    batch.positions_from_mask = model is not tokenizer and is_causal(model)
+    batch.positions_from_mask = model is not tokenizer and _positions_from_mask(model)
     return batch
 
 
-#: model types whose position ids start after ``padding_idx`` (RoBERTa counts positions from
-#: ``padding_idx + 1``, so ``padding_idx + 1`` of its position embeddings are never used)
-_POSITIONS_AFTER_PADDING: tuple[str, ...] = ("roberta", "xlm-roberta", "camembert")
+def _positions_from_mask(model: Any) -> bool:
+    """Whether the model's position ids come from the mask: its architecture's fact
+    (:attr:`attnlens.models.Architecture.positions_from_mask`), else whether it is causal."""
+    from attnlens import models
+
+    architecture = models.find(model)
+    return architecture.positions_from_mask if architecture is not None else is_causal(model)
 
 
 def position_limit(model: Any) -> int | None:
@@ -162,10 +166,12 @@ def position_limit(model: Any) -> int | None:
 
 
 def _reserved_positions(config: Any) -> int:
-    """Position embeddings a model never uses: ``padding_idx + 1`` for RoBERTa, else 0."""
-    if getattr(config, "model_type", None) not in _POSITIONS_AFTER_PADDING:
-        return 0
-    return int(getattr(config, "pad_token_id", None) or 0) + 1
+    """Position embeddings a model never uses: the architecture's
+    :attr:`~attnlens.models.Architecture.reserved_positions` (``padding_idx + 1`` for RoBERTa)."""
+    from attnlens import models
+
+    architecture = models.find(config)
+    return 0 if architecture is None else architecture.reserved_positions(config)
 
 
 def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = False) -> int:

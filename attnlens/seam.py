@@ -31,11 +31,14 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from attnlens import models
+
 ATTN_IMPLEMENTATION = "attnlens"
 
-#: model_type -> how hook_pattern edits reach the computation
-ENCODERS_WITH_SEAM = ("bert", "roberta")
-DECODERS_NATIVE = ("gpt2",)
+#: model types whose hook_pattern edits go through this seam, and those whose bridges honour
+#: edits natively (kept for compatibility: the facts live in :mod:`attnlens.models`)
+ENCODERS_WITH_SEAM = tuple(t for a in models.ARCHITECTURES if a.seam == "attnlens" for t in a.model_types)
+DECODERS_NATIVE = tuple(t for a in models.ARCHITECTURES if a.seam == "native" for t in a.model_types)
 
 _KEY_MASK: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "attnlens_key_mask", default=None
@@ -144,18 +147,14 @@ def _register() -> None:
 def install(bridge: Any) -> Any:
     """Make ``hook_pattern`` edits change the computation of ``bridge`` (in place; returns it).
 
-    Encoders (BERT, RoBERTa) are switched to the ``"attnlens"`` attention implementation and
-    their attention modules opt into TransformerLens's ``pattern_fn`` seam. GPT-2's bridge already
-    honours pattern edits and is left as it is.
+    Architectures whose seam is ``"attnlens"`` (BERT, RoBERTa) are switched to the
+    ``"attnlens"`` attention implementation and their attention modules opt into
+    TransformerLens's ``pattern_fn`` seam. Those whose bridges already honour pattern edits
+    (``"native"``: GPT-2, Llama) are left as they are. An architecture without an adapter raises
+    :class:`attnlens.models.UnsupportedArchitecture`.
     """
-    model_type = bridge.original_model.config.model_type
-    if model_type in DECODERS_NATIVE:
+    if models.of(bridge).seam == "native":
         return bridge
-    if model_type not in ENCODERS_WITH_SEAM:
-        raise ValueError(
-            f"attnlens has no hook_pattern seam for model_type {model_type!r}; "
-            f"supported: {', '.join(ENCODERS_WITH_SEAM + DECODERS_NATIVE)}."
-        )
     _register()
     bridge.original_model.set_attn_implementation(ATTN_IMPLEMENTATION)
     for block in bridge.blocks:
@@ -165,8 +164,10 @@ def install(bridge: Any) -> Any:
 
 def is_installed(bridge: Any) -> bool:
     """True when ``hook_pattern`` edits reach the output of ``bridge``."""
-    model_type = bridge.original_model.config.model_type
-    if model_type in DECODERS_NATIVE:
+    architecture = models.find(bridge)
+    if architecture is None:
+        return False
+    if architecture.seam == "native":
         return True
     return bridge.original_model.config._attn_implementation == ATTN_IMPLEMENTATION and all(
         getattr(block.attn.original_component, "accepts_pattern_fn", False)

@@ -104,18 +104,42 @@ class EffectiveStatistics:
         return pd.DataFrame(records, columns=["attention", "statistic", "layer", "head", "value"])
 
 
+def kv_heads(model: Any) -> int:
+    """Key-value heads per layer of a bridge (its architecture's fact; ``n_heads`` without one)."""
+    from attnlens import models
+
+    architecture = models.find(model)
+    if architecture is None:
+        return int(model.cfg.n_heads)
+    return architecture.kv_heads(model.original_model.config)
+
+
 def v_hook_name(model: Any, layer: int) -> str:
     """Name of the hook point carrying layer ``layer``'s value vectors."""
-    for name in (f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.attn.v.hook_out"):
+    from attnlens import models
+
+    architecture = models.find(model)
+    preferred = architecture.value_hook.format(layer=layer) if architecture else f"blocks.{layer}.attn.hook_v"
+    for name in (preferred, f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.attn.v.hook_out"):
         if name in model.hook_dict:
             return name
     raise ValueError(f"The model has no value hook for layer {layer} (blocks.{layer}.attn.hook_v).")
 
 
-def _values(v: Tensor, n_heads: int) -> Float[Tensor, "batch head key d_head"]:
+def _values(v: Tensor, n_heads: int, n_kv_heads: int | None = None) -> Float[Tensor, "batch head key d_head"]:
+    """``hook_v``'s values (``[batch, key, kv_head, d_head]``, or ``[batch, key, kv_head*d_head]``)
+    as one ``[key, d_head]`` matrix per *query* head: with grouped key-value heads, query head
+    ``h`` reads key-value head ``h // (n_heads / n_kv_heads)``, as Hugging Face's ``repeat_kv``."""
+    n_kv_heads = n_kv_heads or n_heads
     if v.ndim == 3:
-        return einops.rearrange(v, "b k (h d) -> b h k d", h=n_heads)
-    return einops.rearrange(v, "b k h d -> b h k d")
+        v = einops.rearrange(v, "b k (h d) -> b h k d", h=n_kv_heads)
+    else:
+        v = einops.rearrange(v, "b k h d -> b h k d")
+    if v.shape[1] != n_heads:
+        if n_heads % v.shape[1]:
+            raise ValueError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
+        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)
+    return v
 
 
 def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
@@ -148,6 +172,7 @@ def pattern_hooks(
     _require_bridge(model)
     stash: dict[int, Tensor] = {}
     n_heads = model.cfg.n_heads
+    n_kv_heads = kv_heads(model)
     causal = is_causal(model)
     fwd_hooks: list[tuple[str, Callable]] = []
     for layer in _layers(model, layers):
@@ -158,7 +183,7 @@ def pattern_hooks(
         def on_hook(pattern: Tensor, hook: Any, layer: int = layer) -> Tensor | None:
             if layer not in stash:
                 raise RuntimeError(f"hook_v of layer {layer} did not fire before its hook_pattern.")
-            v = _values(stash.pop(layer), n_heads)
+            v = _values(stash.pop(layer), n_heads, n_kv_heads)
             valid = seam.key_mask(pattern, causal=causal)
             effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
             return on_pattern(layer, pattern, effective, valid)
