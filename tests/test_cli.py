@@ -329,15 +329,15 @@ def test_fit_papa_checkpoint_resumes_an_interrupted_fit(
 
     checkpoint, resumed = tmp_path / "ck" / "fit.safetensors", tmp_path / "resumed.safetensors"
     argv += ["--checkpoint", str(checkpoint), "--checkpoint-every", "2", "--out", str(resumed)]
-    commit, batches = fitting._commit, []
+    commit, batches = fitting.PatternSums.end_batch, []
 
-    def commit_until_the_fifth_batch(*args):
-        batches.append(args[1])
+    def commit_until_the_fifth_batch(self, batch):
+        batches.append(batch)
         if len(batches) == 5:
             raise KeyboardInterrupt
-        commit(*args)
+        commit(self, batch)
 
-    monkeypatch.setattr(fitting, "_commit", commit_until_the_fifth_batch)
+    monkeypatch.setattr(fitting.PatternSums, "end_batch", commit_until_the_fifth_batch)
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
         main(argv)

@@ -359,16 +359,16 @@ def test_resuming_a_checkpoint_with_the_other_kind_of_inputs_says_so(tiny_berts,
 
 
 def test_fit_shows_the_shared_progress_bar_from_where_it_resumes(tiny_berts, tmp_path, monkeypatch):
-    from attnlens import streaming
-    from attnlens.papa import fitting
+    from attnlens import passes
 
     calls = []
+    shared = passes.progress_bar
 
     def recording(corpus, description, enabled, *, initial=0):
         calls.append((description, enabled, initial))
-        return streaming.progress_bar(corpus, description, enabled, initial=initial)
+        return shared(corpus, description, enabled, initial=initial)
 
-    monkeypatch.setattr(fitting, "progress_bar", recording)
+    monkeypatch.setattr(passes, "progress_bar", recording)
     model, checkpoint = tiny_berts[0], tmp_path / "fit.ckpt"
     with pytest.raises(KeyboardInterrupt):
         papa.fit(model, interrupted(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,

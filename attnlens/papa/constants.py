@@ -389,15 +389,33 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
     try:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
+            if raw.get("format") == PASS_FORMAT:  # a checkpoint of papa.fit: its "papa" state
+                raw, prefix = _checkpointed(raw), "papa/"
+                tensors = {name: handle.get_tensor(prefix + name) for name in _TENSORS}
+                return raw, tensors
             if raw.get("format") != FORMAT:
                 raise ValueError(f"its format is {raw.get('format')!r}, not {FORMAT!r}")
             missing = [name for name in _TENSORS if name not in handle.keys()]
             if missing:
                 raise ValueError(f"it lacks the tensors {', '.join(missing)}")
             tensors = {name: handle.get_tensor(name) for name in _TENSORS}
-    except (SafetensorError, ValueError) as error:
+    except (SafetensorError, ValueError, KeyError) as error:
         raise ValueError(_not_constants(path, error)) from error
     return raw, tensors
+
+
+#: the format of the pass engine's checkpoints (:data:`attnlens.passes.CHECKPOINT_FORMAT`)
+PASS_FORMAT = "attnlens.pass/1"
+
+
+def _checkpointed(raw: dict[str, str]) -> dict[str, str]:
+    """The metadata of the ``"papa"`` accumulator of a pass checkpoint, as a constants file's."""
+    states = json.loads(raw["accumulators"])
+    if "papa" not in states:
+        raise ValueError("it is a checkpoint of another pass (it holds no PAPA sums)")
+    meta = {key: json.dumps(value) for key, value in states["papa"].items()}
+    meta["format"] = FORMAT
+    return meta
 
 
 def _not_constants(path: str | os.PathLike, reason: Exception) -> str:

@@ -1,40 +1,41 @@
-"""Fit PAPA constants: one streaming pass of a model over an unlabeled corpus.
+"""Fit PAPA constants: one pass of the engine (:mod:`attnlens.passes`) over an unlabeled corpus.
 
-This module is the one place where constants are averaged. For every batch, a hook on each
-``blocks.{l}.attn.hook_pattern`` sums ``attention × valid(query) × valid(key)`` and its square
-over the batch (in float32, one batch at a time), and the batch totals are added into float64
-running sums together with the number of valid ``(query, key)`` pairs. Only one batch of patterns
-exists at any time: memory is constant in the corpus size.
+This module is the one place where constants are averaged. :class:`PatternSums` is the pass's
+accumulator: for every batch it sums ``attention × valid(query) × valid(key)`` and its square
+over the batch at each layer's ``hook_pattern`` (in float32, one batch at a time), and adds the
+batch totals into float64 running sums together with the number of valid ``(query, key)`` pairs.
+Only one batch of patterns exists at any time: memory is constant in the corpus size. The pass
+stops right after the last layer's pattern is summed (the rest of the last block and the LM head,
+which for MiniLM costs more than the encoder, are skipped).
 
-The pass stops right after the last layer's pattern is summed (nothing after it is needed: the
-rest of the last block and the LM head, which for MiniLM costs more than the encoder, are
-skipped).
+Under ``torchrun`` each rank sums its shard and the sums are all-reduced (:func:`attnlens.passes.run`).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxtyping import Float, Int
+import torch
 from torch import Tensor
 
-from attnlens.inputs import LAYOUTS, Batch, check_max_len, tokenize
-from attnlens.loading import is_causal, require_bridge
+from attnlens import models, passes
+from attnlens.inputs import LAYOUTS, check_max_len
+from attnlens.loading import require_bridge
 from attnlens.papa.constants import PapaConstants, check_model
-from attnlens.streaming import chunks, corpus_iterator, device_of, progress_bar, run_patterns
+from attnlens.passes import CHECKPOINT_EVERY
 
-#: batches between two checkpoint writes when ``checkpoint=`` is given
-CHECKPOINT_EVERY = 20
+__all__ = ["CHECKPOINT_EVERY", "PatternSums", "default_layout", "fit"]
 
 
 def default_layout(model: Any) -> str:
     """The layout constants are fitted in when none is named (``compare``, ``attnlens fit-papa``):
-    ``padded`` for a decoder, which has no [CLS]/[SEP] to fix in place, else ``papa``."""
-    return "padded" if is_causal(model) else "papa"
+    the architecture's (:attr:`attnlens.models.Architecture.layout`): ``padded`` for a decoder,
+    which has no [CLS]/[SEP] to fix in place, ``papa`` for an encoder."""
+    return models.of(model).layout
 
 
 def fit(
@@ -68,132 +69,135 @@ def fit(
     require_bridge(model, "papa.fit")
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    if batch_size < 1 or checkpoint_every < 1:
-        raise ValueError("batch_size and checkpoint_every must be at least 1.")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
-    examples = corpus_iterator(corpus)
-    state = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
-    consumed = state.examples
-    skipped = sum(1 for _ in itertools.islice(examples, consumed))
-    if skipped < consumed:
-        raise ValueError(
-            f"checkpoint {checkpoint} has consumed {consumed} examples but the corpus has only "
-            f"{skipped}: it belongs to another corpus."
-        )
-    sums = _PatternSums(model)
-    device = device_of(model)
-    bar = progress_bar(corpus, "papa.fit", progress, initial=consumed)
-    saved_at, since_save, committing = state.examples, 0, False
-    was_training = model.training
-    model.eval()
-    try:
-        for chunk in chunks(examples, batch_size):
-            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
-            if state.examples and state.pairs != batch.is_pair:
-                raise ValueError(_mixed_inputs(state, batch, checkpoint, resumed=consumed))
-            first, second, pair_counts = sums.run(model, batch)
-            committing = True
-            _commit(state, batch, first, second, pair_counts)
-            committing = False
-            bar.update(len(chunk))
-            since_save += 1
-            if checkpoint is not None and since_save >= checkpoint_every:
-                state._save(checkpoint, {"batch_size": batch_size})
-                saved_at, since_save = state.examples, 0
-    except BaseException:
-        # Keep what was done; a commit cut half-way leaves the last periodic checkpoint in place.
-        if checkpoint is not None and not committing and state.examples > saved_at:
-            state._save(checkpoint, {"batch_size": batch_size})
-        raise
-    finally:
-        bar.close()
-        model.train(was_training)
-    if state.examples == 0:
-        raise ValueError(
-            "corpus is empty: papa.fit needs at least one string or (str, str) pair "
-            f"(got {type(corpus).__name__})."
-        )
-    if checkpoint is not None and state.examples > saved_at:
-        state._save(checkpoint, {"batch_size": batch_size})
-    return state
+    constants = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
+    examples = passes.corpus_iterator(corpus)
+    if constants.examples:  # resuming: the checkpoint's kind of inputs must be this corpus's
+        first = next(examples, None)
+        if first is not None:
+            is_pair = isinstance(first, tuple | list)
+            if is_pair != constants.pairs:
+                raise ValueError(_mixed_inputs(constants, is_pair, checkpoint, resumed=True))
+            examples = itertools.chain([first], examples)
+        if hasattr(corpus, "__len__"):
+            examples = _Sized(examples, len(corpus))
+    else:
+        examples = corpus
+    sums = PatternSums(constants)
+    passes.run(
+        model, examples, [sums], max_len=max_len, layout=layout, batch_size=batch_size,
+        progress=progress, description="papa.fit", checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+    )
+    return sums.result()
 
 
-class _PatternSums:
-    """Hooks that sum one batch's masked patterns (and their squares) per layer."""
+class _Sized:
+    """An iterator that keeps the length of the corpus it came from (for the progress bar)."""
 
-    def __init__(self, model: Any) -> None:
-        self.n_layers = int(model.cfg.n_layers)
+    def __init__(self, iterator: Iterable, length: int) -> None:
+        self.iterator, self.length = iterator, length
+
+    def __iter__(self):
+        return iter(self.iterator)
+
+    def __len__(self) -> int:
+        return self.length
+
+
+class PatternSums(passes.Accumulator):
+    """The PAPA fit as an accumulator of :func:`attnlens.passes.run`: running float64 sums of
+    masked patterns and of their squares, per ``(layer, head, query, key)``, and valid-pair
+    counts, kept in a :class:`PapaConstants` (``result()``)."""
+
+    name = "papa"
+
+    def __init__(self, constants: PapaConstants) -> None:
+        self.constants = constants
+        n_layers = constants.n_layers
+        self.first: list[Tensor | None] = [None] * n_layers
+        self.second: list[Tensor | None] = [None] * n_layers
         self.weights: Tensor | None = None
         self.ones: Tensor | None = None
-        self.first: list[Tensor | None] = [None] * self.n_layers
-        self.second: list[Tensor | None] = [None] * self.n_layers
-        self.fired = 0
-        self.hooks = [
-            (f"blocks.{layer}.attn.hook_pattern", self._hook(layer)) for layer in range(self.n_layers)
-        ]
+        self.resumed = constants.examples
 
-    def _hook(self, layer: int):
-        def accumulate(pattern: Float[Tensor, "batch head query key"], hook: Any) -> None:
-            # Sums over the batch as a [1, batch] @ [batch, head*query*key] product: the same
-            # float32 sum as .sum(0), but a BLAS call copes far better with a busy CPU.
-            masked = (pattern.detach().float() * self.weights).reshape(pattern.shape[0], -1)
-            self.first[layer] = (self.ones @ masked).view(pattern.shape[1:])
-            masked.mul_(masked)
-            self.second[layer] = (self.ones @ masked).view(pattern.shape[1:])
-            self.fired += 1
-
-        return accumulate
-
-    def run(
-        self, model: Any, batch: Batch
-    ) -> tuple[
-        list[Float[Tensor, "head query key"]],
-        list[Float[Tensor, "head query key"]],
-        Int[Tensor, "query key"],
-    ]:
-        """Per layer, float32 sums over the batch of masked attention and of its square; and
-        the number of valid (query, key) pairs."""
-        valid = batch.attention_mask.bool()
-        pairs = valid[:, :, None] & valid[:, None, :]
-        self.weights = pairs[:, None].float()
+    def start_batch(self, batch: passes.PassBatch) -> None:
+        state = self.constants
+        if state.examples and state.pairs != batch.batch.is_pair:
+            raise ValueError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
+        valid = batch.valid
+        self.pairs = valid[:, :, None] & valid[:, None, :]
+        self.weights = self.pairs[:, None].float()
         self.ones = self.weights.new_ones(1, len(batch))
-        self.fired = 0
-        try:
-            run_patterns(model, batch, self.hooks)
-        finally:
-            self.weights = self.ones = None
-        if self.fired != self.n_layers:
-            raise RuntimeError(
-                f"hook_pattern fired {self.fired} times for {self.n_layers} layers; "
-                "papa.fit needs every layer's attention pattern."
-            )
-        first, second = self.first, self.second
-        self.first = [None] * self.n_layers
-        self.second = [None] * self.n_layers
-        return first, second, pairs.sum(0).cpu()
 
+    def update(self, layer: passes.LayerPatterns) -> None:
+        pattern = layer.pattern
+        # Sums over the batch as a [1, batch] @ [batch, head*query*key] product: the same
+        # float32 sum as .sum(0), but a BLAS call copes far better with a busy CPU.
+        masked = (pattern.detach().float() * self.weights).reshape(pattern.shape[0], -1)
+        self.first[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
+        masked.mul_(masked)
+        self.second[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
 
-def _commit(
-    state: PapaConstants,
-    batch: Batch,
-    first: list[Tensor],
-    second: list[Tensor],
-    pair_counts: Tensor,
-) -> None:
-    """Add one batch's float32 sums into the float64 running sums (in place)."""
-    n = pair_counts.shape[-1]
-    for layer, (total, squares) in enumerate(zip(first, second, strict=True)):
-        state.sums[layer, :, :n, :n] += total.to(state.sums.device)
-        state.squares[layer, :, :n, :n] += squares.to(state.squares.device)
-    state.pair_counts[:n, :n] += pair_counts
-    state.examples += len(batch)
-    state.tokens += int(batch.attention_mask.sum())
-    state.truncated += int(batch.n_truncated)
-    state.pairs = bool(batch.is_pair)
+    def end_batch(self, batch: passes.PassBatch) -> None:
+        """Add the batch's float32 sums into the float64 running sums (in place)."""
+        state, counts = self.constants, self.pairs.sum(0).cpu()
+        n = counts.shape[-1]
+        for layer, (total, squares) in enumerate(zip(self.first, self.second, strict=True)):
+            state.sums[layer, :, :n, :n] += total.to(state.sums.device)
+            state.squares[layer, :, :n, :n] += squares.to(state.squares.device)
+        state.pair_counts[:n, :n] += counts
+        state.examples += len(batch)
+        state.tokens += int(batch.valid.sum())
+        state.truncated += int(batch.batch.n_truncated)
+        state.pairs = bool(batch.batch.is_pair)
+        self.first = [None] * len(self.first)
+        self.second = [None] * len(self.second)
+        self.weights = self.ones = self.pairs = None
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {name: getattr(self.constants, name) for name in ("sums", "squares", "pair_counts")}
+
+    def metadata(self) -> dict[str, Any]:
+        return self.constants.metadata
+
+    def load_state_dict(self, state: Mapping[str, Tensor], metadata: Mapping[str, Any]) -> None:
+        restored = PapaConstants(
+            **state, **{k: v for k, v in metadata.items() if k not in ("n_layers", "n_heads")}
+        )
+        self.constants = restored
+        self.resumed = restored.examples
+
+    def merge(self, other: passes.Accumulator) -> PatternSums:
+        if not isinstance(other, PatternSums):
+            raise TypeError(f"cannot merge PatternSums with {type(other).__name__}")
+        self.constants = self.constants.merge(other.constants)
+        return self
+
+    def all_reduce(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        state = self.constants
+        for value in self.state_dict().values():
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
+        numbers = torch.tensor([state.examples, state.tokens, state.truncated], dtype=torch.int64)
+        dist.all_reduce(numbers, op=dist.ReduceOp.SUM, group=group)
+        kinds: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(kinds, state.pairs if state.examples else None, group=group)
+        found = {kind for kind in kinds if kind is not None}
+        if len(found) > 1:
+            raise ValueError("The corpus mixes single sentences and sentence pairs across ranks.")
+        state.examples, state.tokens, state.truncated = (int(x) for x in numbers)
+        state.pairs = found.pop() if found else None
+
+    def result(self) -> PapaConstants:
+        return self.constants
 
 
 def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaConstants:
     """Empty constants, or the state saved in ``checkpoint`` if that file exists."""
+    if checkpoint is not None:
+        checkpoint = passes.checkpoint_path(checkpoint, passes.world())
     if checkpoint is None or not Path(checkpoint).exists():
         return PapaConstants.empty(model, max_len=max_len, layout=layout)
     state, _ = PapaConstants._load(checkpoint)
@@ -208,12 +212,12 @@ def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaCon
     return state
 
 
-def _mixed_inputs(state: PapaConstants, batch: Batch, checkpoint: Any, *, resumed: int) -> str:
+def _mixed_inputs(state: PapaConstants, is_pair: bool, checkpoint: Any, *, resumed: bool) -> str:
     """Why a batch of sentences (or pairs) cannot be added to sums of pairs (or sentences):
     the checkpoint being resumed holds the other kind, or the corpus mixes both."""
     fitted = "sentence pairs" if state.pairs else "single sentences"
-    given = "sentence pairs" if batch.is_pair else "single sentences"
-    if resumed and state.examples == resumed:
+    given = "sentence pairs" if is_pair else "single sentences"
+    if resumed:
         return (
             f"checkpoint {checkpoint} was fitted on {fitted}; this corpus holds {given}. Resume it "
             "with the corpus it was fitted on, or start a new fit with another checkpoint path."
