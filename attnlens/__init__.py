@@ -5,7 +5,12 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
 - :mod:`attnlens.papa`: constant attention (Hassid et al. 2022);
 - :mod:`attnlens.effective`: effective attention (Brunner et al. 2020; Sun & Marasović 2021);
 - :mod:`attnlens.stats`: what heads look at (Clark et al. 2019);
-- :mod:`attnlens.compare` and :mod:`attnlens.plots`: head-grid views and reports.
+- :mod:`attnlens.compare` and :mod:`attnlens.plots`: head-grid views and reports;
+- :mod:`attnlens.passes`: the one loop over a corpus (accumulators, checkpoints, torchrun);
+- :mod:`attnlens.models`: one file of facts per architecture (BERT, RoBERTa, GPT-2, Llama).
+
+``attnlens.run_with_hooks(model, batch, hooks)`` runs a :class:`Batch` with its mask and
+positions (never forget ``**batch.model_kwargs()``).
 
 ``attnlens.load()`` returns a ``TransformerBridge`` on which ``blocks.{l}.attn.hook_pattern``
 is a real intervention point (see :mod:`attnlens.seam`).
@@ -25,14 +30,22 @@ from attnlens.loading import load
 __version__ = "0.1.0"
 
 #: submodules imported on first use (keeps ``import attnlens`` light)
-_SUBMODULES = ("papa", "effective", "stats", "plots", "compare", "seam", "corpus", "cli")
+_SUBMODULES = (
+    "papa", "effective", "stats", "plots", "compare", "seam", "corpus", "cli", "passes", "models",
+    "files",
+)
 #: names re-exported lazily from submodules
 _LAZY = {
     "effective_attention": ("attnlens.effective", "effective_attention"),
     "Comparison": ("attnlens.compare", "Comparison"),
+    "run_with_hooks": ("attnlens.passes", "run_with_hooks"),
+    "model_inputs": ("attnlens.passes", "model_inputs"),
 }
 
-__all__ = ["Batch", "load", "tokenize", "effective_attention", "Comparison", *_SUBMODULES]
+__all__ = [
+    "Batch", "load", "tokenize", "effective_attention", "Comparison", "run_with_hooks",
+    "model_inputs", *_SUBMODULES,
+]
 
 
 def __getattr__(name: str) -> Any:

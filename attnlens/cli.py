@@ -8,6 +8,17 @@
     attnlens fit-papa [--model M] [--corpus FILE|default] [--max-len N] [--layout papa|padded]
                       [--n-examples N] [--batch-size N] [--checkpoint FILE [--checkpoint-every N]]
                       [--quiet] --out constants.safetensors
+    attnlens merge a.safetensors b.safetensors ... --out all.safetensors
+
+    torchrun --nproc_per_node N -m attnlens fit-papa ...        # N processes, one result
+    torchrun --nnodes M --nproc_per_node N --rdzv_backend c10d --rdzv_endpoint HOST:PORT \
+        -m attnlens fit-papa ...                                # M machines
+
+Under ``torchrun`` (``WORLD_SIZE`` > 1) each rank fits its contiguous, batch-aligned shard of
+the corpus (gloo on CPU, NCCL on GPU), the sums are all-reduced, and rank 0 writes ``--out``
+(equal to a single-process fit); ``--checkpoint`` is then one file per rank
+(``<name>.rank<r>-of-<n>.safetensors``). ``merge`` adds up constants fitted anywhere on parts of
+a corpus (a Slurm array, Ray, Kubernetes, another day).
 
 ``--model`` is anything :func:`attnlens.load` accepts (a hub name or a local folder; default: the
 embedded all-MiniLM-L6-v2). ``--corpus`` is a file (one text per line, or a TSV/CSV with a
@@ -134,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="batches between two saves of --checkpoint (default 20)",
     )
     fit.set_defaults(handler=_fit_papa)
+
+    merge = commands.add_parser(
+        "merge", help="merge PAPA constants fitted on parts of a corpus into one file",
+        description="Add up constants (or fit checkpoints) fitted on shards of a corpus anywhere "
+        "(a Slurm array, other machines, another day) into the constants of the whole corpus.",
+    )
+    merge.add_argument("inputs", nargs="+", help="constants files (.safetensors) to merge")
+    merge.add_argument("--out", required=True, help="safetensors file to write")
+    merge.set_defaults(handler=_merge)
     return parser
 
 
@@ -322,10 +342,58 @@ def _fit_papa(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt(
             f"run the same command again to resume from --checkpoint {checkpoint}"
         ) from None
+    if _rank() != 0:  # under torchrun every rank holds the reduced constants; rank 0 writes
+        return 0
     path = constants.save(out)
     print(repr(constants))
     print(f"wrote constants: {Path(path).resolve()}")
     return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    inputs = [("input", path) for path in args.inputs]
+    out = _out(args.out, "--out", (".safetensors",), inputs)
+    for _, path in inputs:
+        if not Path(path).is_file():
+            raise UsageError(f"constants file not found: {path}")
+    from attnlens.papa import PapaConstants
+
+    parts = [PapaConstants.load(path) for path in args.inputs]
+    merged = parts[0]
+    for path, part in zip(args.inputs[1:], parts[1:], strict=True):
+        try:
+            merged = merged + part
+        except ValueError as error:
+            raise UsageError(f"cannot merge {path}: {error}") from None
+    path = merged.save(out)
+    print(repr(merged))
+    print(f"wrote constants: {Path(path).resolve()}")
+    return 0
+
+
+def _rank() -> int:
+    from attnlens.passes import world
+
+    return world().rank
+
+
+def _start_distributed() -> bool:
+    """Join the ``torch.distributed`` world ``torchrun`` describes (``WORLD_SIZE`` > 1): gloo on
+    CPU, NCCL on GPU. Returns whether this process started it (and so must end it)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -335,12 +403,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     line ``attnlens: error: <reason>`` on stderr and exit with status 2.
     """
     args = build_parser().parse_args(argv)
+    started = False
     try:
+        started = _start_distributed()
         return int(args.handler(args) or 0)
     except KeyboardInterrupt as interrupt:
         _fail(f"interrupted; {interrupt}" if str(interrupt) else "interrupted", EXIT_INTERRUPTED)
     except (UsageError, ValueError, TypeError, OSError, KeyError) as error:
         _fail(_reason(error))
+    finally:
+        if started:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
 
 
 def _reason(error: BaseException) -> str:

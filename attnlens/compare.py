@@ -27,9 +27,9 @@ import operator
 import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens import seam
+from attnlens import passes
 from attnlens.corpus import resolve_corpus
 from attnlens.inputs import as_max_len, tokenize, whole_number
-from attnlens.stats import STATISTICS, AttentionStatistics, token_classes, token_text
-from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
+from attnlens.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
 
 #: the views compare knows, in report order
 VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
@@ -492,6 +491,99 @@ def _papa_setup(
     return constants, constants.max_len, constants.layout
 
 
+class ViewsAccumulator(passes.Accumulator):
+    """The pass of :func:`compare` as an accumulator of :func:`attnlens.passes.run`.
+
+    For every layer it derives each view's pattern ``[batch, head, query, key]`` (standard, the
+    PAPA constant restricted to the batch's valid tokens, effective attention), updates the
+    view's :class:`attnlens.stats.AttentionStatistics` and its summed total-variation distance
+    from standard, and keeps the valid block of example ``example``'s patterns for the figures.
+    """
+
+    name = "compare"
+
+    def __init__(
+        self, model: Any, names: tuple[str, ...], constants: Any, *, example: int, causal: bool
+    ) -> None:
+        n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+        self.model, self.names, self.constants = model, names, constants
+        self.example, self.causal, self.n_layers = example, causal, n_layers
+        self.needs_effective = "effective" in names
+        self.statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
+        self.distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
+        self.kept: dict[str, np.ndarray] = {}
+        self.kept_tokens: list[str] = []
+        self.row: int | None = None
+        self.d_head = int(model.cfg.d_head)
+        self.longer = torch.zeros((), dtype=torch.int64)  # texts with more than d_head tokens
+
+    def start_batch(self, batch: passes.PassBatch) -> None:
+        if self.constants is not None:
+            _check_constants(self.constants, self.model, batch.batch)
+        start = batch.start
+        self.row = self.example - start if start <= self.example < start + len(batch) else None
+        if self.row is not None:
+            self.keep = batch.valid[self.row].nonzero().squeeze(-1)
+            self.layers: list[Any] = [None] * self.n_layers
+            self.staged = {view: [None] * self.n_layers for view in self.names}
+            tokenizer = self.model.tokenizer
+            ids = batch.batch.input_ids[self.row, self.keep].tolist()
+            self.staged_tokens = [token_text(tokenizer, t) for t in tokenizer.convert_ids_to_tokens(ids)]
+
+    def update(self, layer: passes.LayerPatterns) -> None:
+        valid, classes, index = layer.valid, batch_classes(layer.batch), layer.layer
+        per_view = {"standard": layer.pattern.float()}
+        if "effective" in self.names:
+            per_view["effective"] = layer.effective.float()
+        if "papa" in self.names:
+            per_view["papa"] = self.constants.layer_pattern(
+                index, valid, dtype=torch.float32, causal=self.causal
+            )
+        for view, pattern in per_view.items():
+            self.statistics[view].update(index, pattern, classes, valid)
+            if view != "standard":
+                self.distance[view][index] += _total_variation(pattern, per_view["standard"], valid).cpu()
+            if self.row is not None:
+                keep = self.keep
+                self.staged[view][index] = pattern[self.row][:, keep][:, :, keep].cpu()
+
+    def end_batch(self, batch: passes.PassBatch) -> None:
+        self.longer += int((batch.valid.sum(-1) > self.d_head).sum())
+        if self.row is not None:
+            self.kept = {view: torch.stack(layers).numpy() for view, layers in self.staged.items()}
+            self.kept_tokens = self.staged_tokens
+            self.row = None
+
+    def state_dict(self) -> dict[str, Tensor]:
+        state: dict[str, Tensor] = {}
+        for view in self.names:
+            for name, total in self.statistics[view].sums.items():
+                state[f"{view}.{name}"] = total
+            state[f"{view}.counts"] = self.statistics[view].counts
+            state[f"{view}.distance"] = self.distance[view]
+        state["longer_than_d_head"] = self.longer
+        return state
+
+    def merge(self, other: passes.Accumulator) -> ViewsAccumulator:
+        super().merge(other)
+        if not self.kept and isinstance(other, ViewsAccumulator):
+            self.kept, self.kept_tokens = other.kept, other.kept_tokens
+        return self
+
+    def all_reduce(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        super().all_reduce(group)
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, (self.kept, self.kept_tokens) if self.kept else None, group=group)
+        found = next((part for part in parts if part is not None), None)
+        if found is not None:
+            self.kept, self.kept_tokens = found
+
+    def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
+        return self.statistics, self.distance
+
+
 def _compare(
     model: Any,
     names: tuple[str, ...],
@@ -510,69 +602,20 @@ def _compare(
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     causal = is_causal(model)
-    statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
-    distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
-    n_tokens = 0
-    n_truncated = 0
-    kept: dict[str, np.ndarray] = {}
-    kept_tokens: list[str] = []
-    current: dict[str, Any] = {}
-
-    def on_layer(layer: int, standard: Tensor, effective_: Tensor | None, _: Tensor) -> None:
-        """Update every view's statistics from one layer's patterns ``[batch, head, q, k]``."""
-        valid, classes, row = current["valid"], current["classes"], current["row"]
-        per_view = {"standard": standard.float()}
-        if effective_ is not None:
-            per_view["effective"] = effective_.float()
-        if "papa" in names:
-            per_view["papa"] = constants.layer_pattern(layer, valid, dtype=torch.float32, causal=causal)
-        for view, pattern in per_view.items():
-            statistics[view].update(layer, pattern, classes, valid)
-            if view != "standard":
-                distance[view][layer] += _total_variation(pattern, per_view["standard"], valid).cpu()
-            if row is not None:
-                keep = current["keep"]
-                current["example"][view][layer] = pattern[row][:, keep][:, :, keep].cpu()
-
+    views = ViewsAccumulator(model, names, constants, example=example, causal=causal)
+    summary = passes.run(
+        model, texts, [views], max_len=max_len, layout=layout, batch_size=batch_size,
+        progress=progress, description=f"compare ({', '.join(names)})",
+    )
+    statistics, distance = views.result()
+    n_tokens = summary.tokens
+    meta: dict[str, Any] = {}
     if "effective" in names:
-        from attnlens.effective import pattern_hooks
+        from attnlens.effective.core import warn_if_short
 
-        fwd_hooks = pattern_hooks(model, on_layer)
-    else:
-        fwd_hooks = [
-            (f"blocks.{layer}.attn.hook_pattern", partial(_observe, on_layer, layer))
-            for layer in range(n_layers)
-        ]
-    device = device_of(model)
-    bar = progress_bar(texts, f"compare ({', '.join(names)})", progress)
-    seen = 0
-    try:
-        for chunk in chunks(texts, batch_size):
-            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
-            if constants is not None:
-                _check_constants(constants, model, batch)
-            valid = batch.attention_mask.bool()
-            row = example - seen if seen <= example < seen + len(chunk) else None
-            current.update(
-                valid=valid, classes=token_classes(model.tokenizer, batch.input_ids, valid), row=row
-            )
-            if row is not None:
-                current["keep"] = valid[row].nonzero().squeeze(-1)
-                current["example"] = {view: [None] * n_layers for view in names}
-                kept_tokens = [
-                    token_text(model.tokenizer, token)
-                    for token in model.tokenizer.convert_ids_to_tokens(batch.input_ids[row, current["keep"]].tolist())
-                ]
-            if not run_patterns(model, batch, fwd_hooks):
-                raise RuntimeError("the forward pass did not reach the last layer's hook_pattern")
-            if row is not None:
-                kept = {view: torch.stack(layers).numpy() for view, layers in current["example"].items()}
-            n_tokens += int(valid.sum())
-            n_truncated += batch.n_truncated
-            seen += len(chunk)
-            bar.update(len(chunk))
-    finally:
-        bar.close()
+        d_head = int(model.cfg.d_head)
+        meta.update(d_head=d_head, longer_than_d_head=int(views.longer))
+        warn_if_short(int(views.longer), d_head)
 
     records = []
     for view in names:
@@ -601,10 +644,11 @@ def _compare(
         layout=layout,
         causal=causal,
         example_index=example,
-        example_tokens=list(kept_tokens),
-        example_patterns=kept,
+        example_tokens=list(views.kept_tokens),
+        example_patterns=views.kept,
         focus=(int(layer), int(head)),
-        n_truncated=n_truncated,
+        n_truncated=summary.truncated,
+        meta=meta,
     )
 
 
@@ -636,11 +680,6 @@ def _default_focus(
         grid = statistics["standard"].means()["entropy"].numpy()
         layer, head = np.unravel_index(np.argmin(grid), grid.shape)
     return int(layer), int(head)
-
-
-def _observe(on_layer: Callable, layer: int, pattern: Tensor, hook: Any) -> None:
-    """A ``hook_pattern`` hook that only reads: ``on_layer(layer, A, None, valid)``."""
-    on_layer(layer, pattern, None, seam.key_mask(pattern))
 
 
 class _CallableModule(types.ModuleType):

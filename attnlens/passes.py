@@ -233,6 +233,7 @@ class PassSummary:
     max_len: int
     accumulators: list[Accumulator]
     resumed: int = 0
+    longest: int = 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -521,6 +522,7 @@ def _reduce(accumulators: Sequence[Accumulator], counts: dict[str, Any], current
         raise ValueError("The corpus mixes single sentences and sentence pairs across ranks.")
     for key in ("examples", "tokens", "truncated"):
         counts[key] = sum(part[key] for part in gathered)
+    counts["longest"] = max(part.get("longest", 0) for part in gathered)
     counts["pairs"] = kinds.pop() if kinds else None
 
 
@@ -535,6 +537,24 @@ def checkpoint_path(checkpoint: str | os.PathLike, current: World) -> Path:
     if not current.distributed:
         return path
     return path.with_name(f"{path.stem}.rank{current.rank}-of-{current.size}{path.suffix}")
+
+
+def check_world_size(checkpoint: str | os.PathLike, current: World) -> None:
+    """Refuse to start when ``checkpoint`` was written by a run of another number of processes
+    (its own file, or per-rank files of another world size, are there instead of this run's)."""
+    path = Path(checkpoint)
+    mine = checkpoint_path(path, current)
+    found = [path] if path.exists() and current.distributed else []
+    found += sorted(
+        other for other in path.parent.glob(f"{path.stem}.rank*-of-*{path.suffix}") if other.name != mine.name
+        and not other.name.endswith(f"-of-{current.size}{path.suffix}")
+    ) if path.parent.is_dir() else []
+    if found:
+        raise ValueError(
+            f"checkpoint {found[0]} was written by a run of another number of processes than "
+            f"this one ({current.size}); resume it with the same torchrun --nproc_per_node and "
+            "--nnodes, or give another checkpoint path."
+        )
 
 
 def save_checkpoint(
@@ -723,13 +743,16 @@ def run(
             current,
         )
 
-    counts: dict[str, Any] = {"examples": 0, "tokens": 0, "truncated": 0, "pairs": None, "corpus": None}
+    counts: dict[str, Any] = {
+        "examples": 0, "tokens": 0, "truncated": 0, "pairs": None, "corpus": None, "longest": 0,
+    }
     fingerprint = _Fingerprint()
     path = checkpoint_path(checkpoint, current) if checkpoint is not None else None
     if path is not None:
         from attnlens.files import clean_temporaries
 
         clean_temporaries(path)
+        check_world_size(checkpoint, current)
         if path.exists():
             counts = _restore(path, accumulators, header)
     resumed = counts["examples"]
@@ -839,6 +862,7 @@ def run(
         max_len=max_len,
         accumulators=list(accumulators),
         resumed=resumed,
+        longest=counts.get("longest", 0),
     )
 
 
@@ -847,6 +871,7 @@ def _count(counts: dict[str, Any], batch: Batch) -> None:
     counts["tokens"] += int(batch.attention_mask.sum())
     counts["truncated"] += int(batch.n_truncated)
     counts["pairs"] = bool(batch.is_pair)
+    counts["longest"] = max(counts.get("longest", 0), int(batch.attention_mask.sum(-1).max()))
 
 
 def _positive(value: Any, name: str, unit: str) -> int:

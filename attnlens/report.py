@@ -103,6 +103,13 @@ def _summary(c: Comparison) -> str:
         "example": f"text {c.example_index}: " + " ".join(c.example_tokens),
         "focus head": f"layer {c.focus[0]}, head {c.focus[1]}",
     }
+    if "effective" in c.views and "d_head" in c.meta:
+        from attnlens.effective.core import short_text_note
+
+        longer = c.meta.get("longer_than_d_head")
+        items["effective attention"] = short_text_note(int(c.meta["d_head"])).capitalize() + (
+            f"; {longer} of {c.n_examples} texts here are" if longer is not None else ""
+        )
     rows = "".join(
         f"<dt>{html.escape(key)}</dt><dd>{html.escape(str(value))}</dd>" for key, value in items.items()
     )

@@ -24,6 +24,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.passes import Accumulator
+
 STATISTICS: tuple[str, ...] = (
     "to_cls",
     "to_sep",
@@ -157,3 +159,39 @@ class AttentionStatistics:
         if not bool((self.counts > 0).all()):
             raise ValueError("No tokens were seen for some layer; update() with at least one batch.")
         return {name: (total / self.counts[:, None]).float() for name, total in self.sums.items()}
+
+
+def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
+    """:func:`token_classes` of a :class:`attnlens.passes.PassBatch`, computed once per batch
+    for every accumulator that asks."""
+    return batch.shared(
+        "token_classes",
+        lambda: token_classes(batch.model.tokenizer, batch.batch.input_ids, batch.valid),
+    )
+
+
+class Statistics(Accumulator):
+    """:class:`AttentionStatistics` as an accumulator of :func:`attnlens.passes.run`.
+
+    ``view="standard"`` reads each layer's pattern, ``"effective"`` its effective attention
+    (computed once per layer by the engine). ``result()`` is :meth:`AttentionStatistics.means`:
+    ``{statistic: [layer, head]}``.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, view: str = "standard") -> None:
+        if view not in ("standard", "effective"):
+            raise ValueError(f"Unknown view {view!r}; use 'standard' or 'effective'.")
+        self.view = view
+        self.name = f"statistics.{view}"
+        self.needs_effective = view == "effective"
+        self.statistics = AttentionStatistics(n_layers, n_heads)
+
+    def update(self, layer: Any) -> None:
+        pattern = layer.effective if self.view == "effective" else layer.pattern
+        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.valid)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {**{f"sums.{k}": v for k, v in self.statistics.sums.items()}, "counts": self.statistics.counts}
+
+    def result(self) -> dict[str, Float[Tensor, "layer head"]]:
+        return self.statistics.means()

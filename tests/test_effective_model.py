@@ -298,16 +298,16 @@ def test_models_without_attnlens_preparation_are_refused():
 
 
 def test_statistics_progress_counts_the_corpus(minilm, sst2_sentences, monkeypatch):
-    from attnlens.effective import model as effective_model
+    from attnlens import passes
 
     bars = []
-    original = effective_model.progress_bar
+    original = passes.progress_bar
 
     def spy(*args, **kwargs):
         bars.append(original(*args, **kwargs))
         return bars[-1]
 
-    monkeypatch.setattr(effective_model, "progress_bar", spy)
+    monkeypatch.setattr(passes, "progress_bar", spy)
     corpus = sst2_sentences[:5]
     effective.statistics(minilm, corpus, max_len=32, batch_size=2, progress=True)
     assert [(bar.total, bar.n) for bar in bars] == [(5, 5)]  # a percentage and an ETA are shown

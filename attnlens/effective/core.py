@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -79,6 +80,32 @@ GRAM_MIN_RTOL = 1e-6
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
 #: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 Gram route
 REFINE_MAX_DEFECT = 1e-3
+
+
+#: d_head values already warned about by :func:`warn_if_short` (once per process each)
+_WARNED: set[int] = set()
+
+
+def short_text_note(d_head: int) -> str:
+    """The sentence reports and warnings use for texts of at most ``d_head`` tokens."""
+    return (
+        f"effective attention differs from standard attention only for texts longer than "
+        f"d_head = {d_head} tokens (with at most d_head tokens the values span every direction, "
+        "so A⊥ = A)"
+    )
+
+
+def warn_if_short(n_longer: int, d_head: int) -> None:
+    """Warn once per process when no text was longer than ``d_head`` tokens: effective
+    attention then equals standard attention by construction."""
+    if n_longer == 0 and d_head not in _WARNED:
+        _WARNED.add(d_head)
+        warnings.warn(
+            f"No text has more than d_head = {d_head} tokens: {short_text_note(d_head)}. "
+            "Use longer texts (or a larger max_len) to see a difference.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def effective_attention(

@@ -24,17 +24,16 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import einops
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens import seam
-from attnlens.effective.core import effective_attention
+from attnlens import passes, seam
+from attnlens.effective.core import effective_attention, warn_if_short
 from attnlens.inputs import Batch, as_max_len, tokenize
-from attnlens.loading import is_causal, require_bridge
-from attnlens.stats import AttentionStatistics, token_classes
-from attnlens.streaming import chunks, device_of, progress_bar, run_patterns
+from attnlens.loading import require_bridge
+from attnlens.passes import device_of
+from attnlens.stats import Statistics
 
 Mode = Literal["effective", "null"]
 MODES: tuple[str, ...] = ("effective", "null")
@@ -116,30 +115,7 @@ def kv_heads(model: Any) -> int:
 
 def v_hook_name(model: Any, layer: int) -> str:
     """Name of the hook point carrying layer ``layer``'s value vectors."""
-    from attnlens import models
-
-    architecture = models.find(model)
-    preferred = architecture.value_hook.format(layer=layer) if architecture else f"blocks.{layer}.attn.hook_v"
-    for name in (preferred, f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.attn.v.hook_out"):
-        if name in model.hook_dict:
-            return name
-    raise ValueError(f"The model has no value hook for layer {layer} (blocks.{layer}.attn.hook_v).")
-
-
-def _values(v: Tensor, n_heads: int, n_kv_heads: int | None = None) -> Float[Tensor, "batch head key d_head"]:
-    """``hook_v``'s values (``[batch, key, kv_head, d_head]``, or ``[batch, key, kv_head*d_head]``)
-    as one ``[key, d_head]`` matrix per *query* head: with grouped key-value heads, query head
-    ``h`` reads key-value head ``h // (n_heads / n_kv_heads)``, as Hugging Face's ``repeat_kv``."""
-    n_kv_heads = n_kv_heads or n_heads
-    if v.ndim == 3:
-        v = einops.rearrange(v, "b k (h d) -> b h k d", h=n_kv_heads)
-    else:
-        v = einops.rearrange(v, "b k h d -> b h k d")
-    if v.shape[1] != n_heads:
-        if n_heads % v.shape[1]:
-            raise ValueError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
-        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)
-    return v
+    return passes.value_hook(model, layer)
 
 
 def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
@@ -170,27 +146,12 @@ def pattern_hooks(
     :func:`statistics` and :func:`attnlens.compare` are all built on this.
     """
     _require_bridge(model)
-    stash: dict[int, Tensor] = {}
-    n_heads = model.cfg.n_heads
-    n_kv_heads = kv_heads(model)
-    causal = is_causal(model)
-    fwd_hooks: list[tuple[str, Callable]] = []
-    for layer in _layers(model, layers):
 
-        def keep_v(v: Tensor, hook: Any, layer: int = layer) -> None:
-            stash[layer] = v
+    def on_hook(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> Tensor | None:
+        effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
+        return on_pattern(layer, pattern, effective, valid)
 
-        def on_hook(pattern: Tensor, hook: Any, layer: int = layer) -> Tensor | None:
-            if layer not in stash:
-                raise RuntimeError(f"hook_v of layer {layer} did not fire before its hook_pattern.")
-            v = _values(stash.pop(layer), n_heads, n_kv_heads)
-            valid = seam.key_mask(pattern, causal=causal)
-            effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
-            return on_pattern(layer, pattern, effective, valid)
-
-        fwd_hooks.append((v_hook_name(model, layer), keep_v))
-        fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", on_hook))
-    return fwd_hooks
+    return passes.pattern_hooks(model, on_hook, layers=_layers(model, layers))
 
 
 def hooks(
@@ -283,9 +244,11 @@ def run(
         maps["standard"][layer].copy_(pattern)
         maps["effective"][layer].copy_(eff)
 
+    longest = int(batch.attention_mask.sum(-1).max())
+    warn_if_short(int(longest > model.cfg.d_head), int(model.cfg.d_head))
     fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
-    with torch.no_grad(), seam.batch_key_mask(batch.attention_mask.bool()):
-        logits = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks)
+    with torch.no_grad():
+        logits = passes.run_with_hooks(model, batch, fwd_hooks)
     return EffectiveRun(
         standard=maps["standard"],
         effective=maps["effective"],
@@ -318,33 +281,18 @@ def statistics(
     _require_bridge(model)
     max_len = as_max_len(max_len)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
-    standard = AttentionStatistics(n_layers, n_heads)
-    effective = AttentionStatistics(n_layers, n_heads)
-    device = device_of(model)
-    current: dict[str, Any] = {}
-    counts = {"sequences": 0, "tokens": 0, "truncated": 0}
-
-    def update(layer: int, pattern: Tensor, eff: Tensor, valid: Tensor) -> None:
-        standard.update(layer, pattern, current["classes"], current["valid"])
-        effective.update(layer, eff, current["classes"], current["valid"])
-
-    fwd_hooks = pattern_hooks(model, update, rtol=rtol, padded=padded)
-    with progress_bar(corpus, "effective attention statistics", progress) as bar:
-        for chunk in chunks(corpus, batch_size):
-            batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)  # type: ignore[arg-type]
-            current["valid"] = batch.attention_mask.bool()
-            current["classes"] = token_classes(model.tokenizer, batch.input_ids, current["valid"])
-            run_patterns(model, batch, fwd_hooks)
-            counts["sequences"] += len(batch)
-            counts["tokens"] += int(batch.attention_mask.sum())
-            counts["truncated"] += batch.n_truncated
-            bar.update(len(chunk))
-    if counts["sequences"] == 0:
-        raise ValueError("The corpus is empty.")
+    standard = Statistics(n_layers, n_heads, "standard")
+    effective = Statistics(n_layers, n_heads, "effective")
+    summary = passes.run(
+        model, corpus, [standard, effective], max_len=max_len, layout=layout,
+        batch_size=batch_size, progress=progress, description="effective attention statistics",
+        effective={"rtol": rtol, "padded": padded},
+    )
+    warn_if_short(int(summary.longest > model.cfg.d_head), int(model.cfg.d_head))
     return EffectiveStatistics(
-        standard=standard.means(),
-        effective=effective.means(),
-        n_sequences=counts["sequences"],
-        n_tokens=counts["tokens"],
-        n_truncated=counts["truncated"],
+        standard=standard.result(),
+        effective=effective.result(),
+        n_sequences=summary.examples,
+        n_tokens=summary.tokens,
+        n_truncated=summary.truncated,
     )

@@ -1,0 +1,7 @@
+"""``python -m attnlens`` (and ``torchrun -m attnlens``): the command line, :mod:`attnlens.cli`."""
+
+import sys
+
+from attnlens.cli import main
+
+sys.exit(main())

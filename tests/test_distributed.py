@@ -1,0 +1,200 @@
+"""Multi-process runs of the pass engine: torchrun, shards, merges, and the errors they can meet.
+
+The torchrun test runs two real processes with the gloo backend on localhost; the others spawn
+processes with ``torch.multiprocessing`` to reach the cases torchrun cannot (ranks given different
+corpora, a rank that dies).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnlens import papa, passes
+from tests import tiny
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bert_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("bert")
+    tiny.tiny_bert().save_pretrained(folder)
+    tiny.bert_tokenizer().save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "texts.txt"
+    texts = [f"{text} ({index})" for index, text in enumerate(tiny.CORPUS + tiny.CORPUS[:5])]
+    path.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as handle:
+        handle.bind(("127.0.0.1", 0))
+        return handle.getsockname()[1]
+
+
+def _environment() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+        HF_HUB_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+    )
+    return env
+
+
+def test_shards_are_contiguous_batch_aligned_and_cover_the_corpus():
+    for n, batch_size, size in [(21, 2, 2), (21, 4, 3), (5, 8, 2), (64, 8, 4), (1, 1, 3)]:
+        shards = [passes.shard(n, batch_size, rank, size) for rank in range(size)]
+        assert shards[0][0] == 0 and shards[-1][1] == n
+        for (_, stop), (start, _) in zip(shards, shards[1:], strict=False):
+            assert stop == start  # contiguous
+        for start, stop in shards:
+            assert start % batch_size == 0  # every batch is one a single process would run
+            assert stop == n or stop % batch_size == 0
+
+
+def test_torchrun_fit_equals_the_single_process_fit(tmp_path, bert_folder, corpus_file):
+    """Two gloo ranks on localhost, 21 texts in 11 batches of 2: rank 0 runs 5 batches, rank 1
+    runs 6; the all-reduced sums equal the single-process sums up to float64 rounding of the
+    order of additions (2 · 21 · 2**-52 · max|sum| < 1e-12), and the counts exactly."""
+    from attnlens.cli import main
+
+    common = ["fit-papa", "--model", str(bert_folder), "--corpus", str(corpus_file),
+              "--max-len", "16", "--batch-size", "2", "--quiet"]
+    single = tmp_path / "single.safetensors"
+    assert main([*common, "--out", str(single)]) == 0
+
+    merged, checkpoint = tmp_path / "two.safetensors", tmp_path / "ck" / "fit.safetensors"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        "-m", "attnlens", *common, "--out", str(merged), "--checkpoint", str(checkpoint),
+    ]
+    done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, two = papa.load(single), papa.load(merged)
+    assert torch.equal(one.pair_counts, two.pair_counts)
+    assert (one.examples, one.tokens, one.truncated, one.pairs) == (
+        two.examples, two.tokens, two.truncated, two.pairs,
+    )
+    torch.testing.assert_close(two.sums, one.sums, rtol=0, atol=1e-12)
+    torch.testing.assert_close(two.squares, one.squares, rtol=0, atol=1e-12)
+    ranks = sorted(path.name for path in checkpoint.parent.iterdir())
+    assert ranks == ["fit.rank0-of-2.safetensors", "fit.rank1-of-2.safetensors"]
+    assert [papa.load(checkpoint.parent / name).examples for name in ranks] == [10, 11]
+
+    # a checkpoint of two processes cannot be resumed by one
+    with pytest.raises(SystemExit) as exit_info:
+        main([*common, "--out", str(tmp_path / "again.safetensors"), "--checkpoint", str(checkpoint)])
+    assert exit_info.value.code == 2
+
+
+def test_merge_adds_up_constants_fitted_apart(tmp_path, bert_folder, corpus_file, capsys):
+    """``attnlens merge`` of two halves fitted separately equals the fit of the whole corpus."""
+    from attnlens.cli import main
+
+    texts = corpus_file.read_text(encoding="utf-8").splitlines()
+    halves = []
+    for index, part in enumerate((texts[:10], texts[10:])):
+        path = tmp_path / f"part{index}.txt"
+        path.write_text("\n".join(part) + "\n", encoding="utf-8")
+        halves.append(path)
+    common = ["--model", str(bert_folder), "--max-len", "16", "--batch-size", "2", "--quiet"]
+    outs = []
+    for index, corpus in enumerate([corpus_file, *halves]):
+        outs.append(tmp_path / f"fit{index}.safetensors")
+        assert main(["fit-papa", *common, "--corpus", str(corpus), "--out", str(outs[-1])]) == 0
+    merged = tmp_path / "merged.safetensors"
+    assert main(["merge", str(outs[1]), str(outs[2]), "--out", str(merged)]) == 0
+    whole, got = papa.load(outs[0]), papa.load(merged)
+    assert torch.equal(whole.pair_counts, got.pair_counts) and whole.examples == got.examples
+    torch.testing.assert_close(got.sums, whole.sums, rtol=0, atol=1e-12)
+
+    other = tmp_path / "other.safetensors"
+    assert main(["fit-papa", *common, "--corpus", str(halves[0]), "--max-len", "12",
+                 "--out", str(other)]) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["merge", str(outs[1]), str(other), "--out", str(tmp_path / "bad.safetensors")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "max_len 16 vs 12" in err
+
+
+def test_a_checkpoint_of_another_world_size_is_named(tmp_path):
+    checkpoint = tmp_path / "fit.safetensors"
+    (tmp_path / "fit.rank0-of-4.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"fit\.rank0-of-4\.safetensors was written by a run of another number"):
+        passes.check_world_size(checkpoint, passes.World(rank=0, size=2))
+    with pytest.raises(ValueError, match="another number of processes than this one \\(1\\)"):
+        passes.check_world_size(checkpoint, passes.World())
+    passes.check_world_size(checkpoint, passes.World(rank=1, size=4))  # its own world: fine
+
+
+def _rank_main(rank: int, folder: str, init: str, outcome: str, case: str) -> None:
+    """One spawned rank: join a 2-rank gloo world and fit; write what happened to a file."""
+    import torch.distributed as dist
+
+    import attnlens
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    model = attnlens.load(folder)
+    corpus = list(tiny.CORPUS)
+    if case == "other-corpus" and rank == 1:
+        corpus[3] = "a different text on rank one"
+    if case == "dead-rank" and rank == 1:
+        os._exit(0)  # dies before the pass: rank 0's first collective finds no partner
+    try:
+        papa.fit(model, corpus, max_len=16, batch_size=2, progress=False)
+        result = "ok"
+    except Exception as error:  # noqa: BLE001 - the message is what the test checks
+        result = f"{type(error).__name__}: {error}"
+    Path(outcome).with_suffix(f".{rank}").write_text(result, encoding="utf-8")
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("other-corpus", "ValueError: the ranks of this torchrun were given different corpora or settings"),
+        ("dead-rank", "RuntimeError: rank 0 of 2: comparing settings failed"),
+    ],
+)
+def test_distributed_failures_are_one_clear_error(tmp_path, bert_folder, case, expected):
+    import torch.multiprocessing as mp
+
+    init = f"file://{tmp_path / 'rendezvous'}"
+    outcome = tmp_path / "outcome"
+    mp.start_processes(
+        _rank_main, args=(str(bert_folder), init, str(outcome), case), nprocs=2,
+        start_method="spawn", join=True,
+    ) if case != "dead-rank" else _spawn_tolerating_exit(init, outcome, bert_folder, case)
+    message = outcome.with_suffix(".0").read_text(encoding="utf-8")
+    assert message.startswith(expected), message
+    assert "\n" not in message
+
+
+def _spawn_tolerating_exit(init: str, outcome: Path, folder: Path, case: str) -> None:
+    import torch.multiprocessing as mp
+
+    context = mp.start_processes(
+        _rank_main, args=(str(folder), init, str(outcome), case), nprocs=2,
+        start_method="spawn", join=False,
+    )
+    for process in context.processes:
+        process.join(timeout=240)
+    assert not any(process.is_alive() for process in context.processes)
