@@ -84,7 +84,10 @@ def load(
                 bridge = _boot(str(default_model_path()), device=device, dtype=dtype, tokenizer=tokenizer)
             bridge.cfg.model_name = DEFAULT_MODEL_ID
         else:
-            bridge = _boot(_resolve(str(model)), device=device, dtype=dtype, tokenizer=tokenizer)
+            folder = _resolve(str(model))
+            bridge = _boot(folder, device=device, dtype=dtype, tokenizer=tokenizer)
+            if folder != str(model) and models.resolve_alias(str(model)) is not None:
+                bridge.cfg.model_name = str(model).lower()  # the alias, not a cache path
     else:
         raise TypeError(
             f"attnlens.load got a {type(model).__name__}; pass None (the embedded default model), "

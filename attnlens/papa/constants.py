@@ -438,6 +438,14 @@ def check_model(constants: Any, model: Any) -> None:
     fingerprint does (the same model loaded from another folder, or by name and by path)."""
     if model is None:
         return
+    recorded = getattr(constants, "causal", None)
+    if recorded is not None and bool(recorded) != model_causal(model):
+        fitted, given = ("a decoder (causal)", "an encoder") if recorded else ("an encoder", "a decoder (causal)")
+        raise ValueError(
+            f"these constants were fitted on {fitted}, and this model is {given}: a decoder's "
+            "constants are lower-triangular and an encoder's are not. Fit constants on this model "
+            "with papa.fit(model, corpus)."
+        )
     name, n_layers, n_heads = model_info(model)
     expected = getattr(constants, "fingerprint", None)
     found = model_fingerprint(model) if expected is not None else None
