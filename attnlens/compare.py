@@ -523,7 +523,7 @@ class ViewsAccumulator(passes.Accumulator):
         start = batch.start
         self.row = self.example - start if start <= self.example < start + len(batch) else None
         if self.row is not None:
-            self.keep = batch.valid[self.row].nonzero().squeeze(-1)
+            self.keep = batch.key_mask[self.row].nonzero().squeeze(-1)
             self.layers: list[Any] = [None] * self.n_layers
             self.staged = {view: [None] * self.n_layers for view in self.names}
             tokenizer = self.model.tokenizer
@@ -531,7 +531,7 @@ class ViewsAccumulator(passes.Accumulator):
             self.staged_tokens = [token_text(tokenizer, t) for t in tokenizer.convert_ids_to_tokens(ids)]
 
     def update(self, layer: passes.LayerPatterns) -> None:
-        valid, classes, index = layer.valid, batch_classes(layer.batch), layer.layer
+        valid, classes, index = layer.key_mask, batch_classes(layer.batch), layer.layer
         per_view = {"standard": layer.pattern.float()}
         if "effective" in self.names:
             per_view["effective"] = layer.effective.float()
@@ -548,7 +548,7 @@ class ViewsAccumulator(passes.Accumulator):
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep].cpu()
 
     def end_batch(self, batch: passes.PassBatch) -> None:
-        self.longer += int((batch.valid.sum(-1) > self.d_head).sum())
+        self.longer += int((batch.key_mask.sum(-1) > self.d_head).sum())
         if self.row is not None:
             self.kept = {view: torch.stack(layers).numpy() for view, layers in self.staged.items()}
             self.kept_tokens = self.staged_tokens
@@ -608,7 +608,7 @@ def _compare(
         progress=progress, description=f"compare ({', '.join(names)})",
     )
     statistics, distance = views.result()
-    n_tokens = summary.tokens
+    n_tokens = summary.n_tokens
     meta: dict[str, Any] = {}
     if "effective" in names:
         from attnlens.effective.core import warn_if_short
@@ -647,7 +647,7 @@ def _compare(
         example_tokens=list(views.kept_tokens),
         example_patterns=views.kept,
         focus=(int(layer), int(head)),
-        n_truncated=summary.truncated,
+        n_truncated=summary.n_truncated,
         meta=meta,
     )
 

@@ -142,6 +142,17 @@ def tokenize(
     return batch
 
 
+def default_layout(model: Any) -> str:
+    """The layout a model's PAPA constants are fitted in when none is named (``papa.fit``,
+    ``compare``, ``attnlens fit-papa``): its architecture's
+    (:attr:`attnlens.models.Architecture.layout`): ``"padded"`` for a decoder, which has no
+    [CLS]/[SEP] to fix in place, ``"papa"`` for an encoder. A bare tokenizer gets ``"papa"``."""
+    from attnlens import models
+
+    architecture = models.find(model)
+    return architecture.layout if architecture is not None else "papa"
+
+
 def _positions_from_mask(model: Any) -> bool:
     """Whether the model's position ids come from the mask: its architecture's fact
     (:attr:`attnlens.models.Architecture.positions_from_mask`), else whether it is causal."""

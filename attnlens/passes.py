@@ -27,7 +27,7 @@ A minimal accumulator::
             self.total, self.rows = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers)
         def update(self, layer):            # a LayerPatterns: layer.pattern [batch, head, q, k]
             p = layer.pattern.clamp_min(1e-30)
-            rows = layer.batch.valid[:, None, :, None]
+            rows = layer.key_mask[:, None, :, None]
             self.total[layer.layer] += float(-(p * p.log() * rows).sum())
             self.rows[layer.layer] += float(rows.sum()) * p.shape[1]
         def state_dict(self):
@@ -60,7 +60,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from attnlens import models, seam
-from attnlens.inputs import LAYOUTS, Batch, check_max_len, tokenize, whole_number
+from attnlens.inputs import LAYOUTS, Batch, check_max_len, default_layout, tokenize, whole_number
 from attnlens.loading import is_causal, model_id, require_bridge, weights_fingerprint
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
@@ -78,7 +78,7 @@ FwdHooks = Sequence[tuple[str | Callable, Callable]]
 @dataclass
 class PassBatch:
     """The batch being run: ``batch`` (on the model's device), ``start`` (corpus index of its
-    first example), ``valid`` (``[batch, pos]``, True for real tokens) and ``model``.
+    first example), ``key_mask`` (``[batch, key]``, True for real tokens) and ``model``.
 
     :meth:`shared` computes something once per batch for every accumulator that asks for it by
     the same key (e.g. the token classes of :func:`attnlens.stats.token_classes`)."""
@@ -86,11 +86,11 @@ class PassBatch:
     batch: Batch
     start: int
     model: Any
-    valid: Bool[Tensor, "batch pos"] = field(init=False)
+    key_mask: Bool[Tensor, "batch key"] = field(init=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self.valid = self.batch.attention_mask.bool()
+        self.key_mask = self.batch.attention_mask.bool()
 
     def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per batch and key."""
@@ -108,7 +108,8 @@ class LayerPatterns:
 
     ``pattern``: ``[batch, head, query, key]``, the pattern after any intervention (``hooks=``);
     ``effective``: its effective attention ``A⊥`` (:func:`attnlens.effective.effective_attention`),
-    computed on first access and shared by every accumulator; ``valid``: ``[batch, key]``.
+    computed on first access and shared by every accumulator; ``key_mask``: ``[batch, key]``,
+    True for real tokens (the batch's own mask).
     """
 
     layer: int
@@ -119,8 +120,8 @@ class LayerPatterns:
     _effective: Tensor | None = field(default=None, repr=False)
 
     @property
-    def valid(self) -> Bool[Tensor, "batch key"]:
-        return self.batch.valid
+    def key_mask(self) -> Bool[Tensor, "batch key"]:
+        return self.batch.key_mask
 
     @property
     def effective(self) -> Float[Tensor, "batch head query key"]:
@@ -133,7 +134,7 @@ class LayerPatterns:
             from attnlens.effective.core import effective_attention
 
             self._effective = effective_attention(
-                self.pattern, self.values, key_mask=self.valid, **self.options
+                self.pattern, self.values, key_mask=self.key_mask, **self.options
             )
         return self._effective
 
@@ -221,13 +222,15 @@ class Accumulator:
 
 @dataclass
 class PassSummary:
-    """What :func:`run` read: ``examples``, real ``tokens``, ``truncated`` examples, whether the
-    corpus held sentence pairs (``pairs``; None if empty), the ``layout`` and ``max_len``, and
-    the ``accumulators``, updated (and reduced over ranks under ``torch.distributed``)."""
+    """What :func:`run` read: ``n_examples``, real tokens (``n_tokens``), ``n_truncated``
+    examples (that lost tokens to ``max_len``), whether the corpus held sentence pairs
+    (``pairs``; None if empty), the ``layout`` and ``max_len``, the ``accumulators``, updated
+    (and reduced over ranks under ``torch.distributed``), the examples skipped because a
+    checkpoint had them (``resumed``) and the most real tokens in one example (``longest``)."""
 
-    examples: int
-    tokens: int
-    truncated: int
+    n_examples: int
+    n_tokens: int
+    n_truncated: int
     pairs: bool | None
     layout: str
     max_len: int
@@ -685,7 +688,7 @@ def run(
 
     ``corpus``: strings or ``(str, str)`` pairs (a list, a generator, a ``datasets`` column),
     tokenized ``batch_size`` at a time with ``max_len`` in ``layout`` (default: the
-    architecture's, :attr:`attnlens.models.Architecture.layout`). ``hooks``: interventions
+    architecture's, :func:`attnlens.inputs.default_layout`). ``hooks``: interventions
     (``fwd_hooks``) active during the pass; accumulators read the patterns they produce.
     ``effective``: keyword arguments of :func:`attnlens.effective.effective_attention`
     (``rtol``, ``padded``). ``settings``: anything else that changes the result (recorded in
@@ -705,7 +708,7 @@ def run(
     names = [a.name for a in accumulators]
     if len(set(names)) != len(names):
         raise ValueError(f"accumulator names must be unique, got {names}")
-    layout = models.of(model).layout if layout is None else layout
+    layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     batch_size = _positive(batch_size, "batch_size", "examples per batch (e.g. batch_size=32)")
@@ -854,9 +857,9 @@ def run(
             f"(got {type(corpus).__name__})."
         )
     return PassSummary(
-        examples=counts["examples"],
-        tokens=counts["tokens"],
-        truncated=counts["truncated"],
+        n_examples=counts["examples"],
+        n_tokens=counts["tokens"],
+        n_truncated=counts["truncated"],
         pairs=counts["pairs"],
         layout=layout,
         max_len=max_len,

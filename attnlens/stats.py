@@ -166,7 +166,7 @@ def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
     for every accumulator that asks."""
     return batch.shared(
         "token_classes",
-        lambda: token_classes(batch.model.tokenizer, batch.batch.input_ids, batch.valid),
+        lambda: token_classes(batch.model.tokenizer, batch.batch.input_ids, batch.key_mask),
     )
 
 
@@ -188,7 +188,7 @@ class Statistics(Accumulator):
 
     def update(self, layer: Any) -> None:
         pattern = layer.effective if self.view == "effective" else layer.pattern
-        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.valid)
+        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {**{f"sums.{k}": v for k, v in self.statistics.sums.items()}, "counts": self.statistics.counts}

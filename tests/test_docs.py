@@ -62,3 +62,27 @@ def test_gallery_page_is_generated_with_every_figure_and_its_caption(tmp_path):
     assert "side by side" in headings and "patterns effective" in headings and len(headings) >= 10
     assert page.count('<div class="attnlens-figure">') == len(headings)
     assert "non-standard view is farthest from standard" in page
+
+
+def test_passes_page(tmp_path, monkeypatch):
+    """The custom accumulator of docs/passes.md equals a plain loop over the model's patterns."""
+    import attnlens
+
+    monkeypatch.chdir(tmp_path)
+    names = run_examples("passes.md")
+    model, texts = names["model"], names["texts"]
+    got = names["entropy"].result()
+    assert names["summary"].n_examples == 2
+    batch = attnlens.tokenize(model, texts, max_len=32, layout="papa")
+    totals = torch.zeros(model.cfg.n_layers, dtype=torch.float64)
+    rows = 0
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs())
+    for example, mask in enumerate(batch.attention_mask.bool()):
+        for layer in range(model.cfg.n_layers):
+            pattern = cache[f"blocks.{layer}.attn.hook_pattern"][example].double()  # [head, q, k]
+            for query in mask.nonzero().flatten().tolist():
+                p = pattern[:, query]
+                totals[layer] += float(-(p * p.clamp_min(1e-30).log()).sum())
+        rows += int(mask.sum()) * model.cfg.n_heads
+    torch.testing.assert_close(got, totals / rows, atol=1e-6, rtol=0)

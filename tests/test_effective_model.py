@@ -161,7 +161,7 @@ def test_statistics_stream_over_a_corpus(minilm, sst2_sentences, wikitext_paragr
     for layer in range(6):
         expected["standard"].update(layer, full.standard[layer], classes, full.valid)
         expected["effective"].update(layer, full.effective[layer], classes, full.valid)
-    assert streamed.n_sequences == len(corpus) and streamed.n_tokens == int(batch.attention_mask.sum())
+    assert streamed.n_examples == streamed.n_sequences == len(corpus) and streamed.n_tokens == int(batch.attention_mask.sum())
     for kind in ("standard", "effective"):
         means = getattr(streamed, kind)
         for name in ("to_cls", "to_sep", "to_punct"):

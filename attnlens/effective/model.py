@@ -62,6 +62,11 @@ class EffectiveRun:
         )
 
     @property
+    def key_mask(self) -> Bool[Tensor, "batch key"]:
+        """``[batch, key]``, True for real tokens (the one name; ``valid`` is kept as a field)."""
+        return self.valid
+
+    @property
     def null(self) -> Float[Tensor, "layer batch head query key"]:
         """The part of each pattern that never reaches the output, ``standard - effective``."""
         return self.standard - self.effective
@@ -78,14 +83,19 @@ class EffectiveStatistics:
 
     standard: dict[str, Float[Tensor, "layer head"]]
     effective: dict[str, Float[Tensor, "layer head"]]
-    n_sequences: int
+    n_examples: int
     n_tokens: int
     n_truncated: int
+
+    @property
+    def n_sequences(self) -> int:
+        """Deprecated name of :attr:`n_examples`."""
+        return self.n_examples
 
     def __repr__(self) -> str:
         shape = list(next(iter(self.standard.values())).shape) if self.standard else []
         return (
-            f"EffectiveStatistics({self.n_sequences} sequences, {self.n_tokens} tokens, "
+            f"EffectiveStatistics({self.n_examples} examples, {self.n_tokens} tokens, "
             f"{self.n_truncated} truncated; {', '.join(self.standard)} per [layer, head] = {shape} "
             "for standard and effective; .to_frame() for a table)"
         )
@@ -292,7 +302,7 @@ def statistics(
     return EffectiveStatistics(
         standard=standard.result(),
         effective=effective.result(),
-        n_sequences=summary.examples,
-        n_tokens=summary.tokens,
-        n_truncated=summary.truncated,
+        n_examples=summary.n_examples,
+        n_tokens=summary.n_tokens,
+        n_truncated=summary.n_truncated,
     )

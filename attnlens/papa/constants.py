@@ -134,6 +134,21 @@ class PapaConstants:
     # ---- views --------------------------------------------------------------------------
 
     @property
+    def n_examples(self) -> int:
+        """Examples seen (the one name for counts across attnlens; stored as ``examples``)."""
+        return self.examples
+
+    @property
+    def n_tokens(self) -> int:
+        """Real tokens seen (stored as ``tokens``)."""
+        return self.tokens
+
+    @property
+    def n_truncated(self) -> int:
+        """Examples that lost tokens to ``max_len`` (stored as ``truncated``)."""
+        return self.truncated
+
+    @property
     def n_layers(self) -> int:
         return int(self.sums.shape[0])
 

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnlens import models, passes
-from attnlens.inputs import LAYOUTS, check_max_len
+from attnlens import passes
+from attnlens.inputs import LAYOUTS, check_max_len, default_layout
 from attnlens.loading import require_bridge
 from attnlens.papa.constants import PapaConstants, check_model
 from attnlens.passes import CHECKPOINT_EVERY
@@ -31,19 +31,12 @@ from attnlens.passes import CHECKPOINT_EVERY
 __all__ = ["CHECKPOINT_EVERY", "PatternSums", "default_layout", "fit"]
 
 
-def default_layout(model: Any) -> str:
-    """The layout constants are fitted in when none is named (``compare``, ``attnlens fit-papa``):
-    the architecture's (:attr:`attnlens.models.Architecture.layout`): ``padded`` for a decoder,
-    which has no [CLS]/[SEP] to fix in place, ``papa`` for an encoder."""
-    return models.of(model).layout
-
-
 def fit(
     model: Any,
     corpus: Iterable[str] | Iterable[tuple[str, str]],
     *,
     max_len: int = 128,
-    layout: str = "papa",
+    layout: str | None = None,
     batch_size: int = 32,
     progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
@@ -53,7 +46,9 @@ def fit(
 
     ``corpus`` is an iterable of strings or of ``(str, str)`` pairs (a list, a generator, a
     ``datasets`` column such as ``dataset["sentence"]``); it is read once, ``batch_size`` examples
-    at a time, tokenized with ``attnlens.tokenize(model, ..., max_len=max_len, layout=layout)``.
+    at a time, tokenized with ``attnlens.tokenize(model, ..., max_len=max_len, layout=layout)``;
+    ``layout=None`` is the model's default (:func:`attnlens.inputs.default_layout`: ``"papa"``
+    for encoders, ``"padded"`` for decoders).
 
     With ``checkpoint="path"`` the running sums are written there atomically every
     ``checkpoint_every`` batches, when the fit is interrupted (e.g. ``KeyboardInterrupt``) and at
@@ -67,6 +62,7 @@ def fit(
     (``model(batch.input_ids, **batch.model_kwargs())``).
     """
     require_bridge(model, "papa.fit")
+    layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
         raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
@@ -125,7 +121,7 @@ class PatternSums(passes.Accumulator):
         state = self.constants
         if state.examples and state.pairs != batch.batch.is_pair:
             raise ValueError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
-        valid = batch.valid
+        valid = batch.key_mask
         self.pairs = valid[:, :, None] & valid[:, None, :]
         self.weights = self.pairs[:, None].float()
         self.ones = self.weights.new_ones(1, len(batch))
@@ -148,7 +144,7 @@ class PatternSums(passes.Accumulator):
             state.squares[layer, :, :n, :n] += squares.to(state.squares.device)
         state.pair_counts[:n, :n] += counts
         state.examples += len(batch)
-        state.tokens += int(batch.valid.sum())
+        state.tokens += int(batch.key_mask.sum())
         state.truncated += int(batch.batch.n_truncated)
         state.pairs = bool(batch.batch.is_pair)
         self.first = [None] * len(self.first)
