@@ -78,7 +78,7 @@ def _positive(text: str) -> int:
 def _common(parser: argparse.ArgumentParser, *, out_help: str, out_default: str | None) -> None:
     parser.add_argument(
         "--model", default=None,
-        help="hub name or local folder of a BERT/RoBERTa/GPT-2 model (default: embedded MiniLM)",
+        help="hub name, local folder or .gguf of a BERT/RoBERTa/GPT-2/Llama model, or smollm2-135m (default: embedded MiniLM)",
     )
     parser.add_argument(
         "--corpus", default="default",

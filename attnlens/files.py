@@ -12,10 +12,13 @@ writer left behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 #: prefix and suffix of temporary files (``.<name>.<random>.tmp`` beside the target)
 TEMPORARY_SUFFIX = ".tmp"
@@ -41,7 +44,7 @@ def check_writable(path: str | os.PathLike, *, overwrite_read_only: bool = False
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(f"cannot write {path}: the folder {existing} is not writable.")
     if path.exists() and not path.is_symlink() and not overwrite_read_only:
-        if not os.access(path, os.W_OK):
+        if not path.stat().st_mode & 0o222:  # no write bit (os.access says yes to root)
             raise PermissionError(
                 f"{path} is read-only; remove it or make it writable (chmod u+w) to replace it."
             )
@@ -95,3 +98,16 @@ def clean_temporaries(path: str | os.PathLike) -> int:
                 leftover.unlink()
                 removed += 1
     return removed
+
+
+def safetensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
+    """A safetensors file's bytes with a reproducible header: equal tensors and metadata give
+    equal bytes (``safetensors.torch.save`` writes its metadata in a varying order)."""
+    from safetensors.torch import save
+
+    raw = save(dict(tensors), metadata=dict(metadata) if metadata is not None else None)
+    size = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8 bytes
+    return len(text).to_bytes(8, "little") + text + raw[8 + size :]

@@ -564,9 +564,7 @@ def save_checkpoint(
     path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any]
 ) -> None:
     """Write every accumulator's state and the pass's counts atomically to ``path``."""
-    from safetensors.torch import save
-
-    from attnlens.files import write_atomic
+    from attnlens.files import safetensors_bytes, write_atomic
 
     tensors: dict[str, Tensor] = {}
     for accumulator in accumulators:
@@ -580,7 +578,7 @@ def save_checkpoint(
             {a.name: a.metadata() for a in accumulators}, sort_keys=True
         ),
     }
-    write_atomic(path, save(tensors, metadata=metadata))
+    write_atomic(path, safetensors_bytes(tensors, metadata))
 
 
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Tensor]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,24 +338,13 @@ class PapaConstants:
         return self._save(path)
 
     def _save(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-        from safetensors.torch import save_file
+        from attnlens.files import safetensors_bytes, write_atomic
 
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         metadata = {key: json.dumps(value) for key, value in self.metadata.items()}
         metadata["format"] = FORMAT
-        metadata["extra"] = json.dumps(extra or {})
+        metadata["extra"] = json.dumps(extra or {}, sort_keys=True)
         tensors = {name: getattr(self, name).contiguous() for name in _TENSORS}
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(handle)
-        try:
-            save_file(tensors, temporary, metadata=metadata)
-            os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes it 0600; a file saved as usual
-            os.replace(temporary, path)
-        except BaseException:
-            Path(temporary).unlink(missing_ok=True)
-            raise
-        return path
+        return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     @classmethod
     def load(cls, path: str | os.PathLike, model: Any = None) -> PapaConstants:

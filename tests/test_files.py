@@ -1,0 +1,116 @@
+"""Files attnlens writes: one atomic writer, reproducible bytes, checkpoints that cannot mix."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+
+import pytest
+import torch
+
+import attnlens
+from attnlens import files, papa, passes
+from tests import tiny
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return attnlens.load(tiny.tiny_bert(), tokenizer=tiny.bert_tokenizer())
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_equal_fits_give_equal_files(bert, tmp_path):
+    first = papa.fit(bert, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "a.safetensors")
+    second = papa.fit(bert, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "b.safetensors")
+    assert digest(first) == digest(second)
+    assert torch.equal(papa.load(first).sums, papa.load(second).sums)
+
+
+def test_the_writer_replaces_a_symlink_not_its_target(tmp_path):
+    target = tmp_path / "unrelated.txt"
+    target.write_text("keep me", encoding="utf-8")
+    link = tmp_path / "report.html"
+    link.symlink_to(target)
+    files.write_atomic(link, b"<html></html>")
+    assert target.read_text(encoding="utf-8") == "keep me"
+    assert not link.is_symlink() and link.read_bytes() == b"<html></html>"
+
+
+def test_the_writer_refuses_a_read_only_file_unless_asked(tmp_path):
+    path = tmp_path / "out.safetensors"
+    path.write_bytes(b"old")
+    path.chmod(0o444)  # refused by its mode bits, also for root (whom os.access lets write)
+    with pytest.raises(PermissionError, match="read-only"):
+        files.write_atomic(path, b"new")
+    files.write_atomic(path, b"new", overwrite_read_only=True)
+    assert path.read_bytes() == b"new"
+
+
+def test_leftover_temporaries_are_removed_and_never_taken_for_results(tmp_path):
+    path = tmp_path / "fit.safetensors"
+    leftover = tmp_path / ".fit.safetensors.abc123.tmp"
+    leftover.write_bytes(b"half a file")
+    assert files.clean_temporaries(path) == 1 and not leftover.exists()
+    assert not path.exists()
+
+
+def test_a_checkpoint_refuses_another_corpus(bert, tmp_path):
+    checkpoint = tmp_path / "fit.safetensors"
+    papa.fit(bert, tiny.CORPUS[:8], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    other = ["a different text ."] + list(tiny.CORPUS[1:12])
+    with pytest.raises(ValueError, match="written for another corpus: the first 8 examples"):
+        papa.fit(bert, other, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    # a finished checkpoint resumed with a longer corpus that starts the same continues it
+    longer = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    whole = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False)
+    assert longer.examples == 12 and torch.equal(longer.sums, whole.sums)
+
+
+def test_a_checkpoint_refuses_other_settings(bert, tmp_path):
+    checkpoint = tmp_path / "fit.safetensors"
+    papa.fit(bert, tiny.CORPUS[:8], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    with pytest.raises(ValueError, match="batch_size 4 \\(now 2\\)"):
+        papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=2, progress=False, checkpoint=checkpoint)
+
+
+def test_sigterm_saves_the_checkpoint_like_ctrl_c(bert, tmp_path):
+    """``timeout``, Slurm and ``docker stop`` send SIGTERM: the pass saves what it did, then
+    stops; the same call resumes to the uninterrupted result."""
+    checkpoint = tmp_path / "fit.safetensors"
+
+    def terminated(texts, after):
+        for index, text in enumerate(texts):
+            if index == after:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield text
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        papa.fit(bert, terminated(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,
+                 checkpoint=checkpoint, checkpoint_every=100)
+    assert signal.getsignal(signal.SIGTERM) is before, "the handler is put back"
+    assert papa.load(checkpoint).examples == 8
+    resumed = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    whole = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False)
+    assert torch.equal(resumed.sums, whole.sums) and resumed.metadata == whole.metadata
+
+
+def test_a_pass_checkpoint_holds_every_accumulator(bert, tmp_path):
+    from attnlens.stats import Statistics
+
+    checkpoint = tmp_path / "pass.safetensors"
+    stats = Statistics(2, 4, "standard")
+    summary = passes.run(bert, tiny.CORPUS, [stats], max_len=16, progress=False, checkpoint=checkpoint)
+    meta, tensors = passes.read_checkpoint(checkpoint)
+    assert meta["counts"]["examples"] == summary.n_examples == len(tiny.CORPUS)
+    assert torch.equal(tensors["statistics.standard/counts"], stats.statistics.counts)
+    again = Statistics(2, 4, "standard")
+    passes.run(bert, tiny.CORPUS, [again], max_len=16, progress=False, checkpoint=checkpoint)
+    for name, value in stats.result().items():  # restored from the finished checkpoint
+        assert torch.equal(again.result()[name], value), name
+    with pytest.raises(ValueError, match="not an attnlens checkpoint"):
+        passes.read_checkpoint(papa.fit(bert, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors"))
