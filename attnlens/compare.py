@@ -162,11 +162,12 @@ class Comparison:
         return render(self, full_html=full_html)
 
     def save_html(self, path: str | os.PathLike) -> Path:
-        """Write the self-contained, offline HTML report to ``path``; returns the path."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_html(full_html=True), encoding="utf-8")
-        return path
+        """Write the self-contained, offline HTML report to ``path`` atomically (through
+        :func:`attnlens.files.write_atomic`: never half a file, never through a symlink); returns
+        the path."""
+        from attnlens.files import write_atomic
+
+        return write_atomic(Path(path), self.to_html(full_html=True).encode("utf-8"))
 
     def _repr_html_(self) -> str:
         return self.to_html(full_html=False)
@@ -215,9 +216,9 @@ class Comparison:
         (missing folders are created, as :meth:`save_html` does)."""
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
-            path = Path(path)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text, encoding="utf-8")
+            from attnlens.files import write_atomic
+
+            write_atomic(Path(path), text.encode("utf-8"))
         return text
 
     @classmethod
