@@ -163,3 +163,38 @@ def test_model_object_keeps_its_dtype_and_a_bridge_takes_no_arguments():
     assert bridge.original_model.dtype == torch.float64 and bridge.original_model is model
     with pytest.raises(ValueError, match="dtype="):
         attnlens.load(bridge, dtype=torch.float32)
+
+
+def test_an_architecture_without_adapter_gets_one_short_line_naming_the_adapters(tmp_path):
+    """A folder of a model attnlens has no adapter for: one short message naming the adapters,
+    not TransformerLens's list of ~100 architectures."""
+    from transformers import DistilBertConfig, DistilBertForMaskedLM
+
+    model = DistilBertForMaskedLM(DistilBertConfig(n_layers=1, n_heads=2, dim=16, hidden_dim=32))
+    model.save_pretrained(tmp_path)
+    tiny.bert_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(attnlens.models.UnsupportedArchitecture) as error:
+        attnlens.load(str(tmp_path))
+    message = str(error.value)
+    assert "\n" not in message and len(message) < 600, message
+    for name in ("BertForMaskedLM", "GPT2LMHeadModel", "LlamaForCausalLM"):
+        assert name in message
+
+
+def test_every_adapter_is_one_file_of_facts():
+    from attnlens import models
+
+    names = [architecture.name for architecture in models.ARCHITECTURES]
+    assert names == ["bert", "roberta", "gpt2", "llama"]
+    for architecture in models.ARCHITECTURES:
+        assert architecture.seam in ("attnlens", "native")
+        assert architecture.layout == ("padded" if architecture.causal else "papa")
+    assert models.of(tiny.tiny_gpt2()).causal and not models.of(tiny.tiny_bert()).causal
+    with pytest.raises(models.UnsupportedArchitecture, match="adapters: bert"):
+        models.of(types_config("t5"))
+
+
+def types_config(model_type: str):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(model_type=model_type)
