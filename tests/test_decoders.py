@@ -171,3 +171,45 @@ def test_decoder_constants_are_refused_on_an_encoder_and_the_reverse(smollm2, mi
         with papa.intervention(smollm2, encoder):
             pass
     assert passes.world().size == 1
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen2", "Mistral"])
+def test_llama_family_with_grouped_kv_heads_is_exact_to_hf_eager(family):
+    """Tiny random Llama, Qwen2 and Mistral models (4 heads sharing 2 key-value heads) load
+    through the llama adapter: identity hooks give HF eager's logits, and effective attention
+    satisfies A⊥V = AV with each query head's key-value head."""
+    import copy
+
+    import transformers
+
+    from tests import tiny
+
+    tokenizer = tiny.gpt2_tokenizer()
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    config.architectures = [f"{family}ForCausalLM"]
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    reference = copy.deepcopy(model)
+    reference.set_attn_implementation("eager")
+    bridge = attnlens.load(model, tokenizer=tokenizer)
+    assert attnlens.models.of(bridge).name == "llama" and attnlens.loading.is_causal(bridge)
+    batch = attnlens.tokenize(bridge, tiny.CORPUS[:3], max_len=32, layout="padded")
+    with torch.no_grad():
+        got = attnlens.run_with_hooks(bridge, batch, [(lambda name: name.endswith("hook_pattern"), lambda p, hook: p.clone())])
+        expected = reference(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    real = batch.attention_mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=ATOL, rtol=0)
+
+    values = {}
+    with torch.no_grad():
+        attnlens.run_with_hooks(bridge, batch, [("blocks.1.attn.hook_v", lambda v, hook: values.setdefault(1, v.clone()))])
+    run = effective.run(bridge, batch)
+    v = values[1][:, :, torch.arange(4) // 2].permute(0, 2, 1, 3)  # query head h reads kv head h // 2
+    for row in range(3):
+        n = int(batch.attention_mask[row].sum())
+        a, a_eff, vv = run.standard[1, row, :, :n, :n], run.effective[1, row, :, :n, :n], v[row, :, :n]
+        torch.testing.assert_close(a_eff @ vv, a @ vv, atol=1e-4, rtol=0)
