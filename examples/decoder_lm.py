@@ -6,7 +6,8 @@ Run with ``python examples/decoder_lm.py`` (offline; needs ``attnlens[decoders]`
 1. loads SmolLM2-135M-Instruct (Llama: 30 layers x 9 heads, 3 key-value heads) with
    ``attnlens.load("smollm2-135m")``;
 2. fits each head's PAPA constant (its mean attention, lower-triangular on a decoder) on WikiText-2
-   training paragraphs, in the decoder's left-aligned ``padded`` layout;
+   test paragraphs (the train split is not among the offline data), in the decoder's
+   left-aligned ``padded`` layout;
 3. prints the model's own causal LM loss (mean cross-entropy of the next token, nats, over real
    tokens) on WikiText-2 validation paragraphs: unchanged, with the least input-dependent half of
    the heads replaced by their constants, and with every head replaced.
@@ -67,16 +68,16 @@ def lm_losses(model, texts: list[str], *, max_len: int, constants=None) -> dict[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DATA, help="folder with WikiText-2 train.txt, valid.txt")
-    parser.add_argument("--fit", type=int, default=64, help="training paragraphs to fit constants on")
+    parser.add_argument("--data", type=Path, default=DATA, help="folder with WikiText-2 test.txt, valid.txt")
+    parser.add_argument("--fit", type=int, default=64, help="test paragraphs to fit constants on")
     parser.add_argument("--eval", type=int, default=16, help="validation paragraphs to score")
     parser.add_argument("--max-len", type=int, default=128)
     args = parser.parse_args()
     model = attnlens.load("smollm2-135m")
-    fit_texts = paragraphs(args.data / "train.txt", args.fit)
+    fit_texts = paragraphs(args.data / "test.txt", args.fit)
     eval_texts = paragraphs(args.data / "valid.txt", args.eval)
     constants = papa.fit(model, fit_texts, max_len=args.max_len, layout="padded")
-    print(f"SmolLM2-135M, WikiText-2: constants from {len(fit_texts)} train paragraphs, "
+    print(f"SmolLM2-135M, WikiText-2: constants from {len(fit_texts)} test paragraphs, "
           f"LM loss on {len(eval_texts)} valid paragraphs (max_len {args.max_len})")
     for name, loss in lm_losses(model, eval_texts, max_len=args.max_len, constants=constants).items():
         print(f"  {name:22s} LM loss {loss:.3f} nats/token (perplexity {torch.tensor(loss).exp():.1f})")
