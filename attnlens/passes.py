@@ -308,7 +308,7 @@ def device_of(model: Any) -> torch.device:
 class _Fingerprint:
     """A running SHA-256 of the examples of a corpus, in order."""
 
-    def __init__(self, hexdigest: str | None = None) -> None:
+    def __init__(self) -> None:
         self.digest = hashlib.sha256()
 
     def update(self, examples: Iterable) -> None:
