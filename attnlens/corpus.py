@@ -185,10 +185,11 @@ def _table_rows(raw: str, *, delimiter: str, path: Path) -> list[list[str]]:
 
 
 def resolve_corpus(
-    corpus: str | os.PathLike | Iterable[str] | None,
+    corpus: str | os.PathLike | Iterable[str] | Iterable[tuple[str, str]] | None,
 ) -> list[str | tuple[str, str]]:
     """Texts for ``corpus=``: ``None`` or ``"default"`` → :func:`default_corpus`; a path →
-    :func:`read_corpus`; an iterable of strings → that list. Empty → :class:`CorpusError`."""
+    :func:`read_corpus`; an iterable of strings or of (str, str) pairs → that list. Empty →
+    :class:`CorpusError`."""
     if corpus is None or (isinstance(corpus, str) and corpus == "default"):
         return default_corpus()
     if isinstance(corpus, str | os.PathLike):

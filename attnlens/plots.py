@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 from einops import rearrange
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int, Shaped
 from plotly.subplots import make_subplots
+from torch import Tensor
 
 #: colour scale for attention in [0, 1]
 SEQUENTIAL = "Viridis"
@@ -45,6 +46,11 @@ CATEGORICAL_COLOURS: tuple[str, ...] = (
 MAX_TICK_LABELS = 32
 
 _TOLERANCE = 1e-6
+
+#: every figure takes NumPy arrays or torch tensors (see :func:`as_array`)
+Array = np.ndarray | Tensor
+#: a mask over positions: True (or 1, as in ``attention_mask``) for real tokens
+PositionMask = Bool[Array, "pos"] | Int[Array, "pos"]
 
 
 def as_array(values: Any) -> np.ndarray:
@@ -93,9 +99,9 @@ def _token_label(token: str) -> str:
 
 
 def select_valid(
-    pattern: Float[np.ndarray, "*heads query key"],
+    pattern: Float[Array, "*heads query key"],
     tokens: Sequence[str],
-    valid: Bool[np.ndarray, "pos"],
+    valid: PositionMask,
 ) -> tuple[np.ndarray, list[str]]:
     """Keep only valid positions (drop padding) on the query and key axes, and their tokens."""
     keep = np.flatnonzero(as_array(valid).astype(bool))
@@ -108,7 +114,7 @@ def select_valid(
 
 
 def head_grid(
-    values: Float[np.ndarray, "layer head"] | Mapping[str, Float[np.ndarray, "layer head"]],
+    values: Shaped[Array, "layer head"] | Mapping[str, Shaped[Array, "layer head"]],
     *,
     title: str | None = None,
     name: str = "value",
@@ -225,7 +231,7 @@ def head_grid(
 
 
 def tile(
-    pattern: Float[np.ndarray, "layer head query key"], gap: int = 1
+    pattern: Float[Array, "layer head query key"], gap: int = 1
 ) -> Float[np.ndarray, "rows columns"]:
     """Tile ``[layer, head, query, key]`` into one image: layers are rows of tiles, heads columns.
 
@@ -239,10 +245,10 @@ def tile(
 
 
 def patterns(
-    pattern: Float[np.ndarray, "layer head query key"] | Float[np.ndarray, "head query key"],
+    pattern: Float[Array, "layer head query key"] | Float[Array, "head query key"],
     tokens: Sequence[str],
     *,
-    valid: Bool[np.ndarray, "pos"] | None = None,
+    valid: PositionMask | None = None,
     layers: Sequence[int] | None = None,
     heads: Sequence[int] | None = None,
     causal: bool = False,
@@ -341,12 +347,12 @@ def patterns(
 
 
 def side_by_side(
-    views: Mapping[str, Float[np.ndarray, "query key"]],
+    views: Mapping[str, Float[Array, "query key"]],
     tokens: Sequence[str],
     *,
     layer: int,
     head: int,
-    valid: Bool[np.ndarray, "pos"] | None = None,
+    valid: PositionMask | None = None,
     causal: bool | Mapping[str, bool] = False,
     diverging: Mapping[str, bool] | None = None,
     title: str | None = None,

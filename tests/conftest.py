@@ -7,8 +7,16 @@ import os
 from pathlib import Path
 
 import pytest
+from jaxtyping import install_import_hook
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# Run-time checks of every jaxtyping annotation in attnlens (shapes, dtypes, axis names shared
+# within a call), by beartype: the hook decorates each function and dataclass of the package with
+# ``@jaxtyped(typechecker=beartype)`` as its module is imported. It must be installed before
+# anything imports attnlens, and stay installed: attnlens imports its submodules lazily.
+# Tests of attnlens' own errors for inputs the annotations exclude use tests.typechecks.unchecked.
+_TYPECHECKS = install_import_hook("attnlens", "beartype.beartype")
 
 #: real datasets: ../shared/data beside the repository, or $ATTNLENS_DATA
 DATA = Path(

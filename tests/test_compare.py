@@ -16,6 +16,7 @@ import attnlens
 from attnlens.compare import COLUMNS, Comparison
 from attnlens.stats import AttentionStatistics, token_classes
 from tests.small_comparison import MAX_LEN, small_comparison, texts
+from tests.typechecks import unchecked
 
 SHORT = [
     "The film is a charming, funny and moving portrait of a family.",
@@ -119,7 +120,7 @@ def test_bad_corpus_and_options(minilm, tmp_path):
     with pytest.raises(ValueError, match="n_examples"):
         attnlens.compare(minilm, "standard", corpus=SHORT, n_examples=0)
     for example in (1.0, "1", len(SHORT)):
-        with pytest.raises(ValueError, match="example"):
+        with unchecked(), pytest.raises(ValueError, match="example"):
             attnlens.compare(minilm, "standard", corpus=SHORT, example=example)
     from attnlens import papa
 
@@ -359,7 +360,7 @@ def test_bad_focus_is_refused_before_any_forward_pass(tiny_bert, focus):
     forwards = []
     handle = tiny_bert.original_model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
-        with pytest.raises(ValueError, match="focus"):
+        with unchecked(), pytest.raises(ValueError, match="focus"):
             attnlens.compare(tiny_bert, "papa", corpus=CORPUS, focus=focus, max_len=16, progress=False)
         assert forwards == []
         result = attnlens.compare(tiny_bert, "standard", corpus=CORPUS[:2], focus=(1, 3), max_len=16, progress=False)

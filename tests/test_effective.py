@@ -14,6 +14,7 @@ import torch
 import attnlens
 from attnlens.effective import core, effective_attention
 from attnlens.effective.reference import effective_attention_loop
+from tests.typechecks import unchecked
 
 ATOL = 1e-5
 D_HEAD = 32
@@ -212,17 +213,17 @@ def test_half_precision_inputs(activations, dtype):
 def test_value_layout_is_checked(activations):
     layers, valid = activations
     pattern, v = layers[0]
-    with pytest.raises(ValueError, match="rearrange"):
+    with unchecked(), pytest.raises(ValueError, match="rearrange"):
         effective_attention(pattern, einops.rearrange(v, "b h k d -> b k h d"))
     for padded in (False, True):  # padded=True ignores the mask's values, not a wrong shape
-        with pytest.raises(ValueError, match="key_mask"):
+        with unchecked(), pytest.raises(ValueError, match="key_mask"):
             effective_attention(pattern, v, key_mask=valid[:, :10], padded=padded)
 
 
 def test_pattern_layout_and_rtol_are_checked(activations):
     layers, valid = activations
     pattern, v = layers[0]
-    with pytest.raises(ValueError, match=r"\[batch, head, query, key\]"):
+    with unchecked(), pytest.raises(ValueError, match=r"\[batch, head, query, key\]"):
         effective_attention(pattern[0], v[0])
     for bad in (float("nan"), float("inf"), -1e-3):
         with pytest.raises(ValueError, match="rtol"):

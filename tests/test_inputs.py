@@ -9,6 +9,7 @@ import torch
 
 import attnlens
 from tests import tiny
+from tests.typechecks import unchecked
 
 
 @pytest.fixture(scope="module", params=["bert", "roberta"])
@@ -103,7 +104,7 @@ def test_padded_layout_without_a_pad_token_pads_like_hugging_face_with_eos(side)
 
 def test_bad_inputs_are_refused():
     tokenizer = tiny.bert_tokenizer()
-    with pytest.raises(ValueError, match="Unknown layout"):
+    with unchecked(), pytest.raises(ValueError, match="Unknown layout"):
         attnlens.tokenize(tokenizer, ["a"], max_len=8, layout="left")
     with pytest.raises(ValueError, match="empty"):
         attnlens.tokenize(tokenizer, [], max_len=8)

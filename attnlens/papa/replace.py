@@ -58,7 +58,7 @@ def allowed_keys(
 
 
 def constant_pattern(
-    constant: Float[Tensor, "head query key"],
+    constant: Float[Tensor, "head max_len max_len"],
     key_mask: Bool[Tensor, "batch key"],
     *,
     renormalize: bool = True,
@@ -67,8 +67,8 @@ def constant_pattern(
 ) -> Float[Tensor, "batch head query key"]:
     """The attention pattern that constant matrices give each example of a batch.
 
-    ``constant`` is ``[head, query, key]`` (one layer of :attr:`PapaConstants.mean`; positions
-    beyond the batch's length are dropped, as for right-padded inputs). ``key_mask`` is
+    ``constant`` is ``[head, max_len, max_len]`` (one layer of :attr:`PapaConstants.mean`;
+    positions beyond the batch's length are dropped, as for right-padded inputs). ``key_mask`` is
     ``[batch, key]``, True for real tokens (see :func:`attnlens.seam.key_mask`). ``causal``: the
     model is a decoder, so query ``q`` may only attend to keys ``k <= q``.
 
@@ -91,7 +91,7 @@ def constant_pattern(
 
 
 def softmax_pattern(
-    logits: Float[Tensor, "head query key"],
+    logits: Float[Tensor, "head max_len max_len"],
     key_mask: Bool[Tensor, "batch key"],
     *,
     dtype: torch.dtype | None = None,
