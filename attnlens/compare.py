@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 import pandas as pd
@@ -355,12 +355,12 @@ def _total_variation(
 def compare(
     model: Any = None,
     *views: str,
-    corpus: str | os.PathLike | Iterable[str] | None = None,
-    max_len: int | None = None,
-    n_examples: int | None = None,
-    batch_size: int = 32,
+    corpus: str | os.PathLike | Iterable[str] | Iterable[tuple[str, str]] | None = None,
+    max_len: SupportsIndex | None = None,
+    n_examples: SupportsIndex | None = None,
+    batch_size: SupportsIndex = 32,
     constants: Any = None,
-    example: int | None = None,
+    example: SupportsIndex | None = None,
     focus: tuple[int, int] | None = None,
     progress: bool = True,
 ) -> Comparison:

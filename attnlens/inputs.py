@@ -18,7 +18,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex
 
 import torch
 from jaxtyping import Int
@@ -103,7 +103,7 @@ def tokenize(
     model: Any,
     texts_or_pairs: str | tuple[str, str] | Iterable[str] | Iterable[tuple[str, str]],
     *,
-    max_len: int,
+    max_len: SupportsIndex,
     layout: Layout = "papa",
 ) -> Batch:
     """Tokenize single sentences or (first, second) pairs for ``model`` (a bridge or a tokenizer).
@@ -215,7 +215,7 @@ def as_max_len(max_len: Any) -> int:
 
 
 def check_max_len(
-    model: Any, max_len: int, *, layout: Layout = "papa", is_pair: bool = False
+    model: Any, max_len: SupportsIndex, *, layout: Layout = "papa", is_pair: bool = False
 ) -> int:
     """``max_len`` as an ``int`` (:func:`as_max_len`); ``ValueError`` unless it fits ``model`` (a
     bridge or a tokenizer).

@@ -52,7 +52,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import einops
 import torch
@@ -670,14 +670,14 @@ def run(
     corpus: Any,
     accumulators: Sequence[Accumulator],
     *,
-    max_len: int = 128,
+    max_len: SupportsIndex = 128,
     layout: str | None = None,
-    batch_size: int = 32,
+    batch_size: SupportsIndex = 32,
     hooks: FwdHooks = (),
     progress: bool = True,
     description: str = "pass",
     checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int = CHECKPOINT_EVERY,
+    checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
     effective: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
 ) -> PassSummary:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, SupportsIndex
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -228,7 +228,7 @@ def run(
     model: Any,
     tokens: Tokens,
     *,
-    max_len: int = 128,
+    max_len: SupportsIndex = 128,
     layout: str = "padded",
     rtol: float | None = None,
     padded: bool = False,
@@ -272,9 +272,9 @@ def statistics(
     model: Any,
     corpus: Iterable[str] | Iterable[tuple[str, str]],
     *,
-    max_len: int = 128,
+    max_len: SupportsIndex = 128,
     layout: str = "padded",
-    batch_size: int = 32,
+    batch_size: SupportsIndex = 32,
     progress: bool = True,
     rtol: float | None = None,
     padded: bool = False,

@@ -17,7 +17,7 @@ import itertools
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, SupportsIndex
 
 import torch
 from torch import Tensor
@@ -35,12 +35,12 @@ def fit(
     model: Any,
     corpus: Iterable[str] | Iterable[tuple[str, str]],
     *,
-    max_len: int = 128,
+    max_len: SupportsIndex = 128,
     layout: str | None = None,
-    batch_size: int = 32,
+    batch_size: SupportsIndex = 32,
     progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
-    checkpoint_every: int = CHECKPOINT_EVERY,
+    checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
 ) -> PapaConstants:
     """Each head's mean attention over ``corpus``, as :class:`PapaConstants`.
 
