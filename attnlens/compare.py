@@ -87,9 +87,18 @@ BROAD_BELOW = 0.25
 
 def validate_views(views: Iterable[str]) -> tuple[str, ...]:
     """``("standard", *views)`` without duplicates; unknown names raise ``ValueError``."""
+    from attnlens.checks import describe
+
     names: list[str] = ["standard"]
     for view in views:
-        if not isinstance(view, str) or view not in VIEWS:
+        if not isinstance(view, str):
+            model_like = hasattr(view, "cfg") or hasattr(view, "config")
+            hint = " (the model goes first: attnlens.compare(model, 'papa', ...))" if model_like else ""
+            raise ValueError(
+                f"views are names, got {describe(view)}{hint}; valid views are "
+                f"{', '.join(repr(v) for v in VIEWS)}"
+            )
+        if view not in VIEWS:
             raise ValueError(
                 f"unknown view {view!r}; valid views are {', '.join(repr(v) for v in VIEWS)}"
             )
@@ -377,8 +386,9 @@ def compare(
     tokenized with ``max_len`` tokens (default 128, or the constants' ``max_len``) in the PAPA
     layout when the ``"papa"`` view is requested on an encoder (PAPA constants are positional),
     else with ordinary padding (decoders such as GPT-2 have no [CLS]/[SEP] to fix in place). ``constants``: precomputed :class:`attnlens.papa.PapaConstants`, which must
-    match the model and the corpus (layout, ``max_len``, sentences or pairs); otherwise they are
-    fitted on the same corpus first (a separate pass).
+    match the model and the corpus (layout, ``max_len``, sentences or pairs), or a path to a file of
+    them (loaded and checked); otherwise they are fitted on the same corpus first (a separate
+    pass).
 
     For every view and head the table gives the statistics of :mod:`attnlens.stats` (mean over
     valid query tokens) and ``distance_from_standard``: the mean over valid query rows of the
@@ -395,7 +405,13 @@ def compare(
     """
     if len(views) == 1 and isinstance(views[0], list | tuple):
         views = tuple(views[0])
+    if isinstance(model, str) and model in VIEWS:
+        _as_model(model)  # the view given as the model: say the model goes first
     names = validate_views(views or VIEWS)
+    if isinstance(constants, str | os.PathLike):  # a constants file: load it (checked below)
+        from attnlens.papa import PapaConstants
+
+        constants = PapaConstants.load(constants)
     texts = resolve_corpus(corpus)
     if n_examples is not None:
         n_examples = _check_count(n_examples, "n_examples")

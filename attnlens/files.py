@@ -20,6 +20,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
+
 #: prefix and suffix of temporary files (``.<name>.<random>.tmp`` beside the target)
 TEMPORARY_SUFFIX = ".tmp"
 
@@ -111,3 +113,39 @@ def safetensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | 
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8 bytes
     return len(text).to_bytes(8, "little") + text + raw[8 + size :]
+
+
+def tensor_checksum(tensors: Mapping[str, Any]) -> str:
+    """``"sha256:<hex>"`` of tensors' names, dtypes, shapes and bytes (in name order): stored in
+    a file's metadata and verified on load, so that a flipped bit is caught."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return f"sha256:{digest.hexdigest()}"
+
+
+def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensors: Mapping[str, Any]) -> bool:
+    """``ValueError`` if ``metadata["checksum"]`` does not match ``tensors``; ``False`` (and a
+    warning) for a file written before checksums were recorded, ``True`` when it matches."""
+    import warnings
+
+    recorded = metadata.get("checksum")
+    if recorded is None:
+        warnings.warn(
+            f"{path} has no checksum (written by an older attnlens): its integrity cannot be "
+            "verified; save it again to add one.",
+            UserWarning,
+            stacklevel=3,
+        )
+        return False
+    found = tensor_checksum(tensors)
+    if found != recorded:
+        raise ValueError(
+            f"{path} is damaged: its tensors do not match the checksum recorded when it was "
+            f"written ({recorded[:19]}..., now {found[:19]}...); restore or rebuild the file."
+        )
+    return True

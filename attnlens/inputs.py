@@ -15,7 +15,6 @@ Pairs use one middle separator for every tokenizer (RoBERTa's own pair format ha
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsIndex
@@ -199,14 +198,10 @@ def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = Fals
 
 
 def whole_number(value: Any, name: str, unit: str = "") -> int:
-    """``value`` as an ``int`` (a NumPy integer is fine); ``TypeError`` naming ``name`` for
-    anything else (a float, a string, ``None``, a bool)."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"{name} must be a whole number{unit}, got {value!r} ({type(value).__name__})")
+    """``value`` as an ``int`` (:func:`attnlens.checks.whole_number`, kept here for callers)."""
+    from attnlens.checks import whole_number as checked
+
+    return checked(value, name, unit)
 
 
 def as_max_len(max_len: Any) -> int:
@@ -255,13 +250,42 @@ def _as_examples(texts_or_pairs: Any) -> list:
     examples = [tuple(e) if isinstance(e, list | tuple) else e for e in texts_or_pairs]
     if not examples:
         raise ValueError("Nothing to tokenize: the list of texts is empty.")
-    for example in examples:
+    for index, example in enumerate(examples):
         ok = isinstance(example, str) or (
             isinstance(example, tuple) and len(example) == 2 and all(isinstance(p, str) for p in example)
         )
         if not ok:
-            raise TypeError(f"Expected a string or a (str, str) pair, got {example!r}.")
+            from attnlens.checks import describe
+
+            raise TypeError(f"Expected a string or a (str, str) pair, got {describe(example)} (text {index}).")
+        if any(not part.strip() for part in (example if isinstance(example, tuple) else (example,))):
+            raise BlankText(index, "is blank (empty or only whitespace); remove blank texts from the corpus")
     return examples
+
+
+class BlankText(ValueError):
+    """A text with no real token: blank, or made only of characters the tokenizer drops.
+    ``index`` is its position in the texts given (:func:`attnlens.passes.run` reports it as its
+    index in the corpus)."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        self.index, self.problem = index, problem
+        super().__init__(f"text {index} {problem}")
+
+    def at(self, index: int) -> BlankText:
+        """The same error for the text at ``index`` of a larger corpus."""
+        return BlankText(index, self.problem)
+
+
+def _check_tokens(pieces: list[list[int]], *, offset: int = 0) -> None:
+    """:class:`BlankText` for the first text whose tokens (without special tokens) are none."""
+    for index, ids in enumerate(pieces):
+        if len(ids) <= offset:
+            raise BlankText(
+                index,
+                "has no token: it is made only of characters the tokenizer drops (control or "
+                "format characters); remove it from the corpus",
+            )
 
 
 def special_ids(tokenizer: Any) -> tuple[int, int, int]:
@@ -300,9 +324,13 @@ def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Ba
         token_type_ids[:, middle + 1 :] = 1
         firsts = _ids(tokenizer, [a for a, _ in examples])
         seconds = _ids(tokenizer, [b for _, b in examples])
+        _check_tokens(firsts)
+        _check_tokens(seconds)
         spans = [(1, middle - 1, firsts), (middle + 1, max_len - middle - 2, seconds)]
     else:
-        spans = [(1, max_len - 2, _ids(tokenizer, list(examples)))]
+        pieces = _ids(tokenizer, list(examples))
+        _check_tokens(pieces)
+        spans = [(1, max_len - 2, pieces)]
     truncated = torch.zeros(n, dtype=torch.bool)
     for begin, room, pieces in spans:
         for row, ids in enumerate(pieces):
@@ -320,9 +348,12 @@ def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> 
         args = ([a for a, _ in examples], [b for _, b in examples])
     else:
         args = (list(examples),)
-    full = tokenizer(*args, add_special_tokens=True, truncation=False)["input_ids"]
+    full = tokenizer(*args, add_special_tokens=True, truncation=False, split_special_tokens=True)["input_ids"]
+    count = getattr(tokenizer, "num_special_tokens_to_add", None)
+    _check_tokens(full, offset=count(pair=is_pair) if count is not None else 0)
     encoded = tokenizer(
-        *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True
+        *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True,
+        split_special_tokens=True,
     )
     rows = encoded["input_ids"]
     types = encoded.get("token_type_ids") if _uses_token_types(tokenizer) else None
@@ -342,7 +373,10 @@ def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> 
 
 
 def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    return tokenizer(texts, add_special_tokens=False, truncation=False)["input_ids"]
+    """Token ids of ``texts`` without special tokens. Literal special-token strings in a text
+    (``"[SEP]"``, ``"<s>"``, ``"[PAD]"``) are read as text, never as the special tokens: a user's
+    text cannot move the layout's separators or hide itself behind padding."""
+    return tokenizer(texts, add_special_tokens=False, truncation=False, split_special_tokens=True)["input_ids"]
 
 
 def _uses_token_types(tokenizer: Any) -> bool:

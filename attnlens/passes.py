@@ -60,7 +60,15 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from attnlens import models, seam
-from attnlens.inputs import LAYOUTS, Batch, check_max_len, default_layout, tokenize, whole_number
+from attnlens.inputs import (
+    LAYOUTS,
+    Batch,
+    BlankText,
+    check_max_len,
+    default_layout,
+    tokenize,
+    whole_number,
+)
 from attnlens.loading import is_causal, model_id, require_bridge, weights_fingerprint
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
@@ -570,7 +578,10 @@ def save_checkpoint(
     for accumulator in accumulators:
         for key, value in accumulator.state_dict().items():
             tensors[f"{accumulator.name}/{key}"] = value.detach().cpu().contiguous()
+    from attnlens.files import tensor_checksum
+
     metadata = {
+        "checksum": tensor_checksum(tensors),
         "format": CHECKPOINT_FORMAT,
         "header": json.dumps(header, sort_keys=True),
         "counts": json.dumps(counts, sort_keys=True),
@@ -593,6 +604,9 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
                 raise ValueError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
         meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
+        from attnlens.files import verify_checksum
+
+        verify_checksum(path, raw, tensors)
     except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as error:
         raise ValueError(
             f"{path} is not an attnlens checkpoint (one written by a pass with checkpoint=...): {error}"
@@ -805,7 +819,10 @@ def run(
     with signals:
         try:
             for chunk in chunks(examples, batch_size):
-                batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
+                try:
+                    batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
+                except BlankText as blank:  # name the text by its index in the corpus
+                    raise blank.at(offset + counts["examples"] + blank.index) from None
                 pass_batch = PassBatch(batch, offset + counts["examples"], model)
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.files import verify_checksum
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.replace import constant_pattern
 
@@ -338,12 +339,13 @@ class PapaConstants:
         return self._save(path)
 
     def _save(self, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> Path:
-        from attnlens.files import safetensors_bytes, write_atomic
+        from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
 
         metadata = {key: json.dumps(value) for key, value in self.metadata.items()}
         metadata["format"] = FORMAT
         metadata["extra"] = json.dumps(extra or {}, sort_keys=True)
         tensors = {name: getattr(self, name).contiguous() for name in _TENSORS}
+        metadata["checksum"] = tensor_checksum(tensors)
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     @classmethod
@@ -363,15 +365,51 @@ class PapaConstants:
         """
         raw, tensors = _read(path)
         try:
-            meta = {key: json.loads(value) for key, value in raw.items() if key != "format"}
+            meta = {key: json.loads(value) for key, value in raw.items() if key not in ("format", "checksum")}
             extra = meta.pop("extra", {})
             n_layers, n_heads = meta.pop("n_layers"), meta.pop("n_heads")
+            _check_metadata({**meta, "n_layers": n_layers, "n_heads": n_heads})
             constants = cls(**tensors, **meta)
             if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
                 raise ValueError("its tensor shapes do not match the recorded layers and heads")
         except (ValueError, TypeError, KeyError) as error:
             raise ValueError(_not_constants(path, error)) from error
+        try:
+            constants.check_values()
+        except ValueError as error:
+            raise ValueError(f"constants file {path} is damaged: {error}") from None
         return constants, extra
+
+    def check_values(self) -> None:
+        """``ValueError`` unless the tensors can be constants: finite; counts ``>= 0`` and
+        symmetric in (query, key); sums ``>= 0``, means in ``[0, 1]`` (softmax attention) and no
+        mass where no pair was seen; squares between 0 and the sums (``a² <= a`` on ``[0, 1]``);
+        and, for fitted averages, counts no larger than the examples and whose diagonal adds up
+        to the tokens seen. Each violation names the tensor, how many values break it and where
+        the first one is."""
+        from attnlens.checks import finite_tensor
+
+        finite_tensor(self.sums, "sums")
+        finite_tensor(self.squares, "squares")
+        counts = self.pair_counts
+        finite_tensor(counts, "pair_counts", low=0)
+        if not torch.equal(counts, counts.T):
+            raise ValueError("pair_counts is not symmetric: both (query, key) and (key, query) count the same examples")
+        slack = 1e-6  # float32 softmax entries and their float32 batch sums, rounded
+        finite_tensor(self.sums, "sums", low=-slack)
+        finite_tensor(self.sums - counts * (1 + slack), "sums minus pair_counts (means above 1)", high=slack)
+        unseen = (counts == 0).expand_as(self.sums)
+        finite_tensor(self.sums.abs() * unseen, "sums where no pair was seen", high=0.0)
+        finite_tensor(self.squares, "squares", low=-slack)
+        finite_tensor(self.squares - self.sums * (1 + slack), "squares minus sums (a² above a)", high=slack)
+        if self.kind == "average" and self.examples:
+            if int(counts.max()) > self.examples:
+                raise ValueError(f"pair_counts reach {int(counts.max())}, more than the {self.examples} examples seen")
+            if int(counts.diagonal().sum()) != self.tokens:
+                raise ValueError(
+                    f"the diagonal of pair_counts adds up to {int(counts.diagonal().sum())} tokens, "
+                    f"the metadata says {self.tokens}"
+                )
 
     def replace(self, **changes: Any) -> PapaConstants:
         """A copy with some fields changed (``dataclasses.replace``)."""
@@ -393,8 +431,10 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
             if raw.get("format") == PASS_FORMAT:  # a checkpoint of papa.fit: its "papa" state
+                everything = {name: handle.get_tensor(name) for name in handle.keys()}
+                verify_checksum(path, raw, everything)
                 raw, prefix = _checkpointed(raw), "papa/"
-                tensors = {name: handle.get_tensor(prefix + name) for name in _TENSORS}
+                tensors = {name: everything[prefix + name] for name in _TENSORS}
                 return raw, tensors
             if raw.get("format") != FORMAT:
                 raise ValueError(f"its format is {raw.get('format')!r}, not {FORMAT!r}")
@@ -404,7 +444,38 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
             tensors = {name: handle.get_tensor(name) for name in _TENSORS}
     except (SafetensorError, ValueError, KeyError) as error:
         raise ValueError(_not_constants(path, error)) from error
+    verify_checksum(path, raw, tensors)
     return raw, tensors
+
+
+#: metadata fields of a constants file and the types they must have
+_METADATA_TYPES: dict[str, tuple[type, ...]] = {
+    "model_id": (str,),
+    "n_layers": (int,),
+    "n_heads": (int,),
+    "max_len": (int,),
+    "layout": (str,),
+    "examples": (int,),
+    "tokens": (int,),
+    "truncated": (int,),
+    "kind": (str,),
+    "pairs": (bool, type(None)),
+    "causal": (bool, type(None)),
+    "fingerprint": (str, type(None)),
+}
+
+
+def _check_metadata(meta: dict[str, Any]) -> None:
+    """``ValueError`` naming the first metadata field of the wrong type or out of range."""
+    for key, value in meta.items():
+        kinds = _METADATA_TYPES.get(key)
+        if kinds is None:
+            raise ValueError(f"unknown metadata field {key!r}")
+        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+            names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+            raise ValueError(f"metadata {key!r} must be {names}, got {value!r}")
+        if kinds == (int,) and value < 0:
+            raise ValueError(f"metadata {key!r} must be >= 0, got {value}")
 
 
 #: the format of the pass engine's checkpoints (:data:`attnlens.passes.CHECKPOINT_FORMAT`)

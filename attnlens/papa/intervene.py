@@ -134,11 +134,18 @@ def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]
     starts at ``θ ≈ 15.9`` (``λ = 1 − 1.2·10⁻⁷``) and ``lam=0`` at ``θ ≈ −16.1``
     (``λ = 10⁻⁷``); the blend then differs from the model (replacement) by about that share.
     """
+    from attnlens.checks import finite_tensor, shape
+
     if lam is None:
         return torch.zeros(n_layers, n_heads)
-    lam = torch.as_tensor(lam, dtype=torch.float32).expand(n_layers, n_heads).clone()
-    if bool(((lam < 0) | (lam > 1)).any()):
-        raise ValueError("lam must lie in [0, 1].")
+    try:
+        lam = torch.as_tensor(lam, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"lam must be a number or a [layer, head] tensor, got {type(lam).__name__}.") from None
+    if lam.ndim:
+        shape(lam, "lam", [n_layers, n_heads], "layer, head: one λ per head of the constants")
+    lam = lam.expand(n_layers, n_heads).clone()
+    finite_tensor(lam, "lam (λ of blend mode, in [0, 1])", low=0.0, high=1.0)
     return torch.logit(lam, eps=LAM_EPS)
 
 

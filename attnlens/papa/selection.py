@@ -78,9 +78,22 @@ class HeadSet:
     @classmethod
     def from_heads(cls, heads: Iterable[tuple[int, int]], n_layers: int, n_heads: int) -> HeadSet:
         """From ``(layer, head)`` pairs, kept in the given order."""
-        order = [(int(layer), int(head)) for layer, head in heads]
+        from attnlens.checks import whole_number
+
+        try:
+            order = [
+                (whole_number(layer, "a head's layer"), whole_number(head, "a head's index"))
+                for layer, head in heads
+            ]
+        except ValueError:  # not pairs
+            raise ValueError("heads must be (layer, head) pairs of whole numbers, e.g. [(0, 3), (5, 11)].") from None
         mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         for layer, head in order:
+            if not (0 <= layer < n_layers and 0 <= head < n_heads):
+                raise ValueError(
+                    f"head {(layer, head)} is outside the model's {n_layers} layers x {n_heads} heads; "
+                    f"layers are 0..{n_layers - 1} and heads 0..{n_heads - 1}."
+                )
             if mask[layer, head]:
                 raise ValueError(f"head {(layer, head)} is listed twice.")
             mask[layer, head] = True
