@@ -104,8 +104,24 @@ def warn_if_short(n_longer: int, d_head: int) -> None:
             f"No text has more than d_head = {d_head} tokens: {short_text_note(d_head)}. "
             "Use longer texts (or a larger max_len) to see a difference.",
             UserWarning,
-            stacklevel=3,
+            stacklevel=_caller_level(),
         )
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside attnlens (and run-time type checkers), so
+    a warning points at the user's line."""
+    import sys
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parents[1])
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(package) or "jaxtyping" in name or "beartype" in name or name.startswith("<@beartype")):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 2
 
 
 def effective_attention(
