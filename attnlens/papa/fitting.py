@@ -127,13 +127,25 @@ class PatternSums(passes.Accumulator):
         self.ones = self.weights.new_ones(1, len(batch))
 
     def update(self, layer: passes.LayerPatterns) -> None:
-        pattern = layer.pattern
+        pattern = layer.pattern.detach().float()
+        # The masked pattern goes into one buffer reused by every layer and batch: a fresh
+        # [batch, head, query, key] tensor per layer would be new memory each time, and its
+        # page faults cost more than the arithmetic.
+        masked = self._buffer(pattern)
+        torch.mul(pattern, self.weights, out=masked)
+        masked = masked.view(pattern.shape[0], -1)
         # Sums over the batch as a [1, batch] @ [batch, head*query*key] product: the same
         # float32 sum as .sum(0), but a BLAS call copes far better with a busy CPU.
-        masked = (pattern.detach().float() * self.weights).reshape(pattern.shape[0], -1)
         self.first[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
         masked.mul_(masked)
         self.second[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
+
+    def _buffer(self, pattern: Tensor) -> Tensor:
+        """A float32 tensor of ``pattern``'s shape, reused while the shape and device stay."""
+        buffer = getattr(self, "_scratch", None)
+        if buffer is None or buffer.shape != pattern.shape or buffer.device != pattern.device:
+            buffer = self._scratch = torch.empty(pattern.shape, dtype=torch.float32, device=pattern.device)
+        return buffer
 
     def end_batch(self, batch: passes.PassBatch) -> None:
         """Add the batch's float32 sums into the float64 running sums (in place)."""
@@ -187,6 +199,7 @@ class PatternSums(passes.Accumulator):
         state.pairs = found.pop() if found else None
 
     def result(self) -> PapaConstants:
+        self._scratch = None
         return self.constants
 
 
