@@ -14,6 +14,8 @@
     attnlens merge a.safetensors b.safetensors ... --out all.safetensors
     attnlens curve --constants constants.safetensors --task sst2 [--task ner ...] [--device D] \
         [--data-dir DIR] [--lm-texts FILE] [--fractions 0,0.5,0.875,0.9375,1] --out curve.html
+    attnlens table --constants constants.safetensors --task sst2 [--task cola ...] [--seeds 3] \
+        [--data-dir DIR] [--lm-texts FILE] --out table.html
     attnlens --version
 
 Every command also takes ``--force`` (replace read-only outputs) and ``--debug`` (tracebacks).
@@ -283,12 +285,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategy", default="input_dependence",
         help="order in which heads are replaced (a papa.select_heads strategy; default input_dependence)",
     )
-    curve.add_argument("--batch-size", type=_positive, default=32, help="texts per forward pass")
-    curve.add_argument("--quiet", action="store_true", help="no progress bars")
     curve.add_argument("--out", default="curve.html", help="HTML figure to write (the CSV goes beside it)")
-    _measure(curve, required=True)
-    _force(curve)
+    _probe_options(curve)
     curve.set_defaults(handler=_curve)
+
+    papa_table = commands.add_parser(
+        "table", help="PAPA's Table 1: original, average constants and data-free matrices per task",
+        description="Probe tasks with the original attention, PAPA's average constants in every "
+        "head and the data-free identity, Toeplitz, zeros and uniform matrices in every head "
+        "(Hassid et al. 2022, Table 1); write the table (CSV, Markdown) and its figure (HTML).",
+    )
+    _model_option(papa_table)
+    papa_table.add_argument("--constants", required=True, help="PAPA constants from 'attnlens fit-papa'")
+    papa_table.add_argument("--out", default="table.html", help="HTML figure to write (CSV and .md beside it)")
+    _probe_options(papa_table)
+    papa_table.set_defaults(handler=_table)
 
     types = commands.add_parser(
         "types", help="Kovaleva pattern types per head and view; write CSV and HTML",
@@ -345,6 +356,15 @@ def build_parser() -> argparse.ArgumentParser:
                             help="dev examples the importance is averaged over (default 512)")
     importance.set_defaults(handler=_importance)
     return parser
+
+
+def _probe_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the commands that probe tasks under PAPA constants (curve, table)."""
+    parser.add_argument("--seeds", type=_positive, default=3, help="probe seeds per point (default 3)")
+    parser.add_argument("--batch-size", type=_positive, default=32, help="texts per forward pass")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    _measure(parser, required=True)
+    _force(parser)
 
 
 def _measure(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -708,7 +728,7 @@ def _curve(args: argparse.Namespace) -> int:
         model, constants, measures["tasks"], fractions=fractions, strategy=args.strategy,
         lm_texts=measures["lm_texts"], data_dir=measures["data_dir"],
         train_limit=measures["train_limit"], eval_limit=measures["eval_limit"],
-        batch_size=args.batch_size, progress=not args.quiet,
+        batch_size=args.batch_size, seeds=args.seeds, progress=not args.quiet,
     )
     result.to_csv(table, overwrite_read_only=args.force)
     from attnlens.files import write_atomic
@@ -717,6 +737,27 @@ def _curve(args: argparse.Namespace) -> int:
     write_atomic(out, html.encode("utf-8"), overwrite_read_only=args.force)
     print(result.table.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     print(f"wrote {table} and {out} ({result.seconds:.0f} s, {result.forward_seconds:.0f} s in probes)")
+    return 0
+
+
+def _table(args: argparse.Namespace) -> int:
+    inputs = [("--constants", args.constants), ("--lm-texts", args.lm_texts)]
+    out, csv = _outputs(args, inputs)
+    markdown = _out(str(out.with_suffix(".md")), "--out (its Markdown)", (".md",), inputs, force=args.force)
+    if not Path(args.constants).is_file():
+        raise UsageError(f"constants file not found: {args.constants}")
+    measures = _measures(args)
+    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
+    from attnlens.files import write_atomic
+    from attnlens.papa import PapaConstants, table
+
+    constants = PapaConstants.load(args.constants, model)
+    result = table(model, constants, measures.pop("tasks"), batch_size=args.batch_size, seeds=args.seeds,
+                   progress=not args.quiet, **measures)
+    _write_table_and_figure(result.long, result.figure(), csv, out, args.force)
+    write_atomic(markdown, (result.to_markdown() + "\n").encode("utf-8"), overwrite_read_only=args.force)
+    print(result.frame().to_string())
+    print(f"wrote {csv}, {markdown} and {out} ({result.seconds:.0f} s)")
     return 0
 
 

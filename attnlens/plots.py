@@ -460,14 +460,48 @@ def side_by_side(
     return fig
 
 
+def _interval_bars(points: Any) -> dict | None:
+    """Plotly error bars from a table's ``low`` / ``high`` columns (none where they are absent)."""
+    if "low" not in points or points["low"].isna().all():
+        return None
+    return {"type": "data", "symmetric": False, "array": (points["high"] - points["score"]).tolist(),
+            "arrayminus": (points["score"] - points["low"]).tolist(), "thickness": 1}
+
+
+def papa_table(long: Any) -> go.Figure:
+    """PAPA's Table 1 (:func:`attnlens.papa.table`): one panel per task, a bar per row
+    (original, average constants, data-free matrices) with its 95% bootstrap interval, the
+    majority-class score as a dotted line."""
+    tasks = list(dict.fromkeys(long["task"]))
+    titles = [f"{task} ({long.loc[long['task'] == task, 'metric'].iloc[0]})" for task in tasks]
+    figure = make_subplots(rows=1, cols=len(tasks), subplot_titles=titles, horizontal_spacing=0.05)
+    for column, task in enumerate(tasks, start=1):
+        rows = long[long["task"] == task]
+        figure.add_trace(
+            go.Bar(x=rows["row"], y=rows["score"], error_y=_interval_bars(rows), showlegend=False,
+                   marker_color=["#1f77b4" if row == "original" else "#ff7f0e" if row == "average"
+                                 else "#7f7f7f" for row in rows["row"]],
+                   hovertemplate=f"{task} · %{{x}}<br>score %{{y:.4f}}<extra></extra>"),
+            row=1, col=column,
+        )
+        majority = rows["majority"].dropna()
+        if not majority.empty:
+            figure.add_hline(y=float(majority.iloc[0]), line_dash="dot", line_color="grey",
+                             annotation_text="majority", row=1, col=column)
+    figure.update_yaxes(title_text="score", row=1, col=1)
+    figure.update_layout(height=360, width=max(420, 300 * len(tasks)), margin={"t": 40, "b": 40})
+    return figure
+
+
 def papa_curve(table: Any) -> go.Figure:
     """The PAPA curve (:func:`attnlens.papa.curve`): score against the share of input-dependent
-    heads kept, one line per task and strategy, the data-free baselines as marks at 0 kept; one
-    panel per task (their metrics differ), the majority-class score as a dotted line."""
+    heads kept, one line per task and strategy, each point with its 95% bootstrap interval, the
+    data-free baselines as marks at 0 kept; one panel per task (their metrics differ), the
+    majority-class score as a dotted line."""
     tasks = list(dict.fromkeys(table["task"]))
     titles = [f"{task} ({table.loc[table['task'] == task, 'metric'].iloc[0]})" for task in tasks]
     figure = make_subplots(rows=1, cols=len(tasks), subplot_titles=titles, horizontal_spacing=0.06)
-    symbols = {"identity": "x", "toeplitz": "diamond", "zeros": "square"}
+    symbols = {"identity": "x", "toeplitz": "diamond", "zeros": "square", "uniform": "triangle-up"}
     for column, task in enumerate(tasks, start=1):
         rows = table[table["task"] == task]
         for strategy in dict.fromkeys(rows["strategy"]):
@@ -476,6 +510,7 @@ def papa_curve(table: Any) -> go.Figure:
             figure.add_trace(
                 go.Scatter(
                     x=points["fraction_kept"], y=points["score"], name=strategy,
+                    error_y=_interval_bars(points),
                     legendgroup=strategy, showlegend=column == 1,
                     mode="markers" if baseline else "lines+markers",
                     marker={"symbol": symbols.get(strategy, "circle"), "size": 10 if baseline else 7},

@@ -47,6 +47,7 @@ columns. Metrics come from scikit-learn and seqeval. Every anticipated problem i
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import sys
 import warnings
@@ -203,20 +204,28 @@ class Task:
             warnings.simplefilter("ignore")  # undefined metrics (a constant prediction) score 0
             return float(_METRIC_FUNCTIONS[self.metric](self, gold, predicted))
 
+    def select(self, indices: Iterable[int]) -> Task:
+        """The task restricted to the examples at ``indices`` (in that order)."""
+        return dataclasses.replace(self, examples=self.examples.select(list(indices)))
+
+    def majority_label(self) -> int:
+        """The most frequent label of this split (for token tasks, of all words); ties go to the
+        label listed first in ``label_names``."""
+        labels = self.labels()
+        flat = [tag for tags in labels for tag in tags] if self.kind == "token" else labels
+        if not flat:
+            raise TaskError(f"The {self.split!r} split of {self.name!r} has no labels to count; "
+                            "pass a train task with examples.")
+        return int(np.bincount(np.asarray(flat, dtype=np.int64), minlength=self.n_labels).argmax())
+
     def majority_score(self, train: Task | None = None) -> float:
         """The score of always predicting the most frequent label of ``train`` (default: of this
-        task itself); for token tasks the most frequent tag of all words. Ties go to the label
-        listed first in ``label_names``."""
+        task itself; :meth:`majority_label`)."""
         source = self if train is None else train
         if source.name != self.name:
             raise TaskError(f"majority_score of {self.name!r} was given the {source.name!r} task as "
                             f"train; pass a split of {self.name!r} (e.g. load({self.name!r}, 'train')).")
-        labels = source.labels()
-        flat = [tag for tags in labels for tag in tags] if self.kind == "token" else labels
-        if not flat:
-            raise TaskError(f"The {source.split!r} split of {self.name!r} has no labels to count; "
-                            "pass a train task with examples.")
-        majority = int(np.bincount(np.asarray(flat, dtype=np.int64), minlength=self.n_labels).argmax())
+        majority = source.majority_label()
         if self.kind == "token":
             return self.score([[majority] * len(tags) for tags in self.labels()])
         return self.score([majority] * len(self))

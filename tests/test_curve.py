@@ -59,7 +59,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants):
     """Fraction 0 equals probing.run with no hooks (the same call); replacing heads changes the
     score; every fraction and baseline has its row; the figure has a trace per line."""
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=("zeros",),
-                       data_dir=DATA, train_limit=400, eval_limit=200, progress=False)
+                       data_dir=DATA, train_limit=400, eval_limit=200, seeds=1, progress=False)
     table = curve.table
     assert list(table["strategy"]) == ["input_dependence"] * 3 + ["zeros"]
     assert list(table["heads"]) == [0, 36, 72, 72]
@@ -113,7 +113,7 @@ def test_cli_curve_writes_csv_and_html(tmp_path, minilm, constants):
     path = constants.save(tmp_path / "constants.safetensors")
     out = tmp_path / "curve.html"
     assert main(["curve", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
-                 "--fractions", "0,1", "--train-limit", "200", "--eval-limit", "100",
+                 "--fractions", "0,1", "--train-limit", "200", "--eval-limit", "100", "--seeds", "1",
                  "--quiet", "--out", str(out)]) == 0
     import pandas as pd
 
@@ -146,7 +146,7 @@ def test_the_lambda_strategy_learns_lambda_with_the_probe_and_reports_its_cost(m
     assert lam.shape == (6, 12) and (lam - 0.5).abs().max() > 1e-3
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5), baselines=(),
                        strategy="lambda", data_dir=DATA, train_limit=200, eval_limit=100,
-                       lambda_steps=3, lambda_examples=32, progress=False)
+                       lambda_steps=3, lambda_examples=32, seeds=1, progress=False)
     assert list(curve.table["strategy"]) == ["lambda", "lambda"]
     assert curve.settings["lambda_seconds"] > 0
     assert -1 <= curve.settings["lambda_vs_input_dependence_spearman"] <= 1
@@ -171,8 +171,30 @@ def test_an_interrupted_curve_resumes_from_the_feature_cache(minilm, constants, 
     from attnlens import passes
 
     options = dict(fractions=(0, 1), baselines=(), data_dir=DATA, train_limit=100, eval_limit=50,
-                   progress=False)
+                   seeds=1, progress=False)
     first = papa.curve(minilm, constants, ["cola"], **options)
     monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a forward pass ran again"))
     again = papa.curve(minilm, constants, ["cola"], **options)
     assert again.table["score"].tolist() == first.table["score"].tolist()
+
+
+def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants):
+    """attnlens table: the rows of PAPA's Table 1 in order, one column per task, each cell with
+    its interval; the original row has relative score 1 and no drop; CSV, Markdown and HTML."""
+    from attnlens.cli import main
+
+    path = constants.save(tmp_path / "constants.safetensors")
+    out = tmp_path / "table.html"
+    assert main(["table", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
+                 "--train-limit", "100", "--eval-limit", "60", "--seeds", "1", "--quiet",
+                 "--out", str(out)]) == 0
+    import pandas as pd
+
+    long = pd.read_csv(out.with_suffix(".csv"))
+    assert list(long["row"]) == list(papa.table.__globals__["ROWS"])
+    assert ((long["low"] <= long["score"]) & (long["score"] <= long["high"])).all()
+    original = long[long["row"] == "original"].iloc[0]
+    assert original["relative"] == 1.0 and original["difference"] == 0 and not original["significant"]
+    markdown = out.with_suffix(".md").read_text(encoding="utf-8")
+    assert markdown.count("\n") == 8 and "| average |" in markdown and "[" in markdown
+    assert out.read_text(encoding="utf-8").count("<html") == 1

@@ -26,7 +26,9 @@ unlabeled corpus, with hooks on an unmodified model::
   GPT-2: no key after the query);
 - :class:`HeadSet` and :func:`select_heads`: which heads to replace;
 - :func:`curve`: what replacing them costs, task probes and LM scores at growing fractions of
-  heads replaced (:class:`Curve`: table and figure).
+  heads replaced (:class:`Curve`: table and figure), with intervals and baselines;
+- :func:`table`: PAPA's Table 1 of a model (:class:`PapaTable`): original, average constants and
+  data-free matrices in every head, per task.
 """
 
 from attnlens.papa.baselines import TrainableConstants, identity, toeplitz, uniform, zeros
@@ -36,6 +38,7 @@ from attnlens.papa.fitting import fit
 from attnlens.papa.intervene import PapaHooks, check_inputs, hooks, intervention
 from attnlens.papa.replace import constant_pattern, softmax_pattern
 from attnlens.papa.selection import STRATEGIES, HeadSet, learn_lambda, select_heads
+from attnlens.papa.table import PapaTable, table
 
 load = PapaConstants.load
 
@@ -44,6 +47,7 @@ __all__ = [
     "HeadSet",
     "PapaConstants",
     "PapaHooks",
+    "PapaTable",
     "STRATEGIES",
     "TrainableConstants",
     "check_inputs",
@@ -57,6 +61,7 @@ __all__ = [
     "load",
     "select_heads",
     "softmax_pattern",
+    "table",
     "toeplitz",
     "uniform",
     "zeros",

@@ -14,6 +14,7 @@ or the MLM probe when its head is untrained), named by its kind.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,10 @@ import pandas as pd
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
 BASELINES: tuple[str, ...] = ("identity", "toeplitz", "zeros")
+#: Every data-free matrix a curve or a table can show (:mod:`attnlens.papa.baselines`).
+DATA_FREE: tuple[str, ...] = ("identity", "toeplitz", "zeros", "uniform")
+#: Probe seeds per point by default (PAPA §4.1: three seeds).
+SEEDS = 3
 
 #: Columns of :attr:`Curve.table`.
 COLUMNS = {
@@ -31,10 +36,23 @@ COLUMNS = {
     "fraction_replaced": "share of all heads replaced by constants",
     "fraction_kept": "share of input-dependent heads kept (1 - fraction_replaced)",
     "heads": "number of heads replaced",
-    "score": "the task's metric on the evaluation split (LM: negative log-perplexity)",
+    "score": "the task's metric on the evaluation split, mean over probe seeds (LM: negative log-perplexity)",
+    "low": "95% bootstrap interval of score over the evaluation examples: lower end",
+    "high": "95% bootstrap interval of score: upper end",
+    "seed_std": "standard deviation of the score over probe seeds",
     "metric": "which metric (or LM score kind)",
     "relative": "score / score with no head replaced (the same task and strategy)",
+    "difference": "score minus the score with no head replaced, on the same examples",
+    "difference_low": "95% paired bootstrap interval of difference: lower end",
+    "difference_high": "95% paired bootstrap interval of difference: upper end",
+    "p_value": "paired bootstrap: share of resamples where the difference is >= 0 (small: a real drop)",
+    "significant": "whether the interval of difference excludes 0",
+    "baseline": "linear baseline (logistic regression on the same features) under the same hooks",
+    "baseline_low": "95% bootstrap interval of baseline: lower end",
+    "baseline_high": "95% bootstrap interval of baseline: upper end",
     "majority": "score of always predicting the most frequent training label",
+    "majority_low": "95% bootstrap interval of majority: lower end",
+    "majority_high": "95% bootstrap interval of majority: upper end",
 }
 
 
@@ -89,6 +107,8 @@ def curve(
     train_limit: int | None = 4000,
     eval_limit: int | None = None,
     seed: int = 0,
+    seeds: int | Sequence[int] = SEEDS,
+    baseline: bool = True,
     batch_size: int = 32,
     probe: dict | None = None,
     lambda_steps: int = 100,
@@ -104,7 +124,11 @@ def curve(
     its cost and the Spearman correlation of λ with the input dependence are in ``settings``).
     ``baselines``: data-free constants replacing every head. ``lm_texts``: also score the
     language model on these texts at every point. ``lambda_steps`` / ``lambda_examples``: the
-    recipe of ``strategy="lambda"``. The other arguments go to :func:`attnlens.probing.run`.
+    recipe of ``strategy="lambda"``. ``seeds``: probe seeds per point (a count or a list; the
+    score is their mean, ``seed_std`` their spread). ``baseline``: fit the linear baseline at
+    every point. Every score carries its 95% bootstrap interval, and every point a paired
+    bootstrap test against the same task with no head replaced, on the same examples
+    (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
     """
     from attnlens import probing
     from attnlens.checks import finite
@@ -112,10 +136,16 @@ def curve(
     from attnlens.papa.intervene import hooks as papa_hooks
     from attnlens.papa.selection import STRATEGIES, select_heads
 
+    if isinstance(tasks, str) or isinstance(fractions, str | float | int):
+        raise TypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
     fractions = [finite(f, "fraction", low=0.0, high=1.0) for f in fractions]
-    unknown = [name for name in baselines if name not in BASELINES]
+    if not fractions:
+        raise ValueError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
+    # no head replaced comes first: every point is compared with it (added when not asked for)
+    fractions = [0.0, *(f for f in fractions if f != 0.0)]
+    unknown = [name for name in baselines if name not in DATA_FREE]
     if unknown:
-        raise ValueError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(BASELINES)}.")
+        raise ValueError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
     if strategy not in STRATEGIES:
         raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
     constants.check_compatible(model)
@@ -124,6 +154,7 @@ def curve(
     options = dict(data_dir=data_dir, train_limit=train_limit, eval_limit=eval_limit, seed=seed,
                    max_len=constants.max_len, layout=constants.layout, batch_size=batch_size,
                    probe=probe, progress=progress)
+    point_options = dict(seeds=seeds, baseline=baseline)
     n_heads = constants.n_layers * constants.n_heads
     lam, lambda_seconds = None, None
     if strategy in ("lambda", "reversed_lambda"):
@@ -142,13 +173,18 @@ def curve(
         points.append((name, "1.0", 1.0, papa_hooks(made)))
     rows, timings = [], []
     for task in tasks:
+        unchanged = None
         for label, _, fraction, hooks in points:
-            result = probing.run(model, task, hooks=hooks, **options)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
+                result = probing.run(model, task, hooks=hooks, **options, **point_options)
+            if unchanged is None:
+                unchanged = result  # the first point: no head replaced (fraction 0 comes first)
             forward[0] += result.seconds.get("features", 0.0)
             timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
             rows.append(dict(task=result.task, strategy=label, fraction_replaced=fraction,
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
-                             score=result.score, metric=result.metric, majority=result.majority))
+                             metric=result.metric, **_point_columns(result, unchanged, seed)))
     if lm_texts is not None:
         from attnlens import lm
 
@@ -157,11 +193,11 @@ def curve(
                            layout=constants.layout, seed=seed, progress=progress)
             rows.append(dict(task="lm", strategy=label, fraction_replaced=fraction,
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
-                             score=score.value, metric=score.name, majority=float("nan")))
-    table = pd.DataFrame(rows)
+                             score=score.value, metric=score.name))
+    table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
-    table = table[list(COLUMNS)]
-    settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines), **{
+    settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
+                    seeds=seeds, **{
         key: value for key, value in options.items() if key != "data_dir"})
     if lam is not None:
         from scipy.stats import spearmanr
@@ -173,6 +209,24 @@ def curve(
         settings["lambda_vs_input_dependence_spearman"] = float(
             spearmanr(lam.flatten().double().numpy(), dependence.numpy()).statistic)
     return Curve(table, time.perf_counter() - started, forward[0], settings, timings)
+
+
+def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
+    """A curve point's score columns: its interval, baselines, and the paired test against the
+    same task with no head replaced (``unchanged``), resampling the same examples."""
+    from attnlens.probing import paired
+
+    versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
+                    resamples=result.settings["resamples"])
+    linear = result.baseline_interval
+    return dict(
+        score=result.score, low=result.interval.low, high=result.interval.high,
+        seed_std=result.seed_std, difference=versus.difference, difference_low=versus.low,
+        difference_high=versus.high, p_value=versus.p_value, significant=versus.significant,
+        baseline=result.baseline, baseline_low=linear.low if linear else float("nan"),
+        baseline_high=linear.high if linear else float("nan"), majority=result.majority,
+        majority_low=result.majority_interval.low, majority_high=result.majority_interval.high,
+    )
 
 
 def _timed(total: list[float], function: Any, *args: Any, **kwargs: Any) -> Any:

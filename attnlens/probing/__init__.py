@@ -17,29 +17,47 @@ on the train features and scores its predictions on the evaluation split with th
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlens.probing.baseline import LinearBaseline
 from attnlens.probing.features import Features, cache_dir, clear_cache, extract, hooks_key
+from attnlens.probing.intervals import Interval, Paired, bootstrap, paired
 from attnlens.probing.probe import PapaProbe, ProbeSettings
+from attnlens.probing.recipes import TABLE3, Recipe, recipe
 
 __all__ = [
-    "Features", "PapaProbe", "ProbeResult", "ProbeSettings", "cache_dir", "clear_cache", "extract",
-    "hooks_key", "run",
+    "Features", "Interval", "LinearBaseline", "Paired", "PapaProbe", "ProbeResult", "ProbeSettings",
+    "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "clear_cache", "extract",
+    "hooks_key", "paired", "recipe", "run",
 ]
 
 #: Training examples a probe sees by default (PAPA's curve on 2 CPU cores fits in minutes).
 TRAIN_LIMIT = 4000
 
 
+class ProbeWarning(UserWarning):
+    """A probe scored below one of its baselines (the majority class or the linear model)."""
+
+
 @dataclass
 class ProbeResult:
-    """A probe's score on a task. ``predictions``: label names per evaluated example (tag
-    strings per word for token tasks), aligned with ``tasks.load(task, split)``'s examples.
-    ``majority``: the score of always predicting the most frequent training label, on the same
-    examples (the floor a probe must clear). ``seconds``: time spent extracting features
-    (``"features"``: forward passes, or reading the cache) and training and running the probe
-    (``"probe"``)."""
+    """A probe's score on a task, with its baselines and intervals.
+
+    ``score``: the task's metric of the probe's predictions, averaged over ``seeds`` (``scores``:
+    one per seed; ``seed_std``: their standard deviation, 0 for one seed). ``interval``: its 95%
+    bootstrap interval over the evaluation examples (:func:`attnlens.probing.bootstrap`).
+    ``baseline`` / ``baseline_interval``: the same for the linear baseline
+    (:class:`LinearBaseline`, on the same features; ``nan`` when ``baseline=False``).
+    ``majority`` / ``majority_interval``: always predicting the most frequent training label.
+    ``evaluation``: the evaluated :class:`attnlens.tasks.Task`.
+    ``predictions``: label names per evaluated example (tag strings per word for token tasks) of
+    the first seed; ``runs``: those of every seed. Aligned with ``tasks.load(task, split)``'s
+    examples. ``seconds``: time spent extracting features (``"features"``: forward passes, or
+    reading the cache), training and running the probe (``"probe"``) and the baseline
+    (``"baseline"``)."""
 
     task: str
     split: str
@@ -51,12 +69,36 @@ class ProbeResult:
     n_eval: int = 0
     settings: dict = field(default_factory=dict, repr=False)
     seconds: dict = field(default_factory=dict, repr=False)
+    interval: Interval | None = None
+    scores: list = field(default_factory=list)
+    seed_std: float = 0.0
+    baseline: float = float("nan")
+    baseline_interval: Interval | None = None
+    majority_interval: Interval | None = None
+    runs: list = field(default_factory=list, repr=False)
+    baseline_predictions: list = field(default_factory=list, repr=False)
+    evaluation: Any = field(default=None, repr=False)
 
     def __repr__(self) -> str:
+        interval = f" [{self.interval.low:.4f}, {self.interval.high:.4f}]" if self.interval else ""
         return (
-            f"ProbeResult({self.task} {self.split}: {self.metric} {self.score:.4f} "
-            f"(majority {self.majority:.4f}), trained on {self.n_train}, evaluated on {self.n_eval})"
+            f"ProbeResult({self.task} {self.split}: {self.metric} {self.score:.4f}{interval} "
+            f"(linear {self.baseline:.4f}, majority {self.majority:.4f}), trained on {self.n_train}, "
+            f"evaluated on {self.n_eval})"
         )
+
+
+def _as_seeds(seeds: Any, seed: int) -> list[int]:
+    from attnlens.checks import whole_number
+
+    if seeds is None:
+        return [seed]
+    if isinstance(seeds, int):
+        return [seed + offset for offset in range(whole_number(seeds, "seeds", minimum=1))]
+    chosen = [whole_number(value, "seeds") for value in seeds]
+    if not chosen:
+        raise ValueError("seeds is empty; give a number of seeds (e.g. 3) or a list (e.g. [0, 1, 2]).")
+    return chosen
 
 
 def run(
@@ -69,24 +111,32 @@ def run(
     train_limit: int | None = TRAIN_LIMIT,
     eval_limit: int | None = None,
     seed: int = 0,
-    max_len: int = 128,
+    seeds: int | Sequence[int] | None = None,
+    max_len: int | None = None,
     layout: str | None = None,
     batch_size: int = 32,
     probe: PapaProbe | dict | None = None,
+    baseline: bool = True,
+    resamples: int = 1000,
     cache: bool = True,
     cache_key: str | None = None,
     progress: bool = True,
 ) -> ProbeResult:
     """Train the PAPA probe on ``task``'s train split under ``hooks`` and score it on the dev
-    split (or ``eval_split``, e.g. ``"test"`` where that file has labels).
+    split (or ``eval_split``, e.g. ``"test"`` where that file has labels), with the linear and
+    majority baselines and 95% bootstrap intervals.
 
     ``task``: a name of :data:`attnlens.tasks.NAMES` or a task from :func:`attnlens.tasks.load`
     (then its split is the training set, and the evaluation split is loaded beside it).
     ``train_limit`` / ``eval_limit``: a seeded subset of that many examples (``None``: all).
-    ``max_len`` / ``layout``: how texts are tokenized (default layout: the model's; PAPA
-    constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or its keyword
-    arguments. ``cache`` /
-    ``cache_key``: see :func:`attnlens.probing.features.extract`.
+    ``max_len`` / ``layout``: how texts are tokenized (default ``max_len``: the task's row of
+    PAPA's Table 3, :data:`attnlens.probing.TABLE3`; default layout: the model's; PAPA
+    constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or keyword
+    arguments over the task's Table 3 recipe (its ``lr``, ``batch_size``, ``epochs``).
+    ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean.
+    ``baseline``: also fit :class:`LinearBaseline`. ``resamples``: bootstrap resamples per
+    interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
+    A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
     from attnlens import tasks
     from attnlens.inputs import default_layout
@@ -96,10 +146,16 @@ def run(
     else:
         train = task
     evaluation = tasks.load(train.name, eval_split or "dev", data_dir=data_dir, limit=eval_limit, seed=seed)
-    if probe is None:
-        probe = PapaProbe(seed=seed, progress=progress)
-    elif isinstance(probe, dict):
-        probe = PapaProbe(**{"seed": seed, "progress": progress, **probe})
+    row = TABLE3.get(train.name, TABLE3["sst2"])
+    max_len = row.max_len if max_len is None else max_len
+    chosen_seeds = _as_seeds(seeds, seed)
+    if isinstance(probe, PapaProbe):
+        if len(chosen_seeds) > 1:
+            raise ValueError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")
+        probes = [probe]
+    else:
+        given = {**row.probe_settings(), "progress": progress, **(probe or {})}
+        probes = [PapaProbe(**{**given, "seed": value}) for value in chosen_seeds]
     layout = default_layout(model) if layout is None else layout
     options = dict(hooks=hooks, cache=cache, cache_key=cache_key, max_len=max_len, layout=layout,
                    batch_size=batch_size, progress=progress)
@@ -107,23 +163,68 @@ def run(
     train_features = extract(model, train.inputs(), description=f"{train.name} train", **options)
     eval_features = extract(model, evaluation.inputs(), description=f"{train.name} {evaluation.split}", **options)
     extracted = time.perf_counter()
-    probe.fit(train_features, train.labels())
-    predicted = probe.predict(eval_features)
-    seconds = {"features": extracted - started, "probe": time.perf_counter() - extracted}
     names = train.label_names
-    if train.kind == "token":
-        predictions = [[names[label] for label in tags] for tags in predicted]
-    else:
-        predictions = [names[label] for label in predicted]
+
+    def named(predicted: list) -> list:
+        if train.kind == "token":
+            return [[names[label] for label in tags] for tags in predicted]
+        return [names[label] for label in predicted]
+
+    runs = [named(one.fit(train_features, train.labels()).predict(eval_features)) for one in probes]
+    fitted = time.perf_counter()
+    baseline_predictions: list = []
+    if baseline:
+        def held_out_score(indices: Any, predicted: list) -> float:
+            return train.select(indices.tolist()).score(predicted)
+
+        linear = LinearBaseline(seed=seed).fit(train_features, train.labels(), held_out_score)
+        baseline_predictions = named(linear.predict(eval_features))
+    seconds = {"features": extracted - started, "probe": fitted - extracted,
+               "baseline": time.perf_counter() - fitted}
+    interval = bootstrap(evaluation, runs, runs=True, resamples=resamples, seed=seed)
+    majority_label = train.majority_label()
+    majority_predictions = ([[majority_label] * len(tags) for tags in evaluation.labels()]
+                            if train.kind == "token" else [majority_label] * len(evaluation))
+    majority_interval = bootstrap(evaluation, majority_predictions, resamples=resamples, seed=seed)
+    baseline_interval = (bootstrap(evaluation, baseline_predictions, resamples=resamples, seed=seed)
+                         if baseline else None)
+    scores = [float(evaluation.score(one)) for one in runs]
     settings = {
         "hooks": hooks_key(hooks) if cache_key is None else cache_key,
-        "train_limit": train_limit, "eval_limit": eval_limit, "seed": seed, "max_len": max_len,
-        "layout": layout, "probe": vars(probe.settings).copy(),
+        "train_limit": train_limit, "eval_limit": eval_limit, "seed": seed, "seeds": chosen_seeds,
+        "max_len": max_len, "layout": layout, "probe": vars(probes[0].settings).copy(),
+        "baseline_C": linear.C if baseline else None, "resamples": resamples,
     }
-    return ProbeResult(
+    result = ProbeResult(
         task=train.name, split=evaluation.split, metric=evaluation.metric,
-        score=float(evaluation.score(predictions)),
-        majority=float(evaluation.majority_score(train)),
-        predictions=predictions, n_train=len(train), n_eval=len(evaluation), settings=settings,
-        seconds=seconds,
+        score=float(sum(scores) / len(scores)), majority=float(evaluation.majority_score(train)),
+        predictions=runs[0], n_train=len(train), n_eval=len(evaluation), settings=settings,
+        seconds=seconds, interval=interval, scores=scores,
+        seed_std=float(_std(scores)), baseline=baseline_interval.score if baseline else float("nan"),
+        baseline_interval=baseline_interval, majority_interval=majority_interval, runs=runs,
+        baseline_predictions=baseline_predictions, evaluation=evaluation,
     )
+    _warn_if_below(result, stacklevel=3)
+    return result
+
+
+def _std(values: list[float]) -> float:
+    import statistics
+
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _warn_if_below(result: ProbeResult, stacklevel: int = 2) -> None:
+    """One :class:`ProbeWarning` naming each baseline the probe's score falls below."""
+    below = []
+    if result.score < result.majority:
+        below.append(f"the majority class ({result.majority:.4f})")
+    if result.score < result.baseline:
+        below.append(f"the linear baseline ({result.baseline:.4f})")
+    if below:
+        warnings.warn(
+            f"the probe's {result.metric} on {result.task} {result.split}, {result.score:.4f}, is below "
+            f"{' and '.join(below)}: the probe, not the model, may limit this score. Use more "
+            "training examples (train_limit=), more seeds, or report the baseline beside it.",
+            ProbeWarning, stacklevel=stacklevel,
+        )

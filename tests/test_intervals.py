@@ -1,0 +1,100 @@
+"""Intervals and baselines are computed, not copied: bootstrap counts against scikit-learn and
+seqeval on resamples, the paired test, and probing.run on duplicated and shuffled data."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from attnlens import probing, tasks
+from attnlens.probing import intervals
+from tests.conftest import DATA
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def _noisy(task, rng, flip):
+    """The gold labels with a share ``flip`` replaced by random labels."""
+    out = []
+    for gold in task.labels():
+        if task.kind == "token":
+            out.append([rng.randrange(task.n_labels) if rng.random() < flip else t for t in gold])
+        else:
+            out.append(rng.randrange(task.n_labels) if rng.random() < flip else gold)
+    return out
+
+
+@pytest.mark.parametrize("name", ["sst2", "cola", "mrpc", "ner", "pos"])
+def test_counts_give_the_metric_of_any_resample(name):
+    """For every metric, the score of summed per-example counts equals the task's own metric
+    (scikit-learn / seqeval) on the full split and on resamples drawn with replacement; exact up
+    to float64 rounding (a few ulps: 1e-12)."""
+    task = tasks.load(name, "dev", data_dir=DATA, limit=150, seed=1)
+    rng = random.Random(0)
+    predicted = _noisy(task, rng, 0.3)
+    table = intervals.counts(task, predicted)
+    assert intervals.from_counts(task.metric, table.sum(0)) == pytest.approx(task.score(predicted), abs=1e-12)
+    for draw in range(3):
+        chosen = np.random.default_rng(draw).integers(0, len(task), len(task))
+        weights = np.bincount(chosen, minlength=len(task)).astype(float)
+        resampled = task.select(chosen.tolist())
+        expected = resampled.score([predicted[i] for i in chosen])
+        assert intervals.from_counts(task.metric, weights @ table) == pytest.approx(expected, abs=1e-12)
+
+
+def test_the_interval_narrows_with_more_examples_and_the_paired_test_sees_drops():
+    """A duplicated evaluation set keeps the point score and narrows the interval (by about √2);
+    a system compared with itself differs by exactly 0, not significantly; a much worse one
+    drops significantly."""
+    task = tasks.load("sst2", "dev", data_dir=DATA, limit=200)
+    predicted = _noisy(task, random.Random(1), 0.4)
+    once = intervals.bootstrap(task, predicted)
+    doubled = tasks.Task(task.name, task.split, task.kind, task.label_names, task.metric,
+                         task.examples.select(list(range(len(task))) * 2))
+    twice = intervals.bootstrap(doubled, predicted * 2)
+    assert twice.score == once.score and once.low <= once.score <= once.high
+    assert 0.6 < twice.width / once.width < 0.8  # 1/√2 ≈ 0.71, with Monte-Carlo error
+    same = intervals.paired(task, predicted, predicted)
+    assert same.difference == 0 and same.low == same.high == 0 and not same.significant
+    worse = intervals.paired(task, predicted, _noisy(task, random.Random(2), 0.9))
+    assert worse.difference < 0 and worse.significant and worse.p_value < 0.05
+
+
+def _sst2_folder(root, train_rows, dev_rows):
+    (root / "sst2").mkdir(parents=True)
+    for name, rows in (("train", train_rows), ("dev", dev_rows)):
+        lines = ["sentence\tlabel"] + [f"{text}\t{label}" for text, label in rows]
+        (root / "sst2" / f"{name}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
+    """On a duplicated dev set probing.run gives the same point scores (probe, linear baseline,
+    majority) with narrower intervals; with shuffled training labels the probe and the linear
+    baseline fall inside the majority interval, while with the true labels they beat it."""
+    train = tasks.load("sst2", "train", data_dir=DATA, limit=300, seed=0)
+    dev = tasks.load("sst2", "dev", data_dir=DATA, limit=120, seed=0)
+    train_rows = list(zip(train.examples["text"], train.labels(), strict=True))
+    dev_rows = list(zip(dev.examples["text"], dev.labels(), strict=True))
+    options = dict(max_len=64, progress=False, probe=dict(epochs=8))
+    plain_dir = _sst2_folder(tmp_path / "plain", train_rows, dev_rows)
+    plain = probing.run(minilm, "sst2", data_dir=plain_dir, **options)
+    doubled = probing.run(minilm, "sst2", data_dir=_sst2_folder(tmp_path / "twice", train_rows, dev_rows * 2),
+                          **options)
+    for name in ("interval", "baseline_interval", "majority_interval"):
+        one, two = getattr(plain, name), getattr(doubled, name)
+        assert two.score == pytest.approx(one.score, abs=1e-12) and two.width < one.width, name
+    assert plain.interval.low > plain.majority_interval.high  # real labels: above the majority
+    labels = [label for _, label in train_rows]
+    random.Random(0).shuffle(labels)
+    shuffled = [(text, label) for (text, _), label in zip(train_rows, labels, strict=True)]
+    with pytest.warns(probing.ProbeWarning, match="below"):
+        noise = probing.run(minilm, "sst2", data_dir=_sst2_folder(tmp_path / "shuffled", shuffled, dev_rows),
+                            seeds=3, **options)
+    assert noise.score in noise.majority_interval and noise.baseline in noise.majority_interval
+    assert len(noise.scores) == 3 and noise.seed_std > 0
