@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attnlens import lm, papa, probing, tasks
+from attnlens.papa.tables import ROWS
 from tests.conftest import DATA, data_file
 
 
@@ -191,7 +192,7 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
     import pandas as pd
 
     long = pd.read_csv(out.with_suffix(".csv"))
-    assert list(long["row"]) == list(papa.table.__globals__["ROWS"])
+    assert list(long["row"]) == list(ROWS)
     assert ((long["low"] <= long["score"]) & (long["score"] <= long["high"])).all()
     original = long[long["row"] == "original"].iloc[0]
     assert original["relative"] == 1.0 and original["difference"] == 0 and not original["significant"]

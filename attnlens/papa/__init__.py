@@ -38,7 +38,7 @@ from attnlens.papa.fitting import fit
 from attnlens.papa.intervene import PapaHooks, check_inputs, hooks, intervention
 from attnlens.papa.replace import constant_pattern, softmax_pattern
 from attnlens.papa.selection import STRATEGIES, HeadSet, learn_lambda, select_heads
-from attnlens.papa.table import PapaTable, table
+from attnlens.papa.tables import PapaTable, table
 
 load = PapaConstants.load
 
