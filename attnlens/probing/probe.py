@@ -12,11 +12,12 @@ their code's ``FreezeExtractPoller`` (sentence and pair tasks) and
 - **token** (NER, POS): each word's first sub-token, its vectors of all layers concatenated, then
   the same MLP.
 
-Hyper-parameters (attnlens's choices; the paper does not publish its probe's training recipe):
+Hyper-parameters: :func:`attnlens.probing.run` trains with the task's row of PAPA's Table 3
+(Appendix B; :data:`attnlens.probing.TABLE3`: learning rate, batch size, epochs, max length),
+with Adam and no weight decay. The class's own defaults (used when no task names a recipe) are
+attnlens's: ``epochs`` = 10, ``batch_size`` = 32, ``lr`` = 1e-3. Always:
 
 - ``hidden``: width of the MLP's hidden layer, default ``d_model`` (as the paper's ``Linear``);
-- ``epochs`` = 10 full passes over the training features, ``batch_size`` = 32 examples;
-- ``lr`` = 1e-3 with Adam (``weight_decay`` = 0), the position weights included;
 - ``dropout`` = 0.1 before the last layer (BERT's classifier dropout);
 - ``seed`` = 0: the initial weights and the order of the examples, so a fit is reproducible.
 
