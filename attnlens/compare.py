@@ -477,10 +477,15 @@ def _total_variation(
     standard: Float[Tensor, "batch head query key"],
     valid: Bool[Tensor, "batch pos"],
 ) -> Float[Tensor, "head"]:
-    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head."""
-    keys = valid[:, None, None, :].to(torch.float64)
-    rows = 0.5 * ((pattern.double() - standard.double()).abs() * keys).sum(-1)
-    return (rows * valid[:, None, :].to(torch.float64)).sum(dim=(0, 2))
+    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head.
+
+    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
+    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
+    adds these batch sums into float64 totals, so the error does not grow with the corpus.
+    """
+    keys = valid[:, None, None, :].to(torch.float32)
+    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
+    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
 
 
 def compare(
@@ -780,21 +785,32 @@ class ViewsAccumulator(passes.Accumulator):
         for view, pattern in per_view.items():
             self.statistics[view].update(index, pattern, classes, valid)
             labels = template_labels(pattern, positions, signed=view in SIGNED_VIEWS)
-            self.types[view][index] += type_counts(labels).cpu()
+            self._to_device(pattern.device)
+            self.types[view][index] += type_counts(labels)
             if view != "standard":
-                self.distance[view][index] += _total_variation(pattern, per_view["standard"], valid).cpu()
+                self.distance[view][index] += _total_variation(pattern, per_view["standard"], valid)
             if self.row is not None:
                 keep = self.keep
-                self.staged[view][index] = pattern[self.row][:, keep][:, :, keep].cpu()
+                self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
             for kept in self.report_rows:
                 block = pattern[kept.row][:, kept.keep][:, :, kept.keep]
                 codes, scales = encode(block, signed=view in SIGNED_VIEWS)
-                kept.codes[view][index], kept.scales[view][index] = codes.cpu(), scales.cpu()
+                kept.codes[view][index], kept.scales[view][index] = codes, scales
+
+    def _to_device(self, device: torch.device) -> None:
+        """Keep the running totals beside the patterns (no copy to the CPU per layer)."""
+        if self.longer.device == device:
+            return
+        total = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
+        self.distance = {view: value.to(device, total) for view, value in self.distance.items()}
+        self.types = {view: value.to(device) for view, value in self.types.items()}
+        self.longer = self.longer.to(device)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
-        self.longer += int((batch.key_mask.sum(-1) > self.d_head).sum())
+        self._to_device(batch.key_mask.device)
+        self.longer += (batch.key_mask.sum(-1) > self.d_head).sum()
         if self.row is not None:
-            self.kept = {view: torch.stack(layers).numpy() for view, layers in self.staged.items()}
+            self.kept = {view: torch.stack(layers).cpu().numpy() for view, layers in self.staged.items()}
             self.kept_tokens = self.staged_tokens
             self.row = None
         for kept in self.report_rows:
@@ -837,7 +853,8 @@ class ViewsAccumulator(passes.Accumulator):
             )
 
     def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
-        return self.statistics, self.distance
+        self.types = {view: value.cpu() for view, value in self.types.items()}
+        return self.statistics, {view: value.cpu().double() for view, value in self.distance.items()}
 
 
 @dataclass
@@ -869,8 +886,8 @@ class _ReportRow:
     def example(self) -> KeptExample:
         return KeptExample.from_codes(
             self.index, "", self.tokens, self.segments,
-            {view: torch.stack(layers).numpy() for view, layers in self.codes.items()},
-            {view: torch.stack(layers).numpy() for view, layers in self.scales.items()},
+            {view: torch.stack(layers).cpu().numpy() for view, layers in self.codes.items()},
+            {view: torch.stack(layers).cpu().numpy() for view, layers in self.scales.items()},
         )
 
 

@@ -35,8 +35,13 @@ from torch import Tensor
 
 #: the code of 0 in signed maps (codes 1 .. 255 stand for -127 .. 127 steps)
 SIGNED_ZERO = 128
-#: zlib level of the kept codes (9: smallest; an example of 128 tokens takes about 0.1 s)
-COMPRESSION_LEVEL = 9
+#: zlib level of the kept codes. Level 1 deflates the 8-bit maps 17x faster than level 9 for 8%
+#: more bytes (90 maps of MiniLM, 16.2 MB of codes: level 1 0.22 s and 8.45 MB, level 6 0.88 s
+#: and 7.86 MB, level 9 3.74 s and 7.80 MB); at level 9 deflating took 12% of ``compare``'s time
+#: (42% on 64 texts), at level 1 under 1% (``benchmarks/compare_cost.py``). The report's budget
+#: (:data:`attnlens.compare.REPORT_BUDGET`) bounds the bytes either way: the cost of level 1 is
+#: about 8% fewer examples in the explorer, not a larger report.
+COMPRESSION_LEVEL = 1
 #: characters of an example's text shown in the report's example list
 LABEL_CHARS = 60
 

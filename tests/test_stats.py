@@ -94,3 +94,52 @@ def test_a_shared_bos_eos_token_is_the_start_once_and_a_separator_elsewhere():
     assert (classes["sep"] & valid).tolist() == [[False, False, True, False, False], [False, False, False, True, False]]
     other = token_classes(tiny.roberta_tokenizer(), ids)  # distinct <s> and </s>: unchanged rule
     assert torch.equal(other["cls"], ids == tiny.roberta_tokenizer().cls_token_id)
+
+
+#: float32's unit roundoff
+U32 = 2.0**-24
+
+
+def test_float32_batch_sums_are_within_the_float32_bound_of_float64():
+    """The statistics and compare's distance are summed in float32 per batch (into float64
+    totals). A float32 sum of ``n`` terms is within ``(n − 1) · u · Σ|terms|`` of the exact sum
+    (``u = 2⁻²⁴``, the worst case; about ``√n · u`` typically). Here a batch sum nests a row sum
+    of ``K`` keys in a sum of ``B · Q`` rows, so ``n = K + B · Q`` (entropy adds a log and a
+    division per row: a few ``u`` more, covered by ``+ 8``). The reference is the same formula
+    in float64, on the same (float32) patterns."""
+    from attnlens.compare import _total_variation
+
+    generator = torch.Generator().manual_seed(1)
+    batch, heads, n = 16, 4, 96
+    lengths = torch.randint(n // 4, n + 1, (batch,), generator=generator)
+    valid = torch.arange(n)[None, :] < lengths[:, None]
+    classes = {
+        "cls": torch.zeros(batch, n, dtype=torch.bool).index_fill_(1, torch.tensor([0]), True),
+        "sep": torch.arange(n)[None, :] == (lengths[:, None] - 1),
+        "punct": torch.rand(batch, n, generator=generator) < 0.2,
+    }
+    scores = torch.randn(batch, heads, n, n, generator=generator) * 3
+    pattern = scores.masked_fill(~valid[:, None, None, :], -torch.inf).softmax(-1)
+    other = torch.randn(batch, heads, n, n, generator=generator).masked_fill(
+        ~valid[:, None, None, :], -torch.inf).softmax(-1)
+    stats = AttentionStatistics(n_layers=1, n_heads=heads)
+    stats.update(0, pattern, classes, valid)
+
+    p64, keys, rows = pattern.double(), valid[:, None, None, :].double(), valid[:, None, :].double()
+    reference = {f"to_{name}": (p64 * mask[:, None, None, :].double()).sum(-1) for name, mask in classes.items()}
+    reference["to_self"] = torch.diagonal(p64, dim1=-2, dim2=-1)
+    reference["to_prev"] = torch.nn.functional.pad(torch.diagonal(p64, -1, -2, -1), (1, 0))
+    reference["to_next"] = torch.nn.functional.pad(torch.diagonal(p64, 1, -2, -1), (0, 1))
+    probs = p64 * keys / (p64 * keys).sum(-1, keepdim=True)
+    reference["entropy"] = -torch.special.xlogy(probs, probs).sum(-1)
+    bound = (n + batch * n + 8) * U32
+    for name in STATISTICS:
+        exact = (reference[name] * rows).sum(dim=(0, 2))
+        magnitude = (reference[name].abs() * rows).sum(dim=(0, 2))
+        error = (stats.sums[name][0] - exact).abs()
+        assert bool((error <= bound * magnitude).all()), (name, float((error / magnitude).max()), bound)
+
+    distance = _total_variation(pattern, other, valid).double()
+    terms = (p64 - other.double()).abs() * keys * rows[..., None]
+    exact = 0.5 * terms.sum(dim=(0, 2, 3))
+    assert bool(((distance - exact).abs() <= bound * exact).all())
