@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -134,6 +135,111 @@ def key_mask(
         later = attended.triu(n_keys - n_queries + 1).any(dim=-1, keepdim=True)
         attended = attended & ~later
     return attended.any(dim=1).any(dim=1)
+
+
+#: ``(key_mask, dtype) -> [batch, head, query, key]``: a layer's constant pattern for a batch
+ConstantFn = Callable[[Tensor, torch.dtype], Tensor]
+
+
+@contextlib.contextmanager
+def constant_heads(
+    bridge: Any, layers: dict[int, tuple[Bool[Tensor, "head"], ConstantFn]]
+) -> Iterator[None]:
+    """Inside this context, the heads of ``layers`` marked True compute nothing of their own.
+
+    ``layers``: ``{layer: (replaced, constant)}``; ``replaced`` is a ``[head]`` boolean mask and
+    ``constant(key_mask, dtype)`` returns the ``[batch, head, query, key]`` pattern of every
+    head of the layer for a batch with that ``[batch, key]`` mask (True for real tokens), of
+    which the replaced heads' are used. For those heads the layer runs no query or key
+    projection, no ``QKᵀ`` and no softmax: their pattern is the constant's; the other heads'
+    query and key projections use only their rows of the weights (through ``F.linear``, so the
+    ``hook_q`` / ``hook_k`` hooks of such a layer do not run; ``hook_v`` and ``hook_pattern``
+    do, and ``hook_pattern`` sees the assembled pattern, constant heads included). Dropout
+    (training mode only) applies to the computed heads alone. Layers not in ``layers`` are
+    untouched.
+
+    Only for encoders whose seam is ``"attnlens"`` (BERT, RoBERTa: :func:`install`);
+    ``ValueError`` otherwise. The self-attention modules get an instance ``forward`` for the
+    duration, removed on exit.
+    """
+    if models.of(bridge).seam != "attnlens" or not is_installed(bridge):
+        raise ValueError(
+            "constant heads skip their work only on encoders prepared by attnlens.load() "
+            f"(BERT, RoBERTa); this is a {type(bridge.original_model).__name__}"
+        )
+    patched = []
+    try:
+        for layer, (replaced, constant) in layers.items():
+            module = _self_attention(bridge.blocks[layer].attn.original_component)
+            if "forward" in vars(module):
+                raise ValueError(f"layer {layer}'s attention is already patched (nested constant_heads?)")
+            module.forward = functools.partial(
+                _constant_forward, module, replaced.to(torch.bool).cpu(), constant
+            )
+            patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            del module.forward
+
+
+def _self_attention(attention: nn.Module) -> nn.Module:
+    """The module that projects queries, keys and values (``BertSelfAttention``)."""
+    inner = getattr(attention, "self", attention)
+    if not all(hasattr(inner, name) for name in ("query", "key", "value", "attention_head_size")):
+        raise ValueError(f"{type(attention).__name__} has no query/key/value projections to skip")
+    return inner
+
+
+def _rows(linear: nn.Module, heads: Tensor, d_head: int) -> tuple[Tensor, Tensor | None]:
+    """The weight rows (and bias) of ``linear`` that produce the heads ``heads`` (indices)."""
+    inner = getattr(linear, "original_component", linear)
+    rows = (heads[:, None] * d_head + torch.arange(d_head, device=heads.device)).reshape(-1)
+    rows = rows.to(inner.weight.device)
+    bias = None if inner.bias is None else inner.bias.index_select(0, rows)
+    return inner.weight.index_select(0, rows), bias
+
+
+def _constant_forward(
+    module: nn.Module,
+    replaced: Bool[Tensor, "head"],
+    constant: ConstantFn,
+    hidden_states: Float[Tensor, "batch pos d_model"],
+    attention_mask: Float[Tensor, "batch 1 query key"] | None = None,
+    *args: Any,
+    pattern_fn: Callable[[Tensor], Tensor] | None = None,
+    **kwargs: Any,
+) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head query key"]]:
+    """``BertSelfAttention.forward`` with the ``replaced`` heads' patterns taken from ``constant``
+    (see :func:`constant_heads`); the others as :func:`attention_forward` computes them."""
+    batch, n = hidden_states.shape[:2]
+    n_heads, d_head = int(module.num_attention_heads), int(module.attention_head_size)
+    value = module.value(hidden_states).view(batch, n, n_heads, d_head).transpose(1, 2)
+    valid = _key_mask_from_additive(attention_mask, batch, n, hidden_states.device)
+    pattern = constant(valid, value.dtype)
+    computed = (~replaced).nonzero().squeeze(-1)
+    if computed.numel():
+        pattern = pattern.clone()
+        shape = (batch, n, computed.numel(), d_head)
+        query = nn.functional.linear(hidden_states, *_rows(module.query, computed, d_head))
+        key = nn.functional.linear(hidden_states, *_rows(module.key, computed, d_head))
+        query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
+        scaling = getattr(module, "scaling", d_head**-0.5)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        own = nn.functional.softmax(scores, dim=-1)
+        if module.training:
+            own = module.dropout(own)
+        pattern[:, computed.to(pattern.device)] = own.to(pattern.dtype)
+    if pattern_fn is not None:
+        token = _KEY_MASK.set(valid)
+        try:
+            pattern = pattern_fn(pattern)
+        finally:
+            _KEY_MASK.reset(token)
+    output = torch.matmul(pattern, value).transpose(1, 2).reshape(batch, n, n_heads * d_head)
+    return output, pattern
 
 
 def _register() -> None:

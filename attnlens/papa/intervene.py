@@ -242,6 +242,7 @@ def intervention(
     heads: str | HeadSet | float | Bool[Tensor, "layer head"] = "all",
     mode: str = "replace",
     lam: float | Float[Tensor, "layer head"] | None = None,
+    fast: bool = False,
 ) -> Iterator[PapaHooks]:
     """``with papa.intervention(model, constants, ...) as h:`` runs of ``model`` use the hooks.
 
@@ -249,6 +250,15 @@ def intervention(
     (model id, layers, heads, weights) and that its ``hook_pattern`` edits are real. Whether the
     patterns are causal is taken from ``model`` (:func:`attnlens.loading.is_causal`). Yields the
     :class:`PapaHooks` (e.g. to train ``h.theta``).
+
+    ``fast=True``: the replaced heads skip their work (:func:`attnlens.seam.constant_heads`): no
+    query or key projection, no ``QKᵀ``, no softmax; their pattern is the constant, exactly as
+    the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), and
+    ``hook_pattern`` still sees it. Only for full replacement (``mode="replace"``: a blend
+    ``λ·A + (1 − λ)·C`` needs ``A``) of an encoder with the attnlens seam (BERT, RoBERTa);
+    ``ValueError`` otherwise. The yielded hooks are then not installed (the list is the same
+    as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); in a layer with replaced
+    heads, ``hook_q`` / ``hook_k`` do not run.
     """
     from attnlens.loading import is_causal, require_bridge
 
@@ -259,5 +269,32 @@ def intervention(
             "hook_pattern edits do not reach this model's output; load it with attnlens.load()."
         )
     installed = hooks(constants, heads=heads, mode=mode, lam=lam, causal=is_causal(model))
+    if fast:
+        with seam.constant_heads(model, _constant_layers(installed)):
+            yield installed
+        return
     with model.hooks(fwd_hooks=list(installed)):
         yield installed
+
+
+def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.ConstantFn]]:
+    """The layers of ``installed`` for :func:`attnlens.seam.constant_heads` (replace mode only)."""
+    if installed.mode != "replace":
+        raise ValueError(
+            f"fast=True applies only to full replacement (mode='replace', λ = 0), not "
+            f"mode={installed.mode!r}: a blend λ·A + (1 − λ)·C needs the head's own pattern A"
+        )
+    if installed.causal:
+        raise ValueError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
+    constants = installed.constants
+
+    def constant_of(layer: int) -> seam.ConstantFn:
+        def constant(valid: Tensor, dtype: torch.dtype) -> Tensor:
+            pattern = constants.layer_pattern(layer, valid, dtype=dtype, causal=False)
+            check_inputs(constants, pattern, valid)
+            return pattern
+
+        return constant
+
+    mask = installed.heads.mask
+    return {layer: (mask[layer], constant_of(layer)) for layer in range(mask.shape[0]) if bool(mask[layer].any())}

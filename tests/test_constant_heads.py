@@ -1,0 +1,102 @@
+"""``papa.intervention(..., fast=True)``: replaced heads skip Q, K, QKᵀ and softmax
+(:func:`attnlens.seam.constant_heads`), and give what the hook path gives.
+
+Reference: the hook path (:func:`attnlens.papa.hooks`: the full softmax computed, then the
+selected heads' patterns replaced in ``hook_pattern``), on the same batch in the PAPA layout.
+
+Tolerance: the replaced heads' patterns come from the same function on the same key mask, so they
+are equal bit for bit. The computed heads' query and key projections use only their rows of the
+weights: each output is the same ``d_model``-term dot product, whose summation order a BLAS may
+change, so it is within ``γ_{d_model} · Σ|w x|`` (:func:`tests.precision.float32_sum_error`) of
+the full projection's. To first order every layer passes such a relative error on, so the logits
+agree to ``n_layers · γ_{d_model}`` of their magnitude (with MKL on a CPU they are bitwise equal).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlens
+from attnlens import papa, seam
+from tests import tiny
+from tests.precision import float32_sum_error
+
+MAX_LEN = 32
+HEAD_SETS = {"none": 0.0, "half": 0.5, "all": 1.0}
+
+
+def is_pattern(name: str) -> bool:
+    return name.endswith("hook_pattern")
+
+
+def run(model, batch, constants, heads, fast):
+    """Logits and every layer's pattern as ``hook_pattern`` sees it last."""
+    seen = {}
+
+    def keep(pattern, hook):
+        seen[hook.layer()] = pattern.detach().clone()
+
+    with torch.no_grad(), papa.intervention(model, constants, heads=heads, fast=fast) as installed:
+        logits = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=[(is_pattern, keep)])
+    return logits, seen, installed.heads.mask
+
+
+@pytest.fixture(scope="module", params=["tiny_bert", "minilm"])
+def setup(request, sst2_sentences):
+    model = tiny.bert_bridge() if request.param == "tiny_bert" else request.getfixturevalue("minilm")
+    constants = papa.fit(model, sst2_sentences[:32], max_len=MAX_LEN, layout="papa", progress=False)
+    batch = attnlens.tokenize(model, sst2_sentences[100:108], max_len=MAX_LEN, layout="papa")
+    assert not bool(batch.attention_mask.bool().all()), "the batch must hold padding"
+    return model, constants, batch
+
+
+@pytest.mark.parametrize("heads", list(HEAD_SETS), ids=list(HEAD_SETS))
+def test_fast_path_equals_the_hook_path(setup, heads):
+    model, constants, batch = setup
+    hooked, hooked_patterns, mask = run(model, batch, constants, HEAD_SETS[heads], fast=False)
+    fast, fast_patterns, _ = run(model, batch, constants, HEAD_SETS[heads], fast=True)
+    for layer, pattern in hooked_patterns.items():
+        replaced = mask[layer]
+        assert torch.equal(fast_patterns[layer][:, replaced], pattern[:, replaced]), layer
+    d_model, n_layers = int(model.cfg.d_model), int(model.cfg.n_layers)
+    atol = n_layers * float32_sum_error(d_model) * float(hooked.abs().max())
+    torch.testing.assert_close(fast, hooked, atol=atol, rtol=0)
+    if heads != "none":
+        with torch.no_grad():
+            plain = model(batch.input_ids, **batch.model_kwargs())
+        assert float((plain - hooked).abs().max()) > 10 * atol  # the heads were replaced
+
+
+def test_the_fast_path_skips_the_query_and_key_of_replaced_heads(setup):
+    model, constants, batch = setup
+    width = {}
+
+    def record(name):
+        def hook(module, inputs, output):
+            width[name] = output.shape[-1]
+        return hook
+
+    handles = [model.blocks[0].attn.original_component.self.query.register_forward_hook(record("query"))]
+    try:
+        with torch.no_grad(), papa.intervention(model, constants, heads=1.0, fast=True):
+            model(batch.input_ids, **batch.model_kwargs())
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert "query" not in width  # the query projection of a fully replaced layer never ran
+    assert "forward" not in vars(model.blocks[0].attn.original_component.self)  # restored
+
+
+def test_fast_path_is_for_full_replacement_only(setup):
+    model, constants, _ = setup
+    with pytest.raises(ValueError, match="full replacement"):
+        with papa.intervention(model, constants, mode="blend", fast=True):
+            pass
+
+
+def test_fast_path_refuses_a_decoder():
+    model = tiny.gpt2_bridge()
+    with pytest.raises(ValueError, match="encoders"):
+        with seam.constant_heads(model, {}):
+            pass
