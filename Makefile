@@ -36,7 +36,10 @@ docs: install
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) docs/gallery.py
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
+# Each benchmark writes its results to build/bench/<name>.json; the last step prints them as one
+# table (docs/performance.md). Every benchmark but curve.py takes --device and --threads.
 bench: install
+	rm -rf build/bench
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/papa_fit.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/papa_fit.py --model smollm2-135m
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/effective.py
@@ -46,7 +49,11 @@ bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/curve.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/report_size.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/compare_cost.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/constant_speed.py
 	$(PY) benchmarks/cli_help.py
+	# every job of the runs above (build/bench/*.json), one table
+	$(PY) benchmarks/table.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist site *.egg-info

@@ -51,6 +51,9 @@ def console_script() -> str | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    # accepted like every benchmark's; `attnlens --help` loads no model and runs no torch op
+    parser.add_argument("--device", default="cpu", help="unused: the help loads no model")
+    parser.add_argument("--threads", type=int, default=None, help="unused: the help runs no torch op")
     args = parser.parse_args()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}

@@ -118,7 +118,10 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the wide one-process run")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--device", default="cpu", help="cpu only: the runs use gloo on CPU processes")
     args = parser.parse_args()
+    if args.device != "cpu":
+        raise SystemExit("benchmarks/distributed.py measures CPU processes (gloo); --device cpu only")
     if args.worker:
         worker(args)
         return

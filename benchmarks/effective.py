@@ -137,7 +137,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--loop-repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
-    parser.add_argument("--device", default=None)
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N")
     parser.add_argument("--length", type=int, default=LENGTH, choices=(128, 512))
     args = parser.parse_args()
     if args.threads:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from common import add_arguments, setup
 from realdata import DATA, wikitext_paragraphs
 
 import attnlens
@@ -68,8 +69,10 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    add_arguments(parser)
     args = parser.parse_args()
-    model = attnlens.load()
+    device = setup(args)
+    model = attnlens.load(device=device)
     model.eval()
     layout = default_layout(model)
     n_layers = model.cfg.n_layers

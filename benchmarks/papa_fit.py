@@ -13,7 +13,14 @@ ranges are printed.
 MiniLM: 512 WikiText-2 validation paragraphs, max_len 128, batch 32 (target <= 1.03x).
 SmolLM2-135M (``--model smollm2-135m``): 64 paragraphs, max_len 128, batch 16.
 
-Run: ``HF_HUB_OFFLINE=1 python benchmarks/papa_fit.py [--model smollm2-135m]`` (``make bench``).
+Also timed in the same rounds: a *full forward* (``model(input_ids, ...)``, every layer and the
+unembed), and the peer, a hand-written TransformerLens loop doing what the fit does: per batch
+``run_with_cache`` of every ``hook_pattern`` and masked sums of the patterns and their squares
+(target: fit <= 0.5x that loop). Results go to ``build/bench/papa_fit.json`` for
+``benchmarks/table.py``.
+
+Run: ``HF_HUB_OFFLINE=1 python benchmarks/papa_fit.py [--model smollm2-135m] [--device D] [--threads N]``
+(``make bench``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import statistics
 import time
 
 import torch
+from common import add_arguments, encoder_flops, record, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
@@ -30,6 +38,43 @@ from attnlens import papa, passes
 from attnlens.inputs import default_layout
 
 TARGET = 1.03
+PEER_TARGET = 0.5
+
+
+def full_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -> None:
+    """The whole forward (every layer and the unembed) of the same batches."""
+    for start in range(0, len(texts), batch_size):
+        batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout)
+        batch = batch.to(model.cfg.device)
+        with torch.inference_mode():
+            model(batch.input_ids, **batch.model_kwargs())
+
+
+def transformer_lens_loop(model, texts, *, max_len: int, layout: str, batch_size: int):
+    """The peer: what one writes with TransformerLens alone: ``run_with_cache`` of every
+    ``hook_pattern``, then masked sums of the patterns and of their squares per layer."""
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    sums = squares = None
+    counts = None
+    for start in range(0, len(texts), batch_size):
+        batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout)
+        batch = batch.to(model.cfg.device)
+        with torch.inference_mode():
+            _, cache = model.run_with_cache(
+                batch.input_ids, **batch.model_kwargs(), names_filter=lambda name: name.endswith("hook_pattern")
+            )
+            valid = batch.attention_mask.bool()
+            pairs = (valid[:, :, None] & valid[:, None, :]).float()
+            if sums is None:
+                n = pairs.shape[-1]
+                sums = torch.zeros(n_layers, n_heads, n, n, dtype=torch.float64, device=pairs.device)
+                squares, counts = torch.zeros_like(sums), torch.zeros(n, n, dtype=torch.float64, device=pairs.device)
+            for layer in range(n_layers):
+                pattern = cache[f"blocks.{layer}.attn.hook_pattern"] * pairs[:, None]
+                sums[layer] += pattern.sum(0)
+                squares[layer] += (pattern * pattern).sum(0)
+            counts += pairs.sum(0)
+    return sums, squares, counts
 
 
 def plain_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -> None:
@@ -47,15 +92,14 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=None, help="MiniLM 32, SmolLM2 16")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_arguments(parser)
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    device = setup(args)
     small = args.model is not None
     n = args.n or (64 if small else 512)
     batch_size = args.batch_size or (16 if small else 32)
 
-    model = attnlens.load(args.model)
+    model = attnlens.load(args.model, device=device)
     layout = default_layout(model)
     texts = wikitext_paragraphs()[:n]
     shape = dict(max_len=args.max_len, layout=layout, batch_size=batch_size)
@@ -71,11 +115,18 @@ def main() -> None:
     def plain() -> None:
         plain_forward(model, texts, **shape)
 
+    def full() -> None:
+        full_forward(model, texts, **shape)
+
+    def peer() -> None:
+        transformer_lens_loop(model, texts, **shape)
+
     papa.fit(model, texts[:batch_size], progress=False, **shape)  # warm-up
     plain_forward(model, texts[:batch_size], **shape)
-    fit_times, plain_times = [], []
+    fit_times, plain_times, full_times, peer_times = [], [], [], []
+    jobs = ((fit, fit_times), (plain, plain_times), (full, full_times), (peer, peer_times))
     for repeat in range(args.repeats):
-        for function, bucket in ((fit, fit_times), (plain, plain_times))[:: 1 if repeat % 2 == 0 else -1]:
+        for function, bucket in jobs[:: 1 if repeat % 2 == 0 else -1]:
             start = time.perf_counter()
             function()
             bucket.append(time.perf_counter() - start)
@@ -90,6 +141,26 @@ def main() -> None:
         f"(range {ratios[0]:.3f}-{ratios[-1]:.3f}x; ratio of medians {t_fit / t_plain:.3f}x; "
         f"limit 1.00x{verdict}); wall-clock on a possibly shared CPU"
     )
+    full_ratio = statistics.median(f / g for f, g in zip(fit_times, full_times, strict=True))
+    peer_ratio = statistics.median(f / p for f, p in zip(fit_times, peer_times, strict=True))
+    print(f"full forward:  median {statistics.median(full_times):7.2f} s  (every layer and the unembed)")
+    print(f"TL loop:       median {statistics.median(peer_times):7.2f} s  (run_with_cache + masked sums)")
+    print(f"RATIO fit / full forward {full_ratio:.3f}x; fit / TransformerLens loop {peer_ratio:.3f}x "
+          f"(target <= {PEER_TARGET}x: {'met' if peer_ratio <= PEER_TARGET else 'missed'})")
+    limit = None
+    if hasattr(model.original_model, "bert") or hasattr(model.original_model, "roberta"):
+        tokens = len(texts) * args.max_len  # the papa layout pads every text to max_len
+        d = int(model.cfg.d_model)
+        stop = 4 * d * d + 2 * args.max_len * d  # the last layer's Q, K and QKᵀ
+        limit = (encoder_flops(model.cfg, tokens, args.max_len, layers=model.cfg.n_layers - 1, unembed=False)
+                 + stop * tokens) / encoder_flops(model.cfg, tokens, args.max_len)
+    name = "papa_fit" if not small else f"papa_fit_{args.model}"
+    record(name, [{
+        "job": f"papa.fit ({attnlens.loading.model_id(model).split('/')[-1]})",
+        "seconds": t_fit, "forward_ratio": full_ratio, "limit_ratio": limit,
+        "peer": "TransformerLens loop", "peer_ratio": peer_ratio,
+        "note": f"plain forward to the same stop {ratio:.2f}x",
+    }], texts=len(texts), max_len=args.max_len, device=device, threads=torch.get_num_threads())
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from common import add_arguments, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
@@ -34,8 +35,10 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
+    add_arguments(parser)
     args = parser.parse_args()
-    model = attnlens.load()
+    device = setup(args)
+    model = attnlens.load(device=device)
     layout = default_layout(model)
     texts = wikitext_paragraphs()[: args.texts]
     last = f"blocks.{model.cfg.n_layers - 1}.hook_out"

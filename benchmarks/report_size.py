@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import add_arguments, setup
 from plotly.offline import get_plotlyjs
 
 LIMIT = 10_000_000
@@ -52,7 +53,9 @@ def breakdown(html: str) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--overhead", action="store_true", help="also time a run that keeps nothing")
+    add_arguments(parser)
     args = parser.parse_args()
+    device = setup(args)
 
     from attnlens import cli
     from attnlens.compare import Comparison
@@ -60,7 +63,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         report, table = Path(folder) / "report.html", Path(folder) / "comparison.json"
         start = time.perf_counter()
-        cli.main(["compare", "--quiet", "--out", str(report), "--json", str(table)])
+        cli.main(["compare", "--quiet", "--device", device, "--out", str(report), "--json", str(table)])
         seconds = time.perf_counter() - start
         html = report.read_text(encoding="utf-8")
         comparison = Comparison.from_json(table)
@@ -75,7 +78,7 @@ def main() -> None:
     if args.overhead:
         import attnlens
 
-        model = attnlens.load()
+        model = attnlens.load(device=device)
         timings = {}
         for keep in (0, kept.limit):
             start = time.perf_counter()

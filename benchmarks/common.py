@@ -1,0 +1,97 @@
+"""What every benchmark shares: ``--device`` and ``--threads``, alternating timings, the flop
+count of a BERT-style forward, and one JSON line of results per benchmark for ``benchmarks/table.py``.
+
+Each benchmark calls :func:`record` with its jobs; the line is written atomically to
+``build/bench/<name>.json`` (or ``$ATTNLENS_BENCH_DIR``), replacing the previous run's, and
+``benchmarks/table.py`` prints one table of every file there (``make bench`` runs it last).
+A job is a dict: ``job`` (its name), ``seconds``, ``forward_ratio`` (its time over a full forward
+of the same inputs measured in the same run), ``limit_ratio`` (the same ratio in flops: what the
+job cannot beat), and optionally ``peer`` / ``peer_ratio`` (another way to do the same work and
+the job's time over it) and ``note``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = Path(os.environ.get("ATTNLENS_BENCH_DIR", ROOT / "build" / "bench"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``--device`` (default cpu) and ``--threads`` (default: torch's)."""
+    parser.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N, mps")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    return parser
+
+
+def setup(args: argparse.Namespace) -> str:
+    """Apply ``--threads``; check ``--device`` exists here; return it."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = str(args.device)
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"--device {device}: CUDA is not available on this machine")
+    return device
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (timings on CUDA must include it)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def alternate(functions: Sequence[Callable[[], Any]], repeats: int, device: str = "cpu") -> list[list[float]]:
+    """Seconds of each function, run in turn ``repeats`` times (order reversed every other
+    round, so all see the same background load)."""
+    times: list[list[float]] = [[] for _ in functions]
+    order = list(range(len(functions)))
+    for repeat in range(repeats):
+        for index in order if repeat % 2 == 0 else order[::-1]:
+            synchronize(device)
+            start = time.perf_counter()
+            functions[index]()
+            synchronize(device)
+            times[index].append(time.perf_counter() - start)
+    return times
+
+
+def median_ratio(first: Sequence[float], second: Sequence[float]) -> float:
+    """Median of the run-by-run ratios ``first[i] / second[i]``."""
+    return statistics.median(a / b for a, b in zip(first, second, strict=True))
+
+
+def encoder_flops(cfg: Any, n_tokens: int, length: int, *, layers: float | None = None,
+                  unembed: bool = True) -> float:
+    """Flops (2 per multiply-add) of a BERT-style forward over ``n_tokens`` tokens in sequences
+    of ``length``: per layer and token ``8·d²`` (Q, K, V, O), ``4·d·d_mlp`` (MLP) and ``4·n·d``
+    (QKᵀ and pattern·V over every head); with ``unembed`` the MLM head (``2·d² + 2·d·vocab``)."""
+    d, d_mlp = int(cfg.d_model), int(cfg.d_mlp)
+    per_layer = 8 * d * d + 4 * d * d_mlp + 4 * length * d
+    total = per_layer * (cfg.n_layers if layers is None else layers)
+    if unembed:
+        total += 2 * d * d + 2 * d * int(cfg.d_vocab)
+    return float(total * n_tokens)
+
+
+def record(name: str, jobs: list[dict[str, Any]], **settings: Any) -> Path:
+    """Write ``{"benchmark": name, "settings": ..., "jobs": jobs}`` as one JSON line to
+    ``BENCH_DIR/<name>.json``, atomically (a temporary file renamed over it)."""
+    BENCH_DIR.mkdir(parents=True, exist_ok=True)
+    path = BENCH_DIR / f"{name}.json"
+    line = json.dumps({"benchmark": name, "settings": {**settings, "argv": sys.argv[1:]}, "jobs": jobs})
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(line + "\n", encoding="utf-8")
+    os.replace(temporary, path)
+    print(f"wrote {path}")
+    return path

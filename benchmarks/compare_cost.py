@@ -1,0 +1,130 @@
+"""Benchmark: what ``attnlens compare`` costs beside one full forward of its corpus (issue 25.3).
+
+Three jobs on the same texts (the embedded corpus, or its first ``--n``), MiniLM, max_len 128,
+batch 32, in the PAPA layout (the one compare uses with the ``papa`` view), timed alternately:
+
+- *full forward*: ``model(input_ids, ...)`` of every batch, tokenization included, under
+  ``torch.inference_mode``: the embeddings, every layer and the MLM head (the bridge's unembed);
+- *compare*: ``attnlens.compare(model, "papa", "effective")`` (fit the constants: one pass;
+  the comparison: a second pass; the report's kept examples, 8-bit and deflated);
+- *CLI job*: ``attnlens compare --quiet --out report.html --json comparison.json`` on a corpus
+  file of the same texts (loading the model, compare, the HTML report and the JSON written).
+
+Limit: compare's two passes each stop after the last layer's pattern (no last MLP, no unembed),
+so in flops they are ``2 · (5 layers + the last layer's Q/K/QKᵀ)`` over the full forward's; the
+statistics, effective attention and the report's encoding are extra work the limit leaves out.
+zlib's share is the time spent in ``zlib.compress`` (kept examples) over compare's time.
+Target: the CLI job <= 1.4x the full forward (2.02x before issue 25).
+
+Run: ``HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/compare_cost.py [--quick] [--n N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import torch
+from common import add_arguments, alternate, encoder_flops, median_ratio, record, setup
+
+import attnlens
+from attnlens import cli, kept
+from attnlens.corpus import default_corpus
+
+TARGET = 1.4
+MAX_LEN, BATCH = 128, 32
+
+
+class _TimedZlib:
+    """``zlib`` as :mod:`attnlens.kept` sees it, adding up the seconds of ``compress``."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def compress(self, data: bytes, level: int = -1) -> bytes:
+        start = time.perf_counter()
+        try:
+            return zlib.compress(data, level)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def __getattr__(self, name: str):
+        return getattr(zlib, name)
+
+
+def main() -> None:
+    parser = add_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--n", type=int, default=None, help="first N texts of the embedded corpus (default all)")
+    parser.add_argument("--repeats", type=int, default=None, help="rounds of the three jobs (default 1; --quick 3)")
+    parser.add_argument("--quick", action="store_true", help="64 texts, 3 rounds")
+    args = parser.parse_args()
+    device = setup(args)
+    n = args.n or (64 if args.quick else None)
+    repeats = args.repeats or (3 if args.quick else 1)
+    texts = default_corpus(n)
+    model = attnlens.load(device=device)
+    folder = Path(tempfile.mkdtemp(prefix="attnlens-bench-"))
+    corpus_file = folder / "corpus.txt"
+    corpus_file.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    print(f"compare cost: MiniLM, {len(texts)} texts, max_len {MAX_LEN}, batch {BATCH}, device {device}, "
+          f"torch threads {torch.get_num_threads()}, {repeats} round(s)")
+
+    def forward() -> None:
+        for start in range(0, len(texts), BATCH):
+            batch = attnlens.tokenize(model, texts[start : start + BATCH], max_len=MAX_LEN, layout="papa")
+            batch = batch.to(device)
+            with torch.inference_mode():
+                model(batch.input_ids, **batch.model_kwargs())
+
+    timed = _TimedZlib()
+    zlib_seconds: list[float] = []
+
+    def compare() -> None:
+        timed.seconds = 0.0
+        kept.zlib = timed
+        try:
+            attnlens.compare(model, "papa", "effective", corpus=texts, progress=False)
+        finally:
+            kept.zlib = zlib
+        zlib_seconds.append(timed.seconds)
+
+    def job() -> None:
+        cli.main(["compare", "--quiet", "--force", "--device", device, "--corpus", str(corpus_file),
+                  "--out", str(folder / "report.html"), "--json", str(folder / "comparison.json")])
+
+    forward()  # warm-up
+    attnlens.compare(model, "papa", "effective", corpus=texts[:BATCH], progress=False)
+    t_forward, t_compare, t_job = alternate([forward, compare, job], repeats, device)
+    report_mb = (folder / "report.html").stat().st_size / 1e6
+
+    batch = attnlens.tokenize(model, texts, max_len=MAX_LEN, layout="papa")
+    tokens = batch.input_ids.numel()  # every padded position is computed
+    cfg = model.cfg
+    full = encoder_flops(cfg, tokens, MAX_LEN)
+    d = int(cfg.d_model)
+    last = 4 * d * d + 2 * MAX_LEN * d  # the last layer's Q and K projections and QKᵀ, per token
+    one_pass = encoder_flops(cfg, tokens, MAX_LEN, layers=cfg.n_layers - 1, unembed=False) + last * tokens
+    limit = 2 * one_pass / full
+    r_compare, r_job = median_ratio(t_compare, t_forward), median_ratio(t_job, t_forward)
+    share = statistics.median(z / c for z, c in zip(zlib_seconds, t_compare, strict=True))
+    med = statistics.median
+    print(f"full forward  median {med(t_forward):7.2f} s  (runs {', '.join(f'{t:.2f}' for t in t_forward)})")
+    print(f"compare       median {med(t_compare):7.2f} s  ratio {r_compare:.2f}x  (limit {limit:.2f}x in flops)")
+    print(f"CLI job       median {med(t_job):7.2f} s  ratio {r_job:.2f}x  (target <= {TARGET:.1f}x: "
+          f"{'met' if r_job <= TARGET else 'missed'}; report {report_mb:.2f} MB)")
+    print(f"zlib share of compare: {100 * share:.1f}% (level {kept.COMPRESSION_LEVEL}; target <= 3%)")
+    record("compare_cost", [
+        {"job": "attnlens.compare(papa, effective)", "seconds": med(t_compare), "forward_ratio": r_compare,
+         "limit_ratio": limit, "note": f"zlib {100 * share:.1f}%"},
+        {"job": "attnlens compare (CLI job)", "seconds": med(t_job), "forward_ratio": r_job,
+         "limit_ratio": limit, "note": f"target <= {TARGET}x; report {report_mb:.1f} MB"},
+    ], texts=len(texts), max_len=MAX_LEN, device=device, threads=torch.get_num_threads(),
+        forward_seconds=med(t_forward))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Benchmark: a forward with a fraction of the heads replaced by PAPA constants, fast path
+(``papa.intervention(..., fast=True)``: replaced heads skip Q/K projections, QKᵀ and softmax)
+against the hook path (the pattern computed, then replaced in ``hook_pattern``) and the plain
+forward, with the saving the flop count predicts (issue 25.4).
+
+MiniLM (6 layers x 12 heads, d = 384, d' = 32), WikiText-2 paragraphs, ``--length`` tokens (PAPA
+layout), ``--batch`` texts; constants fitted on ``--fit`` paragraphs. The forward runs the encoder
+(``original_model.bert``: embeddings and every layer, no MLM head, whose vocabulary-sized product
+would hide attention). For each fraction of heads replaced (the least input-dependent first) the
+three forwards are timed in turn ``--repeats`` times; medians.
+
+Predicted saving: a replaced head skips ``2·n²·d'`` flops of QKᵀ and ``2·2·n·d·d'`` of its Q and K
+projections per example (2 flops per multiply-add; softmax's exponentials are not counted; its
+pattern·V product, ``2·n²·d'``, remains: the constant still weighs the values), over the
+encoder's ``n·(8·d² + 4·d·d_mlp + 4·n·d)`` per layer. (Issue 25's ``2·n²·d' + 2·n·d·d'`` counts
+multiply-adds of QKᵀ, pattern·V and the projections: the cost of a head, not what replacing it saves.)
+
+Run: ``HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/constant_speed.py [--length 256]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+from common import add_arguments, alternate, encoder_flops, record, setup
+from realdata import wikitext_paragraphs
+
+import attnlens
+from attnlens import papa
+
+FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def main() -> None:
+    parser = add_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
+    parser.add_argument("--length", type=int, default=256, help="tokens per text (default 256)")
+    parser.add_argument("--batch", type=int, default=8, help="texts per forward (default 8)")
+    parser.add_argument("--fit", type=int, default=32, help="paragraphs to fit the constants on")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    device = setup(args)
+    model = attnlens.load(device=device)
+    paragraphs = sorted(wikitext_paragraphs(), key=len, reverse=True)
+    constants = papa.fit(model, paragraphs[: args.fit], max_len=args.length, layout="papa", progress=False)
+    batch = attnlens.tokenize(model, paragraphs[args.fit : args.fit + args.batch], max_len=args.length,
+                              layout="papa").to(device)
+    encoder = getattr(model.original_model, "bert", None) or model.original_model.roberta
+    kwargs = {"attention_mask": batch.attention_mask, "token_type_ids": batch.token_type_ids}
+    cfg = model.cfg
+    n, d, d_head = args.length, int(cfg.d_model), int(cfg.d_head)
+    n_heads = int(cfg.n_layers) * int(cfg.n_heads)
+    total = encoder_flops(cfg, batch.input_ids.numel(), n, unembed=False)
+    per_head = (2 * n * n * d_head + 4 * n * d * d_head) * batch.input_ids.shape[0]
+    print(f"constant heads: {attnlens.loading.model_id(model)}, {batch.input_ids.shape[0]} texts x {n} "
+          f"tokens, device {device}, torch threads {torch.get_num_threads()}, {args.repeats} rounds; "
+          f"a replaced head saves {per_head / total:.2%} of the encoder's flops")
+
+    def plain() -> None:
+        with torch.inference_mode():
+            encoder(batch.input_ids, **kwargs)
+
+    def under(heads: float, fast: bool):
+        def forward() -> None:
+            with torch.inference_mode(), papa.intervention(model, constants, heads=heads, fast=fast):
+                encoder(batch.input_ids, **kwargs)
+        return forward
+
+    plain()
+    print(f"{'replaced':>8} {'plain s':>8} {'hooks s':>8} {'fast s':>8} {'fast/plain':>10} "
+          f"{'saving':>7} {'predicted':>9} {'hooks/plain':>11}")
+    jobs = []
+    savings = []
+    for fraction in FRACTIONS:
+        t_plain, t_hooks, t_fast = alternate([plain, under(fraction, False), under(fraction, True)],
+                                             args.repeats, device)
+        med = statistics.median
+        fast_ratio = med(f / p for f, p in zip(t_fast, t_plain, strict=True))
+        hook_ratio = med(h / p for h, p in zip(t_hooks, t_plain, strict=True))
+        replaced = round(fraction * n_heads)
+        predicted = replaced * per_head / total
+        savings.append(1 - fast_ratio)
+        print(f"{fraction:8.2f} {med(t_plain):8.3f} {med(t_hooks):8.3f} {med(t_fast):8.3f} {fast_ratio:9.3f}x "
+              f"{1 - fast_ratio:7.1%} {predicted:9.1%} {hook_ratio:10.3f}x")
+        jobs.append({"job": f"forward, {fraction:.0%} heads constant (fast)", "seconds": med(t_fast),
+                     "forward_ratio": fast_ratio, "limit_ratio": 1 - predicted,
+                     "peer": "hook path", "peer_ratio": med(f / h for f, h in zip(t_fast, t_hooks, strict=True))})
+    grows = all(b >= a - 0.02 for a, b in zip(savings, savings[1:], strict=False))
+    print(f"saving grows with the fraction replaced: {'yes' if grows else 'no'} "
+          f"(measured {', '.join(f'{s:.1%}' for s in savings)})")
+    record("constant_speed", jobs, length=n, batch=args.batch, device=device, threads=torch.get_num_threads())
+
+
+if __name__ == "__main__":
+    main()

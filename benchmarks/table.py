@@ -1,0 +1,58 @@
+"""One table of every benchmark's results: the JSON lines ``build/bench/*.json`` that the
+benchmarks write (:func:`common.record`), one row per job: its time, its ratio to a full forward
+of the same inputs measured in the same run, the flop-limit ratio (what it cannot beat), and the
+peer with the job's ratio to it where one exists. ``make bench`` runs it last.
+
+Run: ``python benchmarks/table.py [--dir build/bench] [--markdown]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from common import BENCH_DIR
+
+
+def rows(folder: Path) -> list[list[str]]:
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        data = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+        settings = data.get("settings", {})
+        where = f"{settings.get('device', '?')}, {settings.get('threads', '?')} thr"
+        for job in data["jobs"]:
+            limit = job.get("limit_ratio")
+            peer = job.get("peer")
+            out.append([
+                data["benchmark"], job["job"], f"{job['seconds']:.2f}", f"{job['forward_ratio']:.2f}x",
+                "-" if limit is None else f"{limit:.2f}x",
+                "-" if not peer else f"{job['peer_ratio']:.2f}x {peer}", where, job.get("note", ""),
+            ])
+    return out
+
+
+HEADER = ["benchmark", "job", "s", "/ forward", "flop limit", "vs peer", "device", "note"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dir", type=Path, default=BENCH_DIR)
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table (docs/performance.md)")
+    args = parser.parse_args()
+    table = rows(args.dir)
+    if not table:
+        raise SystemExit(f"no benchmark results in {args.dir}; run the benchmarks first (make bench)")
+    if args.markdown:
+        print("| " + " | ".join(HEADER) + " |")
+        print("|" + "|".join("---" for _ in HEADER) + "|")
+        for row in table:
+            print("| " + " | ".join(row) + " |")
+        return
+    widths = [max(len(row[i]) for row in [HEADER, *table]) for i in range(len(HEADER))]
+    for row in [HEADER, ["-" * w for w in widths], *table]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+if __name__ == "__main__":
+    main()

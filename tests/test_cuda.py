@@ -1,0 +1,72 @@
+"""The same analyses on CPU and on CUDA agree (skipped without a CUDA GPU).
+
+``pytest.mark.skipif`` skips these tests on a machine without CUDA, also under ``CI=true``:
+:func:`tests.conftest.required` (which fails a missing requirement in CI) is not involved, since
+a CI machine without a GPU lacks nothing the project promises it.
+
+Tolerance: both devices run the same float32 computation in other summation orders (cuBLAS and
+CPU BLAS block differently; TF32 is off for matmuls by default). A dot product of ``k`` terms may
+then differ by ``γ_k · Σ|terms|`` (:func:`tests.precision.float32_sum_error`); to first order each
+layer passes on such a relative error, the widest being the MLP's (``k = d_mlp``), so activations
+agree to ``n_layers · γ_{d_mlp}`` of their magnitude. Pattern entries are at most 1 in magnitude,
+so statistics that average them (and the PAPA constants, averages of patterns) agree to that
+absolutely; entropies (at most ``log n``) to ``log n`` times that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import attnlens
+from attnlens import papa
+from tests.precision import float32_sum_error
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
+
+MAX_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def cuda_minilm():
+    return attnlens.load(device="cuda")
+
+
+def tolerance(model) -> float:
+    return int(model.cfg.n_layers) * float32_sum_error(int(model.cfg.d_mlp))
+
+
+def test_compare_agrees_on_cpu_and_cuda(minilm, cuda_minilm, sst2_sentences):
+    texts = sst2_sentences[:24]
+    cpu = attnlens.compare(minilm, "papa", "effective", corpus=texts, max_len=MAX_LEN, progress=False)
+    gpu = attnlens.compare(cuda_minilm, "papa", "effective", corpus=texts, max_len=MAX_LEN, progress=False)
+    atol = tolerance(minilm)
+    for column in ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next", "distance_from_standard"):
+        for view in ("standard", "papa"):
+            assert abs(cpu.grid(column, view) - gpu.grid(column, view)).max() <= atol, (column, view)
+    entropy = abs(cpu.grid("entropy") - gpu.grid("entropy")).max()
+    assert entropy <= atol * math.log(MAX_LEN)
+
+
+def test_papa_constants_agree_on_cpu_and_cuda(minilm, cuda_minilm, sst2_sentences):
+    cpu = papa.fit(minilm, sst2_sentences[:32], max_len=MAX_LEN, progress=False)
+    gpu = papa.fit(cuda_minilm, sst2_sentences[:32], max_len=MAX_LEN, progress=False)
+    torch.testing.assert_close(gpu.mean.cpu().double(), cpu.mean.double(), atol=tolerance(minilm), rtol=0)
+
+
+@pytest.mark.parametrize("heads", [0.5, 1.0])
+def test_fast_constant_heads_agree_on_cpu_and_cuda(minilm, cuda_minilm, sst2_sentences, heads):
+    constants = papa.fit(minilm, sst2_sentences[:32], max_len=MAX_LEN, progress=False)
+    batch = attnlens.tokenize(minilm, sst2_sentences[100:108], max_len=MAX_LEN)
+    outputs = {}
+    for name, model in (("cpu", minilm), ("cuda", cuda_minilm)):
+        for fast in (False, True):
+            on = batch.to(model.cfg.device)
+            with torch.no_grad(), papa.intervention(model, constants, heads=heads, fast=fast):
+                outputs[name, fast] = model(on.input_ids, **on.model_kwargs()).cpu()
+    scale = float(outputs["cpu", False].abs().max())
+    atol = tolerance(minilm) * scale
+    torch.testing.assert_close(outputs["cuda", True], outputs["cuda", False], atol=atol, rtol=0)
+    torch.testing.assert_close(outputs["cuda", True], outputs["cpu", True], atol=atol, rtol=0)
