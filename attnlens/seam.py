@@ -219,7 +219,8 @@ def _constant_forward(
     pattern = constant(valid, value.dtype)
     computed = (~replaced).nonzero().squeeze(-1)
     if computed.numel():
-        pattern = pattern.clone()
+        if torch.is_grad_enabled():  # written into below: keep the constant's graph intact
+            pattern = pattern.clone()
         shape = (batch, n, computed.numel(), d_head)
         query = nn.functional.linear(hidden_states, *_rows(module.query, computed, d_head))
         key = nn.functional.linear(hidden_states, *_rows(module.key, computed, d_head))
