@@ -262,3 +262,57 @@ def test_words_need_a_tokenizer_that_maps_words_to_sub_tokens(bert):
     for layout in ("papa", "padded"):
         with pytest.raises(ValueError, match="cannot map words to sub-tokens"):
             attnlens.tokenize(slow, [Words(("a", "film"))], max_len=16, layout=layout)
+
+
+def test_mean_pooling_and_standardisation_follow_their_definitions(bert):
+    """At initialisation (w = 1/max_len) the mean pooling is the plain mean of each example's
+    standardised real-token vectors, and the standardisation is numpy's per (layer, dimension)
+    mean and population standard deviation of the training tokens. Float32 sums of a few hundred
+    terms: 1e-5 relative; the statistics in float64: 1e-6."""
+    import numpy as np
+
+    texts = tiny.CORPUS[:6]
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    probe = probing.PapaProbe(epochs=1)
+    probe.fit(features, [0, 1, 0, 1, 0, 1])
+    vectors = features.vectors.double().numpy()
+    assert np.allclose(probe.network.mean.numpy(), vectors.mean(0), rtol=1e-6, atol=1e-6)
+    assert np.allclose(probe.network.scale.numpy(), vectors.std(0), rtol=1e-5, atol=1e-6)
+    network = probing.probe._Network(features.n_layers, features.d_model, 5, 2, features.max_len,
+                                     True, 0.0, "mean")
+    network.mean.copy_(probe.network.mean)
+    network.scale.copy_(probe.network.scale)
+    captured = {}
+    network.dense.register_forward_hook(lambda module, inputs, output: captured.update(rows=inputs[0]))
+    chosen = torch.arange(len(features))
+    with torch.no_grad():
+        probe.network = network
+        probe._logits(features, chosen)
+    offsets = features.offsets.tolist()
+    standardised = (vectors - probe.network.mean.double().numpy()) / probe.network.scale.double().numpy()
+    expected = np.stack([standardised[offsets[i] : offsets[i + 1]].mean(0).reshape(-1) for i in range(len(features))])
+    assert np.allclose(captured["rows"].double().numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_papers_sum_pooling_round_trips_with_its_settings(bert, tmp_path):
+    """pooling='sum', standardize=False is the paper's FreezeExtractPoller (Σ_p w[l,p]·h[p],
+    w = 1/max_len, raw vectors); its file records both settings and loads as that probe."""
+    import json
+
+    from safetensors.torch import load_file, safe_open
+
+    texts, labels = _separable(bert)
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    paper = probing.PapaProbe(epochs=20, pooling="sum", standardize=False, seed=1).fit(features, labels)
+    predicted = paper.predict(features)
+    path = paper.save(tmp_path / "paper.safetensors")
+    loaded = probing.PapaProbe.load(path)
+    assert loaded.settings.pooling == "sum" and loaded.settings.standardize is False
+    assert loaded.predict(features) == predicted
+    with safe_open(str(path), "pt") as handle:
+        metadata = handle.metadata()
+    settings = json.loads(metadata["settings"])
+    assert settings["pooling"] == "sum"
+    with pytest.raises(ValueError, match="pooling"):
+        probing.PapaProbe(pooling="max")
+    assert set(load_file(str(path))) >= {"mean", "scale", "position_weights"}

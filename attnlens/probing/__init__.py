@@ -51,6 +51,9 @@ class ProbeResult:
     bootstrap interval over the evaluation examples (:func:`attnlens.probing.bootstrap`).
     ``baseline`` / ``baseline_interval``: the same for the linear baseline
     (:class:`LinearBaseline`, on the same features; ``nan`` when ``baseline=False``).
+    ``versus_baseline``: the paired bootstrap of ``score − baseline`` on the same resamples
+    (:class:`Paired`; ``None`` without the baseline): the probe matches the baseline when its
+    interval holds 0, beats it when the interval is above 0.
     ``majority`` / ``majority_interval``: always predicting the most frequent training label.
     ``evaluation``: the evaluated :class:`attnlens.tasks.Task`.
     ``predictions``: label names per evaluated example (tag strings per word for token tasks) of
@@ -78,6 +81,7 @@ class ProbeResult:
     runs: list = field(default_factory=list, repr=False)
     baseline_predictions: list = field(default_factory=list, repr=False)
     evaluation: Any = field(default=None, repr=False)
+    versus_baseline: Paired | None = None
 
     def __repr__(self) -> str:
         interval = f" [{self.interval.low:.4f}, {self.interval.high:.4f}]" if self.interval else ""
@@ -188,6 +192,9 @@ def run(
     majority_interval = bootstrap(evaluation, majority_predictions, resamples=resamples, seed=seed)
     baseline_interval = (bootstrap(evaluation, baseline_predictions, resamples=resamples, seed=seed)
                          if baseline else None)
+    # probe − linear baseline on the same resamples: does the probe match it?
+    versus_baseline = (paired(evaluation, [baseline_predictions], runs, runs=True, resamples=resamples,
+                              seed=seed) if baseline else None)
     scores = [float(evaluation.score(one)) for one in runs]
     settings = {
         "hooks": hooks_key(hooks) if cache_key is None else cache_key,
@@ -203,6 +210,7 @@ def run(
         seed_std=float(_std(scores)), baseline=baseline_interval.score if baseline else float("nan"),
         baseline_interval=baseline_interval, majority_interval=majority_interval, runs=runs,
         baseline_predictions=baseline_predictions, evaluation=evaluation,
+        versus_baseline=versus_baseline,
     )
     _warn_if_below(result, stacklevel=3)
     return result
@@ -220,7 +228,13 @@ def _warn_if_below(result: ProbeResult, stacklevel: int = 2) -> None:
     if result.score < result.majority:
         below.append(f"the majority class ({result.majority:.4f})")
     if result.score < result.baseline:
-        below.append(f"the linear baseline ({result.baseline:.4f})")
+        versus = result.versus_baseline
+        significance = ("" if versus is None else
+                        f", significantly: paired 95% interval of the difference [{versus.low:.4f}, "
+                        f"{versus.high:.4f}]" if versus.significant else
+                        f", within noise: paired 95% interval of the difference [{versus.low:.4f}, "
+                        f"{versus.high:.4f}]")
+        below.append(f"the linear baseline ({result.baseline:.4f}{significance})")
     if below:
         warnings.warn(
             f"the probe's {result.metric} on {result.task} {result.split}, {result.score:.4f}, is below "

@@ -1,16 +1,27 @@
 """The PAPA probe: a small classifier trained on a frozen model's features (scikit-learn style).
 
-Hassid et al. 2022 (PAPA, §4.1) measure a frozen model by a probe over all its layers, as in
+Hassid et al. 2022 (PAPA, §3.3) measure a frozen model by a probe over all its layers, as in
 their code's ``FreezeExtractPoller`` (sentence and pair tasks) and
 ``FreezeExtractPollerTokenClassification`` (token tasks):
 
 - **sequence** (sentence, pair): for each layer ``l = 0..L`` a learned weight per position
-  ``w[l, p]`` (initialised to ``1 / max_len``, masked to the example's real tokens, not
-  renormalised) pools the layer's vectors: ``s_l = Σ_p w[l, p] · h_l[p]``; the pooled vectors of
-  all layers are concatenated, ``[s_0; …; s_L]`` (``(L + 1) · d``), then
-  ``Linear((L + 1)·d, d) → tanh → dropout → Linear(d, n_labels)``;
+  ``w[l, p]`` (initialised to ``1 / max_len``, masked to the example's real tokens) pools the
+  layer's vectors; the pooled vectors of all layers are concatenated, ``[s_0; …; s_L]``
+  (``(L + 1) · d``), then ``Linear((L + 1)·d, d) → tanh → dropout → Linear(d, n_labels)``;
 - **token** (NER, POS): each word's first sub-token, its vectors of all layers concatenated, then
   the same MLP.
+
+Two choices of attnlens's, both measured on MiniLM against the paper's exact probe (numbers in
+``docs/probing.md``; the paper's probe stays available as ``pooling="sum", standardize=False``):
+
+- ``pooling="mean"`` (default): ``s_l = (max_len / n) · Σ_p w[l, p] · h_l[p]`` over the ``n``
+  real tokens, i.e. the plain mean of the tokens while ``w`` keeps its initial value; the
+  paper's ``"sum"`` (``s_l = Σ_p w[l, p] · h_l[p]``) shrinks a short sentence's vector by
+  ``n / max_len``, so the probe must learn length before content;
+- ``standardize=True`` (default): every input vector is standardised per (layer, dimension) with
+  the training vectors' mean and standard deviation (``mean`` / ``scale`` buffers, saved with
+  the probe): a few outlier dimensions of BERT-style hidden states (magnitudes 10-100× the
+  others) otherwise dominate the first layer.
 
 Hyper-parameters: :func:`attnlens.probing.run` trains with the task's row of PAPA's Table 3
 (Appendix B; :data:`attnlens.probing.TABLE3`: learning rate, batch size, epochs, max length),
@@ -41,23 +52,43 @@ FORMAT = "attnlens.PapaProbe/1"
 
 
 class _Network(nn.Module):
+    """The probe's network (see the module docstring). ``mean`` / ``scale``: ``[layer, d_model]``
+    buffers that standardise every input vector, set by :meth:`PapaProbe.fit` from the training
+    vectors (identity until then)."""
+
     def __init__(self, n_layers: int, d_model: int, hidden: int, n_labels: int, max_len: int,
-                 sequence: bool, dropout: float) -> None:
+                 sequence: bool, dropout: float, pooling: str = "mean", standardize: bool = True) -> None:
         super().__init__()
         self.sequence = sequence
+        self.max_len = max_len
+        self.pooling = pooling
+        self.standardize = standardize
         if sequence:
             self.position_weights = nn.Parameter(torch.full((n_layers, max_len), 1.0 / max_len))
+        self.register_buffer("mean", torch.zeros(n_layers, d_model))
+        self.register_buffer("scale", torch.ones(n_layers, d_model))
         self.dense = nn.Linear(n_layers * d_model, hidden)
         self.dropout = nn.Dropout(dropout)
         self.out = nn.Linear(hidden, n_labels)
 
     def forward(self, vectors: Float[Tensor, "token layer d_model"], positions: Int[Tensor, " token"],
                 example: Int[Tensor, " token"], n_examples: int) -> Float[Tensor, "row label"]:
+        """Logits of each example (sequence probes) or each token (word probes).
+
+        ``vectors``: the kept tokens' vectors of every layer; ``positions``: each token's position
+        in the layout (sequence) or word index (words); ``example``: the example each token
+        belongs to, ``0 .. n_examples - 1``."""
+        if self.standardize:
+            vectors = (vectors - self.mean) / self.scale
         if self.sequence:
             weights = self.position_weights[:, positions].T  # [token, layer]
             weighted = vectors * weights[:, :, None]
             pooled = torch.zeros((n_examples, *vectors.shape[1:]), dtype=vectors.dtype, device=vectors.device)
             pooled.index_add_(0, example, weighted)
+            if self.pooling == "mean":
+                # Σ_p w[l, p] h[p] · max_len / n: the mean of the n real tokens while w = 1 / max_len
+                tokens = torch.bincount(example, minlength=n_examples).clamp_min(1).to(vectors.dtype)
+                pooled = pooled * (self.max_len / tokens)[:, None, None]
             rows = pooled.flatten(1)
         else:
             rows = vectors.flatten(1)
@@ -75,6 +106,12 @@ class ProbeSettings:
     weight_decay: float = 0.0
     dropout: float = 0.1
     seed: int = 0
+    pooling: str = "mean"
+    standardize: bool = True
+
+
+#: How a sequence probe pools a layer's token vectors (see the module docstring).
+POOLINGS: tuple[str, ...] = ("mean", "sum")
 
 
 class PapaProbe:
@@ -88,7 +125,7 @@ class PapaProbe:
 
     def __init__(self, *, hidden: int | None = None, epochs: int = 10, batch_size: int = 32,
                  lr: float = 1e-3, weight_decay: float = 0.0, dropout: float = 0.1, seed: int = 0,
-                 progress: bool = False) -> None:
+                 pooling: str = "mean", standardize: bool = True, progress: bool = False) -> None:
         from attnlens.checks import finite, whole_number
 
         self.settings = ProbeSettings(
@@ -99,7 +136,13 @@ class PapaProbe:
             weight_decay=finite(weight_decay, "weight_decay", low=0.0),
             dropout=finite(dropout, "dropout", low=0.0, high=1.0),
             seed=whole_number(seed, "seed"),
+            pooling=pooling,
+            standardize=standardize,
         )
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}.")
+        if not isinstance(standardize, bool):
+            raise TypeError(f"standardize must be True or False, not {standardize!r}.")
         if self.settings.lr == 0 or self.settings.dropout == 1:
             raise ValueError("lr must be above 0 and dropout below 1 (nothing would be learned).")
         self.progress = progress
@@ -128,7 +171,10 @@ class PapaProbe:
             self.network = _Network(
                 features.n_layers, features.d_model, self.settings.hidden or features.d_model,
                 self.n_labels, features.max_len, features.kind == "sequence", self.settings.dropout,
+                self.settings.pooling, self.settings.standardize,
             )
+            if self.settings.standardize:
+                self._standardize(features, targets)
             optimiser = torch.optim.Adam(self.network.parameters(), lr=self.settings.lr,
                                          weight_decay=self.settings.weight_decay)
             loss = nn.CrossEntropyLoss(ignore_index=-1)
@@ -151,6 +197,25 @@ class PapaProbe:
                 self.network.eval()
         return self
 
+    def _standardize(self, features: Features, targets: Tensor) -> None:
+        """Set the network's ``mean`` / ``scale`` to the training vectors' per (layer, dimension)
+        mean and standard deviation: every kept token (sequence probes) or every labelled word
+        (word probes). Summed in float32 per chunk of 16,384 vectors (relative error ≤ 16,384 ·
+        2⁻²⁴ ≈ 1e-3 of the sum of magnitudes in the worst case, far below what moves a probe)
+        into float64 totals; a constant dimension keeps scale 1."""
+        vectors = features.vectors if features.kind == "sequence" else features.vectors[targets >= 0]
+        total = torch.zeros(vectors.shape[1:], dtype=torch.float64)
+        square = torch.zeros_like(total)
+        for start in range(0, vectors.shape[0], 16384):
+            chunk = vectors[start : start + 16384].float()
+            total += chunk.sum(0)
+            square += (chunk * chunk).sum(0)
+        count = max(1, vectors.shape[0])
+        mean = total / count
+        std = (square / count - mean.square()).clamp_min(0).sqrt()
+        self.network.mean.copy_(mean.float())
+        self.network.scale.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)).float())
+
     def _targets(self, features: Features, labels: list) -> Tensor:
         """One target per example (sequence) or per kept vector (words; -1: unlabelled)."""
         if len(labels) != len(features):
@@ -169,9 +234,11 @@ class PapaProbe:
         return targets
 
     def _logits(self, features: Features, chosen: Tensor) -> tuple[Tensor, Tensor]:
-        offsets = features.offsets
-        rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in chosen.tolist()])
-        example = torch.repeat_interleave(torch.arange(len(chosen)), features.lengths[chosen])
+        lengths = features.lengths[chosen]
+        example = torch.repeat_interleave(torch.arange(len(chosen)), lengths)
+        # the kept rows of the chosen examples: each example's first row plus 0 .. length - 1
+        starts = features.offsets[:-1][chosen] - (lengths.cumsum(0) - lengths)
+        rows = starts[example] + torch.arange(int(lengths.sum()))
         vectors = features.vectors[rows].float()
         logits = self.network(vectors, features.positions[rows], example, len(chosen))
         return logits, rows
@@ -231,7 +298,11 @@ class PapaProbe:
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
         if not all(torch.isfinite(value).all() for value in tensors.values()):
             raise ValueError(f"probe file {path} holds non-finite weights.")
-        probe = cls(**json.loads(metadata["settings"]))
+        settings = json.loads(metadata["settings"])
+        # written before these settings existed: the paper's sum pooling, no standardisation
+        settings.setdefault("pooling", "sum")
+        settings.setdefault("standardize", False)
+        probe = cls(**settings)
         probe.n_labels, probe.fallback = int(metadata["n_labels"]), int(metadata["fallback"])
         probe.max_len = int(metadata["max_len"])
         sequence = metadata["sequence"] == "True"
@@ -239,8 +310,12 @@ class PapaProbe:
         n_layers_d = dense.shape[1]
         n_layers = tensors["position_weights"].shape[0] if sequence else None
         d_model = n_layers_d // n_layers if sequence else n_layers_d  # token probes: stored whole
-        probe.network = _Network(n_layers or 1, d_model, dense.shape[0], probe.n_labels,
-                                 probe.max_len, sequence, probe.settings.dropout)
+        if "mean" not in tensors:  # written before standardisation existed: identity
+            tensors["mean"] = torch.zeros(n_layers or 1, d_model)
+            tensors["scale"] = torch.ones(n_layers or 1, d_model)
+        probe.network = _Network(tensors["mean"].shape[0], tensors["mean"].shape[1], dense.shape[0],
+                                 probe.n_labels, probe.max_len, sequence, probe.settings.dropout,
+                                 probe.settings.pooling, probe.settings.standardize)
         probe.network.load_state_dict(tensors)
         probe.network.eval()
         return probe
