@@ -67,13 +67,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from attnlens.errors import AttnlensError
+
 PROG = "attnlens"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
 
-class UsageError(Exception):
+class UsageError(AttnlensError):
     """Bad input on the command line: reported in one line, exit status 2."""
 
 

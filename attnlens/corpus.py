@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from attnlens.errors import InputError, InputTypeError
+
 #: sentences written for attnlens (public domain); short ones and two longer than 32 tokens
 PROJECT_SENTENCES: tuple[str, ...] = (
     "The film is a charming, funny and moving portrait of a family.",
@@ -61,7 +63,7 @@ _FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
 _MIN_CHARS, _MAX_CHARS = 60, 700
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A corpus could not be used: missing file, empty corpus, unreadable format."""
 
 
@@ -225,7 +227,7 @@ def corpus_iterator(corpus: Any) -> Iterator:
     (``datasets.Dataset``, ``pandas.DataFrame``, a dict of columns), whose iteration would give
     its column names, instead of one of its columns."""
     if isinstance(corpus, str | bytes):
-        raise TypeError(
+        raise InputTypeError(
             "corpus must be an iterable of strings or (str, str) pairs, not one string; "
             "pass [text] for one text, or a file path to attnlens.compare / the CLI."
         )
@@ -235,13 +237,13 @@ def corpus_iterator(corpus: Any) -> Iterator:
     if isinstance(corpus, Mapping) or (tables and isinstance(corpus, tables)):
         columns = corpus.column_names if hasattr(corpus, "column_names") else list(corpus.keys())
         names = ", ".join(repr(name) for name in (columns or []))
-        raise TypeError(
+        raise InputTypeError(
             f"Pass one column of the {type(corpus).__name__} (e.g. corpus[{names.split(', ')[0] or 'text'}]), "
             f"not the whole table (columns: {names})."
         )
     try:
         return iter(corpus)
     except TypeError as error:
-        raise TypeError(
+        raise InputTypeError(
             f"corpus must be an iterable of strings or (str, str) pairs, got {type(corpus).__name__}."
         ) from error

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from attnlens.errors import InputError
+
 #: prefix and suffix of temporary files (``.<name>.<random>.tmp`` beside the target)
 TEMPORARY_SUFFIX = ".tmp"
 
@@ -144,7 +146,7 @@ def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensor
         return False
     found = tensor_checksum(tensors)
     if found != recorded:
-        raise ValueError(
+        raise InputError(
             f"{path} is damaged: its tensors do not match the checksum recorded when it was "
             f"written ({recorded[:19]}..., now {found[:19]}...); restore or rebuild the file."
         )
@@ -162,8 +164,8 @@ def read_checked(path: str | os.PathLike, *, what: str, format: str) -> tuple[di
             metadata = dict(handle.metadata() or {})
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except (SafetensorError, OSError) as error:
-        raise ValueError(f"{what} file {path} cannot be read ({error}); delete it or write it again.") from None
+        raise InputError(f"{what} file {path} cannot be read ({error}); delete it or write it again.") from None
     if metadata.get("format") != format:
-        raise ValueError(f"{path} is not an attnlens {what} file ({format}).")
+        raise InputError(f"{path} is not an attnlens {what} file ({format}).")
     verify_checksum(path, metadata, tensors)
     return metadata, tensors

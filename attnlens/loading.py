@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from attnlens import models, seam
+from attnlens.errors import FileFormatError, InputError, InputTypeError, MissingFileError
 
 #: HF model classes attnlens knows how to wrap: those of the adapters in :mod:`attnlens.models`.
 SUPPORTED_CLASSES = tuple(name for a in models.ARCHITECTURES for name in a.hf_classes)
@@ -74,7 +75,7 @@ def load(
     if isinstance(model, TransformerBridge):
         given = [name for name, value in (("device", device), ("dtype", dtype), ("tokenizer", tokenizer)) if value is not None]
         if given:
-            raise ValueError(
+            raise InputError(
                 f"attnlens.load(bridge) uses the bridge as it is, so {'=, '.join(given)}= would be "
                 "ignored; move it with bridge.to(...) first, or pass the Hugging Face model "
                 "(or its name) to attnlens.load with these arguments."
@@ -95,7 +96,7 @@ def load(
             if folder != str(model) and models.resolve_alias(str(model)) is not None:
                 bridge.cfg.model_name = str(model).lower()  # the alias, not a cache path
     else:
-        raise TypeError(
+        raise InputTypeError(
             f"attnlens.load got a {type(model).__name__}; pass None (the embedded default model), "
             "a hub name or local folder, a transformers PreTrainedModel, or a TransformerBridge."
         )
@@ -112,10 +113,10 @@ def _check_tokenizer(tokenizer: Any, config: Any) -> None:
     """``ValueError`` unless ``tokenizer`` exists and fits the model's vocabulary."""
     fix = "pass tokenizer=AutoTokenizer.from_pretrained(<the model's tokenizer>) to attnlens.load."
     if tokenizer is None:
-        raise ValueError(f"The model has no tokenizer; {fix}")
+        raise InputError(f"The model has no tokenizer; {fix}")
     size, vocab = len(tokenizer), getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and size < vocab // 2:
-        raise ValueError(
+        raise InputError(
             f"The tokenizer knows {size} tokens but the model's vocabulary has {vocab}, so it is "
             "not the model's tokenizer (transformers makes up a tiny one for a folder without "
             f"tokenizer files); {fix}"
@@ -125,7 +126,7 @@ def _check_tokenizer(tokenizer: Any, config: Any) -> None:
 def require_bridge(model: Any, who: str) -> None:
     """``TypeError`` unless ``model`` is a TransformerBridge; ``who`` names the caller."""
     if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
-        raise TypeError(
+        raise InputTypeError(
             f"{who} needs a TransformerBridge, got {type(model).__name__}; load the model with "
             "attnlens.load(model) (it accepts a Hugging Face model too) and pass the result."
         )
@@ -210,7 +211,7 @@ def _check_supported(hf_model: Any) -> None:
         )
 
 
-class ModelFilesError(ValueError):
+class ModelFilesError(FileFormatError):
     """A model folder whose files cannot be read: no ``config.json``, no weights, or weights that
     are damaged, truncated or not a safe checkpoint. The message names the folder and the fix."""
 
@@ -265,7 +266,7 @@ def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any)
     path = Path(name_or_path).expanduser()
     is_local = path.is_dir()
     if not is_local and (path.exists() or _looks_like_a_path(name_or_path)):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"No model folder at {path.resolve()}: attnlens.load takes a folder in Hugging Face "
             "layout (config.json, weights, tokenizer files) or a hub name such as 'bert-base-uncased'."
         )
@@ -434,7 +435,7 @@ def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: A
     if earlier is not None:  # loaded before (e.g. a notebook cell run again): the same bridge
         return _rewrap(hf_model, earlier, device=device, dtype=dtype, tokenizer=tokenizer)
     if any(type(module).__name__.endswith("Bridge") for module in hf_model.modules()):
-        raise ValueError(
+        raise InputError(
             f"This {type(hf_model).__name__} is already wrapped by a TransformerBridge; pass that "
             "bridge to attnlens.load instead of the Hugging Face model."
         )
@@ -448,7 +449,7 @@ def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: A
             except (OSError, ValueError):
                 tokenizer = None
         if tokenizer is None:
-            raise ValueError(
+            raise InputError(
                 f"No tokenizer for this {type(hf_model).__name__}: pass "
                 "tokenizer=AutoTokenizer.from_pretrained(...) to attnlens.load."
             )
@@ -472,7 +473,7 @@ def _rewrap(hf_model: Any, bridge: Any, *, device: Any, dtype: Any, tokenizer: A
         dtype is not None and dtype != hf_model.dtype
     )
     if moved:
-        raise ValueError(
+        raise InputError(
             f"This model was already loaded by attnlens.load on {hf_model.device} in "
             f"{hf_model.dtype}; reuse that bridge, or load a fresh copy with device=/dtype=."
         )

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from attnlens.errors import InputError
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.constants import (
     PapaConstants,
@@ -50,11 +51,11 @@ def _settings(
     else:
         name, n_layers, n_heads = model_info(like)
         if max_len is None:
-            raise ValueError("Pass max_len= (the length the inputs will be tokenized to).")
+            raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
         layout = layout or "papa"
         causal = model_causal(like)
     if layout not in LAYOUTS:
-        raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     return name, n_layers, n_heads, int(max_len), layout, causal
 
 
@@ -91,7 +92,7 @@ def _length(like: Any, max_len: int | None) -> int:
         return int(max_len)
     if isinstance(like, PapaConstants | TrainableConstants):
         return like.max_len
-    raise ValueError("Pass max_len= (the length the inputs will be tokenized to).")
+    raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
 
 
 def toeplitz_matrix(max_len: int) -> Float[Tensor, "query key"]:
@@ -148,7 +149,7 @@ class TrainableConstants(nn.Module):
     ) -> None:
         super().__init__()
         if logits.ndim != 4 or logits.shape[-2:] != (max_len, max_len):
-            raise ValueError(f"logits must be [layer, head, {max_len}, {max_len}], got {tuple(logits.shape)}.")
+            raise InputError(f"logits must be [layer, head, {max_len}, {max_len}], got {tuple(logits.shape)}.")
         self.logits = nn.Parameter(logits.detach().clone().float())
         self.model_id, self.layout, self.max_len = model_id, layout, int(max_len)
         self.init, self.pairs = init, pairs
@@ -162,7 +163,7 @@ class TrainableConstants(nn.Module):
         (never-seen pairs get weight ``floor``; never-seen rows are uniform, as in replacement).
         """
         if constants.kind != "average":
-            raise ValueError(f"from_average needs fitted constants, got {constants.kind!r}.")
+            raise InputError(f"from_average needs fitted constants, got {constants.kind!r}.")
         logits = constants.mean.clamp_min(floor).log()
         return cls(
             logits, model_id=constants.model_id, layout=constants.layout,

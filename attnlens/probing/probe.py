@@ -34,6 +34,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from attnlens.errors import InputError, NotFittedError
 from attnlens.probing.features import Features
 
 #: File format of a saved probe.
@@ -101,7 +102,7 @@ class PapaProbe:
             seed=whole_number(seed, "seed"),
         )
         if self.settings.lr == 0 or self.settings.dropout == 1:
-            raise ValueError("lr must be above 0 and dropout below 1 (nothing would be learned).")
+            raise InputError("lr must be above 0 and dropout below 1 (nothing would be learned).")
         self.progress = progress
         self.network: _Network | None = None
         self.n_labels = 0
@@ -115,7 +116,7 @@ class PapaProbe:
         targets = self._targets(features, labels)
         valid = targets >= 0
         if not valid.any():
-            raise ValueError("no labelled example to train the probe on.")
+            raise InputError("no labelled example to train the probe on.")
         n_labels = int(targets[valid].max()) + 1
         self.n_labels = max(n_labels, getattr(self, "n_labels", 0) or 0)
         self.fallback = int(torch.bincount(targets[valid], minlength=self.n_labels).argmax())
@@ -154,7 +155,7 @@ class PapaProbe:
     def _targets(self, features: Features, labels: list) -> Tensor:
         """One target per example (sequence) or per kept vector (words; -1: unlabelled)."""
         if len(labels) != len(features):
-            raise ValueError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
+            raise InputError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
         if features.kind == "sequence":
             return torch.as_tensor([int(label) for label in labels], dtype=torch.long)
         targets = torch.full((features.vectors.shape[0],), -1, dtype=torch.long)
@@ -162,7 +163,7 @@ class PapaProbe:
         for index, tags in enumerate(labels):
             words = features.positions[offsets[index] : offsets[index + 1]]
             if len(tags) != int(features.n_words[index]):
-                raise ValueError(
+                raise InputError(
                     f"example {index} has {int(features.n_words[index])} words but {len(tags)} labels."
                 )
             targets[offsets[index] : offsets[index + 1]] = torch.as_tensor(tags, dtype=torch.long)[words]
@@ -182,7 +183,7 @@ class PapaProbe:
         """Label ints per example (sequence) or per word (words: every word of each example,
         the ones without a vector given the most frequent training label)."""
         if self.network is None:
-            raise RuntimeError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
+            raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
         outputs: list = []
         with torch.no_grad():
             for start in range(0, len(features), batch_size):
@@ -213,7 +214,7 @@ class PapaProbe:
         from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
 
         if self.network is None:
-            raise RuntimeError("this PapaProbe is not fitted yet; nothing to save.")
+            raise NotFittedError("this PapaProbe is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
         metadata = {"format": FORMAT, "settings": json.dumps(asdict(self.settings), sort_keys=True),
                     "n_labels": str(self.n_labels), "fallback": str(self.fallback),
@@ -230,7 +231,7 @@ class PapaProbe:
 
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
         if not all(torch.isfinite(value).all() for value in tensors.values()):
-            raise ValueError(f"probe file {path} holds non-finite weights.")
+            raise InputError(f"probe file {path} holds non-finite weights.")
         probe = cls(**json.loads(metadata["settings"]))
         probe.n_labels, probe.fallback = int(metadata["n_labels"]), int(metadata["fallback"])
         probe.max_len = int(metadata["max_len"])
