@@ -931,7 +931,7 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         if debug:
             raise
         _fail(f"interrupted; {interrupt}" if str(interrupt) else "interrupted", EXIT_INTERRUPTED)
-    except (UsageError, ValueError, TypeError, OSError, KeyError) as error:
+    except (AttnlensError, ValueError, TypeError, OSError, KeyError) as error:
         if debug:
             raise
         _fail(_reason(error))

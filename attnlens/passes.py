@@ -60,7 +60,14 @@ from torch import Tensor
 
 from attnlens import models, seam
 from attnlens.corpus import corpus_iterator
-from attnlens.errors import InputError, InputTypeError, ModelBehaviourError, UnavailableError
+from attnlens.errors import (
+    DamagedFileError,
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    ModelBehaviourError,
+    UnavailableError,
+)
 from attnlens.inputs import (
     LAYOUTS,
     Batch,
@@ -614,15 +621,18 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
     try:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
-            if raw.get("format") != CHECKPOINT_FORMAT:
-                raise InputError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
-        from attnlens.files import verify_checksum
+        from attnlens.files import check_sealed, verify_checksum
 
+        if raw.get("format") != CHECKPOINT_FORMAT:
+            check_sealed(path, raw, tensors)
+            raise InputError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
         verify_checksum(path, raw, tensors)
+        meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
+    except DamagedFileError:
+        raise
     except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as error:
-        raise InputError(
+        raise FileFormatError(
             f"{path} is not an attnlens checkpoint (one written by a pass with checkpoint=...): {error}"
         ) from None
     return meta, tensors

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.errors import InputError, InputTypeError
+from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
 from attnlens.files import verify_checksum
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.replace import constant_pattern
@@ -386,11 +386,11 @@ class PapaConstants:
             if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
                 raise InputError("its tensor shapes do not match the recorded layers and heads")
         except (ValueError, TypeError, KeyError) as error:
-            raise InputError(_not_constants(path, error)) from error
+            raise FileFormatError(_not_constants(path, error)) from error
         try:
             constants.check_values()
         except ValueError as error:
-            raise InputError(f"constants file {path} is damaged: {error}") from None
+            raise FileFormatError(f"constants file {path} is damaged: {error}") from None
         return constants, extra
 
     def check_values(self) -> None:
@@ -440,6 +440,9 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
     why the file is not one."""
     from safetensors import SafetensorError, safe_open
 
+    from attnlens.files import check_readable, check_sealed
+
+    check_readable(path, "constants")
     try:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
@@ -450,13 +453,16 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
                 tensors = {name: everything[prefix + name] for name in _TENSORS}
                 return raw, tensors
             if raw.get("format") != FORMAT:
+                check_sealed(path, raw, {name: handle.get_tensor(name) for name in handle.keys()})
                 raise InputError(f"its format is {raw.get('format')!r}, not {FORMAT!r}")
             missing = [name for name in _TENSORS if name not in handle.keys()]
             if missing:
                 raise InputError(f"it lacks the tensors {', '.join(missing)}")
             tensors = {name: handle.get_tensor(name) for name in _TENSORS}
+    except DamagedFileError:
+        raise
     except (SafetensorError, ValueError, KeyError) as error:
-        raise InputError(_not_constants(path, error)) from error
+        raise FileFormatError(_not_constants(path, error)) from error
     verify_checksum(path, raw, tensors)
     return raw, tensors
 

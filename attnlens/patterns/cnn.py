@@ -55,7 +55,13 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.checks import describe, finite, whole_number
-from attnlens.errors import InputError, InputTypeError, NotFittedError
+from attnlens.errors import (
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MissingFileError,
+    NotFittedError,
+)
 from attnlens.patterns.templates import TYPES
 
 #: File format of a saved :class:`PatternCNN` (``"attnlens.PatternCNN/<version>"``).
@@ -376,10 +382,13 @@ class PatternCNN:
 
         path = Path(path)
         if not path.is_file():
-            raise InputError(f"PatternCNN file {path} does not exist; fit a PatternCNN and save() it.")
+            raise MissingFileError(f"PatternCNN file {path} does not exist; fit a PatternCNN and save() it.")
         found = _format_of(path)
         if found is not None and found.startswith("attnlens.PatternCNN/") and found != FORMAT:
-            raise InputError(
+            from attnlens.files import check_sealed
+
+            check_sealed(path)  # an edited format is an edit, not another version
+            raise FileFormatError(
                 f"{path} is a PatternCNN file of format {found!r}, and this attnlens reads "
                 f"{FORMAT!r}; fit and save the CNN again with this version."
             )
