@@ -181,15 +181,23 @@ def _table_rows(raw: str, *, delimiter: str, path: Path) -> list[list[str]]:
     The csv module refuses cells over 128 KiB by default: the limit is raised for this read and
     then put back (it is global to the process)."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting)
+    # strict: a quote never closed is an error (not a last cell that swallows the rest of the file)
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
     rows: list[list[str]] = []
     previous = csv.field_size_limit(_FIELD_LIMIT)
+    ended = 0  # the line on which the last row read ended
     try:
-        rows.extend(reader)
+        for row in reader:
+            rows.append(row)
+            ended = reader.line_num
     except csv.Error as error:
+        reason = (
+            "it opens a quote (\") that is never closed" if "unexpected end of data" in str(error)
+            else str(error)
+        )
         raise CorpusError(
-            f"corpus file {path}, row {len(rows) + 1} (line {reader.line_num}) cannot be read: "
-            f"{error}; fix that row, or pass a .txt file with one text per line"
+            f"corpus file {path}, row {len(rows) + 1} (line {ended + 1}) cannot be read: "
+            f"{reason}; fix that row, or pass a .txt file with one text per line"
         ) from None
     finally:
         csv.field_size_limit(previous)

@@ -670,6 +670,7 @@ class _Signals:
         self.previous: dict[int, Any] = {}
         self.pending: int | None = None
         self.deferring = False
+        self.batching = False
 
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
@@ -682,10 +683,19 @@ class _Signals:
             signal.signal(number, handler)
 
     def _handle(self, number: int, frame: Any) -> None:
-        if self.deferring:
-            self.pending = number
+        if self.deferring or (self.batching and self.pending is None):
+            self.pending = number  # during a batch, the first signal waits for its end
             return
         raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
+
+    def end_batch(self) -> None:
+        """End of a batch (started by setting :attr:`batching`): a signal that came during it
+        interrupts now, when the batch is counted, so the checkpoint written on the way out
+        holds it (a second signal during a batch interrupts at once)."""
+        self.batching = False
+        if self.pending is not None:
+            number, self.pending = self.pending, None
+            raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
@@ -845,6 +855,7 @@ def run(
     with signals:
         try:
             for chunk in chunks(examples, batch_size):
+                signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
                 try:
                     batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
                 except BlankText as blank:  # name the text by its index in the corpus
@@ -875,6 +886,7 @@ def run(
                 consistent = True
                 bar.update(len(chunk))
                 since_save += 1
+                signals.end_batch()  # interrupted during the batch: stop now, saving it
                 if path is not None and since_save >= checkpoint_every:
                     with signals.saving():
                         save()

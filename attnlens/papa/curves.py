@@ -138,7 +138,8 @@ def curve(
     from attnlens.papa.intervene import hooks as papa_hooks
     from attnlens.papa.selection import STRATEGIES, select_heads
 
-    if isinstance(tasks, str) or isinstance(fractions, str | float | int):
+    tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
+    if isinstance(fractions, str | float | int):
         raise InputTypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
     fractions = [finite(f, "fraction", low=0.0, high=1.0) for f in fractions]
     if not fractions:
