@@ -112,8 +112,9 @@ def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
     ``fraction`` is taken as the decimal it prints as (``0.145`` is ``145/1000``, not the binary
     float just below it), and the product is rounded exactly: ``0.145`` of 100 heads is 15.
     """
-    if not 0.0 <= float(fraction) <= 1.0:
-        raise InputError(f"fraction must lie in [0, 1], got {fraction}.")
+    from attnlens.checks import finite
+
+    fraction = finite(fraction, "fraction", low=0.0, high=1.0)
     exact = Fraction(repr(float(fraction))) * n_layers * n_heads
     return math.floor(exact + Fraction(1, 2))
 

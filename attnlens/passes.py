@@ -65,6 +65,7 @@ from attnlens.errors import (
     FileFormatError,
     InputError,
     InputTypeError,
+    MismatchError,
     ModelBehaviourError,
     UnavailableError,
 )
@@ -406,11 +407,27 @@ def run_with_hooks(
         raise InputTypeError(
             f"attnlens.run_with_hooks takes a Batch from attnlens.tokenize, got {type(batch).__name__}."
         )
+    check_hooks(hooks, batch)
     batch = batch.to(device_of(model))
     with seam.batch_key_mask(batch.attention_mask.bool()):
         return model.run_with_hooks(
             batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(hooks), **kwargs
         )
+
+
+def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
+    """:class:`~attnlens.errors.MismatchError` when a hook of :func:`attnlens.papa.hooks` holds
+    constants fitted on sentence pairs and ``batch`` holds single sentences, or the reverse."""
+    for item in hooks:
+        constants = getattr(item[1], "constants", None) if isinstance(item, tuple | list) and len(item) == 2 else None
+        pairs = getattr(constants, "pairs", None)
+        if pairs is not None and bool(batch.is_pair) != bool(pairs):
+            fitted = "sentence pairs" if pairs else "single sentences"
+            given = "sentence pairs" if batch.is_pair else "single sentences"
+            raise MismatchError(
+                f"the PAPA hooks' constants were fitted on {fitted}; these inputs are {given}. "
+                f"Fit constants on {given} (papa.fit on such a corpus) to use them here."
+            )
 
 
 def _pattern_hook(layer: int, handler: Callable[[int, Tensor], Tensor | None]) -> Callable:
@@ -861,6 +878,7 @@ def run(
                 except BlankText as blank:  # name the text by its index in the corpus
                     raise blank.at(offset + counts["examples"] + blank.index) from None
                 inputs = _prepare(accumulators, batch)
+                check_hooks(hooks, batch)
                 pass_batch = PassBatch(inputs, offset + counts["examples"], model)
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from attnlens.checks import finite_tensor, whole_number
 from attnlens.errors import InputError
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.constants import (
@@ -56,7 +57,7 @@ def _settings(
         causal = model_causal(like)
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    return name, n_layers, n_heads, int(max_len), layout, causal
+    return name, n_layers, n_heads, whole_number(max_len, "max_len", " of tokens", minimum=1), layout, causal
 
 
 def causal_matrix(matrix: Float[Tensor, "query key"]) -> Float[Tensor, "query key"]:
@@ -89,7 +90,7 @@ def _data_free(
 
 def _length(like: Any, max_len: int | None) -> int:
     if max_len is not None:
-        return int(max_len)
+        return whole_number(max_len, "max_len", " of tokens", minimum=1)
     if isinstance(like, PapaConstants | TrainableConstants):
         return like.max_len
     raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
@@ -148,6 +149,8 @@ class TrainableConstants(nn.Module):
         fingerprint: str | None = None,
     ) -> None:
         super().__init__()
+        max_len = whole_number(max_len, "max_len", " of tokens", minimum=1)
+        finite_tensor(logits, "logits")
         if logits.ndim != 4 or logits.shape[-2:] != (max_len, max_len):
             raise InputError(f"logits must be [layer, head, {max_len}, {max_len}], got {tuple(logits.shape)}.")
         self.logits = nn.Parameter(logits.detach().clone().float())
@@ -211,6 +214,8 @@ class TrainableConstants(nn.Module):
         """The (differentiable) pattern of ``layer`` for a batch with this key mask
         (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`)."""
         causal = bool(self.causal) if causal is None else causal
+        if not bool(torch.isfinite(self.logits[layer]).all()):  # e.g. a training step diverged
+            finite_tensor(self.logits[layer].detach(), f"TrainableConstants.logits[{layer}]")
         return softmax_pattern(self.logits[layer], key_mask, dtype=dtype, causal=causal)
 
     def to_constants(self) -> PapaConstants:

@@ -201,6 +201,7 @@ def _layer_hook(
         selected = head_mask.to(pattern.device)[None, :, None, None]
         return torch.where(selected, constant, pattern)
 
+    intervene.constants = constants  # what the hook was made for (passes.check_hooks reads it)
     return intervene
 
 

@@ -66,8 +66,11 @@ def select_heads(
     :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``, ``lr``,
     ``progress``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
     """
+    from attnlens.checks import finite_tensor, whole_number
+
     if strategy not in STRATEGIES:
         raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+    seed = whole_number(seed, "seed")
     if lam is not None and constants is None and model is None and n_layers is None and n_heads is None:
         lam = torch.as_tensor(lam)
         if lam.ndim == 2:  # a λ table alone says the shape
@@ -75,7 +78,7 @@ def select_heads(
     n_layers, n_heads = _shape(constants, model, n_layers, n_heads)
     if (fraction is None) == (n is None):
         raise InputError("Pass exactly one of fraction= and n=.")
-    count = n_selected(fraction, n_layers, n_heads) if n is None else int(n)
+    count = n_selected(fraction, n_layers, n_heads) if n is None else whole_number(n, "n", " of heads")
     if not 0 <= count <= n_layers * n_heads:
         raise InputError(f"n must lie in [0, {n_layers * n_heads}], got {count}.")
     scores = None
@@ -90,7 +93,7 @@ def select_heads(
                 model, constants, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr,
                 progress=progress,
             )
-        scores = torch.as_tensor(lam).detach().float().cpu()
+        scores = finite_tensor(torch.as_tensor(lam).detach().float().cpu(), "lam")
         if scores.shape != (n_layers, n_heads):
             raise InputError(
                 f"lam= is {list(scores.shape)}, not [n_layers, n_heads] = [{n_layers}, {n_heads}]; "

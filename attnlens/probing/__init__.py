@@ -171,7 +171,8 @@ def run(
             return [[names[label] for label in tags] for tags in predicted]
         return [names[label] for label in predicted]
 
-    runs = [named(one.fit(train_features, train.labels()).predict(eval_features)) for one in probes]
+    runs = [named(one.fit(train_features, train.labels(), task=train.name, label_names=names).predict(eval_features))
+            for one in probes]
     fitted = time.perf_counter()
     baseline_predictions: list = []
     if baseline:

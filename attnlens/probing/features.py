@@ -46,7 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens import passes
-from attnlens.errors import InputError
+from attnlens.errors import InputError, MismatchError
 from attnlens.inputs import Words, default_layout
 from attnlens.loading import model_id, weights_fingerprint
 
@@ -300,7 +300,10 @@ def extract(
         path = cache_dir() / f"{key}.safetensors"
         if path.exists():
             try:
-                return Features.load(path)
+                loaded = Features.load(path)
+                if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
+                    raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
+                return loaded
             except ValueError as error:
                 warnings.warn(f"{error} Recomputing it.", stacklevel=2)
     accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)

@@ -27,14 +27,16 @@ Training runs in float32 on the float16 features, on the CPU or the features' de
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from attnlens.errors import InputError, NotFittedError
+from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.probing.features import Features
 
 #: File format of a saved probe.
@@ -108,11 +110,15 @@ class PapaProbe:
         self.n_labels = 0
         self.fallback = 0
         self.max_len = 0
+        self.made_for: dict[str, Any] = {}  # what the probe was fitted on (predict checks it)
 
     # ---- training ----------------------------------------------------------------------------
 
-    def fit(self, features: Features, labels: list) -> PapaProbe:
-        """Train on ``features`` and their ``labels``; returns ``self``."""
+    def fit(self, features: Features, labels: list, *, task: str | None = None,
+            label_names: Sequence[str] | None = None) -> PapaProbe:
+        """Train on ``features`` and their ``labels``; returns ``self``. ``task`` and
+        ``label_names`` (optional) are recorded with the features' kind and shape, and
+        :meth:`predict` refuses features made for something else."""
         targets = self._targets(features, labels)
         valid = targets >= 0
         if not valid.any():
@@ -121,6 +127,7 @@ class PapaProbe:
         self.n_labels = max(n_labels, getattr(self, "n_labels", 0) or 0)
         self.fallback = int(torch.bincount(targets[valid], minlength=self.n_labels).argmax())
         self.max_len = features.max_len
+        self.made_for = _made_for(features, task, label_names)
         generator = torch.Generator().manual_seed(self.settings.seed)
         from attnlens.passes import progress_bar
 
@@ -179,11 +186,14 @@ class PapaProbe:
 
     # ---- prediction --------------------------------------------------------------------------
 
-    def predict(self, features: Features, *, batch_size: int = 256) -> list:
+    def predict(self, features: Features, *, batch_size: int = 256, task: str | None = None) -> list:
         """Label ints per example (sequence) or per word (words: every word of each example,
-        the ones without a vector given the most frequent training label)."""
+        the ones without a vector given the most frequent training label).
+        :class:`~attnlens.errors.MismatchError` for features of another kind or shape than the
+        probe was fitted on, or of another ``task`` (given here, or the features' ``task``)."""
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
+        _check_made_for(self.made_for, features, task if task is not None else getattr(features, "task", None))
         outputs: list = []
         with torch.no_grad():
             for start in range(0, len(features), batch_size):
@@ -219,6 +229,7 @@ class PapaProbe:
         metadata = {"format": FORMAT, "settings": json.dumps(asdict(self.settings), sort_keys=True),
                     "n_labels": str(self.n_labels), "fallback": str(self.fallback),
                     "max_len": str(self.max_len), "sequence": str(self.network.sequence),
+                    "made_for": json.dumps(self.made_for, sort_keys=True),
                     "checksum": tensor_checksum(tensors)}
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
@@ -235,6 +246,7 @@ class PapaProbe:
         probe = cls(**json.loads(metadata["settings"]))
         probe.n_labels, probe.fallback = int(metadata["n_labels"]), int(metadata["fallback"])
         probe.max_len = int(metadata["max_len"])
+        probe.made_for = json.loads(metadata.get("made_for", "{}"))  # older files: none recorded
         sequence = metadata["sequence"] == "True"
         dense = tensors["dense.weight"]
         n_layers_d = dense.shape[1]
@@ -245,6 +257,26 @@ class PapaProbe:
         probe.network.load_state_dict(tensors)
         probe.network.eval()
         return probe
+
+
+def _made_for(features: Features, task: str | None, label_names: Sequence[str] | None) -> dict[str, Any]:
+    """What a probe fitted on ``features`` was made for (recorded in its file)."""
+    return {"task": None if task is None else str(task),
+            "label_names": None if label_names is None else [str(name) for name in label_names],
+            "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model}
+
+
+def _check_made_for(made_for: dict[str, Any], features: Features, task: str | None) -> None:
+    """:class:`~attnlens.errors.MismatchError` naming the first fact of ``features`` (or the
+    ``task`` they are for) that differs from what the probe was fitted on."""
+    found = {"task": task, "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model}
+    for fact, value in found.items():
+        recorded = made_for.get(fact)
+        if recorded is not None and value is not None and recorded != value:
+            raise MismatchError(
+                f"this probe was fitted on {fact} {recorded!r}; the features given have {fact} "
+                f"{value!r}. Fit a probe on features of {fact} {value!r}, or give features like its own."
+            )
 
 
 def targets_of(targets: Tensor, features: Features, chosen: Tensor, rows: Tensor) -> Tensor:
