@@ -42,7 +42,7 @@ from torch import Tensor
 from attnlens import passes
 from attnlens.corpus import resolve_corpus
 from attnlens.display import Figures
-from attnlens.errors import InputError, InputTypeError
+from attnlens.errors import FileFormatError, InputError, InputTypeError
 from attnlens.inputs import as_max_len, tokenize, whole_number
 from attnlens.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
 from attnlens.patterns.counts import batch_positions, type_counts
@@ -339,9 +339,27 @@ class Comparison:
     def from_json(cls, text_or_path: str | os.PathLike) -> Comparison:
         """Rebuild a comparison (table, example, figures) from :meth:`to_json` output."""
         text = str(text_or_path)
+        source = "the JSON text given"
         if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text(encoding="utf-8")
-        data = json.loads(text)
+            from attnlens.files import check_readable
+
+            source = f"comparison file {text_or_path}"
+            text = check_readable(text_or_path, "comparison").read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+            return cls._from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            problem = (f"it is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}: "
+                       "truncated or edited?)" if isinstance(error, json.JSONDecodeError)
+                       else f"it lacks or mangles the field {error}" if isinstance(error, KeyError)
+                       else f"a field has the wrong form ({error})")
+            raise FileFormatError(
+                f"{source} is not a Comparison written by Comparison.to_json: {problem}; "
+                "write it again with attnlens compare --json (or Comparison.to_json)."
+            ) from None
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Comparison:
         table = pd.DataFrame.from_records(data["table"], columns=list(COLUMNS))
         return cls(
             table=table,
@@ -566,8 +584,9 @@ def compare(
         max_len = as_max_len(max_len)
     if example is not None:
         example = _check_example(example, len(texts))
-    if batch_size < 1:
-        raise InputError(f"batch_size must be at least 1, got {batch_size}")
+    from attnlens.checks import whole_number
+
+    batch_size = whole_number(batch_size, "batch_size", " of examples (e.g. 32)", minimum=1)
     report_examples = _check_count(report_examples, "report_examples")
     report_budget = _check_count(report_budget, "report_budget (bytes)")
     if report_examples < 0 or report_budget < 0:

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from attnlens import models, seam
-from attnlens.errors import FileFormatError, InputError, InputTypeError, MissingFileError
+from attnlens.errors import (
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MissingFileError,
+    UnavailableError,
+)
 
 #: HF model classes attnlens knows how to wrap: those of the adapters in :mod:`attnlens.models`.
 SUPPORTED_CLASSES = tuple(name for a in models.ARCHITECTURES for name in a.hf_classes)
@@ -72,6 +78,7 @@ def load(
     """
     from transformer_lens.model_bridge import TransformerBridge
 
+    device, dtype = checked_device(device), checked_dtype(dtype)
     if isinstance(model, TransformerBridge):
         given = [name for name, value in (("device", device), ("dtype", dtype), ("tokenizer", tokenizer)) if value is not None]
         if given:
@@ -107,6 +114,57 @@ def load(
     seam.install(bridge)
     bridge.eval()
     return bridge
+
+
+#: dtype names :func:`load` accepts as strings (``dtype="float16"``), and what they mean
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+}
+
+
+def checked_dtype(dtype: Any) -> torch.dtype | None:
+    """``dtype`` as a floating ``torch.dtype`` (a name of :data:`DTYPE_NAMES`, with or without
+    ``torch.``, is accepted); one error naming ``dtype`` and the accepted names otherwise."""
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str):
+        found = DTYPE_NAMES.get(dtype.strip().lower().removeprefix("torch."))
+        if found is not None:
+            return found
+        raise InputError(f"dtype {dtype!r} is not a floating-point dtype; use one of {', '.join(DTYPE_NAMES)} "
+                         "(or torch.float16, ...).")
+    if isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype must be a floating-point dtype (e.g. torch.float32), got {dtype}.")
+    raise InputTypeError(f"dtype must be a torch.dtype or its name (e.g. 'float16'), got a {type(dtype).__name__}.")
+
+
+def checked_device(device: Any) -> str | torch.device | None:
+    """``device`` unchanged if torch knows it and this machine has it; else one error naming
+    ``device``: :class:`~attnlens.errors.InputError` for a name torch does not know,
+    :class:`~attnlens.errors.UnavailableError` for a CUDA / MPS device this machine lacks."""
+    if device is None:
+        return None
+    if not isinstance(device, str | torch.device):
+        raise InputTypeError(f"device must be a string such as 'cpu' or 'cuda:0', or a torch.device, "
+                             f"got a {type(device).__name__}.")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"device {device!r} is not a device torch knows; use 'cpu', 'cuda', 'cuda:1' or 'mps'.") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UnavailableError(f"device {str(device)!r}: this machine has no CUDA GPU that torch can use "
+                                   "(torch.cuda.is_available() is False); use device='cpu'.")
+        if parsed.index is not None and parsed.index >= count:
+            raise UnavailableError(f"device {str(device)!r}: this machine has {count} CUDA GPU(s), "
+                                   f"numbered 0 to {count - 1}.")
+    if parsed.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UnavailableError(f"device {str(device)!r}: MPS (Apple GPUs) is not available here; use device='cpu'.")
+    return device
 
 
 def _check_tokenizer(tokenizer: Any, config: Any) -> None:

@@ -408,10 +408,27 @@ def run_with_hooks(
             f"attnlens.run_with_hooks takes a Batch from attnlens.tokenize, got {type(batch).__name__}."
         )
     check_hooks(hooks, batch)
+    check_token_ids(model, batch)
     batch = batch.to(device_of(model))
     with seam.batch_key_mask(batch.attention_mask.bool()):
         return model.run_with_hooks(
             batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(hooks), **kwargs
+        )
+
+
+def check_token_ids(model: Any, batch: Batch) -> None:
+    """:class:`~attnlens.errors.InputError` when a token id of ``batch`` is negative or beyond
+    the model's vocabulary (a batch not made by :func:`attnlens.tokenize` for this model)."""
+    vocab = getattr(model.cfg, "d_vocab", None)
+    ids = batch.input_ids
+    if not isinstance(vocab, int) or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise InputError(
+            f"batch.input_ids holds the token id {bad}, outside the model's vocabulary 0..{vocab - 1}; "
+            "tokenize with attnlens.tokenize(model, texts, ...) using this model's tokenizer."
         )
 
 

@@ -75,7 +75,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens.errors import InputError
+from attnlens.errors import InputError, InputTypeError
 
 #: smallest ``rtol`` the Gram routes resolve reliably; below it the QR route is used
 GRAM_MIN_RTOL = 1e-6
@@ -172,6 +172,19 @@ def effective_attention(
     :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
     """
+    from attnlens.checks import describe, finite, finite_tensor
+
+    for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
+        if value is not None and not isinstance(value, Tensor):
+            raise InputTypeError(
+                f"{name} must be a torch tensor, got {describe(value)}; convert it with "
+                f"torch.as_tensor({name})."
+            )
+    if rtol is not None:
+        if isinstance(rtol, str):
+            raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
+        rtol = finite(rtol, "rtol", low=0.0)
+    finite_tensor(v, "v (the values)")
     if pattern.ndim != 4:
         raise InputError(
             f"pattern must be [batch, head, query, key], got shape {tuple(pattern.shape)}; "

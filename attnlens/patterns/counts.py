@@ -20,7 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attnlens.errors import InputError
+from attnlens.errors import InputError, InputTypeError
 from attnlens.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.patterns.templates import TYPES, Positions, template_labels
 
@@ -134,6 +134,14 @@ def types(
     from attnlens.loading import require_bridge
 
     require_bridge(model, "patterns.types")
+    if classifier is not None and not callable(getattr(classifier, "classify_batch", None)):
+        raise InputTypeError(
+            f"classifier must be None (the template rules) or a fitted PatternCNN, got "
+            f"{classifier!r}; fit one with PatternCNN().fit(maps, labels) or load it with "
+            "PatternCNN.load(path)." if isinstance(classifier, str) else
+            f"classifier must be None (the template rules) or a fitted PatternCNN, got a "
+            f"{type(classifier).__name__}."
+        )
     asked = list(view) if isinstance(view, list | tuple) else [view]
     if not asked:
         raise InputError("view= is an empty list; give 'standard', 'effective' or PAPA constants.")
