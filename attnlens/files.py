@@ -229,20 +229,20 @@ def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensor
     if not changed and file_checksum(tensors, metadata) != recorded:
         changed = [CHECKSUM_KEY]
     if changed:
-        added = [key for key in changed if key not in keys and key != "tensors"]
-        removed = [key for key in changed if key not in found_keys and key != "tensors"]
-        what = ", ".join(
-            "tensors" if key == "tensors" else
-            f"metadata key {key!r} (added)" if key in added else
-            f"metadata key {key!r} (removed)" if key in removed else
-            f"metadata key {key!r}"
-            for key in changed
+        keys_changed = [key for key in changed if key != "tensors"]
+        named = ", ".join(
+            f"{key!r} (added)" if key not in keys and key != CHECKSUM_KEY
+            else f"{key!r} (removed)" if key not in found_keys and key != CHECKSUM_KEY
+            else repr(key) for key in keys_changed
         )
-        raise DamagedFileError(
-            f"{path} was changed after attnlens wrote it: {what} no longer match(es) the "
-            f"checksum recorded when it was written; {fix}.",
-            path=path, keys=tuple(changed),
-        )
+        plural = "s" if len(keys_changed) > 1 else ""
+        if "tensors" in changed:
+            what = "its tensors do not match the checksum recorded when it was written" + (
+                f", nor do its metadata key{plural} {named}" if keys_changed else "")
+        else:
+            what = (f"its metadata key{plural} {named} no longer match{'' if plural else 'es'} the checksum "
+                    "recorded when it was written (edited after attnlens wrote it)")
+        raise DamagedFileError(f"{path} is damaged: {what}; {fix}.", path=path, keys=tuple(changed))
     return True
 
 
