@@ -5,21 +5,17 @@ AttnlensError`` catches what attnlens refuses (and nothing else). Each class als
 the built-in exception it resembles, so code written as ``except ValueError`` (or
 ``TypeError``, ``FileNotFoundError``, ``RuntimeError``) keeps working.
 
-The family (see ``docs/refusals.md``):
+The family (see ``docs/refusals.md``), each with the built-in it also is:
 
-==========================  =========================  =============================================
-class                       also a                     raised when
-==========================  =========================  =============================================
-:class:`InputError`         ``ValueError``             an argument has the right type, a wrong value
-:class:`InputTypeError`     ``TypeError``              an argument has a wrong type
-:class:`FileFormatError`    ``ValueError``             a file cannot be read as what it should be
-:class:`DamagedFileError`   ``FileFormatError``        a file changed after attnlens wrote it
-:class:`MissingFileError`   ``FileNotFoundError``      a file or folder that is needed is not there
-:class:`MismatchError`      ``ValueError``             two artifacts made for different things meet
-:class:`NotFittedError`     ``RuntimeError``           a fitted object is used before ``fit``
-:class:`UnavailableError`   ``RuntimeError``           a device or library this machine lacks
-:class:`ModelBehaviourError` ``RuntimeError``          the model did not do what attnlens relies on
-==========================  =========================  =============================================
+- :class:`InputError` (``ValueError``): an argument has the right type, a wrong value;
+- :class:`InputTypeError` (``TypeError``): an argument has a wrong type;
+- :class:`FileFormatError` (``ValueError``): a file cannot be read as what it should be;
+- :class:`DamagedFileError` (a ``FileFormatError``): a file changed after attnlens wrote it;
+- :class:`MissingFileError` (``FileNotFoundError`` and ``ValueError``): a needed file is not there;
+- :class:`MismatchError` (``ValueError``): two artifacts made for different things meet;
+- :class:`NotFittedError` (``RuntimeError``): a fitted object is used before ``fit``;
+- :class:`UnavailableError` (``RuntimeError``): a device or library this machine lacks;
+- :class:`ModelBehaviourError` (``RuntimeError``): the model did not do what attnlens relies on.
 
 This module imports nothing from attnlens (any module can import it without a cycle).
 """
@@ -70,9 +66,10 @@ class DamagedFileError(FileFormatError):
         self.path, self.keys = path, tuple(keys)
 
 
-class MissingFileError(AttnlensError, FileNotFoundError):
+class MissingFileError(AttnlensError, FileNotFoundError, ValueError):
     """A file or folder that is needed is not there (a corpus, a model folder, a checkpoint's
-    file, a data set). The message names the path and how to get it."""
+    file, a data set). The message names the path and how to get it. Also a ``ValueError``:
+    several readers refused a missing file with one before this family existed."""
 
 
 class MismatchError(AttnlensError, ValueError):

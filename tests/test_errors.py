@@ -67,7 +67,7 @@ def test_every_error_class_attnlens_defines_derives_from_attnlens_error():
 def test_each_family_member_is_also_the_builtin_it_resembles():
     assert issubclass(errors.InputError, ValueError) and issubclass(errors.InputTypeError, TypeError)
     assert issubclass(errors.FileFormatError, ValueError) and issubclass(errors.DamagedFileError, errors.FileFormatError)
-    assert issubclass(errors.MissingFileError, FileNotFoundError)
+    assert issubclass(errors.MissingFileError, FileNotFoundError) and issubclass(errors.MissingFileError, ValueError)
     assert issubclass(errors.MismatchError, ValueError)
     for name in ("NotFittedError", "UnavailableError", "ModelBehaviourError"):
         assert issubclass(getattr(errors, name), RuntimeError)
