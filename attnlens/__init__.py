@@ -35,6 +35,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is
     from attnlens.loading import load
     from attnlens.passes import model_inputs, run_with_hooks
 
+from attnlens.errors import AttnlensError  # a leaf module: every error attnlens raises on purpose
+
 __version__ = "0.1.0"
 
 if "ipykernel.zmqshell" in sys.modules:  # a Jupyter kernel: keep tqdm.auto (transformers and the
@@ -46,7 +48,7 @@ if "ipykernel.zmqshell" in sys.modules:  # a Jupyter kernel: keep tqdm.auto (tra
 _SUBMODULES = (
     "papa", "effective", "stats", "plots", "compare", "seam", "corpus", "cli", "passes", "models",
     "files", "tasks", "probing", "lm", "checks", "heads", "ablation", "syntax", "inputs", "loading",
-    "export", "display", "patterns", "clustering", "views",
+    "export", "display", "patterns", "clustering", "views", "errors",
 )
 #: names re-exported lazily from submodules
 _LAZY = {
@@ -63,7 +65,7 @@ _LAZY = {
 
 __all__ = [
     "Batch", "Words", "load", "tokenize", "effective_attention", "Comparison", "run_with_hooks",
-    "model_inputs", "to_circuitsvis", *_SUBMODULES,
+    "model_inputs", "to_circuitsvis", "AttnlensError", *_SUBMODULES,
 ]
 
 

@@ -45,6 +45,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from attnlens import checks, passes, seam
+from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.heads import HeadSet, n_selected
 
 __all__ = [
@@ -80,7 +81,7 @@ ORDERS: tuple[str, ...] = ("ascending", "descending")
 FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
 
 
-class GatesUnused(ValueError):
+class GatesUnused(InputError):
     """The loss of :func:`importance` does not depend on the heads' gates (e.g. it ignores the
     model's output), so every head's importance would be 0."""
 
@@ -105,7 +106,7 @@ def _as_headset(heads: Any) -> HeadSet:
         return heads
     if isinstance(heads, Tensor) and heads.dtype == torch.bool:
         return HeadSet(heads)
-    raise TypeError(
+    raise InputTypeError(
         f"heads must be a HeadSet (attnlens.heads.HeadSet, e.g. HeadSet.from_heads([(0, 3)], "
         f"n_layers, n_heads) or Importance.heads(0.5)) or a boolean [layer, head] tensor; got "
         f"{checks.describe(heads)}."
@@ -120,7 +121,7 @@ def _check_shape(heads: HeadSet, known: list[tuple[str, tuple[int, int]]]) -> No
     """``ValueError`` unless ``heads`` and every ``(source, (layers, heads))`` agree."""
     for source, shape in known:
         if tuple(heads.shape) != tuple(shape):
-            raise ValueError(
+            raise InputError(
                 f"the HeadSet is {list(heads.shape)} (layers x heads) but {source} has "
                 f"{list(shape)}: the heads belong to another model. Build them for this one, e.g. "
                 f"HeadSet.from_heads(pairs, {shape[0]}, {shape[1]})."
@@ -129,7 +130,7 @@ def _check_shape(heads: HeadSet, known: list[tuple[str, tuple[int, int]]]) -> No
 
 def _check_heads_in(z_or_pattern_heads: int, heads: HeadSet, what: str) -> None:
     if z_or_pattern_heads != heads.shape[1]:
-        raise ValueError(
+        raise InputError(
             f"the HeadSet is {list(heads.shape)} (layers x heads) but the model's {what} has "
             f"{z_or_pattern_heads} heads: the heads belong to another model."
         )
@@ -209,16 +210,16 @@ def hooks(
     ``means`` / ``constants`` and, at run time, against the head count of each hooked tensor.
     """
     if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(
+        raise InputError(
             f"Unknown ablation mode {checks.describe(mode)}; use one of "
             + "; ".join(f"{name!r} ({what})" for name, what in MODES.items())
             + "."
         )
     heads = _as_headset(heads)
     if means is not None and mode != "mean":
-        raise ValueError(f"means= is only used with mode='mean' (got mode={mode!r}).")
+        raise InputError(f"means= is only used with mode='mean' (got mode={mode!r}).")
     if constants is not None and mode != "papa":
-        raise ValueError(f"constants= is only used with mode='papa' (got mode={mode!r}).")
+        raise InputError(f"constants= is only used with mode='papa' (got mode={mode!r}).")
     known: list[tuple[str, tuple[int, int]]] = []
     if model is not None:
         from attnlens.loading import model_id, require_bridge
@@ -227,16 +228,16 @@ def hooks(
         known.append((f"the model {model_id(model)}", _model_shape(model)))
     if mode == "mean":
         if means is None:
-            raise ValueError(
+            raise InputError(
                 "mode='mean' replaces each head's output by its corpus mean: pass "
                 "means=ablation.head_means(model, corpus), a [layer, head, d_head] tensor."
             )
         means = checks.shape(means, "means", [None, None, None], "layer, head, d_head")
         if not means.is_floating_point():
-            raise TypeError(f"means must be a float tensor, got {checks.describe(means)}.")
+            raise InputTypeError(f"means must be a float tensor, got {checks.describe(means)}.")
         checks.finite_tensor(means, "means")
         if model is not None and int(model.cfg.d_head) != means.shape[2]:
-            raise ValueError(
+            raise InputError(
                 f"means has d_head {means.shape[2]} but the model's heads have d_head "
                 f"{int(model.cfg.d_head)}: they were computed on another model."
             )
@@ -244,12 +245,12 @@ def hooks(
         means = means.detach()
     if mode == "papa":
         if constants is None:
-            raise ValueError(
+            raise InputError(
                 "mode='papa' replaces attention by PAPA constants: pass constants= "
                 "(papa.fit(model, texts), or a data-free papa.uniform / papa.identity ...)."
             )
         if not hasattr(constants, "n_layers") or not hasattr(constants, "n_heads"):
-            raise TypeError(
+            raise InputTypeError(
                 f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
             )
         known.append(("the PAPA constants", (int(constants.n_layers), int(constants.n_heads))))
@@ -268,7 +269,7 @@ def hooks(
         from attnlens.loading import is_causal
 
         if not seam.is_installed(model):
-            raise ValueError(
+            raise InputError(
                 "mode='uniform' edits hook_pattern, and pattern edits do not reach this model's "
                 "output; load it with attnlens.load()."
             )
@@ -299,7 +300,7 @@ def _mean_hook(heads: HeadSet, selected: Tensor, layer_means: Tensor) -> Callabl
     def mean(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> Tensor:
         _check_heads_in(z.shape[2], heads, "hook_z")
         if z.shape[3] != layer_means.shape[1]:
-            raise ValueError(
+            raise InputError(
                 f"means has d_head {layer_means.shape[1]} but the model's heads have d_head "
                 f"{z.shape[3]}: they were computed on another model."
             )
@@ -373,7 +374,7 @@ class HeadMeans(passes.Accumulator):
 
     def result(self) -> Float[Tensor, "layer head d_head"]:
         if float(self.tokens) == 0:
-            raise ValueError("the corpus has no real token: head_means needs at least one.")
+            raise InputError("the corpus has no real token: head_means needs at least one.")
         return (self.sums / self.tokens).float()
 
 
@@ -450,7 +451,7 @@ class Importance:
 
 def _check_order(order: Any) -> None:
     if not isinstance(order, str) or order not in ORDERS:
-        raise ValueError(
+        raise InputError(
             f"Unknown order {checks.describe(order)}; use 'ascending' (least important first, "
             "Michel et al.) or 'descending' (most important first)."
         )
@@ -458,14 +459,14 @@ def _check_order(order: Any) -> None:
 
 def _count(fraction: Any, n: Any, total: int, n_layers: int, n_heads: int) -> int:
     if (fraction is None) == (n is None):
-        raise ValueError("Pass exactly one of fraction= (a float in [0, 1]) and n= (a number of heads).")
+        raise InputError("Pass exactly one of fraction= (a float in [0, 1]) and n= (a number of heads).")
     if n is not None:
         count = checks.whole_number(n, "n", " of heads", minimum=0)
         if count > total:
-            raise ValueError(f"n must lie in [0, {total}], got {count}.")
+            raise InputError(f"n must lie in [0, {total}], got {count}.")
         return count
     if isinstance(fraction, int) and not isinstance(fraction, bool):
-        raise TypeError(
+        raise InputTypeError(
             f"fraction={fraction} is ambiguous (a count, or the fraction {float(fraction)}?): pass "
             f"a fraction as a float (fraction={float(fraction)}) or a count as n={fraction}."
         )
@@ -522,7 +523,7 @@ class Gates(passes.Accumulator):
         def gate(layer: int) -> Callable:
             def hook(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> Tensor:
                 if z.shape[2] != n_heads:
-                    raise ValueError(f"hook_z has {z.shape[2]} heads; the model's config says {n_heads}.")
+                    raise InputError(f"hook_z has {z.shape[2]} heads; the model's config says {n_heads}.")
                 if self.gates is None:
                     self.gates = torch.ones(z.shape[0], n_layers, n_heads, dtype=z.dtype, device=z.device,
                                             requires_grad=True)
@@ -564,21 +565,21 @@ class Gates(passes.Accumulator):
 
     def update_output(self, batch: passes.PassBatch, output: Any) -> None:
         if self.gates is None:
-            raise RuntimeError("hook_z did not fire: the importance gates were never applied.")
+            raise ModelBehaviourError("hook_z did not fire: the importance gates were never applied.")
         value = (self.loss or self._default_loss)(output, batch)
         if not isinstance(value, Tensor):
-            raise TypeError(f"loss must return a tensor (a scalar, or one value per example); got {checks.describe(value)}.")
+            raise InputTypeError(f"loss must return a tensor (a scalar, or one value per example); got {checks.describe(value)}.")
         per = "batch" if value.ndim == 0 else "example"
         if value.ndim > 1 or (value.ndim == 1 and value.shape[0] != self.gates.shape[0]):
-            raise ValueError(
+            raise InputError(
                 f"loss returned a tensor of shape {list(value.shape)}; return a scalar or one value "
                 f"per example ([{self.gates.shape[0]}] for this batch)."
             )
         if self.per is not None and per != self.per:
-            raise ValueError("loss returned a scalar for some batches and one value per example for others.")
+            raise InputError("loss returned a scalar for some batches and one value per example for others.")
         self.per = per
         if not bool(torch.isfinite(value.detach()).all()):
-            raise ValueError(f"loss is not finite (NaN or inf) for the batch starting at example {batch.start}.")
+            raise InputError(f"loss is not finite (NaN or inf) for the batch starting at example {batch.start}.")
         unused = GatesUnused(
             "the loss does not depend on the heads' gates (it ignores the model's output, or what it "
             "reads is computed before the attention heads), so every head's importance would be 0; "
@@ -638,9 +639,9 @@ class ProbeLoss:
 
     def __init__(self, model: Any, probe: Any, labels: Sequence, examples: Sequence) -> None:
         if getattr(probe, "network", None) is None:
-            raise ValueError("ProbeLoss needs a fitted PapaProbe; call probe.fit(features, labels) first.")
+            raise InputError("ProbeLoss needs a fitted PapaProbe; call probe.fit(features, labels) first.")
         if len(labels) != len(examples):
-            raise ValueError(f"{len(labels)} labels for {len(examples)} examples; give one per example.")
+            raise InputError(f"{len(labels)} labels for {len(examples)} examples; give one per example.")
         from attnlens.probing.features import HiddenStates
 
         self.model, self.probe, self.labels, self.examples = model, probe, list(labels), examples
@@ -666,7 +667,7 @@ class ProbeLoss:
 
     def __call__(self, output: Any, batch: passes.PassBatch) -> Float[Tensor, "batch"]:
         if sorted(self._layers) != list(range(self.n_layers + 1)):
-            raise RuntimeError(
+            raise ModelBehaviourError(
                 "ProbeLoss saw no hidden states: run it through ablation.importance (which installs "
                 "its hooks) or pass hooks=loss.hooks() to the pass."
             )
@@ -769,7 +770,7 @@ def importance(
 
     if isinstance(corpus, str) and corpus in tasks.NAMES:
         if loss is not None:
-            raise ValueError(
+            raise InputError(
                 f"importance(model, {corpus!r}) uses the task probe's loss; to use your own loss, "
                 "pass the texts as the corpus."
             )
@@ -780,7 +781,7 @@ def importance(
     if isinstance(loss, ProbeLoss):
         hooks = [*hooks, *loss.hooks()]
     if loss is not None and not callable(loss):
-        raise TypeError(f"loss must be a callable loss(output, batch) -> tensor; got {checks.describe(loss)}.")
+        raise InputTypeError(f"loss must be a callable loss(output, batch) -> tensor; got {checks.describe(loss)}.")
     if loss is None and lm_head_trained(model) is False:
         from attnlens.lm import UntrainedHead
 
@@ -857,27 +858,27 @@ def prune_curve(
 
     require_bridge(model, "ablation.prune_curve")
     if not callable(score_fn):
-        raise TypeError(f"score_fn must be a callable score_fn(hooks) -> float; got {checks.describe(score_fn)}.")
+        raise InputTypeError(f"score_fn must be a callable score_fn(hooks) -> float; got {checks.describe(score_fn)}.")
     n_layers, n_heads = _model_shape(model)
     if not isinstance(importance, Importance):
         scores = checks.shape(importance, "importance", [n_layers, n_heads], "layer, head: one score per head")
         checks.finite_tensor(scores.float(), "importance")
         importance = Importance(scores=scores.detach().float().cpu(), raw=scores.detach().float().cpu())
     elif importance.shape != (n_layers, n_heads):
-        raise ValueError(
+        raise InputError(
             f"importance is {list(importance.shape)} (layers x heads) but the model has "
             f"[{n_layers}, {n_heads}]: it was computed on another model."
         )
     orders = [order] if isinstance(order, str) else list(order)
     if not orders:
-        raise ValueError("order must name at least one order: 'ascending' and/or 'descending'.")
+        raise InputError("order must name at least one order: 'ascending' and/or 'descending'.")
     for name in orders:
         _check_order(name)
     if isinstance(fractions, str | bytes) or not isinstance(fractions, Iterable):
-        raise TypeError(f"fractions must be a list of floats in [0, 1]; got {checks.describe(fractions)}.")
+        raise InputTypeError(f"fractions must be a list of floats in [0, 1]; got {checks.describe(fractions)}.")
     fractions = [checks.finite(f, "fraction", low=0.0, high=1.0) for f in fractions]
     if not fractions:
-        raise ValueError("fractions must hold at least one fraction in [0, 1].")
+        raise InputError("fractions must hold at least one fraction in [0, 1].")
     hooks(HeadSet.none(n_layers, n_heads), mode, model=model, means=means, constants=constants)  # arguments
     scored: dict[bytes, float] = {}
     rows = []

@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlens.errors import InputError, InputTypeError
+
 
 def describe(value: Any) -> str:
     """A short description of ``value`` for messages: a tensor by its shape and dtype, a short
@@ -37,9 +39,9 @@ def whole_number(value: Any, name: str, unit: str = "", *, minimum: int | None =
         except TypeError:
             number = None
     if number is None:
-        raise TypeError(f"{name} must be a whole number{unit}, got {describe(value)}")
+        raise InputTypeError(f"{name} must be a whole number{unit}, got {describe(value)}")
     if minimum is not None and number < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {number}")
+        raise InputError(f"{name} must be at least {minimum}, got {number}")
     return number
 
 
@@ -54,12 +56,12 @@ def finite(
         try:
             value = float(value)
         except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a number, got {describe(value)}") from None
+            raise InputTypeError(f"{name} must be a number, got {describe(value)}") from None
     number = float(value)
     if not math.isfinite(number):
-        raise ValueError(f"{name} must be a finite number, got {number}")
+        raise InputError(f"{name} must be a finite number, got {number}")
     if (low is not None and number < low) or (high is not None and number > high):
-        raise ValueError(f"{name} must lie in [{low}, {high}], got {number}")
+        raise InputError(f"{name} must lie in [{low}, {high}], got {number}")
     return number
 
 
@@ -79,7 +81,7 @@ def finite_tensor(
             what = f"above {high}"
     if bool(bad.any()):
         first = tuple(int(i) for i in bad.nonzero()[0].tolist())
-        raise ValueError(f"{name}: {int(bad.sum())} of {value.numel()} values are {what} (first at index {first})")
+        raise InputError(f"{name}: {int(bad.sum())} of {value.numel()} values are {what} (first at index {first})")
     return value
 
 
@@ -90,11 +92,11 @@ def shape(value: Any, name: str, expected: Sequence[int | None], what: str = "")
         try:
             value = torch.as_tensor(value)
         except (TypeError, ValueError, RuntimeError):
-            raise TypeError(f"{name} must be a tensor or a number, got {describe(value)}") from None
+            raise InputTypeError(f"{name} must be a tensor or a number, got {describe(value)}") from None
     found = list(value.shape)
     ok = len(found) == len(expected) and all(e is None or e == f for e, f in zip(expected, found, strict=True))
     if not ok:
         axes = f" ({what})" if what else ""
         wanted = [e if e is not None else "any" for e in expected]
-        raise ValueError(f"{name} has shape {found}; expected {wanted}{axes}")
+        raise InputError(f"{name} has shape {found}; expected {wanted}{axes}")
     return value

@@ -67,13 +67,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from attnlens.errors import AttnlensError
+
 PROG = "attnlens"
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 
 
-class UsageError(Exception):
+class UsageError(AttnlensError):
     """Bad input on the command line: reported in one line, exit status 2."""
 
 
@@ -660,6 +662,13 @@ def _fit_papa(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if checkpoint is None:
             raise
+        from attnlens import passes
+
+        if not passes.checkpoint_path(checkpoint, passes.world()).is_file():
+            raise KeyboardInterrupt(
+                f"before the first batch was done, so --checkpoint {checkpoint} was not written; "
+                "run the same command again to start over"
+            ) from None
         raise KeyboardInterrupt(
             f"run the same command again to resume from --checkpoint {checkpoint}"
         ) from None
@@ -713,6 +722,8 @@ def _curve(args: argparse.Namespace) -> int:
         fractions = [float(part) for part in args.fractions.split(",") if part.strip()]
     except ValueError:
         raise UsageError(f"--fractions {args.fractions} should be numbers separated by commas") from None
+    if not fractions:
+        raise UsageError(f"--fractions {args.fractions!r} holds no fraction; give numbers separated by commas (e.g. 0,0.5,1)")
     from attnlens.papa import STRATEGIES
 
     if args.strategy not in STRATEGIES:
@@ -929,7 +940,7 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         if debug:
             raise
         _fail(f"interrupted; {interrupt}" if str(interrupt) else "interrupted", EXIT_INTERRUPTED)
-    except (UsageError, ValueError, TypeError, OSError, KeyError) as error:
+    except (AttnlensError, ValueError, TypeError, OSError, KeyError) as error:
         if debug:
             raise
         _fail(_reason(error))

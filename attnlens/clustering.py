@@ -54,6 +54,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.checks import describe, whole_number
+from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 
 #: the rows of one chunk of :class:`HeadDistances` take about this many bytes of temporaries
@@ -100,7 +101,7 @@ def js_distance(p: Float[Tensor, "... key"], q: Float[Tensor, "... key"]) -> Flo
     with SciPy); the rounding below 0 of nearly identical rows is clamped to 0.
     """
     if p.shape[-1] != q.shape[-1]:
-        raise ValueError(
+        raise InputError(
             f"js_distance compares rows with the same number of keys (the last axis); got "
             f"{p.shape[-1]} and {q.shape[-1]}."
         )
@@ -139,7 +140,7 @@ class HeadDistances(Accumulator):
         self, n_layers: int, n_heads: int, view: str = "standard", *, chunk_bytes: int = CHUNK_BYTES
     ) -> None:
         if view not in ("standard", "effective"):
-            raise ValueError(
+            raise InputError(
                 f"Unknown view {describe(view)} for HeadDistances; use 'standard' or 'effective' "
                 "(PAPA constants: run the pass with hooks=papa.hooks(constants) and view='standard')."
             )
@@ -166,7 +167,7 @@ class HeadDistances(Accumulator):
     def end_batch(self, batch: PassBatch) -> None:
         rows, self._rows = self._rows, {}
         if sorted(rows) != list(range(self.n_layers)):
-            raise RuntimeError(
+            raise ModelBehaviourError(
                 f"HeadDistances saw layers {sorted(rows)} of a batch; it needs all {self.n_layers}."
             )
         layers = [rows[layer] for layer in range(self.n_layers)]
@@ -218,7 +219,7 @@ class HeadDistances(Accumulator):
     def result(self) -> Float[Tensor, "heads heads"]:
         """Mean Jensen-Shannon distance per pair of heads, ``[n, n]`` (float64)."""
         if float(self.tokens) == 0:
-            raise ValueError("HeadDistances has seen no token; run a pass over a non-empty corpus first.")
+            raise InputError("HeadDistances has seen no token; run a pass over a non-empty corpus first.")
         return self.total / self.tokens
 
 
@@ -296,13 +297,13 @@ def _check_types(types: Any, n_layers: int, n_heads: int) -> pd.DataFrame | None
     if types is None:
         return None
     if not isinstance(types, pd.DataFrame):
-        raise TypeError(
+        raise InputTypeError(
             f"types must be a pandas DataFrame with columns layer, head, type (one pattern type per "
             f"head, e.g. from attnlens.patterns.types), got {describe(types)}."
         )
     missing = [c for c in ("layer", "head", "type") if c not in types.columns]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"types lacks column{'s' if len(missing) > 1 else ''} {', '.join(missing)}: give a "
             "DataFrame with columns layer, head, type (one row per head)."
         )
@@ -310,18 +311,18 @@ def _check_types(types: Any, n_layers: int, n_heads: int) -> pd.DataFrame | None
         layers = types["layer"].astype(int)
         heads = types["head"].astype(int)
     except (TypeError, ValueError):
-        raise ValueError("types: the layer and head columns must hold whole numbers.") from None
+        raise InputError("types: the layer and head columns must hold whole numbers.") from None
     outside = (layers < 0) | (layers >= n_layers) | (heads < 0) | (heads >= n_heads)
     if bool(outside.any()):
         row = types[outside].iloc[0]
-        raise ValueError(
+        raise InputError(
             f"types names layer {row['layer']} head {row['head']}, which the model does not have "
             f"({n_layers} layers of {n_heads} heads, numbered from 0)."
         )
     table = pd.DataFrame({"layer": layers, "head": heads, "type": types["type"].astype(str)})
     if bool(table.duplicated(["layer", "head"]).any()):
         row = table[table.duplicated(["layer", "head"])].iloc[0]
-        raise ValueError(f"types names layer {row['layer']} head {row['head']} twice; give one row per head.")
+        raise InputError(f"types names layer {row['layer']} head {row['head']} twice; give one row per head.")
     return table
 
 
@@ -405,18 +406,18 @@ def _figure(clusterings: list[HeadClustering], titles: Sequence[str] | None = No
     from scipy.linalg import orthogonal_procrustes
 
     if not clusterings:
-        raise ValueError("figure needs at least one HeadClustering (from clustering.cluster).")
+        raise InputError("figure needs at least one HeadClustering (from clustering.cluster).")
     for item in clusterings:
         if not isinstance(item, HeadClustering):
-            raise TypeError(f"figure takes HeadClustering objects (from clustering.cluster), got {describe(item)}.")
+            raise InputTypeError(f"figure takes HeadClustering objects (from clustering.cluster), got {describe(item)}.")
     shapes = {(c.n_layers, c.n_heads) for c in clusterings}
     if len(shapes) > 1:
-        raise ValueError(f"the clusterings are of models of different shapes {sorted(shapes)}; draw them apart.")
+        raise InputError(f"the clusterings are of models of different shapes {sorted(shapes)}; draw them apart.")
     if titles is None:
         titles = [f"{c.view} (stress {c.stress:.3f})" for c in clusterings]
     titles = list(titles)
     if len(titles) != len(clusterings):
-        raise ValueError(f"give one title per clustering: {len(titles)} titles for {len(clusterings)}.")
+        raise InputError(f"give one title per clustering: {len(titles)} titles for {len(clusterings)}.")
     n_layers = clusterings[0].n_layers
     colours = sample_colorscale("Viridis", [i / max(1, n_layers - 1) for i in range(n_layers)])
     types = [t for c in clusterings if "type" in c.table for t in c.table["type"]]

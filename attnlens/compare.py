@@ -42,6 +42,7 @@ from torch import Tensor
 from attnlens import passes
 from attnlens.corpus import resolve_corpus
 from attnlens.display import Figures
+from attnlens.errors import FileFormatError, InputError, InputTypeError
 from attnlens.inputs import as_max_len, tokenize, whole_number
 from attnlens.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
 from attnlens.patterns.counts import batch_positions, type_counts
@@ -115,12 +116,12 @@ def validate_views(views: Iterable[str]) -> tuple[str, ...]:
         if not isinstance(view, str):
             model_like = hasattr(view, "cfg") or hasattr(view, "config")
             hint = " (the model goes first: attnlens.compare(model, 'papa', ...))" if model_like else ""
-            raise ValueError(
+            raise InputError(
                 f"views are names, got {describe(view)}{hint}; valid views are "
                 f"{', '.join(repr(v) for v in VIEWS)}"
             )
         if view not in VIEWS:
-            raise ValueError(
+            raise InputError(
                 f"unknown view {view!r}; valid views are {', '.join(repr(v) for v in VIEWS)}"
             )
         if view not in names:
@@ -169,7 +170,7 @@ class Comparison:
         """One column of :attr:`table` for one view as a ``[layer, head]`` array."""
         if column not in self.table.columns or column in ("view", "layer", "head", "pattern_type"):
             numeric = [name for name in COLUMNS[3:] if name != "pattern_type"]
-            raise ValueError(f"unknown column {column!r}; use one of {', '.join(numeric)}")
+            raise InputError(f"unknown column {column!r}; use one of {', '.join(numeric)}")
         return self._per_head(column, view, np.nan)
 
     def pattern_type(self, view: str = "standard") -> np.ndarray:
@@ -181,7 +182,7 @@ class Comparison:
     def _per_head(self, column: str, view: str, missing: Any) -> np.ndarray:
         """``column`` of ``view``'s rows as a ``[layer, head]`` array (``missing`` where empty)."""
         if view not in self.views:
-            raise ValueError(f"view {view!r} is not in this comparison ({', '.join(self.views)})")
+            raise InputError(f"view {view!r} is not in this comparison ({', '.join(self.views)})")
         rows = self.table[self.table["view"] == view]
         grid = np.full((self.n_layers, self.n_heads), missing, dtype=object if isinstance(missing, str) else float)
         grid[rows["layer"].to_numpy(), rows["head"].to_numpy()] = rows[column].fillna(missing).to_numpy()
@@ -204,12 +205,12 @@ class Comparison:
         (error at most 1/510 of each map's largest value, :mod:`attnlens.kept`). An example out
         of range or not kept raises ``ValueError``."""
         if view not in self.views:
-            raise ValueError(f"view {view!r} is not in this comparison ({', '.join(self.views)})")
+            raise InputError(f"view {view!r} is not in this comparison ({', '.join(self.views)})")
         index = _check_example(example, self.n_examples)
         if index == self.example_index and view in self.example_patterns:
             return self.example_patterns[view]
         if self.kept_patterns is None:
-            raise ValueError(
+            raise InputError(
                 f"example {index} was not kept: this comparison kept only example "
                 f"{self.example_index}; compare(..., report_examples=N) keeps the first N"
             )
@@ -275,7 +276,7 @@ class Comparison:
 
         patterns, tokens = comparison_maps(self, example, view)
         if layer is not None and not 0 <= operator.index(layer) < self.n_layers:
-            raise ValueError(f"layer={layer} is outside the model's {self.n_layers} layers (0 to {self.n_layers - 1})")
+            raise InputError(f"layer={layer} is outside the model's {self.n_layers} layers (0 to {self.n_layers - 1})")
         layers = range(self.n_layers) if layer is None else [operator.index(layer)]
         return to_circuitsvis(
             patterns[list(layers)].reshape(-1, *patterns.shape[-2:]), tokens,
@@ -338,9 +339,27 @@ class Comparison:
     def from_json(cls, text_or_path: str | os.PathLike) -> Comparison:
         """Rebuild a comparison (table, example, figures) from :meth:`to_json` output."""
         text = str(text_or_path)
+        source = "the JSON text given"
         if not text.lstrip().startswith("{"):
-            text = Path(text_or_path).read_text(encoding="utf-8")
-        data = json.loads(text)
+            from attnlens.files import check_readable
+
+            source = f"comparison file {text_or_path}"
+            text = check_readable(text_or_path, "comparison").read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+            return cls._from_dict(data)
+        except (ValueError, KeyError, TypeError, AttributeError) as error:
+            problem = (f"it is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}: "
+                       "truncated or edited?)" if isinstance(error, json.JSONDecodeError)
+                       else f"it lacks or mangles the field {error}" if isinstance(error, KeyError)
+                       else f"a field has the wrong form ({error})")
+            raise FileFormatError(
+                f"{source} is not a Comparison written by Comparison.to_json: {problem}; "
+                "write it again with attnlens compare --json (or Comparison.to_json)."
+            ) from None
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Comparison:
         table = pd.DataFrame.from_records(data["table"], columns=list(COLUMNS))
         return cls(
             table=table,
@@ -445,7 +464,7 @@ def _blank_later_keys(comparison: Comparison, view: str) -> bool:
 
 def _as_model(model: Any) -> Any:
     if isinstance(model, str) and model in VIEWS:
-        raise TypeError(
+        raise InputTypeError(
             f"compare's first argument is the model, got the view {model!r}: "
             f"call attnlens.compare(model, {model!r}, ...)"
         )
@@ -564,18 +583,19 @@ def compare(
     if n_examples is not None:
         n_examples = _check_count(n_examples, "n_examples")
         if n_examples < 1:
-            raise ValueError(f"n_examples must be at least 1, got {n_examples}")
+            raise InputError(f"n_examples must be at least 1, got {n_examples}")
         texts = texts[:n_examples]
     if max_len is not None:
         max_len = as_max_len(max_len)
     if example is not None:
         example = _check_example(example, len(texts))
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    from attnlens.checks import whole_number
+
+    batch_size = whole_number(batch_size, "batch_size", " of examples (e.g. 32)", minimum=1)
     report_examples = _check_count(report_examples, "report_examples")
     report_budget = _check_count(report_budget, "report_budget (bytes)")
     if report_examples < 0 or report_budget < 0:
-        raise ValueError(
+        raise InputError(
             f"report_examples={report_examples} and report_budget={report_budget} must be at "
             "least 0 (0 keeps no examples for the report's explorer)"
         )
@@ -660,14 +680,14 @@ def _check_count(value: Any, name: str) -> int:
     try:
         return whole_number(value, name)
     except TypeError:
-        raise ValueError(f"{name}={value!r} should be a whole number") from None
+        raise InputError(f"{name}={value!r} should be a whole number") from None
 
 
 def _check_example(example: Any, n_texts: int) -> int:
     """``example`` as an int; ``ValueError`` unless it indexes one of the ``n_texts`` texts."""
     index = _check_count(example, "example (an index into the corpus)")
     if not 0 <= index < n_texts:
-        raise ValueError(f"example={index} is outside the corpus of {n_texts} texts")
+        raise InputError(f"example={index} is outside the corpus of {n_texts} texts")
     return index
 
 
@@ -676,11 +696,11 @@ def _check_focus(focus: Any, n_layers: int, n_heads: int) -> tuple[int, int]:
     try:
         layer, head = (operator.index(part) for part in focus)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise InputError(
             f"focus={focus!r} should be a (layer, head) pair of integers, e.g. focus=(0, 0)"
         ) from None
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
-        raise ValueError(
+        raise InputError(
             f"focus={tuple(focus)} is outside the model's {n_layers} x {n_heads} heads; use "
             f"0 <= layer < {n_layers} and 0 <= head < {n_heads}"
         )
@@ -710,7 +730,7 @@ def _papa_setup(
             batch_size=batch_size, progress=progress,
         )
     if max_len is not None and constants.max_len != max_len:
-        raise ValueError(
+        raise InputError(
             f"the PAPA constants were fitted with max_len={constants.max_len}, not {max_len}; "
             f"pass max_len={constants.max_len} (on the command line --max-len {constants.max_len}) "
             "or leave it out"
@@ -981,7 +1001,7 @@ def _check_constants(constants: Any, model: Any, batch: Any) -> None:
     try:
         constants.check_compatible(model, batch)
     except ValueError as error:
-        raise ValueError(
+        raise InputError(
             f"the PAPA constants do not fit this corpus: {error} Pass constants fitted on a corpus "
             "of the same kind (single sentences or pairs), or leave constants out to fit them on "
             "this one."

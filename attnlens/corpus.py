@@ -27,6 +27,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from attnlens.errors import InputError, InputTypeError
+
 #: sentences written for attnlens (public domain); short ones and two longer than 32 tokens
 PROJECT_SENTENCES: tuple[str, ...] = (
     "The film is a charming, funny and moving portrait of a family.",
@@ -61,7 +63,7 @@ _FIELD_LIMIT = min(sys.maxsize, 2**31 - 1)
 _MIN_CHARS, _MAX_CHARS = 60, 700
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A corpus could not be used: missing file, empty corpus, unreadable format."""
 
 
@@ -179,15 +181,23 @@ def _table_rows(raw: str, *, delimiter: str, path: Path) -> list[list[str]]:
     The csv module refuses cells over 128 KiB by default: the limit is raised for this read and
     then put back (it is global to the process)."""
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting)
+    # strict: a quote never closed is an error (not a last cell that swallows the rest of the file)
+    reader = csv.reader(io.StringIO(raw, newline=""), delimiter=delimiter, quoting=quoting, strict=True)
     rows: list[list[str]] = []
     previous = csv.field_size_limit(_FIELD_LIMIT)
+    ended = 0  # the line on which the last row read ended
     try:
-        rows.extend(reader)
+        for row in reader:
+            rows.append(row)
+            ended = reader.line_num
     except csv.Error as error:
+        reason = (
+            "it opens a quote (\") that is never closed" if "unexpected end of data" in str(error)
+            else str(error)
+        )
         raise CorpusError(
-            f"corpus file {path}, row {len(rows) + 1} (line {reader.line_num}) cannot be read: "
-            f"{error}; fix that row, or pass a .txt file with one text per line"
+            f"corpus file {path}, row {len(rows) + 1} (line {ended + 1}) cannot be read: "
+            f"{reason}; fix that row, or pass a .txt file with one text per line"
         ) from None
     finally:
         csv.field_size_limit(previous)
@@ -225,7 +235,7 @@ def corpus_iterator(corpus: Any) -> Iterator:
     (``datasets.Dataset``, ``pandas.DataFrame``, a dict of columns), whose iteration would give
     its column names, instead of one of its columns."""
     if isinstance(corpus, str | bytes):
-        raise TypeError(
+        raise InputTypeError(
             "corpus must be an iterable of strings or (str, str) pairs, not one string; "
             "pass [text] for one text, or a file path to attnlens.compare / the CLI."
         )
@@ -235,13 +245,13 @@ def corpus_iterator(corpus: Any) -> Iterator:
     if isinstance(corpus, Mapping) or (tables and isinstance(corpus, tables)):
         columns = corpus.column_names if hasattr(corpus, "column_names") else list(corpus.keys())
         names = ", ".join(repr(name) for name in (columns or []))
-        raise TypeError(
+        raise InputTypeError(
             f"Pass one column of the {type(corpus).__name__} (e.g. corpus[{names.split(', ')[0] or 'text'}]), "
             f"not the whole table (columns: {names})."
         )
     try:
         return iter(corpus)
     except TypeError as error:
-        raise TypeError(
+        raise InputTypeError(
             f"corpus must be an iterable of strings or (str, str) pairs, got {type(corpus).__name__}."
         ) from error

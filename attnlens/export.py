@@ -33,6 +33,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens.errors import InputError, InputTypeError
+
 #: how to install the optional CircuitsVis extra
 CIRCUITSVIS_INSTALL = 'pip install "attnlens[circuitsvis]"'
 #: decimals kept of each attention value in an exported view (keeps the HTML small)
@@ -93,15 +95,15 @@ def _as_array(pattern: Any, name: str = "pattern") -> np.ndarray:
         pattern = pattern.detach().to("cpu", torch.float64).numpy()
     array = np.asarray(pattern, dtype=np.float64)
     if not np.isfinite(array).all():
-        raise ValueError(f"{name} has NaN or infinite values; export finite attention maps only")
+        raise InputError(f"{name} has NaN or infinite values; export finite attention maps only")
     return array
 
 
 def _check_tokens(tokens: Sequence[str], n: int, shape: tuple[int, ...]) -> list[str]:
     if isinstance(tokens, str) or not all(isinstance(token, str) for token in tokens):
-        raise TypeError("tokens must be a list of strings, one per position of the map")
+        raise InputTypeError("tokens must be a list of strings, one per position of the map")
     if len(tokens) != n:
-        raise ValueError(
+        raise InputError(
             f"{len(tokens)} tokens for a map of shape {list(shape)}: give one token per query "
             f"and key position ({n})"
         )
@@ -134,7 +136,7 @@ def to_circuitsvis(
     if array.ndim == 2:
         array = array[None]
     if array.ndim != 3 or array.shape[1] != array.shape[2]:
-        raise ValueError(
+        raise InputError(
             f"pattern must be [head, query, key] or [query, key] with as many keys as queries, "
             f"got shape {list(np.shape(pattern))}"
         )
@@ -142,7 +144,7 @@ def to_circuitsvis(
     if head_names is not None:
         head_names = [str(name) for name in head_names]
         if len(head_names) != array.shape[0]:
-            raise ValueError(f"{len(head_names)} head_names for {array.shape[0]} heads")
+            raise InputError(f"{len(head_names)} head_names for {array.shape[0]} heads")
     if signed is None:
         signed = bool((array < 0).any())
     largest = float(np.abs(array).max()) if array.size else 0.0
@@ -171,11 +173,11 @@ def bertviz_attention(
     opacity, so the maps must not be negative (for effective attention use :func:`to_circuitsvis`)."""
     array = _as_array(patterns, "patterns")
     if array.ndim != 4 or array.shape[-1] != array.shape[-2]:
-        raise ValueError(
+        raise InputError(
             f"patterns must be [layer, head, query, key], got shape {list(np.shape(patterns))}"
         )
     if (array < 0).any():
-        raise ValueError(
+        raise InputError(
             "bertviz draws attention weights as line opacities and cannot show negative values "
             f"(the smallest here is {array.min():.4g}); show signed maps such as effective "
             "attention with attnlens.export.to_circuitsvis"
@@ -192,19 +194,19 @@ def comparison_maps(
     :class:`attnlens.Comparison` kept; a clear ``ValueError`` for another example or view."""
     c = comparison
     if view not in c.views:
-        raise ValueError(f"view {view!r} is not in this comparison; use one of {', '.join(map(repr, c.views))}")
+        raise InputError(f"view {view!r} is not in this comparison; use one of {', '.join(map(repr, c.views))}")
     if example is not None:
         try:
             index = operator.index(example)
         except TypeError:
-            raise TypeError(f"example must be the index of a corpus text, got {example!r}") from None
+            raise InputTypeError(f"example must be the index of a corpus text, got {example!r}") from None
         if not 0 <= index < c.n_examples:
-            raise ValueError(
+            raise InputError(
                 f"example={index} is outside the corpus of {c.n_examples} texts; use an index "
                 f"from 0 to {c.n_examples - 1}"
             )
         if index != c.example_index:
-            raise ValueError(
+            raise InputError(
                 f"this comparison keeps the maps of example {c.example_index} only, not {index}: "
                 f"run attnlens.compare(..., example={index}) (command line: --example {index}) "
                 "to export that one"

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from attnlens.errors import FileFormatError, MissingFileError
+
 #: prefix and suffix of temporary files (``.<name>.<random>.tmp`` beside the target)
 TEMPORARY_SUFFIX = ".tmp"
 
@@ -104,9 +106,15 @@ def clean_temporaries(path: str | os.PathLike) -> int:
 
 def safetensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> bytes:
     """A safetensors file's bytes with a reproducible header: equal tensors and metadata give
-    equal bytes (``safetensors.torch.save`` writes its metadata in a varying order)."""
+    equal bytes (``safetensors.torch.save`` writes its metadata in a varying order).
+
+    With ``metadata``, its ``"checksum"`` is (re)computed by :func:`file_checksum` over the
+    tensors *and* every other metadata key, so no value of the file can be edited unnoticed."""
     from safetensors.torch import save
 
+    if metadata is not None:
+        metadata = {key: value for key, value in metadata.items() if key != CHECKSUM_KEY}
+        metadata[CHECKSUM_KEY] = file_checksum(tensors, metadata)
     raw = save(dict(tensors), metadata=dict(metadata) if metadata is not None else None)
     size = int.from_bytes(raw[:8], "little")
     header = json.loads(raw[8 : 8 + size])
@@ -115,9 +123,22 @@ def safetensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | 
     return len(text).to_bytes(8, "little") + text + raw[8 + size :]
 
 
+#: the metadata key holding a file's checksum
+CHECKSUM_KEY = "checksum"
+#: first characters of a checksum that covers the metadata too (version 2); a checksum of
+#: the tensors only (``"sha256:<hex>"``) was written by attnlens before metadata was covered
+CHECKSUM_PREFIX = "attnlens-sha256-v2 "
+
+
+def _sha256(text: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(text).hexdigest()
+
+
 def tensor_checksum(tensors: Mapping[str, Any]) -> str:
-    """``"sha256:<hex>"`` of tensors' names, dtypes, shapes and bytes (in name order): stored in
-    a file's metadata and verified on load, so that a flipped bit is caught."""
+    """``"sha256:<hex>"`` of tensors' names, dtypes, shapes and bytes (in name order): a
+    fingerprint of tensors (cache keys use it; files store :func:`file_checksum`)."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -128,42 +149,153 @@ def tensor_checksum(tensors: Mapping[str, Any]) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
+def _key_digests(metadata: Mapping[str, str]) -> dict[str, str]:
+    """One short SHA-256 per metadata key (of the key and its value), the checksum excluded."""
+    return {
+        key: _sha256(json.dumps([key, value]).encode())[:16]
+        for key, value in metadata.items() if key != CHECKSUM_KEY
+    }
+
+
+def file_checksum(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> str:
+    """The checksum stored in a file's metadata: :data:`CHECKSUM_PREFIX` and a canonical JSON
+    object of ``tensors`` (:func:`tensor_checksum`), ``keys`` (a digest of each metadata key
+    and its value, every key but the checksum itself) and ``all`` (SHA-256 of the tensors'
+    checksum and the canonical JSON of all those keys). Any edit of a tensor, a metadata value,
+    or a key added or removed, changes it; the per-key digests let :func:`verify_checksum` name
+    the key."""
+    tensor_sum = tensor_checksum(tensors)
+    keys = {key: value for key, value in metadata.items() if key != CHECKSUM_KEY}
+    canonical = json.dumps(keys, sort_keys=True, separators=(",", ":"))
+    whole = _sha256(f"{tensor_sum}|{canonical}".encode())
+    record = {"all": whole, "keys": _key_digests(keys), "tensors": tensor_sum}
+    return CHECKSUM_PREFIX + json.dumps(record, sort_keys=True, separators=(",", ":"))
+
+
 def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensors: Mapping[str, Any]) -> bool:
-    """``ValueError`` if ``metadata["checksum"]`` does not match ``tensors``; ``False`` (and a
-    warning) for a file written before checksums were recorded, ``True`` when it matches."""
+    """``True`` when ``metadata["checksum"]`` matches ``tensors`` and every other metadata key;
+    :class:`~attnlens.errors.DamagedFileError` naming the file and the keys (or ``tensors``)
+    that changed, else.
+
+    Files written by an older attnlens load with an :class:`~attnlens.errors.AttnlensWarning`
+    (and ``False``): with no checksum at all, or a checksum of the tensors only (``"sha256:"``,
+    the tensors are still verified) whose metadata cannot be verified. Saving such a file again
+    (load it, then ``save``; or rerun the command that wrote it) adds the full checksum.
+    """
     import warnings
 
-    recorded = metadata.get("checksum")
+    from attnlens.errors import AttnlensWarning, DamagedFileError
+
+    recorded = metadata.get(CHECKSUM_KEY)
     if recorded is None:
         warnings.warn(
             f"{path} has no checksum (written by an older attnlens): its integrity cannot be "
             "verified; save it again to add one.",
-            UserWarning,
+            AttnlensWarning,
             stacklevel=3,
         )
         return False
-    found = tensor_checksum(tensors)
-    if found != recorded:
-        raise ValueError(
-            f"{path} is damaged: its tensors do not match the checksum recorded when it was "
-            f"written ({recorded[:19]}..., now {found[:19]}...); restore or rebuild the file."
+    fix = "restore it, or re-create it with the command that wrote it (an edited file is never used)"
+    if recorded.startswith("sha256:"):  # attnlens before 0.2: the tensors only
+        found = tensor_checksum(tensors)
+        if found != recorded:
+            raise DamagedFileError(
+                f"{path} is damaged: its tensors do not match the checksum recorded when it was "
+                f"written ({recorded[:19]}..., now {found[:19]}...); {fix}.",
+                path=path, keys=("tensors",),
+            )
+        warnings.warn(
+            f"{path} was written by an older attnlens whose checksum covers its tensors but not "
+            "its metadata (examples, layout, model, ...); save it again to cover them.",
+            AttnlensWarning,
+            stacklevel=3,
         )
+        return False
+    try:
+        if not recorded.startswith(CHECKSUM_PREFIX):
+            raise ValueError
+        record = json.loads(recorded[len(CHECKSUM_PREFIX):])
+        keys, tensor_sum = dict(record["keys"]), str(record["tensors"])
+        str(record["all"])  # present (compared below through file_checksum)
+    except (ValueError, TypeError, KeyError):
+        raise DamagedFileError(
+            f"{path} is damaged: its metadata key 'checksum' is not a checksum attnlens wrote; {fix}.",
+            path=path, keys=(CHECKSUM_KEY,),
+        ) from None
+    found_keys = _key_digests(metadata)
+    changed = sorted(key for key in {*keys, *found_keys} if keys.get(key) != found_keys.get(key))
+    if tensor_checksum(tensors) != tensor_sum:
+        changed.append("tensors")
+    if not changed and file_checksum(tensors, metadata) != recorded:
+        changed = [CHECKSUM_KEY]
+    if changed:
+        keys_changed = [key for key in changed if key != "tensors"]
+        named = ", ".join(
+            f"{key!r} (added)" if key not in keys and key != CHECKSUM_KEY
+            else f"{key!r} (removed)" if key not in found_keys and key != CHECKSUM_KEY
+            else repr(key) for key in keys_changed
+        )
+        plural = "s" if len(keys_changed) > 1 else ""
+        if "tensors" in changed:
+            what = "its tensors do not match the checksum recorded when it was written" + (
+                f", nor do its metadata key{plural} {named}" if keys_changed else "")
+        else:
+            what = (f"its metadata key{plural} {named} no longer match{'' if plural else 'es'} the checksum "
+                    "recorded when it was written (edited after attnlens wrote it)")
+        raise DamagedFileError(f"{path} is damaged: {what}; {fix}.", path=path, keys=tuple(changed))
     return True
 
 
 def read_checked(path: str | os.PathLike, *, what: str, format: str) -> tuple[dict[str, str], dict[str, Any]]:
     """``(metadata, tensors)`` of an attnlens safetensors file of ``format`` (its metadata's
-    ``"format"``), its checksum verified (:func:`verify_checksum`). One ``ValueError`` naming the
-    file and ``what`` it should be when it cannot be read, is another kind of file, or is damaged."""
+    ``"format"``), its checksum verified (:func:`verify_checksum`). One error naming the file and
+    ``what`` it should be: :class:`~attnlens.errors.MissingFileError` when there is no such file,
+    :class:`~attnlens.errors.FileFormatError` when it is a folder, cannot be read or is another
+    kind of file, :class:`~attnlens.errors.DamagedFileError` when it was changed."""
     from safetensors import SafetensorError, safe_open
 
+    check_readable(path, what)
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = dict(handle.metadata() or {})
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     except (SafetensorError, OSError) as error:
-        raise ValueError(f"{what} file {path} cannot be read ({error}); delete it or write it again.") from None
+        raise FileFormatError(f"{what} file {path} cannot be read ({error}); delete it or write it again.") from None
     if metadata.get("format") != format:
-        raise ValueError(f"{path} is not an attnlens {what} file ({format}).")
+        check_sealed(path, metadata, tensors)  # an edited "format" is named as an edit
+        raise FileFormatError(f"{path} is not an attnlens {what} file ({format}).")
     verify_checksum(path, metadata, tensors)
     return metadata, tensors
+
+
+def check_sealed(
+    path: str | os.PathLike, metadata: Mapping[str, str] | None = None, tensors: Mapping[str, Any] | None = None
+) -> None:
+    """:func:`verify_checksum` for a file whose checksum covers its metadata (others pass
+    silently): called before refusing a file for its ``format``, so that an edited ``format``
+    is reported as an edit (:class:`~attnlens.errors.DamagedFileError`), not as another kind
+    of file. Reads ``path`` when ``metadata`` and ``tensors`` are not given; a file that cannot
+    be read passes (the caller refuses it)."""
+    if metadata is None or tensors is None:
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as handle:
+                metadata = dict(handle.metadata() or {})
+                tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        except (SafetensorError, OSError):
+            return
+    if str(metadata.get(CHECKSUM_KEY, "")).startswith(CHECKSUM_PREFIX):
+        verify_checksum(path, metadata, tensors)
+
+
+def check_readable(path: str | os.PathLike, what: str) -> Path:
+    """``path`` as a ``Path`` if it is a file; :class:`~attnlens.errors.MissingFileError` if
+    nothing is there, :class:`~attnlens.errors.FileFormatError` for a folder (both naming
+    ``what`` the file should be)."""
+    path = Path(path)
+    if path.is_dir():
+        raise FileFormatError(f"{what} file {path} is a folder; give the path of the file itself.")
+    if not path.exists():
+        raise MissingFileError(f"{what} file {path} does not exist; check the path.")
+    return path

@@ -18,6 +18,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens.errors import InputError
+
 
 @dataclass(eq=False)
 class HeadSet:
@@ -36,14 +38,14 @@ class HeadSet:
     def __post_init__(self) -> None:
         self.mask = torch.as_tensor(self.mask, dtype=torch.bool).cpu()
         if self.mask.ndim != 2:
-            raise ValueError(f"HeadSet mask must be [layer, head], got {tuple(self.mask.shape)}.")
+            raise InputError(f"HeadSet mask must be [layer, head], got {tuple(self.mask.shape)}.")
         listed = [tuple(map(int, pair)) for pair in self.mask.nonzero().tolist()]
         if self.order is None:
             self.order = listed
         else:
             self.order = [(int(layer), int(head)) for layer, head in self.order]
             if sorted(self.order) != listed:
-                raise ValueError("HeadSet order must list exactly the heads in its mask.")
+                raise InputError("HeadSet order must list exactly the heads in its mask.")
 
     @classmethod
     def all(cls, n_layers: int, n_heads: int) -> HeadSet:
@@ -64,16 +66,16 @@ class HeadSet:
                 for layer, head in heads
             ]
         except ValueError:  # not pairs
-            raise ValueError("heads must be (layer, head) pairs of whole numbers, e.g. [(0, 3), (5, 11)].") from None
+            raise InputError("heads must be (layer, head) pairs of whole numbers, e.g. [(0, 3), (5, 11)].") from None
         mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         for layer, head in order:
             if not (0 <= layer < n_layers and 0 <= head < n_heads):
-                raise ValueError(
+                raise InputError(
                     f"head {(layer, head)} is outside the model's {n_layers} layers x {n_heads} heads; "
                     f"layers are 0..{n_layers - 1} and heads 0..{n_heads - 1}."
                 )
             if mask[layer, head]:
-                raise ValueError(f"head {(layer, head)} is listed twice.")
+                raise InputError(f"head {(layer, head)} is listed twice.")
             mask[layer, head] = True
         return cls(mask, order=order)
 
@@ -110,8 +112,9 @@ def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
     ``fraction`` is taken as the decimal it prints as (``0.145`` is ``145/1000``, not the binary
     float just below it), and the product is rounded exactly: ``0.145`` of 100 heads is 15.
     """
-    if not 0.0 <= float(fraction) <= 1.0:
-        raise ValueError(f"fraction must lie in [0, 1], got {fraction}.")
+    from attnlens.checks import finite
+
+    fraction = finite(fraction, "fraction", low=0.0, high=1.0)
     exact = Fraction(repr(float(fraction))) * n_layers * n_heads
     return math.floor(exact + Fraction(1, 2))
 

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from attnlens.errors import InputError, InputTypeError
 from attnlens.loading import is_causal
 
 Layout = Literal["papa", "padded"]
@@ -121,17 +122,17 @@ def tokenize(
     (:func:`position_limit`); otherwise ``ValueError`` names the limit.
     """
     if hasattr(model, "config") and not hasattr(model, "cfg"):  # a Hugging Face model
-        raise TypeError(
+        raise InputTypeError(
             f"tokenize takes a bridge from attnlens.load or a tokenizer, got a "
             f"{type(model).__name__}; pass attnlens.load(model) or its tokenizer."
         )
     tokenizer = getattr(model, "tokenizer", None) or model
     if layout not in LAYOUTS:
-        raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     examples = _as_examples(texts_or_pairs)
     is_pair = isinstance(examples[0], tuple)
     if any(isinstance(example, tuple) != is_pair for example in examples):
-        raise ValueError("Mix of single sentences and pairs in one batch; tokenize them apart.")
+        raise InputError("Mix of single sentences and pairs in one batch; tokenize them apart.")
     max_len = check_max_len(model, max_len, layout=layout, is_pair=is_pair)
     if layout == "papa":
         batch = _papa(tokenizer, examples, max_len, is_pair)
@@ -224,7 +225,7 @@ def check_max_len(
     minimum = min_max_len(tokenizer, layout=layout, is_pair=is_pair)
     if max_len < minimum:
         inputs = "sentence pairs" if is_pair else "single sentences"
-        raise ValueError(
+        raise InputError(
             f"max_len={max_len} leaves no room for tokens in the {layout!r} layout: {inputs} "
             f"need max_len >= {minimum} (special tokens plus one token per segment)."
         )
@@ -233,7 +234,7 @@ def check_max_len(
         config = model.original_model.config
         reserved = _reserved_positions(config)
         unused = f" minus padding_idx + 1 = {reserved}" if reserved else ""
-        raise ValueError(
+        raise InputError(
             f"max_len={max_len} is more than the {limit} token positions of the model "
             f"(config.max_position_embeddings={config.max_position_embeddings}{unused}); "
             f"use max_len={limit} or less."
@@ -256,7 +257,7 @@ class Words:
 
     def __post_init__(self) -> None:
         if isinstance(self.words, str) or not all(isinstance(word, str) for word in self.words):
-            raise TypeError("Words takes a sequence of strings, e.g. Words(('EU', 'rejects', 'German')).")
+            raise InputTypeError("Words takes a sequence of strings, e.g. Words(('EU', 'rejects', 'German')).")
         object.__setattr__(self, "words", tuple(self.words))
 
     def __len__(self) -> int:
@@ -274,7 +275,7 @@ def _as_examples(texts_or_pairs: Any) -> list:
         return [texts_or_pairs]
     examples = [tuple(e) if isinstance(e, list | tuple) else e for e in texts_or_pairs]
     if not examples:
-        raise ValueError("Nothing to tokenize: the list of texts is empty.")
+        raise InputError("Nothing to tokenize: the list of texts is empty.")
     if isinstance(examples[0], Words):
         return _as_words(examples)
     for index, example in enumerate(examples):
@@ -284,7 +285,7 @@ def _as_examples(texts_or_pairs: Any) -> list:
         if not ok:
             from attnlens.checks import describe
 
-            raise TypeError(f"Expected a string or a (str, str) pair, got {describe(example)} (text {index}).")
+            raise InputTypeError(f"Expected a string or a (str, str) pair, got {describe(example)} (text {index}).")
         if any(not part.strip() for part in (example if isinstance(example, tuple) else (example,))):
             raise BlankText(index, "is blank (empty or only whitespace); remove blank texts from the corpus")
     return examples
@@ -293,7 +294,7 @@ def _as_examples(texts_or_pairs: Any) -> list:
 def _as_words(examples: list) -> list[Words]:
     for index, example in enumerate(examples):
         if not isinstance(example, Words):
-            raise ValueError("Mix of Words and texts in one batch; tokenize them apart.")
+            raise InputError("Mix of Words and texts in one batch; tokenize them apart.")
         if not example.words or any(not word.strip() for word in example.words):
             raise BlankText(index, "has no words, or a blank word; remove it from the corpus")
     return examples
@@ -302,7 +303,7 @@ def _as_words(examples: list) -> list[Words]:
 def _word_ids(tokenizer: Any, examples: Sequence[Words], **options: Any) -> tuple[Any, list[list[int | None]]]:
     """``tokenizer`` on word lists (``is_split_into_words``) and each row's word of every token."""
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError(
+        raise InputError(
             f"{type(tokenizer).__name__} cannot map words to sub-tokens (it is not a fast "
             "tokenizer), which token tasks need; load the model with its fast tokenizer "
             "(AutoTokenizer.from_pretrained(name, use_fast=True))."
@@ -328,7 +329,7 @@ def _word_index(word_ids: list[list[int | None]], offsets: list[int], length: in
     return index, every
 
 
-class BlankText(ValueError):
+class BlankText(InputError):
     """A text with no real token: blank, or made only of characters the tokenizer drops.
     ``index`` is its position in the texts given (:func:`attnlens.passes.run` reports it as its
     index in the corpus)."""
@@ -364,7 +365,7 @@ def special_ids(tokenizer: Any) -> tuple[int, int, int]:
         if value is None
     ]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"The PAPA layout needs a tokenizer with start, separator and pad tokens; "
             f"{type(tokenizer).__name__} has no {', '.join(missing)}. Use a BERT- or RoBERTa-style "
             "tokenizer, or layout='padded'."

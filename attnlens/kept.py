@@ -33,6 +33,8 @@ import torch
 from jaxtyping import Float, UInt8
 from torch import Tensor
 
+from attnlens.errors import InputError
+
 #: the code of 0 in signed maps (codes 1 .. 255 stand for -127 .. 127 steps)
 SIGNED_ZERO = 128
 #: zlib level of the kept codes. Level 1 deflates the 8-bit maps 17x faster than level 9 for 8%
@@ -57,7 +59,7 @@ def encode(
     """
     values = maps.detach().float()
     if not bool(torch.isfinite(values).all()):
-        raise ValueError("attention maps to keep hold NaN or infinite values")
+        raise InputError("attention maps to keep hold NaN or infinite values")
     if signed:
         top = values.abs().amax(dim=(-2, -1))
         scale = top / 127
@@ -65,7 +67,7 @@ def encode(
         codes = (steps + SIGNED_ZERO).to(torch.uint8)
     else:
         if bool((values < -1e-6).any()):
-            raise ValueError("a view coded as non-negative has negative values; code it as signed")
+            raise InputError("a view coded as non-negative has negative values; code it as signed")
         scale = values.clamp_min(0).amax(dim=(-2, -1)) / 255
         codes = (values.clamp_min(0) / _nonzero(scale)[..., None, None]).round().clamp(0, 255)
         codes = codes.to(torch.uint8)
@@ -143,7 +145,7 @@ class KeptExample:
         n = len(tokens)
         for view, array in codes.items():
             if array.dtype != np.uint8 or array.ndim != 4 or array.shape[2:] != (n, n):
-                raise ValueError(
+                raise InputError(
                     f"view {view!r}: codes of shape {array.shape} ({array.dtype}) for {n} tokens; "
                     "expected uint8 [layer, head, n, n]"
                 )
@@ -196,7 +198,7 @@ class KeptPatterns:
         for example in self.examples:
             if example.index == index:
                 return example
-        raise ValueError(
+        raise InputError(
             f"example {index} was not kept: the comparison kept the maps of examples "
             f"{_ranges(self.indices)} (the first {self.limit} of the corpus that fit in "
             f"{self.budget} bytes); pass compare(..., report_examples=, report_budget=) to keep others"
@@ -205,7 +207,7 @@ class KeptPatterns:
     def pattern(self, index: int, view: str) -> Float[np.ndarray, "layer head query key"]:
         """Every head's map of example ``index`` under ``view`` (decoded, float32)."""
         if view not in self.views:
-            raise ValueError(f"view {view!r} was not kept; kept views: {', '.join(self.views)}")
+            raise InputError(f"view {view!r} was not kept; kept views: {', '.join(self.views)}")
         example = self.example(index)
         return decode(example.codes(view), example.scales[view], signed=view in self.signed)
 
@@ -278,7 +280,7 @@ class KeptPatterns:
             views = tuple(data["views"])
             n_layers, n_heads = int(data["n_layers"]), int(data["n_heads"])
             if int(data.get("zero", SIGNED_ZERO)) != SIGNED_ZERO:
-                raise ValueError(f"signed maps coded around {data['zero']}, not {SIGNED_ZERO}")
+                raise InputError(f"signed maps coded around {data['zero']}, not {SIGNED_ZERO}")
             examples = []
             for item in data["examples"]:
                 tokens = list(item["tokens"])
@@ -289,13 +291,13 @@ class KeptPatterns:
                     for view, values in item["scales"].items()
                 }
                 if set(blobs) != set(views) or set(scales) != set(views):
-                    raise ValueError(f"example {item['index']} does not have the views {views}")
+                    raise InputError(f"example {item['index']} does not have the views {views}")
                 if len(item["segments"]) != n:
-                    raise ValueError(f"example {item['index']}: {len(item['segments'])} segments for {n} tokens")
+                    raise InputError(f"example {item['index']}: {len(item['segments'])} segments for {n} tokens")
                 for view, blob in blobs.items():
                     size = len(zlib.decompress(blob))
                     if size != n_layers * n_heads * n * n:
-                        raise ValueError(
+                        raise InputError(
                             f"example {item['index']}, view {view!r}: {size} codes, expected "
                             f"{n_layers} x {n_heads} x {n} x {n}"
                         )
@@ -308,7 +310,7 @@ class KeptPatterns:
                 int(data.get("limit", 0)), int(data.get("budget", 0)), int(data.get("n_considered", 0)),
             )
         except (KeyError, TypeError, ValueError, zlib.error) as error:
-            raise ValueError(
+            raise InputError(
                 f"kept_patterns of the comparison JSON is not valid ({type(error).__name__}: "
                 f"{error}); write it again with Comparison.to_json"
             ) from None

@@ -41,6 +41,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens import checks, passes
+from attnlens.errors import InputError, InputTypeError, NotFittedError
 from attnlens.inputs import Batch
 from attnlens.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.probing.features import Features, HiddenStates, extract
@@ -74,7 +75,7 @@ NAMES: dict[str, str] = {**KINDS, "probe": "MLM probe"}
 UNEMBED_INPUT = "unembed.hook_in"
 
 
-class UntrainedHead(ValueError):
+class UntrainedHead(InputError):
     """The model's LM head was not in its checkpoint: transformers initialised it at load, so any
     score read from it would be noise."""
 
@@ -111,7 +112,7 @@ class LMScore:
         """``exp(-value)`` of a ``"pll"`` score (Salazar et al. 2020's PPPL); ``ValueError`` for
         another kind, whose :attr:`perplexity` is not a pseudo-perplexity."""
         if self.kind != "pll":
-            raise ValueError(
+            raise InputError(
                 f"a {self.name} score has a perplexity ({self.perplexity:.4g}), not a "
                 "pseudo-perplexity; use kind='pll' for one."
             )
@@ -159,13 +160,13 @@ def _row_seed(seed: int, ids: Sequence[int]) -> int:
 
 def _mix(mix: Any) -> tuple[float, float, float]:
     if isinstance(mix, str) or not isinstance(mix, Sequence) or len(mix) != 3:
-        raise TypeError(
+        raise InputTypeError(
             f"mix must be three numbers ([MASK], random token, keep), e.g. (0.8, 0.1, 0.1), got "
             f"{checks.describe(mix)}"
         )
     parts = tuple(checks.finite(p, f"mix[{i}]", low=0, high=1) for i, p in enumerate(mix))
     if abs(sum(parts) - 1) > 1e-6:
-        raise ValueError(f"mix must add up to 1 ([MASK], random token, keep), got {parts}")
+        raise InputError(f"mix must add up to 1 ([MASK], random token, keep), got {parts}")
     return parts  # type: ignore[return-value]
 
 
@@ -199,7 +200,7 @@ def mlm_masks(
     p_mask, p_random, _ = _mix(mix)
     mask_id = getattr(tokenizer, "mask_token_id", None)
     if mask_id is None:
-        raise ValueError(
+        raise InputError(
             f"{type(tokenizer).__name__} has no mask token, so masked-LM scoring cannot mask "
             "tokens; use an encoder with an MLM head (BERT, RoBERTa), or kind='causal' for a decoder."
         )
@@ -213,7 +214,7 @@ def mlm_masks(
     for row in range(ids.shape[0]):
         positions = allowed[row].nonzero().flatten()
         if positions.numel() == 0:
-            raise ValueError(f"example {row} of the batch has no token to mask (only special tokens).")
+            raise InputError(f"example {row} of the batch has no token to mask (only special tokens).")
         generator = torch.Generator().manual_seed(_row_seed(seed, ids[row][real[row]].tolist()))
         n = max(1, math.floor(rate * positions.numel() + 0.5))
         # fixed order of draws: positions, then what replaces each, then the random tokens
@@ -241,7 +242,7 @@ def pll_copies(
     tokenizer = _tokenizer(tokenizer)
     mask_id = getattr(tokenizer, "mask_token_id", None)
     if mask_id is None:
-        raise ValueError(
+        raise InputError(
             f"{type(tokenizer).__name__} has no mask token, so a pseudo-log-likelihood cannot "
             "mask tokens; use an encoder with an MLM head, or kind='causal' for a decoder."
         )
@@ -282,7 +283,7 @@ def _with_ids(batch: Batch, input_ids: Tensor) -> Batch:
 def _rate(rate: Any) -> float:
     rate = checks.finite(rate, "mask_rate", low=0, high=1)
     if not 0 < rate < 1:
-        raise ValueError(f"mask_rate must lie strictly between 0 and 1 (e.g. 0.15), got {rate}")
+        raise InputError(f"mask_rate must lie strictly between 0 and 1 (e.g. 0.15), got {rate}")
     return rate
 
 
@@ -317,7 +318,7 @@ class LMScorer(passes.Accumulator):
 
     def __init__(self, model: Any, kind: str, *, mask_rate: float = 0.15, seed: int = 0) -> None:
         if kind not in KINDS:
-            raise ValueError(f"Unknown kind {kind!r}; use one of {', '.join(KIND_CHOICES)}.")
+            raise InputError(f"Unknown kind {kind!r}; use one of {', '.join(KIND_CHOICES)}.")
         self.model, self.kind, self.mask_rate, self.seed = model, kind, mask_rate, seed
         self.nll = torch.zeros((), dtype=torch.float64)
         self.count = torch.zeros((), dtype=torch.int64)
@@ -375,7 +376,7 @@ class LMScorer(passes.Accumulator):
         """``(mean log-likelihood per predicted token, predicted tokens)``."""
         count = int(self.count)
         if count == 0:
-            raise ValueError("no token was predicted: every text has a single token.")
+            raise InputError("no token was predicted: every text has a single token.")
         return -float(self.nll) / count, count
 
 
@@ -424,12 +425,12 @@ def score(
     require_bridge(model, "lm.score")
     hooks = list(hooks)
     if isinstance(texts, str | bytes):
-        raise TypeError(
+        raise InputTypeError(
             "texts must be a list (or other iterable) of strings, not one string; pass [text] "
             "for a single text."
         )
     if not isinstance(kind, str) or kind not in KIND_CHOICES:
-        raise ValueError(f"Unknown kind {checks.describe(kind)}; use one of {', '.join(KIND_CHOICES)}.")
+        raise InputError(f"Unknown kind {checks.describe(kind)}; use one of {', '.join(KIND_CHOICES)}.")
     mask_rate = _rate(mask_rate)
     seed = checks.whole_number(seed, "seed")
     max_len = checks.whole_number(max_len, "max_len", " of tokens (e.g. max_len=128)", minimum=1)
@@ -438,12 +439,12 @@ def score(
     if kind == "auto":
         kind = "causal" if causal else "mlm"
     if kind == "causal" and not causal:
-        raise ValueError(
+        raise InputError(
             f"kind='causal' needs a decoder; {model_id(model)} is an encoder, whose head fills "
             "masked tokens: use kind='mlm' or kind='pll'."
         )
     if kind != "causal" and causal:
-        raise ValueError(
+        raise InputError(
             f"kind={kind!r} needs an encoder with a masked-LM head; {model_id(model)} is a "
             "decoder, whose head predicts the next token: use kind='causal'."
         )
@@ -540,7 +541,7 @@ class MLMHead:
         self.batch_size = checks.whole_number(batch_size, "batch_size", minimum=1)
         self.lr = checks.finite(lr, "lr", low=0)
         if self.lr == 0:
-            raise ValueError("lr must be above 0 (nothing would be learned).")
+            raise InputError("lr must be above 0 (nothing would be learned).")
         self.seed = checks.whole_number(seed, "seed")
         self.progress = progress
         self.network: torch.nn.Sequential | None = None
@@ -551,7 +552,7 @@ class MLMHead:
         from torch import nn
 
         if features.kind != "masked":
-            raise ValueError(f"an MLM head trains on masked-token features, got {features.kind!r} ones.")
+            raise InputError(f"an MLM head trains on masked-token features, got {features.kind!r} ones.")
         inputs = features.vectors.flatten(1)
         targets = features.positions
         n = inputs.shape[0]
@@ -581,7 +582,7 @@ class MLMHead:
     def log_likelihood(self, features: Features) -> Float[Tensor, " token"]:
         """``log p(original token)`` at each masked position of ``features``."""
         if self.network is None:
-            raise RuntimeError("this MLMHead is not fitted yet; call fit(features, vocab_size) first.")
+            raise NotFittedError("this MLMHead is not fitted yet; call fit(features, vocab_size) first.")
         out = []
         with torch.no_grad():
             for start in range(0, features.vectors.shape[0], 1024):
@@ -600,7 +601,7 @@ class MLMHead:
         from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
 
         if self.network is None:
-            raise RuntimeError("this MLMHead is not fitted yet; nothing to save.")
+            raise NotFittedError("this MLMHead is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
         settings = {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
         metadata = {"format": HEAD_FORMAT, "settings": json.dumps(settings, sort_keys=True),
@@ -620,7 +621,7 @@ class MLMHead:
         if set(tensors) != {"0.weight", "0.bias", "2.weight", "2.bias"} or not all(
             torch.isfinite(value).all() for value in tensors.values()
         ):
-            raise ValueError(f"MLM head file {path} is damaged (missing or non-finite weights).")
+            raise InputError(f"MLM head file {path} is damaged (missing or non-finite weights).")
         head = cls(**json.loads(metadata["settings"]))
         hidden, width = tensors["0.weight"].shape
         head.network = nn.Sequential(nn.Linear(width, hidden), nn.GELU(),
@@ -659,17 +660,17 @@ def probe(
     """
     require_bridge(model, "lm.probe")
     if isinstance(texts, str | bytes):
-        raise TypeError("texts must be a list of strings, not one string; pass [text] for one text.")
+        raise InputTypeError("texts must be a list of strings, not one string; pass [text] for one text.")
     texts = list(texts)
     if eval_texts is None:
         if len(texts) < 2:
-            raise ValueError("lm.probe needs at least 2 texts (the last fifth scores the head).")
+            raise InputError("lm.probe needs at least 2 texts (the last fifth scores the head).")
         cut = len(texts) - max(1, len(texts) // 5)
         texts, eval_texts = texts[:cut], texts[cut:]
     mask_rate = _rate(mask_rate)
     seed = checks.whole_number(seed, "seed")
     if getattr(model.tokenizer, "mask_token_id", None) is None:
-        raise ValueError(f"{model_id(model)} has no mask token; the MLM probe needs an encoder.")
+        raise InputError(f"{model_id(model)} has no mask token; the MLM probe needs an encoder.")
     if head is None or isinstance(head, dict):
         head = MLMHead(**{"seed": seed, "progress": progress, **(head or {})})
     variant = f"mlm-probe/{mask_rate}/{seed}/{PROBE_MIX}"

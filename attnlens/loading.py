@@ -16,6 +16,13 @@ from typing import Any
 import torch
 
 from attnlens import models, seam
+from attnlens.errors import (
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MissingFileError,
+    UnavailableError,
+)
 
 #: HF model classes attnlens knows how to wrap: those of the adapters in :mod:`attnlens.models`.
 SUPPORTED_CLASSES = tuple(name for a in models.ARCHITECTURES for name in a.hf_classes)
@@ -71,10 +78,11 @@ def load(
     """
     from transformer_lens.model_bridge import TransformerBridge
 
+    device, dtype = checked_device(device), checked_dtype(dtype)
     if isinstance(model, TransformerBridge):
         given = [name for name, value in (("device", device), ("dtype", dtype), ("tokenizer", tokenizer)) if value is not None]
         if given:
-            raise ValueError(
+            raise InputError(
                 f"attnlens.load(bridge) uses the bridge as it is, so {'=, '.join(given)}= would be "
                 "ignored; move it with bridge.to(...) first, or pass the Hugging Face model "
                 "(or its name) to attnlens.load with these arguments."
@@ -95,7 +103,7 @@ def load(
             if folder != str(model) and models.resolve_alias(str(model)) is not None:
                 bridge.cfg.model_name = str(model).lower()  # the alias, not a cache path
     else:
-        raise TypeError(
+        raise InputTypeError(
             f"attnlens.load got a {type(model).__name__}; pass None (the embedded default model), "
             "a hub name or local folder, a transformers PreTrainedModel, or a TransformerBridge."
         )
@@ -108,14 +116,65 @@ def load(
     return bridge
 
 
+#: dtype names :func:`load` accepts as strings (``dtype="float16"``), and what they mean
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float64": torch.float64, "fp64": torch.float64, "double": torch.float64,
+}
+
+
+def checked_dtype(dtype: Any) -> torch.dtype | None:
+    """``dtype`` as a floating ``torch.dtype`` (a name of :data:`DTYPE_NAMES`, with or without
+    ``torch.``, is accepted); one error naming ``dtype`` and the accepted names otherwise."""
+    if dtype is None or isinstance(dtype, torch.dtype) and dtype.is_floating_point:
+        return dtype
+    if isinstance(dtype, str):
+        found = DTYPE_NAMES.get(dtype.strip().lower().removeprefix("torch."))
+        if found is not None:
+            return found
+        raise InputError(f"dtype {dtype!r} is not a floating-point dtype; use one of {', '.join(DTYPE_NAMES)} "
+                         "(or torch.float16, ...).")
+    if isinstance(dtype, torch.dtype):
+        raise InputError(f"dtype must be a floating-point dtype (e.g. torch.float32), got {dtype}.")
+    raise InputTypeError(f"dtype must be a torch.dtype or its name (e.g. 'float16'), got a {type(dtype).__name__}.")
+
+
+def checked_device(device: Any) -> str | torch.device | None:
+    """``device`` unchanged if torch knows it and this machine has it; else one error naming
+    ``device``: :class:`~attnlens.errors.InputError` for a name torch does not know,
+    :class:`~attnlens.errors.UnavailableError` for a CUDA / MPS device this machine lacks."""
+    if device is None:
+        return None
+    if not isinstance(device, str | torch.device):
+        raise InputTypeError(f"device must be a string such as 'cpu' or 'cuda:0', or a torch.device, "
+                             f"got a {type(device).__name__}.")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise InputError(f"device {device!r} is not a device torch knows; use 'cpu', 'cuda', 'cuda:1' or 'mps'.") from None
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UnavailableError(f"device {str(device)!r}: this machine has no CUDA GPU that torch can use "
+                                   "(torch.cuda.is_available() is False); use device='cpu'.")
+        if parsed.index is not None and parsed.index >= count:
+            raise UnavailableError(f"device {str(device)!r}: this machine has {count} CUDA GPU(s), "
+                                   f"numbered 0 to {count - 1}.")
+    if parsed.type == "mps" and not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+        raise UnavailableError(f"device {str(device)!r}: MPS (Apple GPUs) is not available here; use device='cpu'.")
+    return device
+
+
 def _check_tokenizer(tokenizer: Any, config: Any) -> None:
     """``ValueError`` unless ``tokenizer`` exists and fits the model's vocabulary."""
     fix = "pass tokenizer=AutoTokenizer.from_pretrained(<the model's tokenizer>) to attnlens.load."
     if tokenizer is None:
-        raise ValueError(f"The model has no tokenizer; {fix}")
+        raise InputError(f"The model has no tokenizer; {fix}")
     size, vocab = len(tokenizer), getattr(config, "vocab_size", None)
     if isinstance(vocab, int) and size < vocab // 2:
-        raise ValueError(
+        raise InputError(
             f"The tokenizer knows {size} tokens but the model's vocabulary has {vocab}, so it is "
             "not the model's tokenizer (transformers makes up a tiny one for a folder without "
             f"tokenizer files); {fix}"
@@ -125,7 +184,7 @@ def _check_tokenizer(tokenizer: Any, config: Any) -> None:
 def require_bridge(model: Any, who: str) -> None:
     """``TypeError`` unless ``model`` is a TransformerBridge; ``who`` names the caller."""
     if not (hasattr(model, "cfg") and hasattr(model, "hook_dict")):
-        raise TypeError(
+        raise InputTypeError(
             f"{who} needs a TransformerBridge, got {type(model).__name__}; load the model with "
             "attnlens.load(model) (it accepts a Hugging Face model too) and pass the result."
         )
@@ -210,7 +269,7 @@ def _check_supported(hf_model: Any) -> None:
         )
 
 
-class ModelFilesError(ValueError):
+class ModelFilesError(FileFormatError):
     """A model folder whose files cannot be read: no ``config.json``, no weights, or weights that
     are damaged, truncated or not a safe checkpoint. The message names the folder and the fix."""
 
@@ -265,7 +324,7 @@ def _boot(name_or_path: str, *, device: str, dtype: torch.dtype, tokenizer: Any)
     path = Path(name_or_path).expanduser()
     is_local = path.is_dir()
     if not is_local and (path.exists() or _looks_like_a_path(name_or_path)):
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"No model folder at {path.resolve()}: attnlens.load takes a folder in Hugging Face "
             "layout (config.json, weights, tokenizer files) or a hub name such as 'bert-base-uncased'."
         )
@@ -434,7 +493,7 @@ def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: A
     if earlier is not None:  # loaded before (e.g. a notebook cell run again): the same bridge
         return _rewrap(hf_model, earlier, device=device, dtype=dtype, tokenizer=tokenizer)
     if any(type(module).__name__.endswith("Bridge") for module in hf_model.modules()):
-        raise ValueError(
+        raise InputError(
             f"This {type(hf_model).__name__} is already wrapped by a TransformerBridge; pass that "
             "bridge to attnlens.load instead of the Hugging Face model."
         )
@@ -448,7 +507,7 @@ def _wrap(hf_model: Any, *, device: Any, dtype: torch.dtype | None, tokenizer: A
             except (OSError, ValueError):
                 tokenizer = None
         if tokenizer is None:
-            raise ValueError(
+            raise InputError(
                 f"No tokenizer for this {type(hf_model).__name__}: pass "
                 "tokenizer=AutoTokenizer.from_pretrained(...) to attnlens.load."
             )
@@ -472,7 +531,7 @@ def _rewrap(hf_model: Any, bridge: Any, *, device: Any, dtype: Any, tokenizer: A
         dtype is not None and dtype != hf_model.dtype
     )
     if moved:
-        raise ValueError(
+        raise InputError(
             f"This model was already loaded by attnlens.load on {hf_model.device} in "
             f"{hf_model.dtype}; reuse that bridge, or load a fresh copy with device=/dtype=."
         )

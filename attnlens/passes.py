@@ -60,6 +60,15 @@ from torch import Tensor
 
 from attnlens import models, seam
 from attnlens.corpus import corpus_iterator
+from attnlens.errors import (
+    DamagedFileError,
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MismatchError,
+    ModelBehaviourError,
+    UnavailableError,
+)
 from attnlens.inputs import (
     LAYOUTS,
     Batch,
@@ -136,7 +145,7 @@ class LayerPatterns:
     def effective(self) -> Float[Tensor, "batch head query key"]:
         if self._effective is None:
             if self.values is None:
-                raise RuntimeError(
+                raise ModelBehaviourError(
                     "effective attention needs the layer's values: set needs_effective = True "
                     "on the accumulator that reads LayerPatterns.effective."
                 )
@@ -213,7 +222,7 @@ class Accumulator:
         own = self.state_dict()
         for key, value in state.items():
             if key not in own:
-                raise ValueError(f"{self.name}: unexpected tensor {key!r} in the saved state.")
+                raise InputError(f"{self.name}: unexpected tensor {key!r} in the saved state.")
             own[key].copy_(value)
 
     def metadata(self) -> dict[str, Any]:
@@ -223,7 +232,7 @@ class Accumulator:
     def merge(self, other: Accumulator) -> Accumulator:
         """Add ``other``'s state (the same kind, over another part of a corpus) into this one."""
         if type(other) is not type(self):
-            raise TypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+            raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
         mine, theirs = self.state_dict(), other.state_dict()
         for key, value in mine.items():
             value += theirs[key].to(value.device)
@@ -267,7 +276,7 @@ class PassSummary:
 def chunks(corpus: Iterable, size: int) -> Iterator[list]:
     """Consecutive lists of ``size`` examples (the last one may be shorter), read lazily."""
     if size < 1:
-        raise ValueError(f"batch_size must be at least 1, got {size}")
+        raise InputError(f"batch_size must be at least 1, got {size}")
     chunk: list = []
     for item in corpus_iterator(corpus):
         chunk.append(item)
@@ -364,7 +373,7 @@ def values_per_query_head(
         v = einops.rearrange(v, "b k h d -> b h k d")
     if v.shape[1] != n_heads:
         if n_heads % v.shape[1]:
-            raise ValueError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
+            raise InputError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
         v = v.repeat_interleave(n_heads // v.shape[1], dim=1)
     return v
 
@@ -377,7 +386,7 @@ def value_hook(model: Any, layer: int) -> str:
     for name in (preferred, f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.attn.v.hook_out"):
         if name is not None and name in model.hook_dict:
             return name
-    raise ValueError(f"The model has no value hook for layer {layer} (blocks.{layer}.attn.hook_v).")
+    raise InputError(f"The model has no value hook for layer {layer} (blocks.{layer}.attn.hook_v).")
 
 
 def model_inputs(batch: Batch) -> tuple[Tensor, dict[str, Tensor | None]]:
@@ -395,14 +404,47 @@ def run_with_hooks(
     hooks' :func:`attnlens.seam.key_mask` is the batch's own mask. Returns the model's output."""
     require_bridge(model, "attnlens.run_with_hooks")
     if not isinstance(batch, Batch):
-        raise TypeError(
+        raise InputTypeError(
             f"attnlens.run_with_hooks takes a Batch from attnlens.tokenize, got {type(batch).__name__}."
         )
+    check_hooks(hooks, batch)
+    check_token_ids(model, batch)
     batch = batch.to(device_of(model))
     with seam.batch_key_mask(batch.attention_mask.bool()):
         return model.run_with_hooks(
             batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(hooks), **kwargs
         )
+
+
+def check_token_ids(model: Any, batch: Batch) -> None:
+    """:class:`~attnlens.errors.InputError` when a token id of ``batch`` is negative or beyond
+    the model's vocabulary (a batch not made by :func:`attnlens.tokenize` for this model)."""
+    vocab = getattr(model.cfg, "d_vocab", None)
+    ids = batch.input_ids
+    if not isinstance(vocab, int) or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise InputError(
+            f"batch.input_ids holds the token id {bad}, outside the model's vocabulary 0..{vocab - 1}; "
+            "tokenize with attnlens.tokenize(model, texts, ...) using this model's tokenizer."
+        )
+
+
+def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
+    """:class:`~attnlens.errors.MismatchError` when a hook of :func:`attnlens.papa.hooks` holds
+    constants fitted on sentence pairs and ``batch`` holds single sentences, or the reverse."""
+    for item in hooks:
+        constants = getattr(item[1], "constants", None) if isinstance(item, tuple | list) and len(item) == 2 else None
+        pairs = getattr(constants, "pairs", None)
+        if pairs is not None and bool(batch.is_pair) != bool(pairs):
+            fitted = "sentence pairs" if pairs else "single sentences"
+            given = "sentence pairs" if batch.is_pair else "single sentences"
+            raise MismatchError(
+                f"the PAPA hooks' constants were fitted on {fitted}; these inputs are {given}. "
+                f"Fit constants on {given} (papa.fit on such a corpus) to use them here."
+            )
 
 
 def _pattern_hook(layer: int, handler: Callable[[int, Tensor], Tensor | None]) -> Callable:
@@ -441,7 +483,7 @@ def pattern_hooks(
             v = None
             if values:
                 if layer not in stash:
-                    raise RuntimeError(f"the value hook of layer {layer} did not fire before its hook_pattern.")
+                    raise ModelBehaviourError(f"the value hook of layer {layer} did not fire before its hook_pattern.")
                 v = values_per_query_head(model, stash.pop(layer))
             return on_pattern(layer, pattern, v, seam.key_mask(pattern, causal=causal))
 
@@ -512,7 +554,7 @@ def _collective(what: str, function: Callable[[], Any], current: World) -> Any:
     try:
         return function()
     except Exception as error:  # gloo/NCCL raise RuntimeError / DistBackendError
-        raise RuntimeError(
+        raise UnavailableError(
             f"rank {current.rank} of {current.size}: {what} failed ({str(error).splitlines()[0][:200]}); "
             "another rank probably died. Run the same command again: with --checkpoint each rank "
             "resumes from its own checkpoint."
@@ -528,7 +570,7 @@ def _check_same_settings(settings: str, current: World) -> None:
     )
     if len(set(gathered)) > 1:
         differing = [rank for rank, value in enumerate(gathered) if value != gathered[0]]
-        raise ValueError(
+        raise InputError(
             f"the ranks of this torchrun were given different corpora or settings (ranks "
             f"{differing} differ from rank 0): give every rank the same command and files."
         )
@@ -543,7 +585,7 @@ def _reduce(accumulators: Sequence[Accumulator], counts: dict[str, Any], current
     _collective("gathering counts", lambda: dist.all_gather_object(gathered, counts), current)
     kinds = {part["pairs"] for part in gathered if part["pairs"] is not None}
     if len(kinds) > 1:
-        raise ValueError("The corpus mixes single sentences and sentence pairs across ranks.")
+        raise InputError("The corpus mixes single sentences and sentence pairs across ranks.")
     for key in ("examples", "tokens", "truncated"):
         counts[key] = sum(part[key] for part in gathered)
     counts["longest"] = max(part.get("longest", 0) for part in gathered)
@@ -574,7 +616,7 @@ def check_world_size(checkpoint: str | os.PathLike, current: World) -> None:
         and not other.name.endswith(f"-of-{current.size}{path.suffix}")
     ) if path.parent.is_dir() else []
     if found:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {found[0]} was written by a run of another number of processes than "
             f"this one ({current.size}); resume it with the same torchrun --nproc_per_node and "
             "--nnodes, or give another checkpoint path."
@@ -613,15 +655,18 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
     try:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
-            if raw.get("format") != CHECKPOINT_FORMAT:
-                raise ValueError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
-        from attnlens.files import verify_checksum
+        from attnlens.files import check_sealed, verify_checksum
 
+        if raw.get("format") != CHECKPOINT_FORMAT:
+            check_sealed(path, raw, tensors)
+            raise InputError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
         verify_checksum(path, raw, tensors)
+        meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
+    except DamagedFileError:
+        raise
     except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as error:
-        raise ValueError(
+        raise FileFormatError(
             f"{path} is not an attnlens checkpoint (one written by a pass with checkpoint=...): {error}"
         ) from None
     return meta, tensors
@@ -639,7 +684,7 @@ def _restore(
         if key not in ("corpus",) and saved.get(key) != value
     ]
     if differing:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} was written by another run: {'; '.join(differing)}. Resume it "
             "with the same settings, or give another checkpoint path."
         )
@@ -659,6 +704,7 @@ class _Signals:
         self.previous: dict[int, Any] = {}
         self.pending: int | None = None
         self.deferring = False
+        self.batching = False
 
     def __enter__(self) -> _Signals:
         if threading.current_thread() is threading.main_thread():
@@ -671,10 +717,19 @@ class _Signals:
             signal.signal(number, handler)
 
     def _handle(self, number: int, frame: Any) -> None:
-        if self.deferring:
-            self.pending = number
+        if self.deferring or (self.batching and self.pending is None):
+            self.pending = number  # during a batch, the first signal waits for its end
             return
         raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
+
+    def end_batch(self) -> None:
+        """End of a batch (started by setting :attr:`batching`): a signal that came during it
+        interrupts now, when the batch is counted, so the checkpoint written on the way out
+        holds it (a second signal during a batch interrupts at once)."""
+        self.batching = False
+        if self.pending is not None:
+            number, self.pending = self.pending, None
+            raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
 
     @contextlib.contextmanager
     def saving(self) -> Iterator[None]:
@@ -732,10 +787,10 @@ def run(
     require_bridge(model, description)
     names = [a.name for a in accumulators]
     if len(set(names)) != len(names):
-        raise ValueError(f"accumulator names must be unique, got {names}")
+        raise InputError(f"accumulator names must be unique, got {names}")
     layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
-        raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     batch_size = _positive(batch_size, "batch_size", "examples per batch (e.g. batch_size=32)")
     checkpoint_every = _positive(checkpoint_every, "checkpoint_every", "batches (e.g. 20)")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
@@ -787,12 +842,12 @@ def run(
     consumed = list(itertools.islice(examples, resumed))
     fingerprint.update(consumed)
     if len(consumed) < resumed:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} has consumed {resumed} examples but the corpus has only "
             f"{len(consumed)}: it belongs to another corpus."
         )
     if resumed and fingerprint.hexdigest() != counts["corpus"]:
-        raise ValueError(
+        raise InputError(
             f"checkpoint {path} was written for another corpus: the first {resumed} examples "
             "given now differ from those it consumed. Resume it with the same corpus, or give "
             "another checkpoint path."
@@ -834,11 +889,13 @@ def run(
     with signals:
         try:
             for chunk in chunks(examples, batch_size):
+                signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
                 try:
                     batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
                 except BlankText as blank:  # name the text by its index in the corpus
                     raise blank.at(offset + counts["examples"] + blank.index) from None
                 inputs = _prepare(accumulators, batch)
+                check_hooks(hooks, batch)
                 pass_batch = PassBatch(inputs, offset + counts["examples"], model)
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)
@@ -853,7 +910,7 @@ def run(
                     else:
                         run_patterns(model, inputs, fwd_hooks, until=until)
                 if state["layers"] != n_layers:
-                    raise RuntimeError(
+                    raise ModelBehaviourError(
                         f"hook_pattern fired {state['layers']} times for {n_layers} layers; "
                         f"{description} needs every layer's attention pattern."
                     )
@@ -864,6 +921,7 @@ def run(
                 consistent = True
                 bar.update(len(chunk))
                 since_save += 1
+                signals.end_batch()  # interrupted during the batch: stop now, saving it
                 if path is not None and since_save >= checkpoint_every:
                     with signals.saving():
                         save()
@@ -883,7 +941,7 @@ def run(
     if current.distributed:
         _reduce(accumulators, counts, current)
     if counts["examples"] == 0:
-        raise ValueError(
+        raise InputError(
             f"corpus is empty: {description} needs at least one string or (str, str) pair "
             f"(got {type(corpus).__name__})."
         )
@@ -906,7 +964,7 @@ def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:
     changed = [(a, inputs) for a, inputs in changed if inputs is not batch]
     if len(changed) > 1:
         names = ", ".join(a.name for a, _ in changed)
-        raise ValueError(f"accumulators {names} each change the model's inputs; run them in separate passes.")
+        raise InputError(f"accumulators {names} each change the model's inputs; run them in separate passes.")
     return changed[0][1] if changed else batch
 
 
@@ -921,5 +979,5 @@ def _count(counts: dict[str, Any], batch: Batch) -> None:
 def _positive(value: Any, name: str, unit: str) -> int:
     number = whole_number(value, name, f" of {unit}")
     if number < 1:
-        raise ValueError(f"{name} must be at least 1, got {number}")
+        raise InputError(f"{name} must be at least 1, got {number}")
     return number

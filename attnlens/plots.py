@@ -32,6 +32,8 @@ from jaxtyping import Bool, Float, Int, Shaped
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from attnlens.errors import InputError
+
 #: colour scale for attention in [0, 1]
 SEQUENTIAL = "Viridis"
 #: colour scale, centred on 0, for signed attention (effective attention)
@@ -141,7 +143,7 @@ def head_grid(
     arrays = {key: as_array(value) for key, value in panels.items()}
     shapes = {array.shape for array in arrays.values()}
     if len(shapes) != 1 or len(next(iter(shapes))) != 2:
-        raise ValueError(f"head_grid needs [layer, head] arrays of one shape, got {sorted(shapes)}.")
+        raise InputError(f"head_grid needs [layer, head] arrays of one shape, got {sorted(shapes)}.")
     n_layers, n_heads = next(iter(shapes))
     if categorical is None:
         categorical = any(array.dtype.kind in "OUSb" for array in arrays.values())
@@ -157,7 +159,7 @@ def head_grid(
         index = {c: i for i, c in enumerate(categories)}
         unknown = {str(v) for a in arrays.values() for v in a.ravel()} - set(index)
         if unknown:
-            raise ValueError(f"values {sorted(unknown)} are not among categories {categories}.")
+            raise InputError(f"values {sorted(unknown)} are not among categories {categories}.")
         k = len(categories)
         scale = []
         for i in range(k):
@@ -294,19 +296,19 @@ def patterns(
     if array.ndim == 3:
         array = array[None]
     if array.ndim != 4:
-        raise ValueError(f"patterns needs [layer, head, query, key], got shape {array.shape}.")
+        raise InputError(f"patterns needs [layer, head, query, key], got shape {array.shape}.")
     tokens = list(tokens)
     if valid is not None:
         array, tokens = select_valid(array, tokens, valid)
     n_layers, n_heads, n_query, n_key = array.shape
     if len(tokens) != n_key or n_query > n_key:
-        raise ValueError(
+        raise InputError(
             f"{len(tokens)} tokens for a pattern with {n_query} queries and {n_key} keys."
         )
     layers = list(range(n_layers)) if layers is None else list(layers)
     heads = list(range(n_heads)) if heads is None else list(heads)
     if len(layers) != n_layers or len(heads) != n_heads:
-        raise ValueError("layers/heads labels do not match the pattern's layer/head axes.")
+        raise InputError("layers/heads labels do not match the pattern's layer/head axes.")
     if causal:
         array = _causal_mask(array)
     if diverging is None:
@@ -385,13 +387,13 @@ def side_by_side(
     per view: a decoder's effective attention does reach later keys, e.g. ``{"effective": False}``).
     """
     if not views:
-        raise ValueError("side_by_side needs at least one view.")
+        raise InputError("side_by_side needs at least one view.")
     tokens = list(tokens)
     arrays = {}
     for view, value in views.items():
         array = as_array(value)
         if array.ndim != 2:
-            raise ValueError(f"view {view!r}: side_by_side needs [query, key], got {array.shape}.")
+            raise InputError(f"view {view!r}: side_by_side needs [query, key], got {array.shape}.")
         if valid is not None:
             array, _ = select_valid(array, tokens, valid)
         blank = causal.get(view, False) if isinstance(causal, Mapping) else causal
@@ -401,7 +403,7 @@ def side_by_side(
     n = len(tokens)
     for view, array in arrays.items():
         if array.shape != (n, n):
-            raise ValueError(f"view {view!r} has shape {array.shape}, expected ({n}, {n}).")
+            raise InputError(f"view {view!r} has shape {array.shape}, expected ({n}, {n}).")
     labels = [_token_label(t) for t in tokens]
     text = [
         [f"L{layer}H{head} query {q} '{labels[q]}' → key {k} '{labels[k]}'" for k in range(n)]

@@ -24,6 +24,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.errors import InputError
 from attnlens.passes import Accumulator
 
 STATISTICS: tuple[str, ...] = (
@@ -178,7 +179,7 @@ class AttentionStatistics:
         on the CPU)."""
         counts = self.counts.cpu()
         if not bool((counts > 0).all()):
-            raise ValueError("No tokens were seen for some layer; update() with at least one batch.")
+            raise InputError("No tokens were seen for some layer; update() with at least one batch.")
         return {name: (total.cpu() / counts[:, None]).float() for name, total in self.sums.items()}
 
 
@@ -205,7 +206,7 @@ class Statistics(Accumulator):
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard") -> None:
         if view not in ("standard", "effective"):
-            raise ValueError(f"Unknown view {view!r}; use 'standard' or 'effective'.")
+            raise InputError(f"Unknown view {view!r}; use 'standard' or 'effective'.")
         self.view = view
         self.name = f"statistics.{view}"
         self.needs_effective = view == "effective"

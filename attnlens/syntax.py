@@ -58,6 +58,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.checks import describe, whole_number
+from attnlens.errors import InputError, InputTypeError, MissingFileError
 from attnlens.inputs import Words
 from attnlens.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 
@@ -108,19 +109,19 @@ def _source(conllu: str | os.PathLike) -> tuple[str, str]:
     if isinstance(conllu, str) and ("\n" in conllu or "\t" in conllu):
         return conllu, "the CoNLL-U text"
     if not isinstance(conllu, str | os.PathLike):
-        raise TypeError(
+        raise InputTypeError(
             f"conllu must be the path of a CoNLL-U file or its text, got {describe(conllu)}."
         )
     path = Path(conllu)
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"CoNLL-U file {path} not found: give the path of a treebank file (e.g. "
             "en_ewt-ud-dev.conllu from Universal Dependencies) or its text."
         )
     try:
         return path.read_text(encoding="utf-8-sig"), str(path)
     except UnicodeDecodeError as error:
-        raise ValueError(
+        raise InputError(
             f"{path} is not a CoNLL-U file: it is not UTF-8 text ({error.reason} at byte "
             f"{error.start}). Give a CoNLL-U treebank (UTF-8, one word per line, 10 tab-separated columns)."
         ) from None
@@ -131,7 +132,7 @@ def _check_line(name: str, number: int, line: str) -> tuple[str, str, str] | Non
     ``ValueError`` naming the file and line for anything else."""
     fields = line.split("\t")
     if len(fields) != 10:
-        raise ValueError(
+        raise InputError(
             f"{name}, line {number}: not a CoNLL-U word line ({len(fields)} tab-separated "
             f"column{'s' if len(fields) != 1 else ''}; CoNLL-U has 10: {_FIELDS}). Give a "
             "CoNLL-U treebank, e.g. en_ewt-ud-dev.conllu from Universal Dependencies."
@@ -140,12 +141,12 @@ def _check_line(name: str, number: int, line: str) -> tuple[str, str, str] | Non
     if _RANGE_ID.fullmatch(word_id) or _EMPTY_ID.fullmatch(word_id):
         return None
     if not _PLAIN_ID.fullmatch(word_id):
-        raise ValueError(
+        raise InputError(
             f"{name}, line {number}: {word_id!r} is not a CoNLL-U word ID (1, 2, ...; 3-4 for a "
             "multiword token, 5.1 for an empty node). Give a CoNLL-U treebank."
         )
     if not _HEAD.fullmatch(head) or deprel in ("", "_"):
-        raise ValueError(
+        raise InputError(
             f"{name}, line {number}: word {word_id} has no dependency (HEAD={head!r}, "
             f"DEPREL={deprel!r}). dependency_heads needs gold trees in the HEAD and DEPREL "
             "columns, as in Universal Dependencies treebanks; give such a file."
@@ -164,7 +165,7 @@ def _blocks(text: str, name: str, limit: int | None) -> list[tuple[int, list[str
         if ids:
             for number, head in heads:
                 if head > ids:
-                    raise ValueError(
+                    raise InputError(
                         f"{name}, line {number}: HEAD {head} points past the sentence's last "
                         f"word ({ids}). Give a well-formed CoNLL-U treebank."
                     )
@@ -187,7 +188,7 @@ def _blocks(text: str, name: str, limit: int | None) -> list[tuple[int, list[str
             continue
         word_id, head = int(checked[0]), int(checked[1])
         if word_id != ids + 1:
-            raise ValueError(
+            raise InputError(
                 f"{name}, line {number}: word ID {word_id} where {ids + 1} was expected (IDs run "
                 "1, 2, ... within a sentence, sentences end with a blank line). Give a "
                 "well-formed CoNLL-U treebank."
@@ -223,7 +224,7 @@ def read_conllu(conllu: str | os.PathLike, *, limit: int | None = None) -> list[
         try:
             (tokens,) = conllu_package.parse("\n".join(lines) + "\n\n")
         except ParseException as error:
-            raise ValueError(
+            raise InputError(
                 f"{name}, sentence at line {start}: not CoNLL-U ({error}). Give a CoNLL-U treebank."
             ) from None
         words = [token for token in tokens if isinstance(token["id"], int)]
@@ -234,7 +235,7 @@ def read_conllu(conllu: str | os.PathLike, *, limit: int | None = None) -> list[
             line=start,
         ))
     if not sentences:
-        raise ValueError(
+        raise InputError(
             f"{name} has no sentence: a CoNLL-U treebank has one word per line (10 tab-separated "
             f"columns: {_FIELDS}) and a blank line after each sentence."
         )
@@ -345,18 +346,18 @@ class DependencyCounts(Accumulator):
         tokens = batch.batch
         word_ids = tokens.extra.get("word_ids")
         if word_ids is None:
-            raise ValueError(
+            raise InputError(
                 "DependencyCounts needs a corpus of attnlens.Words (one per sentence, in the "
                 "order of its sentences), whose batches know each token's word."
             )
         sentences = self.sentences[batch.start : batch.start + len(batch)]
         if len(sentences) != len(batch):
-            raise ValueError(
+            raise InputError(
                 f"the corpus has more examples than the {len(self.sentences)} sentences given to "
                 "DependencyCounts; give the pass one attnlens.Words per sentence."
             )
         if tokens.n_truncated:
-            raise ValueError(
+            raise InputError(
                 f"{tokens.n_truncated} sentences of the batch at example {batch.start} lost tokens "
                 "to max_len, which would cut words off their heads; leave out sentences longer "
                 "than max_len (dependency_heads does) or raise max_len."
@@ -364,7 +365,7 @@ class DependencyCounts(Accumulator):
         last = word_ids.max(-1).values.tolist()
         for row, sentence in enumerate(sentences):
             if last[row] >= len(sentence):
-                raise ValueError(
+                raise InputError(
                     f"example {batch.start + row} has more words than sentence {batch.start + row} "
                     f"({len(sentence)}): the corpus does not match the sentences given to DependencyCounts."
                 )
@@ -418,7 +419,7 @@ class DependencyCounts(Accumulator):
 
     def load_state_dict(self, state: Any, metadata: Any) -> None:
         if list(metadata.get("relations", self.relations)) != list(self.relations):
-            raise ValueError(
+            raise InputError(
                 f"{self.name}: the saved state counts other relations ({metadata['relations']}); "
                 "resume with the same treebank."
             )
@@ -559,7 +560,7 @@ def dependency_heads(
             f"{'; '.join(problems)}.", stacklevel=2,
         )
     if not kept:
-        raise ValueError(
+        raise InputError(
             f"no sentence of the {len(sentences)} read fits in max_len={max_len} tokens; raise max_len."
         )
 
@@ -595,7 +596,7 @@ def figure(table: pd.DataFrame, *, top: int = 12, title: str | None = None) -> A
 
     missing = [column for column in COLUMNS if column not in table.columns]
     if missing:
-        raise ValueError(f"not a table of syntax.dependency_heads(...): it lacks columns {missing}.")
+        raise InputError(f"not a table of syntax.dependency_heads(...): it lacks columns {missing}.")
     relations = [ALL] + [r for r in table["relation"].drop_duplicates() if r != ALL][:top]
     fig = make_subplots(rows=1, cols=len(DIRECTIONS), shared_yaxes=True, subplot_titles=DIRECTIONS,
                         horizontal_spacing=0.05)

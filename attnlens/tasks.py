@@ -60,6 +60,7 @@ import datasets
 import numpy as np
 
 from attnlens.checks import whole_number
+from attnlens.errors import InputError
 from attnlens.inputs import Words
 
 #: the tasks :func:`load` knows
@@ -103,7 +104,7 @@ HUB: dict[str, tuple[str, str | None, dict[str, str], dict[str, str]]] = {
 }
 
 
-class TaskError(ValueError):
+class TaskError(InputError):
     """A task cannot be loaded or scored; the message names the problem and the fix."""
 
 

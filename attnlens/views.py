@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnlens.checks import describe
+from attnlens.errors import InputError
 
 #: the views given by name
 NAMED: tuple[str, ...] = ("standard", "effective")
@@ -33,7 +34,7 @@ def resolve(view: Any) -> tuple[str, Any]:
     hint = ""
     if view == "papa":
         hint = " ('papa' needs the constants themselves: view=attnlens.papa.fit(model, texts))"
-    raise ValueError(
+    raise InputError(
         f"Unknown view {describe(view)}{hint}: use 'standard' (the model's attention), 'effective' "
         "(effective attention) or PAPA constants (attnlens.papa.fit(model, texts) or papa.load(path))."
     )
@@ -69,7 +70,7 @@ def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = No
         constants.check_compatible(model)
         for given, theirs, what in ((max_len, constants.max_len, "max_len"), (layout, constants.layout, "layout")):
             if given is not None and given != theirs:
-                raise ValueError(
+                raise InputError(
                     f"PAPA constants are fitted with {what}={theirs!r}, not {given!r}: the inputs "
                     f"must be laid out as the constants are; leave out {what}= (or give {theirs!r})."
                 )
@@ -79,6 +80,6 @@ def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = No
         fwd_hooks = [*papa.hooks(constants), *fwd_hooks]
     layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
-        raise ValueError(f"Unknown layout {describe(layout)}; use one of {', '.join(LAYOUTS)}.")
+        raise InputError(f"Unknown layout {describe(layout)}; use one of {', '.join(LAYOUTS)}.")
     max_len = check_max_len(model, default_max_len if max_len is None else max_len, layout=layout)
     return ViewSetup(name, constants, max_len, layout, fwd_hooks)

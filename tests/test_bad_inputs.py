@@ -44,10 +44,10 @@ def rewrite(path, out, *, tensors=None, metadata=None, drop_checksum=False):
     meta.update({key: json.dumps(value) for key, value in (metadata or {}).items()})
     if drop_checksum:
         meta.pop("checksum")
-    elif tensors:  # keep the checksum right, so that the value checks are what refuses it
-        from attnlens.files import tensor_checksum
+    elif tensors or metadata:  # keep the checksum right, so that the value checks are what refuses it
+        from attnlens.files import file_checksum
 
-        meta["checksum"] = tensor_checksum(values)
+        meta["checksum"] = file_checksum(values, meta)
     save_file(values, str(out), metadata=meta)
     return out
 

@@ -75,6 +75,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens.errors import InputError, InputTypeError
+
 #: smallest ``rtol`` the Gram routes resolve reliably; below it the QR route is used
 GRAM_MIN_RTOL = 1e-6
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
@@ -170,21 +172,34 @@ def effective_attention(
     :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
     """
+    from attnlens.checks import describe, finite, finite_tensor
+
+    for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
+        if value is not None and not isinstance(value, Tensor):
+            raise InputTypeError(
+                f"{name} must be a torch tensor, got {describe(value)}; convert it with "
+                f"torch.as_tensor({name})."
+            )
+    if rtol is not None:
+        if isinstance(rtol, str):
+            raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
+        rtol = finite(rtol, "rtol", low=0.0)
+    finite_tensor(v, "v (the values)")
     if pattern.ndim != 4:
-        raise ValueError(
+        raise InputError(
             f"pattern must be [batch, head, query, key], got shape {tuple(pattern.shape)}; "
             "for a single example add the batch axis with pattern[None] (and v[None])."
         )
     batch, n_heads, _, n_keys = pattern.shape
     if v.ndim != 4 or v.shape[:3] != (batch, n_heads, n_keys):
-        raise ValueError(
+        raise InputError(
             f"v must be [batch, head, key, d_head] = [{batch}, {n_heads}, {n_keys}, d_head] to match "
             f"pattern {tuple(pattern.shape)}, got {tuple(v.shape)}. TransformerLens' hook_v is "
             "[batch, key, head, d_head]: pass einops.rearrange(v, 'b k h d -> b h k d')."
         )
     d_head = v.shape[-1]
     if key_mask is not None and tuple(key_mask.shape) != (batch, n_keys):
-        raise ValueError(f"key_mask must be [batch, key] = [{batch}, {n_keys}], got {tuple(key_mask.shape)}")
+        raise InputError(f"key_mask must be [batch, key] = [{batch}, {n_keys}], got {tuple(key_mask.shape)}")
     if padded:
         valid = torch.ones(batch, n_keys, dtype=torch.bool, device=pattern.device)
     elif key_mask is None:
@@ -195,7 +210,7 @@ def effective_attention(
         valid = key_mask.to(device=pattern.device, dtype=torch.bool)
     lengths = valid.sum(-1)
     if rtol is not None and not (math.isfinite(rtol) and rtol >= 0):
-        raise ValueError(f"rtol must be a finite number >= 0, got {rtol}")
+        raise InputError(f"rtol must be a finite number >= 0, got {rtol}")
     if rtol is None:
         eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
         tolerance = lengths.cpu().clamp_min(d_head).to(torch.float64) * eps

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from attnlens import passes, seam
 from attnlens.effective.core import effective_attention, warn_if_short
+from attnlens.errors import InputError
 from attnlens.inputs import Batch, as_max_len, tokenize
 from attnlens.loading import require_bridge
 from attnlens.passes import device_of
@@ -132,7 +133,7 @@ def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
     n_layers = model.cfg.n_layers
     chosen = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
     if any(not 0 <= layer < n_layers for layer in chosen):
-        raise ValueError(f"layers must be in 0..{n_layers - 1}, got {chosen}")
+        raise InputError(f"layers must be in 0..{n_layers - 1}, got {chosen}")
     return chosen
 
 
@@ -196,10 +197,10 @@ def hooks(
     ``model.run_with_hooks(..., fwd_hooks=hooks(model))`` or the :func:`hooked` context manager.
     """
     if mode not in MODES:
-        raise ValueError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
+        raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
     _require_bridge(model)
     if not seam.is_installed(model):
-        raise ValueError(
+        raise InputError(
             "hook_pattern edits do not reach this model's output, so replacing patterns would "
             "change nothing; load the model with attnlens.load()."
         )

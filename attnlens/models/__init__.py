@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnlens.errors import InputError
 from attnlens.models import bert, gpt2, llama, roberta
 from attnlens.models.base import Architecture, Seam
 
@@ -22,7 +23,7 @@ ARCHITECTURES: tuple[Architecture, ...] = (
 __all__ = ["ARCHITECTURES", "Architecture", "Seam", "UnsupportedArchitecture", "of", "resolve_alias"]
 
 
-class UnsupportedArchitecture(ValueError):
+class UnsupportedArchitecture(InputError):
     """A model whose architecture has no adapter in :mod:`attnlens.models`."""
 
 

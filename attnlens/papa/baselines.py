@@ -27,6 +27,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from attnlens.checks import finite_tensor, whole_number
+from attnlens.errors import InputError
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.constants import (
     PapaConstants,
@@ -50,12 +52,12 @@ def _settings(
     else:
         name, n_layers, n_heads = model_info(like)
         if max_len is None:
-            raise ValueError("Pass max_len= (the length the inputs will be tokenized to).")
+            raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
         layout = layout or "papa"
         causal = model_causal(like)
     if layout not in LAYOUTS:
-        raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    return name, n_layers, n_heads, int(max_len), layout, causal
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+    return name, n_layers, n_heads, whole_number(max_len, "max_len", " of tokens", minimum=1), layout, causal
 
 
 def causal_matrix(matrix: Float[Tensor, "query key"]) -> Float[Tensor, "query key"]:
@@ -88,10 +90,10 @@ def _data_free(
 
 def _length(like: Any, max_len: int | None) -> int:
     if max_len is not None:
-        return int(max_len)
+        return whole_number(max_len, "max_len", " of tokens", minimum=1)
     if isinstance(like, PapaConstants | TrainableConstants):
         return like.max_len
-    raise ValueError("Pass max_len= (the length the inputs will be tokenized to).")
+    raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
 
 
 def toeplitz_matrix(max_len: int) -> Float[Tensor, "query key"]:
@@ -147,8 +149,10 @@ class TrainableConstants(nn.Module):
         fingerprint: str | None = None,
     ) -> None:
         super().__init__()
+        max_len = whole_number(max_len, "max_len", " of tokens", minimum=1)
+        finite_tensor(logits, "logits")
         if logits.ndim != 4 or logits.shape[-2:] != (max_len, max_len):
-            raise ValueError(f"logits must be [layer, head, {max_len}, {max_len}], got {tuple(logits.shape)}.")
+            raise InputError(f"logits must be [layer, head, {max_len}, {max_len}], got {tuple(logits.shape)}.")
         self.logits = nn.Parameter(logits.detach().clone().float())
         self.model_id, self.layout, self.max_len = model_id, layout, int(max_len)
         self.init, self.pairs = init, pairs
@@ -162,7 +166,7 @@ class TrainableConstants(nn.Module):
         (never-seen pairs get weight ``floor``; never-seen rows are uniform, as in replacement).
         """
         if constants.kind != "average":
-            raise ValueError(f"from_average needs fitted constants, got {constants.kind!r}.")
+            raise InputError(f"from_average needs fitted constants, got {constants.kind!r}.")
         logits = constants.mean.clamp_min(floor).log()
         return cls(
             logits, model_id=constants.model_id, layout=constants.layout,
@@ -210,6 +214,8 @@ class TrainableConstants(nn.Module):
         """The (differentiable) pattern of ``layer`` for a batch with this key mask
         (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`)."""
         causal = bool(self.causal) if causal is None else causal
+        if not bool(torch.isfinite(self.logits[layer]).all()):  # e.g. a training step diverged
+            finite_tensor(self.logits[layer].detach(), f"TrainableConstants.logits[{layer}]")
         return softmax_pattern(self.logits[layer], key_mask, dtype=dtype, causal=causal)
 
     def to_constants(self) -> PapaConstants:

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
 from attnlens.files import verify_checksum
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.replace import constant_pattern
@@ -99,17 +100,17 @@ class PapaConstants:
         self.squares = torch.as_tensor(self.squares, dtype=torch.float64)
         self.pair_counts = torch.as_tensor(self.pair_counts, dtype=torch.int64)
         if self.layout not in LAYOUTS:
-            raise ValueError(f"Unknown layout {self.layout!r}; use one of {', '.join(LAYOUTS)}.")
+            raise InputError(f"Unknown layout {self.layout!r}; use one of {', '.join(LAYOUTS)}.")
         if self.kind not in KINDS:
-            raise ValueError(f"Unknown kind {self.kind!r}; use one of {', '.join(KINDS)}.")
+            raise InputError(f"Unknown kind {self.kind!r}; use one of {', '.join(KINDS)}.")
         if self.sums.ndim != 4 or self.sums.shape[-2:] != (self.max_len, self.max_len):
-            raise ValueError(
+            raise InputError(
                 f"sums must be [layer, head, {self.max_len}, {self.max_len}], got {tuple(self.sums.shape)}."
             )
         if self.squares.shape != self.sums.shape:
-            raise ValueError(f"squares {tuple(self.squares.shape)} != sums {tuple(self.sums.shape)}.")
+            raise InputError(f"squares {tuple(self.squares.shape)} != sums {tuple(self.sums.shape)}.")
         if self.pair_counts.shape != (self.max_len, self.max_len):
-            raise ValueError(
+            raise InputError(
                 f"pair_counts must be [{self.max_len}, {self.max_len}], got {tuple(self.pair_counts.shape)}."
             )
 
@@ -187,7 +188,7 @@ class PapaConstants:
         dependent. Only fitted averages have it.
         """
         if self.kind != "average" or self.tokens == 0:
-            raise ValueError(
+            raise InputError(
                 f"input_dependence is measured during papa.fit; these constants are "
                 f"{self.kind!r} with {self.tokens} tokens seen."
             )
@@ -274,10 +275,10 @@ class PapaConstants:
         merged). The result keeps the fingerprint only when both parts have it.
         """
         if not isinstance(other, PapaConstants):
-            raise TypeError(f"Cannot merge PapaConstants with {type(other).__name__}.")
+            raise InputTypeError(f"Cannot merge PapaConstants with {type(other).__name__}.")
         for part in (self, other):
             if part.kind != "average":
-                raise ValueError(f"Only fitted averages can be merged; got {part.kind!r} constants.")
+                raise InputError(f"Only fitted averages can be merged; got {part.kind!r} constants.")
         mine, theirs = self._identity(), other._identity()
         if mine != theirs:
             diff = ", ".join(
@@ -285,14 +286,14 @@ class PapaConstants:
                 for name in mine
                 if mine[name] != theirs[name]
             )
-            raise ValueError(f"Cannot merge constants fitted differently: {diff}.")
+            raise InputError(f"Cannot merge constants fitted differently: {diff}.")
         pairs = self.pairs if self.examples else other.pairs
         if self.examples and other.examples and self.pairs != other.pairs:
-            raise ValueError(
+            raise InputError(
                 "Cannot merge constants fitted on single sentences with constants fitted on pairs."
             )
         if None not in (self.fingerprint, other.fingerprint) and self.fingerprint != other.fingerprint:
-            raise ValueError(
+            raise InputError(
                 f"Cannot merge constants fitted on models with different weights (fingerprint "
                 f"{self.fingerprint} vs {other.fingerprint}), although both are {self.model_id!r}."
             )
@@ -383,13 +384,13 @@ class PapaConstants:
             _check_metadata({**meta, "n_layers": n_layers, "n_heads": n_heads})
             constants = cls(**tensors, **meta)
             if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
-                raise ValueError("its tensor shapes do not match the recorded layers and heads")
+                raise InputError("its tensor shapes do not match the recorded layers and heads")
         except (ValueError, TypeError, KeyError) as error:
-            raise ValueError(_not_constants(path, error)) from error
+            raise FileFormatError(_not_constants(path, error)) from error
         try:
             constants.check_values()
         except ValueError as error:
-            raise ValueError(f"constants file {path} is damaged: {error}") from None
+            raise FileFormatError(f"constants file {path} is damaged: {error}") from None
         return constants, extra
 
     def check_values(self) -> None:
@@ -406,7 +407,7 @@ class PapaConstants:
         counts = self.pair_counts
         finite_tensor(counts, "pair_counts", low=0)
         if not torch.equal(counts, counts.T):
-            raise ValueError("pair_counts is not symmetric: both (query, key) and (key, query) count the same examples")
+            raise InputError("pair_counts is not symmetric: both (query, key) and (key, query) count the same examples")
         slack = 1e-6  # float32 softmax entries and their float32 batch sums, rounded
         finite_tensor(self.sums, "sums", low=-slack)
         finite_tensor(self.sums - counts * (1 + slack), "sums minus pair_counts (means above 1)", high=slack)
@@ -416,9 +417,9 @@ class PapaConstants:
         finite_tensor(self.squares - self.sums * (1 + slack), "squares minus sums (a² above a)", high=slack)
         if self.kind == "average" and self.examples:
             if int(counts.max()) > self.examples:
-                raise ValueError(f"pair_counts reach {int(counts.max())}, more than the {self.examples} examples seen")
+                raise InputError(f"pair_counts reach {int(counts.max())}, more than the {self.examples} examples seen")
             if int(counts.diagonal().sum()) != self.tokens:
-                raise ValueError(
+                raise InputError(
                     f"the diagonal of pair_counts adds up to {int(counts.diagonal().sum())} tokens, "
                     f"the metadata says {self.tokens}"
                 )
@@ -439,6 +440,9 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
     why the file is not one."""
     from safetensors import SafetensorError, safe_open
 
+    from attnlens.files import check_readable, check_sealed
+
+    check_readable(path, "constants")
     try:
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
@@ -449,13 +453,16 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
                 tensors = {name: everything[prefix + name] for name in _TENSORS}
                 return raw, tensors
             if raw.get("format") != FORMAT:
-                raise ValueError(f"its format is {raw.get('format')!r}, not {FORMAT!r}")
+                check_sealed(path, raw, {name: handle.get_tensor(name) for name in handle.keys()})
+                raise InputError(f"its format is {raw.get('format')!r}, not {FORMAT!r}")
             missing = [name for name in _TENSORS if name not in handle.keys()]
             if missing:
-                raise ValueError(f"it lacks the tensors {', '.join(missing)}")
+                raise InputError(f"it lacks the tensors {', '.join(missing)}")
             tensors = {name: handle.get_tensor(name) for name in _TENSORS}
+    except DamagedFileError:
+        raise
     except (SafetensorError, ValueError, KeyError) as error:
-        raise ValueError(_not_constants(path, error)) from error
+        raise FileFormatError(_not_constants(path, error)) from error
     verify_checksum(path, raw, tensors)
     return raw, tensors
 
@@ -482,12 +489,12 @@ def _check_metadata(meta: dict[str, Any]) -> None:
     for key, value in meta.items():
         kinds = _METADATA_TYPES.get(key)
         if kinds is None:
-            raise ValueError(f"unknown metadata field {key!r}")
+            raise InputError(f"unknown metadata field {key!r}")
         if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
             names = " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
-            raise ValueError(f"metadata {key!r} must be {names}, got {value!r}")
+            raise InputError(f"metadata {key!r} must be {names}, got {value!r}")
         if kinds == (int,) and value < 0:
-            raise ValueError(f"metadata {key!r} must be >= 0, got {value}")
+            raise InputError(f"metadata {key!r} must be >= 0, got {value}")
 
 
 #: the format of the pass engine's checkpoints (:data:`attnlens.passes.CHECKPOINT_FORMAT`)
@@ -498,7 +505,7 @@ def _checkpointed(raw: dict[str, str]) -> dict[str, str]:
     """The metadata of the ``"papa"`` accumulator of a pass checkpoint, as a constants file's."""
     states = json.loads(raw["accumulators"])
     if "papa" not in states:
-        raise ValueError("it is a checkpoint of another pass (it holds no PAPA sums)")
+        raise InputError("it is a checkpoint of another pass (it holds no PAPA sums)")
     meta = {key: json.dumps(value) for key, value in states["papa"].items()}
     meta["format"] = FORMAT
     return meta
@@ -527,7 +534,7 @@ def check_model(constants: Any, model: Any) -> None:
     recorded = getattr(constants, "causal", None)
     if recorded is not None and bool(recorded) != model_causal(model):
         fitted, given = ("a decoder (causal)", "an encoder") if recorded else ("an encoder", "a decoder (causal)")
-        raise ValueError(
+        raise InputError(
             f"these constants were fitted on {fitted}, and this model is {given}: a decoder's "
             "constants are lower-triangular and an encoder's are not. Fit constants on this model "
             "with papa.fit(model, corpus)."
@@ -536,18 +543,18 @@ def check_model(constants: Any, model: Any) -> None:
     expected = getattr(constants, "fingerprint", None)
     found = model_fingerprint(model) if expected is not None else None
     if name != constants.model_id and (expected is None or found != expected):
-        raise ValueError(
+        raise InputError(
             f"constants were fitted on {constants.model_id!r}, model is {name!r}"
             + (" (and its weights differ)." if expected is not None else ".")
             + " Fit constants on this model with papa.fit (attnlens fit-papa --model ...)."
         )
     if (n_layers, n_heads) != (constants.n_layers, constants.n_heads):
-        raise ValueError(
+        raise InputError(
             f"constants have {constants.n_layers} layers x {constants.n_heads} heads, "
             f"model {name!r} has {n_layers} x {n_heads}."
         )
     if expected is not None and found != expected:
-        raise ValueError(
+        raise InputError(
             f"constants were fitted on a {name!r} with other weights than this model's "
             f"(weights fingerprint {expected} when fitted, {found} for this model: e.g. another "
             "initialisation, a fine-tuned copy, or bfloat16 weights). Fit constants on this model "
@@ -561,15 +568,15 @@ def check_batch(constants: Any, batch: Any) -> None:
     length = batch.input_ids.shape[-1]
     fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
     if batch.layout != constants.layout or batch.max_len != constants.max_len:
-        raise ValueError(
+        raise InputError(
             f"{fitted}; the batch has layout={batch.layout!r}, max_len={batch.max_len}. "
             f"Tokenize with attnlens.tokenize(model, texts, max_len={constants.max_len}, "
             f"layout={constants.layout!r})."
         )
     if length > constants.max_len or (constants.layout == "papa" and length != constants.max_len):
-        raise ValueError(f"{fitted}; the batch has {length} positions.")
+        raise InputError(f"{fitted}; the batch has {length} positions.")
     pairs = getattr(constants, "pairs", None)
     if pairs is not None and bool(batch.is_pair) != pairs:
         fitted_on = "sentence pairs" if pairs else "single sentences"
         given = "sentence pairs" if batch.is_pair else "single sentences"
-        raise ValueError(f"constants were fitted on {fitted_on}; the batch holds {given}.")
+        raise InputError(f"constants were fitted on {fitted_on}; the batch holds {given}.")

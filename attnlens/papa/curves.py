@@ -21,6 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from attnlens.errors import InputError, InputTypeError
+
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
 BASELINES: tuple[str, ...] = ("identity", "toeplitz", "zeros")
@@ -136,18 +138,19 @@ def curve(
     from attnlens.papa.intervene import hooks as papa_hooks
     from attnlens.papa.selection import STRATEGIES, select_heads
 
-    if isinstance(tasks, str) or isinstance(fractions, str | float | int):
-        raise TypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
+    tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
+    if isinstance(fractions, str | float | int):
+        raise InputTypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
     fractions = [finite(f, "fraction", low=0.0, high=1.0) for f in fractions]
     if not fractions:
-        raise ValueError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
+        raise InputError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
     # no head replaced comes first: every point is compared with it (added when not asked for)
     fractions = [0.0, *(f for f in fractions if f != 0.0)]
     unknown = [name for name in baselines if name not in DATA_FREE]
     if unknown:
-        raise ValueError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
+        raise InputError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
     if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+        raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
     constants.check_compatible(model)
     started = time.perf_counter()
     forward = [0.0]
@@ -159,7 +162,7 @@ def curve(
     lam, lambda_seconds = None, None
     if strategy in ("lambda", "reversed_lambda"):
         if not tasks:
-            raise ValueError(f"strategy={strategy!r} learns λ with a task's probe: give at least one task.")
+            raise InputError(f"strategy={strategy!r} learns λ with a task's probe: give at least one task.")
         start = time.perf_counter()
         lam = lambda_order(model, constants, tasks[0], steps=lambda_steps, examples=lambda_examples,
                            **options)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from attnlens import passes
+from attnlens.errors import InputError, InputTypeError
 from attnlens.inputs import LAYOUTS, check_max_len, default_layout
 from attnlens.loading import require_bridge
 from attnlens.papa.constants import PapaConstants, check_model
@@ -64,7 +65,7 @@ def fit(
     require_bridge(model, "papa.fit")
     layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
-        raise ValueError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
     constants = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
     examples = passes.corpus_iterator(corpus)
@@ -73,7 +74,7 @@ def fit(
         if first is not None:
             is_pair = isinstance(first, tuple | list)
             if is_pair != constants.pairs:
-                raise ValueError(_mixed_inputs(constants, is_pair, checkpoint, resumed=True))
+                raise InputError(_mixed_inputs(constants, is_pair, checkpoint, resumed=True))
             examples = itertools.chain([first], examples)
         if hasattr(corpus, "__len__"):
             examples = _Sized(examples, len(corpus))
@@ -120,7 +121,7 @@ class PatternSums(passes.Accumulator):
     def start_batch(self, batch: passes.PassBatch) -> None:
         state = self.constants
         if state.examples and state.pairs != batch.batch.is_pair:
-            raise ValueError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
+            raise InputError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
         valid = batch.key_mask
         self.pairs = valid[:, :, None] & valid[:, None, :]
         self.weights = self.pairs[:, None].float()
@@ -178,7 +179,7 @@ class PatternSums(passes.Accumulator):
 
     def merge(self, other: passes.Accumulator) -> PatternSums:
         if not isinstance(other, PatternSums):
-            raise TypeError(f"cannot merge PatternSums with {type(other).__name__}")
+            raise InputTypeError(f"cannot merge PatternSums with {type(other).__name__}")
         self.constants = self.constants.merge(other.constants)
         return self
 
@@ -194,7 +195,7 @@ class PatternSums(passes.Accumulator):
         dist.all_gather_object(kinds, state.pairs if state.examples else None, group=group)
         found = {kind for kind in kinds if kind is not None}
         if len(found) > 1:
-            raise ValueError("The corpus mixes single sentences and sentence pairs across ranks.")
+            raise InputError("The corpus mixes single sentences and sentence pairs across ranks.")
         state.examples, state.tokens, state.truncated = (int(x) for x in numbers)
         state.pairs = found.pop() if found else None
 
@@ -212,9 +213,9 @@ def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaCon
     state, _ = PapaConstants._load(checkpoint)
     check_model(state, model)
     if state.kind != "average":
-        raise ValueError(f"checkpoint {checkpoint} holds {state.kind!r} constants, not a fit.")
+        raise InputError(f"checkpoint {checkpoint} holds {state.kind!r} constants, not a fit.")
     if (state.layout, state.max_len) != (layout, max_len):
-        raise ValueError(
+        raise InputError(
             f"checkpoint {checkpoint} was fitted with layout={state.layout!r}, "
             f"max_len={state.max_len}; this fit asks for layout={layout!r}, max_len={max_len}."
         )

@@ -34,6 +34,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from attnlens import seam
+from attnlens.errors import InputError, InputTypeError
 from attnlens.papa.baselines import TrainableConstants
 from attnlens.papa.constants import PapaConstants
 from attnlens.papa.selection import HeadSet, resolve_heads
@@ -123,9 +124,9 @@ def hooks(
     weight above the diagonal comes from a causal model.
     """
     if mode not in MODES:
-        raise ValueError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
+        raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
     if not isinstance(constants, PapaConstants | TrainableConstants):
-        raise TypeError(
+        raise InputTypeError(
             f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
         )
     selected = resolve_heads(heads, constants)
@@ -135,7 +136,7 @@ def hooks(
     if mode == "blend":
         theta = nn.Parameter(_theta(lam, constants.n_layers, constants.n_heads))
     elif lam is not None:
-        raise ValueError("lam= is only used with mode='blend'.")
+        raise InputError("lam= is only used with mode='blend'.")
     items = []
     for layer in range(constants.n_layers):
         if bool(selected.mask[layer].any()):
@@ -159,7 +160,7 @@ def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]
     try:
         lam = torch.as_tensor(lam, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"lam must be a number or a [layer, head] tensor, got {type(lam).__name__}.") from None
+        raise InputTypeError(f"lam must be a number or a [layer, head] tensor, got {type(lam).__name__}.") from None
     if lam.ndim:
         shape(lam, "lam", [n_layers, n_heads], "layer, head: one λ per head of the constants")
     lam = lam.expand(n_layers, n_heads).clone()
@@ -200,6 +201,7 @@ def _layer_hook(
         selected = head_mask.to(pattern.device)[None, :, None, None]
         return torch.where(selected, constant, pattern)
 
+    intervene.constants = constants  # what the hook was made for (passes.check_hooks reads it)
     return intervene
 
 
@@ -212,23 +214,23 @@ def check_inputs(
     n_heads, length = pattern.shape[1], pattern.shape[-1]
     fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
     if n_heads != constants.n_heads:
-        raise ValueError(f"{fitted} for {constants.n_heads} heads; the pattern has {n_heads} heads.")
+        raise InputError(f"{fitted} for {constants.n_heads} heads; the pattern has {n_heads} heads.")
     if constants.layout == "papa":
         if length != constants.max_len:
-            raise ValueError(
+            raise InputError(
                 f"{fitted}; the inputs have length {length}. Tokenize with "
                 f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
             )
         if not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
-            raise ValueError(
+            raise InputError(
                 f"{fitted}; the inputs are not in the 'papa' layout (they look like layout='padded': "
                 "the last position is padding). Tokenize with layout='papa'."
             )
     else:
         if length > constants.max_len:
-            raise ValueError(f"{fitted}; the inputs have length {length}.")
+            raise InputError(f"{fitted}; the inputs have length {length}.")
         if bool((key_mask[:, 1:] & ~key_mask[:, :-1]).any()):
-            raise ValueError(
+            raise InputError(
                 f"{fitted}; the inputs are not right-padded (they look like layout='papa': a real "
                 "token follows padding). Tokenize with layout='padded'."
             )
@@ -265,7 +267,7 @@ def intervention(
     require_bridge(model, "papa.intervention")
     constants.check_compatible(model)
     if not seam.is_installed(model):
-        raise ValueError(
+        raise InputError(
             "hook_pattern edits do not reach this model's output; load it with attnlens.load()."
         )
     installed = hooks(constants, heads=heads, mode=mode, lam=lam, causal=is_causal(model))

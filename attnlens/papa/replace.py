@@ -25,12 +25,14 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens.errors import InputError
+
 
 def _fit_to(constant: Tensor, n_keys: int) -> Tensor:
     """Keep the first ``n_keys`` query and key positions (right-padded inputs may be shorter)."""
     n_query, n_key = constant.shape[-2:]
     if n_query < n_keys or n_key < n_keys:
-        raise ValueError(
+        raise InputError(
             f"the constant covers {n_key} positions but the inputs have {n_keys}; "
             "tokenize with the max_len the constants were fitted with."
         )
@@ -117,7 +119,7 @@ def _prepare(
     """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length, cast it and put it
     on ``key_mask``'s device (the pattern's: a model on a GPU gets a GPU pattern), mask as bool."""
     if matrix.ndim != 3:
-        raise ValueError(f"{name} must be [head, query, key], got {tuple(matrix.shape)}.")
+        raise InputError(f"{name} must be [head, query, key], got {tuple(matrix.shape)}.")
     dtype = dtype or matrix.dtype
     matrix = _fit_to(matrix, key_mask.shape[-1]).to(device=key_mask.device, dtype=dtype)
     return matrix, key_mask.to(dtype=torch.bool), dtype

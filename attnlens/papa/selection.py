@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens.errors import InputError, InputTypeError
 from attnlens.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
 from attnlens.loading import require_bridge
 from attnlens.papa.constants import PapaConstants
@@ -65,23 +66,26 @@ def select_heads(
     :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``, ``lr``,
     ``progress``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
     """
+    from attnlens.checks import finite_tensor, whole_number
+
     if strategy not in STRATEGIES:
-        raise ValueError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+        raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+    seed = whole_number(seed, "seed")
     if lam is not None and constants is None and model is None and n_layers is None and n_heads is None:
         lam = torch.as_tensor(lam)
         if lam.ndim == 2:  # a λ table alone says the shape
             n_layers, n_heads = lam.shape
     n_layers, n_heads = _shape(constants, model, n_layers, n_heads)
     if (fraction is None) == (n is None):
-        raise ValueError("Pass exactly one of fraction= and n=.")
-    count = n_selected(fraction, n_layers, n_heads) if n is None else int(n)
+        raise InputError("Pass exactly one of fraction= and n=.")
+    count = n_selected(fraction, n_layers, n_heads) if n is None else whole_number(n, "n", " of heads")
     if not 0 <= count <= n_layers * n_heads:
-        raise ValueError(f"n must lie in [0, {n_layers * n_heads}], got {count}.")
+        raise InputError(f"n must lie in [0, {n_layers * n_heads}], got {count}.")
     scores = None
     if strategy in ("lambda", "reversed_lambda"):
         if lam is None:
             if model is None or constants is None or loss_fn is None or batches is None:
-                raise ValueError(
+                raise InputError(
                     f"strategy {strategy!r} needs lam=, or model=, constants=, loss_fn= and "
                     "batches= to learn it."
                 )
@@ -89,9 +93,9 @@ def select_heads(
                 model, constants, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr,
                 progress=progress,
             )
-        scores = torch.as_tensor(lam).detach().float().cpu()
+        scores = finite_tensor(torch.as_tensor(lam).detach().float().cpu(), "lam")
         if scores.shape != (n_layers, n_heads):
-            raise ValueError(
+            raise InputError(
                 f"lam= is {list(scores.shape)}, not [n_layers, n_heads] = [{n_layers}, {n_heads}]; "
                 f"pass one λ per head as a [{n_layers}, {n_heads}] tensor (layers first)."
             )
@@ -100,7 +104,7 @@ def select_heads(
     elif strategy == "input_dependence":
         if not isinstance(constants, PapaConstants):
             given = "none" if constants is None else type(constants).__name__
-            raise ValueError(
+            raise InputError(
                 "strategy 'input_dependence' ranks heads by the input dependence measured in "
                 f"papa.fit; pass constants= fitted with papa.fit (got {given}), or choose another "
                 "strategy."
@@ -127,29 +131,29 @@ def resolve_heads(heads: Any, constants: Any) -> HeadSet:
     n_layers, n_heads = constants.n_layers, constants.n_heads
     if isinstance(heads, str):
         if heads != "all":
-            raise ValueError(f"heads={heads!r}: use 'all', a HeadSet or a fraction in [0, 1].")
+            raise InputError(f"heads={heads!r}: use 'all', a HeadSet or a fraction in [0, 1].")
         selected = HeadSet.all(n_layers, n_heads)
     elif isinstance(heads, HeadSet):
         selected = heads
     elif isinstance(heads, Tensor) and heads.dtype == torch.bool:
         selected = HeadSet(heads)
     elif isinstance(heads, int) and not isinstance(heads, bool):
-        raise TypeError(
+        raise InputTypeError(
             f"heads={heads} is ambiguous (a count, or the fraction {float(heads)}?): pass a fraction "
             f"as a float (heads={float(heads)}), or a number of heads as "
             f"heads=select_heads('input_dependence', n={heads}, constants=constants)."
         )
     elif isinstance(heads, float):
         if getattr(constants, "kind", None) != "average":
-            raise ValueError(
+            raise InputError(
                 "heads=<fraction> ranks heads by the input dependence measured in papa.fit; these "
                 "constants are not fitted, so pass heads=select_heads(...)."
             )
         selected = select_heads("input_dependence", fraction=float(heads), constants=constants)
     else:
-        raise TypeError(f"heads must be 'all', a HeadSet, a bool tensor or a fraction; got {heads!r}.")
+        raise InputTypeError(f"heads must be 'all', a HeadSet, a bool tensor or a fraction; got {heads!r}.")
     if selected.shape != (n_layers, n_heads):
-        raise ValueError(f"HeadSet is {list(selected.shape)}, constants are [{n_layers}, {n_heads}].")
+        raise InputError(f"HeadSet is {list(selected.shape)}, constants are [{n_layers}, {n_heads}].")
     return selected
 
 
@@ -183,7 +187,7 @@ def learn_lambda(
 
     batches = list(batches)
     if not batches:
-        raise ValueError("learn_lambda needs at least one batch.")
+        raise InputError("learn_lambda needs at least one batch.")
     frozen = _freeze([*model.parameters(), *_parameters(constants)])
     bar = progress_bar(range(steps), "papa.learn_lambda", progress, unit="step")
     try:
@@ -224,14 +228,14 @@ def _theta_gradient(loss: Tensor, theta: Tensor, jointly: Sequence[Tensor] = ())
     """``d loss / d θ``, without touching any other tensor's ``.grad`` but those of
     ``jointly``, which get theirs (one backward pass for all)."""
     if loss.ndim != 0:
-        raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}.")
+        raise InputError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}.")
     gradient = None
     if loss.requires_grad:
         gradient, *others = torch.autograd.grad(loss, [theta, *jointly], allow_unused=True)
         for tensor, grad in zip(jointly, others, strict=True):
             tensor.grad = grad
     if gradient is None:
-        raise ValueError(
+        raise InputError(
             "loss_fn's loss does not depend on the blended attention; compute it from the logits "
             "learn_lambda passes it."
         )
@@ -245,5 +249,5 @@ def _shape(constants: Any, model: Any, n_layers: int | None, n_heads: int | None
         require_bridge(model, "papa.select_heads")
         return int(model.cfg.n_layers), int(model.cfg.n_heads)
     if n_layers is None or n_heads is None:
-        raise ValueError("Pass constants=, model= or n_layers= and n_heads=.")
+        raise InputError("Pass constants=, model= or n_layers= and n_heads=.")
     return int(n_layers), int(n_heads)

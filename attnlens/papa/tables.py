@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from attnlens.errors import InputError
+
 #: The rows of Table 1, in order.
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
 
@@ -92,7 +94,7 @@ def from_curve(measured: Any) -> PapaTable:
     strategy = measured.settings["strategy"]
     fractions = long["fraction_replaced"]
     if not ((fractions == 0.0).any() and ((long["strategy"] == strategy) & (fractions == 1.0)).any()):
-        raise ValueError("Table 1 needs the curve's points at fraction 0 and 1 (no head and every "
+        raise InputError("Table 1 needs the curve's points at fraction 0 and 1 (no head and every "
                          "head replaced); run papa.curve with fractions including 0.0 and 1.0.")
     kept = (long["strategy"] != strategy) | fractions.isin([0.0, 1.0])
     long = long[kept].copy()

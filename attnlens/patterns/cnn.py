@@ -55,6 +55,13 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.checks import describe, finite, whole_number
+from attnlens.errors import (
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MissingFileError,
+    NotFittedError,
+)
 from attnlens.patterns.templates import TYPES
 
 #: File format of a saved :class:`PatternCNN` (``"attnlens.PatternCNN/<version>"``).
@@ -125,7 +132,7 @@ def as_map_list(maps: Any, what: str = "maps") -> list[Tensor]:
     of float CPU tensors, or one ``ValueError`` / ``TypeError`` naming the problem."""
     if isinstance(maps, Tensor | np.ndarray):
         if maps.ndim != 3:
-            raise ValueError(
+            raise InputError(
                 f"{what} must be [n, query, key] (n maps) or a list of [query, key] maps, got shape "
                 f"{tuple(maps.shape)}" + ("; for one map pass map[None]." if maps.ndim == 2 else ".")
             )
@@ -133,23 +140,23 @@ def as_map_list(maps: Any, what: str = "maps") -> list[Tensor]:
     elif isinstance(maps, Sequence) and not isinstance(maps, str):
         items = list(maps)
     else:
-        raise TypeError(f"{what} must be a tensor [n, query, key] or a list of 2-D maps, got {describe(maps)}.")
+        raise InputTypeError(f"{what} must be a tensor [n, query, key] or a list of 2-D maps, got {describe(maps)}.")
     if not items:
-        raise ValueError(f"{what} is empty: give at least one map.")
+        raise InputError(f"{what} is empty: give at least one map.")
     out = []
     for index, item in enumerate(items):
         try:
             tensor = item if isinstance(item, Tensor) else torch.as_tensor(np.asarray(item))
         except (TypeError, ValueError, RuntimeError):
-            raise TypeError(f"{what}[{index}] must be a 2-D tensor or array, got {describe(item)}.") from None
+            raise InputTypeError(f"{what}[{index}] must be a 2-D tensor or array, got {describe(item)}.") from None
         if tensor.ndim != 2 or tensor.shape[0] != tensor.shape[1] or tensor.shape[0] == 0:
-            raise ValueError(
+            raise InputError(
                 f"{what}[{index}] must be a square [query, key] map, got shape {tuple(tensor.shape)}."
             )
         if not tensor.is_floating_point():
-            raise TypeError(f"{what}[{index}] must hold floats (attention weights), got {tensor.dtype}.")
+            raise InputTypeError(f"{what}[{index}] must hold floats (attention weights), got {tensor.dtype}.")
         if not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{what}[{index}] holds NaN or infinite values.")
+            raise InputError(f"{what}[{index}] holds NaN or infinite values.")
         out.append(tensor.detach().cpu())
     return out
 
@@ -190,11 +197,11 @@ class PatternCNN:
         if isinstance(classes, str) or not isinstance(classes, Sequence) or not all(
             isinstance(name, str) and name for name in classes
         ):
-            raise TypeError(f"classes must be a list of type names, got {describe(classes)}.")
+            raise InputTypeError(f"classes must be a list of type names, got {describe(classes)}.")
         if len(set(classes)) != len(classes) or len(classes) < 2:
-            raise ValueError(f"classes must be at least 2 distinct names, got {list(classes)}.")
+            raise InputError(f"classes must be at least 2 distinct names, got {list(classes)}.")
         if class_weight not in (None, "balanced"):
-            raise ValueError(f"class_weight must be None or 'balanced', got {describe(class_weight)}.")
+            raise InputError(f"class_weight must be None or 'balanced', got {describe(class_weight)}.")
         self.settings = CNNSettings(
             size=whole_number(size, "size", " of pixels", minimum=8),
             classes=list(classes),
@@ -206,7 +213,7 @@ class PatternCNN:
             augment=bool(augment),
         )
         if self.settings.lr == 0:
-            raise ValueError("lr must be above 0 (nothing would be learned).")
+            raise InputError("lr must be above 0 (nothing would be learned).")
         self.network: _Network | None = None
 
     @property
@@ -223,14 +230,14 @@ class PatternCNN:
 
     def _targets(self, labels: Any, n: int) -> Tensor:
         if isinstance(labels, str) or not isinstance(labels, Sequence | np.ndarray):
-            raise TypeError(f"labels must be a list of type names, one per map, got {describe(labels)}.")
+            raise InputTypeError(f"labels must be a list of type names, one per map, got {describe(labels)}.")
         labels = list(labels)
         if len(labels) != n:
-            raise ValueError(f"{len(labels)} labels for {n} maps; give one type name per map.")
+            raise InputError(f"{len(labels)} labels for {n} maps; give one type name per map.")
         index = {name: i for i, name in enumerate(self.settings.classes)}
         for position, label in enumerate(labels):
             if label not in index:
-                raise ValueError(
+                raise InputError(
                     f"label {describe(label)} of map {position} is not one of the classes "
                     f"{', '.join(self.settings.classes)}; fix the label or pass classes=."
                 )
@@ -276,7 +283,7 @@ class PatternCNN:
 
     def _fitted(self) -> _Network:
         if self.network is None:
-            raise RuntimeError(
+            raise NotFittedError(
                 "this PatternCNN is not fitted yet; call fit(maps, labels) first or "
                 "PatternCNN.load(path)."
             )
@@ -325,26 +332,26 @@ class PatternCNN:
         of that view. The CNN's classes must be names of ``TYPES``."""
         self._fitted()
         if view not in VIEWS:
-            raise ValueError(f"Unknown view {describe(view)}; use one of {', '.join(VIEWS)}.")
+            raise InputError(f"Unknown view {describe(view)}; use one of {', '.join(VIEWS)}.")
         unknown = [name for name in self.settings.classes if name not in TYPES]
         if unknown:
-            raise ValueError(
+            raise InputError(
                 f"classify_batch gives indices into TYPES, but this CNN's classes {unknown} are not "
                 f"pattern types ({', '.join(TYPES)}); use predict() for custom classes."
             )
         if key_mask.shape != (pattern.shape[0], pattern.shape[-1]) or pattern.shape[-1] != pattern.shape[-2]:
-            raise ValueError(
+            raise InputError(
                 f"pattern {tuple(pattern.shape)} and key_mask {tuple(key_mask.shape)} do not match: "
                 "expected [batch, head, n, n] and [batch, n]."
             )
         if not bool(torch.isfinite(pattern).all()):
-            raise ValueError("the maps hold NaN or infinite values.")
+            raise InputError("the maps hold NaN or infinite values.")
         n_examples, n_heads = pattern.shape[:2]
         parts = []
         for example in range(n_examples):
             valid = key_mask[example].nonzero().flatten()
             if valid.numel() == 0:
-                raise ValueError(f"example {example} has no real token (key_mask is all False).")
+                raise InputError(f"example {example} has no real token (key_mask is all False).")
             crop = pattern[example][:, valid][:, :, valid]  # [head, n, n]
             parts.append(images(row_distributions(crop), self.settings.size).cpu())
         predicted = self._logits(torch.cat(parts)).argmax(-1)
@@ -375,10 +382,13 @@ class PatternCNN:
 
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"PatternCNN file {path} does not exist; fit a PatternCNN and save() it.")
+            raise MissingFileError(f"PatternCNN file {path} does not exist; fit a PatternCNN and save() it.")
         found = _format_of(path)
         if found is not None and found.startswith("attnlens.PatternCNN/") and found != FORMAT:
-            raise ValueError(
+            from attnlens.files import check_sealed
+
+            check_sealed(path)  # an edited format is an edit, not another version
+            raise FileFormatError(
                 f"{path} is a PatternCNN file of format {found!r}, and this attnlens reads "
                 f"{FORMAT!r}; fit and save the CNN again with this version."
             )
@@ -390,11 +400,11 @@ class PatternCNN:
             network = _Network(len(cnn.settings.classes), widths)
             network.load_state_dict(tensors)
         except (KeyError, TypeError, ValueError, RuntimeError) as error:
-            raise ValueError(
+            raise InputError(
                 f"PatternCNN file {path} does not describe a PatternCNN ({error}); write it again."
             ) from None
         if not all(bool(torch.isfinite(value).all()) for value in tensors.values()):
-            raise ValueError(f"PatternCNN file {path} holds non-finite weights.")
+            raise InputError(f"PatternCNN file {path} holds non-finite weights.")
         network.eval()
         cnn.network = network
         return cnn

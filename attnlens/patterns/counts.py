@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attnlens.errors import InputError, InputTypeError
 from attnlens.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.patterns.templates import TYPES, Positions, template_labels
 
@@ -52,7 +53,7 @@ class PatternTypes(Accumulator):
 
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None) -> None:
         if view not in ("standard", "effective", "papa"):
-            raise ValueError(f"Unknown view {view!r}; use 'standard', 'effective' or 'papa'.")
+            raise InputError(f"Unknown view {view!r}; use 'standard', 'effective' or 'papa'.")
         self.view = view
         self.name = f"patterns.types.{view}"
         self.needs_effective = view == "effective"
@@ -79,7 +80,7 @@ class PatternTypes(Accumulator):
     def shares(self) -> Float[Tensor, "layer head type"]:
         """The share of each type per (layer, head)."""
         if int(self.maps) == 0:
-            raise ValueError("PatternTypes saw no example; run it over a non-empty corpus.")
+            raise InputError("PatternTypes saw no example; run it over a non-empty corpus.")
         return self.counts.double() / float(self.maps)
 
     def result(self) -> pd.DataFrame:
@@ -133,15 +134,23 @@ def types(
     from attnlens.loading import require_bridge
 
     require_bridge(model, "patterns.types")
+    if classifier is not None and not callable(getattr(classifier, "classify_batch", None)):
+        raise InputTypeError(
+            f"classifier must be None (the template rules) or a fitted PatternCNN, got "
+            f"{classifier!r}; fit one with PatternCNN().fit(maps, labels) or load it with "
+            "PatternCNN.load(path)." if isinstance(classifier, str) else
+            f"classifier must be None (the template rules) or a fitted PatternCNN, got a "
+            f"{type(classifier).__name__}."
+        )
     asked = list(view) if isinstance(view, list | tuple) else [view]
     if not asked:
-        raise ValueError("view= is an empty list; give 'standard', 'effective' or PAPA constants.")
+        raise InputError("view= is an empty list; give 'standard', 'effective' or PAPA constants.")
     chosen = [views.setup(model, one, max_len=max_len, layout=layout, hooks=hooks) for one in asked]
     # the named views read the same forward: one pass for them, one per set of PAPA constants
     groups = [[c for c in chosen if c.constants is None]] + [[c] for c in chosen if c.constants is not None]
     groups = [group for group in groups if group]
     if checkpoint is not None and len(groups) > 1:
-        raise ValueError(
+        raise InputError(
             "checkpoint= resumes one pass, but these views need several (PAPA constants run "
             "apart from standard and effective attention); call types once per pass."
         )
@@ -186,12 +195,12 @@ def figure(*tables: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = N
     for item in tables:
         given.extend([item] if isinstance(item, pd.DataFrame) else list(item))
     if not given:
-        raise ValueError("figure needs at least one table of patterns.types(...).")
+        raise InputError("figure needs at least one table of patterns.types(...).")
     flat: list[pd.DataFrame] = []
     for item in given:
         missing = [c for c in ("layer", "view", *TYPES) if c not in item.columns]
         if missing:
-            raise ValueError(f"not a table of patterns.types(...): it lacks columns {missing}.")
+            raise InputError(f"not a table of patterns.types(...): it lacks columns {missing}.")
         flat.extend(rows for _, rows in item.groupby("view", sort=False))  # a panel per view
     names = [str(item["view"].iloc[0]) for item in flat]
     fig = make_subplots(rows=1, cols=len(flat), shared_yaxes=True, subplot_titles=names,

@@ -33,6 +33,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.checks import describe, whole_number
+from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.passes import Accumulator
 from attnlens.patterns.cnn import Maps, as_map_list
 from attnlens.patterns.templates import TYPES
@@ -93,7 +94,7 @@ class _Sampled(Accumulator):
 
     def merge(self, other: Accumulator) -> Accumulator:
         if not isinstance(other, _Sampled):
-            raise TypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+            raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
         self.maps.update(other.maps)
         self.tokens.update(other.tokens)
         return self
@@ -111,7 +112,7 @@ class _Sampled(Accumulator):
         slots = sorted({slot for chosen in self.wanted.values() for slot, _ in chosen})
         missing = [slot for slot in slots if slot not in self.maps]
         if missing:
-            raise RuntimeError(f"{len(missing)} chosen maps were not seen by the pass.")
+            raise ModelBehaviourError(f"{len(missing)} chosen maps were not seen by the pass.")
         return [self.maps[slot] for slot in slots], [self.tokens[slot] for slot in slots]
 
 
@@ -141,7 +142,7 @@ def sample_maps(
     from attnlens.passes import run
 
     if view not in SAMPLE_VIEWS:
-        raise ValueError(
+        raise InputError(
             f"Unknown view {describe(view)}; sample_maps reads 'standard' or 'effective' maps "
             "(PAPA maps are constant: read them from attnlens.papa)."
         )
@@ -149,11 +150,11 @@ def sample_maps(
     seed = whole_number(seed, "seed", minimum=0)
     texts = list(corpus_iterator(corpus))
     if not texts:
-        raise ValueError("corpus is empty: sample_maps needs at least one text or pair.")
+        raise InputError("corpus is empty: sample_maps needs at least one text or pair.")
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     total = len(texts) * n_layers * n_heads
     if n > total:
-        raise ValueError(
+        raise InputError(
             f"n={n} maps asked, but {len(texts)} examples × {n_layers} layers × {n_heads} heads "
             f"have only {total}; give a larger corpus or a smaller n."
         )
@@ -185,12 +186,12 @@ def _meta_frame(meta: Any, n: int) -> pd.DataFrame:
     try:
         frame = meta.reset_index(drop=True) if isinstance(meta, pd.DataFrame) else pd.DataFrame(meta)
     except (TypeError, ValueError) as error:
-        raise TypeError(f"meta must be a DataFrame, a dict of columns or a list of dicts ({error}).") from None
+        raise InputTypeError(f"meta must be a DataFrame, a dict of columns or a list of dicts ({error}).") from None
     if len(frame) != n:
-        raise ValueError(f"meta has {len(frame)} rows for {n} maps; give one row per map.")
+        raise InputError(f"meta has {len(frame)} rows for {n} maps; give one row per map.")
     clashing = [str(column) for column in frame.columns if str(column) in RESERVED]
     if clashing:
-        raise ValueError(f"meta columns {clashing} clash with labels.csv's own columns {list(RESERVED)}; rename them.")
+        raise InputError(f"meta columns {clashing} clash with labels.csv's own columns {list(RESERVED)}; rename them.")
     return frame
 
 
@@ -198,13 +199,13 @@ def _check_tokens(tokens: Any, maps: list[Tensor]) -> list[list[str]] | None:
     if tokens is None:
         return None
     if isinstance(tokens, str) or not isinstance(tokens, Sequence) or len(tokens) != len(maps):
-        raise ValueError(f"tokens must be one list of token strings per map ({len(maps)}), got {describe(tokens)}.")
+        raise InputError(f"tokens must be one list of token strings per map ({len(maps)}), got {describe(tokens)}.")
     out = []
     for index, (words, item) in enumerate(zip(tokens, maps, strict=True)):
         if isinstance(words, str) or not all(isinstance(word, str) for word in words):
-            raise ValueError(f"tokens[{index}] must be a list of token strings, got {describe(words)}.")
+            raise InputError(f"tokens[{index}] must be a list of token strings, got {describe(words)}.")
         if len(words) != item.shape[-1]:
-            raise ValueError(f"tokens[{index}] has {len(words)} tokens but map {index} is {item.shape[-1]} × {item.shape[-1]}.")
+            raise InputError(f"tokens[{index}] has {len(words)} tokens but map {index} is {item.shape[-1]} × {item.shape[-1]}.")
         out.append(list(words))
     return out
 
@@ -232,13 +233,13 @@ def _suggestions(suggested: Any, maps: list[Tensor], tokens: list[list[str]] | N
             try:
                 out.append(str(classify(item, tokens=words, view=view).names[0, 0]))
             except ValueError as error:
-                raise ValueError(
+                raise InputError(
                     f"map {index} cannot be classified in the {view} view to suggest a type: {error} "
                     "(give meta a 'view' column, or suggested=False)"
                 ) from None
         return out
     if isinstance(suggested, str) or not isinstance(suggested, Sequence | np.ndarray) or len(suggested) != n:
-        raise ValueError(
+        raise InputError(
             f"suggested must be one type name per map ({n}), None (the template classifier's "
             f"type when tokens are given) or False, got {describe(suggested)}."
         )
@@ -249,7 +250,7 @@ def _read_table(path: Path) -> pd.DataFrame:
     try:
         return pd.read_csv(path, dtype=str, keep_default_na=False)
     except (OSError, ValueError, pd.errors.ParserError) as error:
-        raise ValueError(f"{path} cannot be read as a CSV table ({error}).") from None
+        raise InputError(f"{path} cannot be read as a CSV table ({error}).") from None
 
 
 def _filled(path: Path) -> bool:
@@ -389,16 +390,16 @@ def read_labelled(
     folder = Path(path)
     missing = [name for name in (LABELS, MAPS) if not (folder / name).is_file()]
     if missing:
-        raise ValueError(
+        raise InputError(
             f"{folder} has no {' and no '.join(missing)}: give a folder written by export_for_labelling."
         )
     _, tensors = read_checked(folder / MAPS, what="labelling maps", format=FORMAT)
     maps, lengths = tensors.get("maps"), tensors.get("lengths")
     if maps is None or lengths is None or maps.ndim != 3 or lengths.shape != maps.shape[:1]:
-        raise ValueError(f"{folder / MAPS} does not hold padded maps with their lengths; export again.")
+        raise InputError(f"{folder / MAPS} does not hold padded maps with their lengths; export again.")
     table = _read_table(folder / LABELS)
     if not {"id", "label"} <= set(table.columns):
-        raise ValueError(
+        raise InputError(
             f"{folder / LABELS} must keep its 'id' and 'label' columns (comma-separated); found "
             f"{list(table.columns)}."
         )
@@ -413,16 +414,16 @@ def read_labelled(
         try:
             index = int(raw_id)
         except ValueError:
-            raise ValueError(f"{folder / LABELS} line {line}: id {raw_id!r} is not a whole number.") from None
+            raise InputError(f"{folder / LABELS} line {line}: id {raw_id!r} is not a whole number.") from None
         if not 0 <= index < maps.shape[0]:
-            raise ValueError(f"{folder / LABELS} line {line}: id {index} is not one of the {maps.shape[0]} maps.")
+            raise InputError(f"{folder / LABELS} line {line}: id {index} is not one of the {maps.shape[0]} maps.")
         if label.lower() not in names:
-            raise ValueError(
+            raise InputError(
                 f"{folder / LABELS} line {line} (id {index}): label {label!r} is not a pattern type; "
                 f"use one of {', '.join(names.values())} (or leave it empty to skip the map)."
             )
         if index in out_labels:
-            raise ValueError(f"{folder / LABELS} line {line}: id {index} is labelled twice.")
+            raise InputError(f"{folder / LABELS} line {line}: id {index} is labelled twice.")
         length = int(lengths[index])
         out_maps[index] = maps[index, :length, :length].clone()
         out_labels[index] = names[label.lower()]

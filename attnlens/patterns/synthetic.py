@@ -16,6 +16,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.checks import describe, whole_number
+from attnlens.errors import InputError
 from attnlens.patterns.templates import TYPES
 
 #: logit of the prototype's keys above the others: ``log(length)`` (so one key can hold as much
@@ -85,7 +86,7 @@ def synthetic(kind: str, n: int, length: int = 32, seed: int = 0) -> SyntheticMa
     """``n`` noisy maps of type ``kind`` (one of :data:`TYPES`, or ``"all"`` for ``n`` of each,
     in the order of :data:`TYPES`), ``length × length`` (at least 8), reproducible from ``seed``."""
     if kind != "all" and kind not in TYPES:
-        raise ValueError(f"Unknown pattern type {describe(kind)}; use one of {', '.join(TYPES)} or 'all'.")
+        raise InputError(f"Unknown pattern type {describe(kind)}; use one of {', '.join(TYPES)} or 'all'.")
     n = whole_number(n, "n", minimum=1)
     length = whole_number(length, "length", minimum=8)
     seed = whole_number(seed, "seed", minimum=0)

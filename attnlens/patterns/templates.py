@@ -58,6 +58,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.checks import describe
+from attnlens.errors import InputError
 from attnlens.stats import _diagonal
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
@@ -106,21 +107,21 @@ class Positions:
         ``<eos>``; separators: ``[SEP]`` and ``</s>``. Examples shorter than ``length`` (default:
         the longest) are padded."""
         if isinstance(tokens, str) or not isinstance(tokens, Sequence) or not tokens:
-            raise ValueError(
+            raise InputError(
                 f"tokens must be a list of token strings (one example) or a list of such lists, "
                 f"got {describe(tokens)}."
             )
         examples = [tokens] if isinstance(tokens[0], str) else list(tokens)
         for i, example in enumerate(examples):
             if isinstance(example, str) or not all(isinstance(t, str) for t in example):
-                raise ValueError(f"tokens[{i}] must be a list of token strings, got {describe(example)}.")
+                raise InputError(f"tokens[{i}] must be a list of token strings, got {describe(example)}.")
         width = max(len(e) for e in examples) if length is None else int(length)
         mask = torch.zeros(len(examples), width, dtype=torch.bool)
         special = torch.zeros_like(mask)
         separator = torch.zeros_like(mask)
         for i, example in enumerate(examples):
             if len(example) > width:
-                raise ValueError(f"example {i} has {len(example)} tokens, more than the map's {width} positions.")
+                raise InputError(f"example {i} has {len(example)} tokens, more than the map's {width} positions.")
             mask[i, : len(example)] = True
             special[i, : len(example)] = torch.tensor([bool(_SPECIAL.match(t)) for t in example])
             separator[i, : len(example)] = torch.tensor([t in _SEPARATORS for t in example])
@@ -138,7 +139,7 @@ class Positions:
         if tokenizer is None:
             tokenizer = getattr(model, "tokenizer", None)
         if tokenizer is None or not hasattr(inputs, "input_ids"):
-            raise ValueError(
+            raise InputError(
                 "classify(batch=...) needs an attnlens Batch with its tokenizer (tokenizer=...) "
                 "or a PassBatch; or give tokens= (the token strings) instead."
             )
@@ -213,14 +214,14 @@ def _as_4d(pattern: Any) -> Tensor:
         try:
             pattern = torch.as_tensor(np.asarray(pattern))
         except (TypeError, ValueError) as error:
-            raise ValueError(f"pattern must be a tensor or an array, got {describe(pattern)}.") from error
+            raise InputError(f"pattern must be a tensor or an array, got {describe(pattern)}.") from error
     if pattern.ndim not in (2, 3, 4) or pattern.shape[-1] != pattern.shape[-2]:
-        raise ValueError(
+        raise InputError(
             f"pattern must be [query, key], [head, query, key] or [batch, head, query, key] with "
             f"as many keys as queries, got shape {tuple(pattern.shape)}."
         )
     if not pattern.is_floating_point():
-        raise ValueError(f"pattern must hold floats (attention weights), got {pattern.dtype}.")
+        raise InputError(f"pattern must hold floats (attention weights), got {pattern.dtype}.")
     while pattern.ndim < 4:
         pattern = pattern.unsqueeze(0)
     return pattern
@@ -361,14 +362,14 @@ def check_rows(pattern: Tensor, positions: Positions) -> None:
     sums = pattern.double().masked_fill(~visible[:, None], 0.0).sum(-1)  # [batch, head, query]
     valid = positions.key_mask[:, None, :].expand_as(sums)
     if not valid.any():
-        raise ValueError("the maps have no valid query row (key_mask / tokens are all padding).")
+        raise InputError("the maps have no valid query row (key_mask / tokens are all padding).")
     error = (sums - 1.0).abs().masked_fill(~valid, 0.0)
     tolerance = ROW_SUM_TOLERANCE.get(pattern.dtype, 1e-4)
     if not bool(torch.isfinite(pattern).all()):
-        raise ValueError("the maps hold NaN or infinite values.")
+        raise InputError("the maps hold NaN or infinite values.")
     if float(error.max()) > tolerance:
         b, h, q = np.unravel_index(int(error.argmax()), tuple(error.shape))
-        raise ValueError(
+        raise InputError(
             f"row {q} of head {h} of example {b} sums to {float(sums[b, h, q]):.6g} over its visible "
             f"keys, not 1 (tolerance {tolerance:g}): a standard attention map's rows are "
             "distributions. For signed maps (effective attention) pass view='effective'; check "
@@ -399,12 +400,12 @@ def classify(
     decoder's (default: from the model of a PassBatch, else False).
     """
     if view not in ("standard", "effective", "papa"):
-        raise ValueError(f"Unknown view {describe(view)}; use 'standard', 'effective' or 'papa'.")
+        raise InputError(f"Unknown view {describe(view)}; use 'standard', 'effective' or 'papa'.")
     pattern = _as_4d(pattern)
     given = [name for name, value in (("tokens", tokens), ("batch", batch), ("positions", positions))
              if value is not None]
     if len(given) != 1:
-        raise ValueError(
+        raise InputError(
             "classify needs where the maps' tokens are: exactly one of tokens= (token strings), "
             f"batch= (a Batch with tokenizer=, or a PassBatch) or positions=; got {given or 'none'}."
         )
@@ -414,7 +415,7 @@ def classify(
         positions = Positions.from_batch(batch, tokenizer, causal=causal)
     assert positions is not None
     if tuple(positions.key_mask.shape) != (pattern.shape[0], pattern.shape[-1]):
-        raise ValueError(
+        raise InputError(
             f"the maps are {pattern.shape[0]} examples × {pattern.shape[-1]} positions but the "
             f"tokens / batch describe {tuple(positions.key_mask.shape)}; give one token list per example."
         )
@@ -425,7 +426,7 @@ def classify(
     if view != "effective":
         check_rows(pattern, positions)
     elif not bool(torch.isfinite(pattern).all()):
-        raise ValueError("the maps hold NaN or infinite values.")
+        raise InputError("the maps hold NaN or infinite values.")
     shares = features(pattern, positions, signed=view == "effective")
     return label(shares, is_pair(positions))
 

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlens.errors import AttnlensWarning, InputError
 from attnlens.probing.baseline import LinearBaseline
 from attnlens.probing.features import Features, cache_dir, clear_cache, extract, hooks_key
 from attnlens.probing.intervals import Interval, Paired, bootstrap, paired
@@ -38,7 +39,7 @@ __all__ = [
 TRAIN_LIMIT = 4000
 
 
-class ProbeWarning(UserWarning):
+class ProbeWarning(AttnlensWarning):
     """A probe scored below one of its baselines (the majority class or the linear model)."""
 
 
@@ -101,7 +102,7 @@ def _as_seeds(seeds: Any, seed: int) -> list[int]:
         return [seed + offset for offset in range(whole_number(seeds, "seeds", minimum=1))]
     chosen = [whole_number(value, "seeds") for value in seeds]
     if not chosen:
-        raise ValueError("seeds is empty; give a number of seeds (e.g. 3) or a list (e.g. [0, 1, 2]).")
+        raise InputError("seeds is empty; give a number of seeds (e.g. 3) or a list (e.g. [0, 1, 2]).")
     return chosen
 
 
@@ -155,7 +156,7 @@ def run(
     chosen_seeds = _as_seeds(seeds, seed)
     if isinstance(probe, PapaProbe):
         if len(chosen_seeds) > 1:
-            raise ValueError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")
+            raise InputError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")
         probes = [probe]
     else:
         given = {**row.probe_settings(), "progress": progress, **(probe or {})}
@@ -174,7 +175,8 @@ def run(
             return [[names[label] for label in tags] for tags in predicted]
         return [names[label] for label in predicted]
 
-    runs = [named(one.fit(train_features, train.labels()).predict(eval_features)) for one in probes]
+    runs = [named(one.fit(train_features, train.labels(), task=train.name, label_names=names).predict(eval_features))
+            for one in probes]
     fitted = time.perf_counter()
     baseline_predictions: list = []
     if baseline:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from attnlens.errors import InputError, NotFittedError
 from attnlens.probing.features import Features
 
 #: The grid of ``C`` tried on the held-out split (strong to weak regularisation).
@@ -54,7 +55,7 @@ class LinearBaseline:
 
         self.grid = tuple(finite(c, "C", low=0.0) for c in grid)
         if not self.grid or min(self.grid) <= 0:
-            raise ValueError("grid must hold at least one C above 0.")
+            raise InputError("grid must hold at least one C above 0.")
         self.holdout = finite(holdout, "holdout", low=0.0, high=0.9)
         self.seed = whole_number(seed, "seed")
         self.max_iter = whole_number(max_iter, "max_iter", minimum=1)
@@ -94,7 +95,7 @@ class LinearBaseline:
                         self.held_out[C] = float((scorer or _accuracy(labels))(held, predicted))
             self.C = max(self.held_out, key=self.held_out.get) if self.held_out else self.grid[0]
             if len(np.unique(targets)) < 2:
-                raise ValueError("the linear baseline needs at least two labels in the training examples.")
+                raise InputError("the linear baseline needs at least two labels in the training examples.")
             self.model = self._pipeline(self.C).fit(rows, targets)
         self._words = features.kind != "sequence"
         self.fallback = int(np.bincount(targets).argmax())
@@ -104,7 +105,7 @@ class LinearBaseline:
         """Label ints per example (sequence) or per word (word features; the words without a
         vector get the most frequent training label), as :meth:`PapaProbe.predict`."""
         if self.model is None:
-            raise RuntimeError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
+            raise NotFittedError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
         predicted = self.model.predict(design(features))
         return self._per_example(features, predicted, None, np.arange(len(features)))
 

@@ -46,6 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens import passes
+from attnlens.errors import InputError, MismatchError
 from attnlens.inputs import Words, default_layout
 from attnlens.loading import model_id, weights_fingerprint
 
@@ -133,12 +134,12 @@ class Features:
 
         metadata, tensors = read_checked(path, what="features", format=FORMAT)
         if set(tensors) != {"vectors", "lengths", "positions", "n_words"}:
-            raise ValueError(f"features file {path} is damaged: it lacks tensors; delete it.")
+            raise InputError(f"features file {path} is damaged: it lacks tensors; delete it.")
         features = cls(tensors["vectors"], tensors["lengths"], tensors["positions"], tensors["n_words"],
                        metadata["kind"], int(metadata["max_len"]), metadata.get("key", ""))
         problem = _inconsistent(features)
         if problem:
-            raise ValueError(f"features file {path} is damaged: {problem}; delete it.")
+            raise InputError(f"features file {path} is damaged: {problem}; delete it.")
         return features
 
 
@@ -299,7 +300,10 @@ def extract(
         path = cache_dir() / f"{key}.safetensors"
         if path.exists():
             try:
-                return Features.load(path)
+                loaded = Features.load(path)
+                if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
+                    raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
+                return loaded
             except ValueError as error:
                 warnings.warn(f"{error} Recomputing it.", stacklevel=2)
     accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)
@@ -324,7 +328,7 @@ def _gather_shards(features: Features, path: Path | None, current: Any) -> Featu
     import torch.distributed as dist
 
     if path is None:
-        raise ValueError(
+        raise InputError(
             "under torch.distributed, features are exchanged through files: keep cache=True (with "
             "hooks that have a key(), or cache_key=) and a cache folder every rank can read."
         )

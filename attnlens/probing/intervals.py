@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float
 
+from attnlens.errors import InputError
+
 #: Resamples per interval by default (the percentile's Monte-Carlo error at 95%: about ±0.2
 #: percentile points, well inside the interval's own width).
 RESAMPLES = 1000
@@ -100,7 +102,7 @@ def counts(task: Any, predictions: Sequence[Any]) -> Float[np.ndarray, "example 
             true = set(get_entities([names[t] for t in gs]))
             rows.append([len(found & true), len(found), len(true)])
         return np.array(rows, dtype=np.float64).reshape(-1, 3)
-    raise ValueError(f"no bootstrap for metric {metric!r}")
+    raise InputError(f"no bootstrap for metric {metric!r}")
 
 
 def from_counts(metric: str, totals: Float[np.ndarray, "*batch count"]) -> Float[np.ndarray, "*batch"]:
@@ -117,14 +119,14 @@ def from_counts(metric: str, totals: Float[np.ndarray, "*batch count"]) -> Float
         elif metric == "seqeval_f1":
             value = 2 * totals[..., 0] / (totals[..., 1] + totals[..., 2])
         else:
-            raise ValueError(f"no bootstrap for metric {metric!r}")
+            raise InputError(f"no bootstrap for metric {metric!r}")
     return np.asarray(np.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0))
 
 
 def weights(n: int, *, resamples: int = RESAMPLES, seed: int = 0) -> Float[np.ndarray, "resample example"]:
     """How often each of ``n`` examples is drawn in each resample (multinomial, seeded)."""
     if n < 1:
-        raise ValueError("a bootstrap needs at least one evaluated example.")
+        raise InputError("a bootstrap needs at least one evaluated example.")
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
 
 

@@ -38,13 +38,16 @@ Training runs in float32 on the float16 features, on the CPU or the features' de
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from attnlens.errors import InputError, InputTypeError, MismatchError, NotFittedError
 from attnlens.probing.features import Features
 
 #: File format of a saved probe.
@@ -140,29 +143,34 @@ class PapaProbe:
             standardize=standardize,
         )
         if pooling not in POOLINGS:
-            raise ValueError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}.")
+            raise InputError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}.")
         if not isinstance(standardize, bool):
-            raise TypeError(f"standardize must be True or False, not {standardize!r}.")
+            raise InputTypeError(f"standardize must be True or False, not {standardize!r}.")
         if self.settings.lr == 0 or self.settings.dropout == 1:
-            raise ValueError("lr must be above 0 and dropout below 1 (nothing would be learned).")
+            raise InputError("lr must be above 0 and dropout below 1 (nothing would be learned).")
         self.progress = progress
         self.network: _Network | None = None
         self.n_labels = 0
         self.fallback = 0
         self.max_len = 0
+        self.made_for: dict[str, Any] = {}  # what the probe was fitted on (predict checks it)
 
     # ---- training ----------------------------------------------------------------------------
 
-    def fit(self, features: Features, labels: list) -> PapaProbe:
-        """Train on ``features`` and their ``labels``; returns ``self``."""
+    def fit(self, features: Features, labels: list, *, task: str | None = None,
+            label_names: Sequence[str] | None = None) -> PapaProbe:
+        """Train on ``features`` and their ``labels``; returns ``self``. ``task`` and
+        ``label_names`` (optional) are recorded with the features' kind and shape, and
+        :meth:`predict` refuses features made for something else."""
         targets = self._targets(features, labels)
         valid = targets >= 0
         if not valid.any():
-            raise ValueError("no labelled example to train the probe on.")
+            raise InputError("no labelled example to train the probe on.")
         n_labels = int(targets[valid].max()) + 1
         self.n_labels = max(n_labels, getattr(self, "n_labels", 0) or 0)
         self.fallback = int(torch.bincount(targets[valid], minlength=self.n_labels).argmax())
         self.max_len = features.max_len
+        self.made_for = _made_for(features, task, label_names)
         generator = torch.Generator().manual_seed(self.settings.seed)
         from attnlens.passes import progress_bar
 
@@ -219,7 +227,7 @@ class PapaProbe:
     def _targets(self, features: Features, labels: list) -> Tensor:
         """One target per example (sequence) or per kept vector (words; -1: unlabelled)."""
         if len(labels) != len(features):
-            raise ValueError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
+            raise InputError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
         if features.kind == "sequence":
             return torch.as_tensor([int(label) for label in labels], dtype=torch.long)
         targets = torch.full((features.vectors.shape[0],), -1, dtype=torch.long)
@@ -227,7 +235,7 @@ class PapaProbe:
         for index, tags in enumerate(labels):
             words = features.positions[offsets[index] : offsets[index + 1]]
             if len(tags) != int(features.n_words[index]):
-                raise ValueError(
+                raise InputError(
                     f"example {index} has {int(features.n_words[index])} words but {len(tags)} labels."
                 )
             targets[offsets[index] : offsets[index + 1]] = torch.as_tensor(tags, dtype=torch.long)[words]
@@ -245,11 +253,14 @@ class PapaProbe:
 
     # ---- prediction --------------------------------------------------------------------------
 
-    def predict(self, features: Features, *, batch_size: int = 256) -> list:
+    def predict(self, features: Features, *, batch_size: int = 256, task: str | None = None) -> list:
         """Label ints per example (sequence) or per word (words: every word of each example,
-        the ones without a vector given the most frequent training label)."""
+        the ones without a vector given the most frequent training label).
+        :class:`~attnlens.errors.MismatchError` for features of another kind or shape than the
+        probe was fitted on, or of another ``task`` (given here, or the features' ``task``)."""
         if self.network is None:
-            raise RuntimeError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
+            raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
+        _check_made_for(self.made_for, features, task if task is not None else getattr(features, "task", None))
         outputs: list = []
         with torch.no_grad():
             for start in range(0, len(features), batch_size):
@@ -280,11 +291,12 @@ class PapaProbe:
         from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
 
         if self.network is None:
-            raise RuntimeError("this PapaProbe is not fitted yet; nothing to save.")
+            raise NotFittedError("this PapaProbe is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
         metadata = {"format": FORMAT, "settings": json.dumps(asdict(self.settings), sort_keys=True),
                     "n_labels": str(self.n_labels), "fallback": str(self.fallback),
                     "max_len": str(self.max_len), "sequence": str(self.network.sequence),
+                    "made_for": json.dumps(self.made_for, sort_keys=True),
                     "checksum": tensor_checksum(tensors)}
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
@@ -297,7 +309,7 @@ class PapaProbe:
 
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
         if not all(torch.isfinite(value).all() for value in tensors.values()):
-            raise ValueError(f"probe file {path} holds non-finite weights.")
+            raise InputError(f"probe file {path} holds non-finite weights.")
         settings = json.loads(metadata["settings"])
         # written before these settings existed: the paper's sum pooling, no standardisation
         settings.setdefault("pooling", "sum")
@@ -305,6 +317,7 @@ class PapaProbe:
         probe = cls(**settings)
         probe.n_labels, probe.fallback = int(metadata["n_labels"]), int(metadata["fallback"])
         probe.max_len = int(metadata["max_len"])
+        probe.made_for = json.loads(metadata.get("made_for", "{}"))  # older files: none recorded
         sequence = metadata["sequence"] == "True"
         dense = tensors["dense.weight"]
         n_layers_d = dense.shape[1]
@@ -319,6 +332,26 @@ class PapaProbe:
         probe.network.load_state_dict(tensors)
         probe.network.eval()
         return probe
+
+
+def _made_for(features: Features, task: str | None, label_names: Sequence[str] | None) -> dict[str, Any]:
+    """What a probe fitted on ``features`` was made for (recorded in its file)."""
+    return {"task": None if task is None else str(task),
+            "label_names": None if label_names is None else [str(name) for name in label_names],
+            "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model}
+
+
+def _check_made_for(made_for: dict[str, Any], features: Features, task: str | None) -> None:
+    """:class:`~attnlens.errors.MismatchError` naming the first fact of ``features`` (or the
+    ``task`` they are for) that differs from what the probe was fitted on."""
+    found = {"task": task, "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model}
+    for fact, value in found.items():
+        recorded = made_for.get(fact)
+        if recorded is not None and value is not None and recorded != value:
+            raise MismatchError(
+                f"this probe was fitted on {fact} {recorded!r}; the features given have {fact} "
+                f"{value!r}. Fit a probe on features of {fact} {value!r}, or give features like its own."
+            )
 
 
 def targets_of(targets: Tensor, features: Features, chosen: Tensor, rows: Tensor) -> Tensor:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from attnlens.errors import InputError
+
 
 @dataclass(frozen=True)
 class Recipe:
@@ -43,5 +45,5 @@ TABLE3: dict[str, Recipe] = {
 def recipe(task: str) -> Recipe:
     """Table 3's row for ``task`` (a name of :data:`attnlens.tasks.NAMES`, or ``"mlm"``)."""
     if task not in TABLE3:
-        raise ValueError(f"PAPA's Table 3 has no recipe for {task!r}; it has {', '.join(TABLE3)}.")
+        raise InputError(f"PAPA's Table 3 has no recipe for {task!r}; it has {', '.join(TABLE3)}.")
     return TABLE3[task]
