@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
-from attnlens import lm, papa, probing, tasks
+from attnlens import AttnlensError, lm, papa, probing, tasks
+from attnlens.papa.curves import DATA_FREE, Curve
 from attnlens.papa.tables import ROWS
 from tests.conftest import DATA, data_file
 
@@ -116,7 +118,6 @@ def test_cli_curve_writes_csv_and_html(tmp_path, minilm, constants):
     assert main(["curve", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
                  "--fractions", "0,1", "--train-limit", "200", "--eval-limit", "100", "--seeds", "1",
                  "--quiet", "--out", str(out)]) == 0
-    import pandas as pd
 
     table = pd.read_csv(out.with_suffix(".csv"))
     assert list(table["strategy"]) == ["input_dependence"] * 2 + ["identity", "toeplitz", "zeros"]
@@ -189,7 +190,6 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
     assert main(["table", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
                  "--train-limit", "100", "--eval-limit", "60", "--seeds", "1", "--quiet",
                  "--out", str(out)]) == 0
-    import pandas as pd
 
     long = pd.read_csv(out.with_suffix(".csv"))
     assert list(long["row"]) == list(ROWS)
@@ -199,3 +199,19 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
     assert markdown.count("\n") == 8 and "| average |" in markdown and "[" in markdown
     assert out.read_text(encoding="utf-8").count("<html") == 1
+
+
+def test_table_1_read_from_a_curve_equals_papa_table(minilm, constants):
+    """One curve with every data-free baseline holds Table 1: PapaTable.from_curve keeps its
+    points at fraction 0 and 1 and the baselines, and equals papa.table's on the same settings
+    (the same cached features and seeds, so the same numbers to the last bit)."""
+    options = dict(data_dir=DATA, train_limit=100, eval_limit=60, seeds=1, progress=False)
+    measured = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=DATA_FREE, **options)
+    read = papa.PapaTable.from_curve(measured)
+    direct = papa.table(minilm, constants, ["sst2"], **options)
+    assert list(read.long["row"]) == list(ROWS) == list(direct.long["row"])
+    columns = ["row", "score", "low", "high", "difference", "baseline", "majority"]
+    pd.testing.assert_frame_equal(read.long[columns], direct.long[columns])
+    half = measured.table[measured.table["fraction_replaced"] == 0.5]
+    with pytest.raises(AttnlensError, match="fraction 0 and 1"):
+        papa.PapaTable.from_curve(Curve(half, settings=measured.settings))

@@ -4,6 +4,7 @@ seqeval on resamples, the paired test, and probing.run on duplicated and shuffle
 from __future__ import annotations
 
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -93,8 +94,33 @@ def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
     labels = [label for _, label in train_rows]
     random.Random(0).shuffle(labels)
     shuffled = [(text, label) for (text, _), label in zip(train_rows, labels, strict=True)]
-    with pytest.warns(probing.ProbeWarning, match="below"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probing.ProbeWarning)  # below a baseline by chance or not
         noise = probing.run(minilm, "sst2", data_dir=_sst2_folder(tmp_path / "shuffled", shuffled, dev_rows),
                             seeds=3, **options)
     assert noise.score in noise.majority_interval and noise.baseline in noise.majority_interval
     assert len(noise.scores) == 3 and noise.seed_std > 0
+    # the paired test of probe − linear is computed on the same resamples: its point difference
+    # is exactly the difference of the two point scores
+    for result in (plain, noise):
+        assert result.versus_baseline.difference == pytest.approx(result.score - result.baseline, abs=1e-12)
+
+
+def _result(score, baseline, majority, low, high):
+    return probing.ProbeResult(
+        task="sst2", split="dev", metric="accuracy", score=score, majority=majority, predictions=[],
+        baseline=baseline, versus_baseline=intervals.Paired(score - baseline, low, high, 0.5))
+
+
+def test_a_probe_below_a_baseline_warns_and_says_whether_the_gap_is_noise():
+    """Below the linear baseline within noise (the paired interval holds 0), significantly below
+    it, below the majority class; above both: no warning."""
+    with pytest.warns(probing.ProbeWarning, match=r"linear baseline \(0.8200, within noise"):
+        probing._warn_if_below(_result(0.81, 0.82, 0.5, -0.03, 0.01))
+    with pytest.warns(probing.ProbeWarning, match=r"linear baseline \(0.9000, significantly"):
+        probing._warn_if_below(_result(0.81, 0.90, 0.5, -0.12, -0.06))
+    with pytest.warns(probing.ProbeWarning, match="majority class"):
+        probing._warn_if_below(_result(0.40, 0.30, 0.5, 0.05, 0.15))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        probing._warn_if_below(_result(0.83, 0.82, 0.5, -0.01, 0.03))

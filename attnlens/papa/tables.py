@@ -65,6 +65,26 @@ class PapaTable:
         lines += [f"| {index} | " + " | ".join(frame.loc[index]) + " |" for index in frame.index]
         return "\n".join(lines)
 
+    @classmethod
+    def from_curve(cls, measured: Any) -> PapaTable:
+        """Table 1 read from a :class:`attnlens.papa.Curve` that has the points it needs: no head
+        replaced (``original``), every head replaced by the constants (``average``), and any of the
+        data-free baselines it measured. One curve run with ``baselines=DATA_FREE`` gives both the
+        curve and the table."""
+        long = measured.table.copy()
+        strategy = measured.settings["strategy"]
+        fractions = long["fraction_replaced"]
+        if not ((fractions == 0.0).any() and ((long["strategy"] == strategy) & (fractions == 1.0)).any()):
+            raise InputError("Table 1 needs the curve's points at fraction 0 and 1 (no head and every "
+                             "head replaced); run papa.curve with fractions including 0.0 and 1.0.")
+        kept = (long["strategy"] != strategy) | fractions.isin([0.0, 1.0])
+        long = long[kept].copy()
+        long["row"] = [
+            ("original" if fraction == 0 else "average") if name == strategy else name
+            for name, fraction in zip(long["strategy"], long["fraction_replaced"], strict=True)
+        ]
+        return cls(long.reset_index(drop=True), measured.seconds, measured.settings)
+
 
 def _cell(row: Any) -> str:
     if pd.isna(row.low):
@@ -82,24 +102,6 @@ def table(model: Any, constants: Any, tasks: Sequence[Any], *, lm_texts: Sequenc
     options.pop("fractions", None)
     measured = curve(model, constants, tasks, fractions=(0.0, 1.0), baselines=DATA_FREE,
                      lm_texts=lm_texts, **options)
-    return from_curve(measured)
+    return PapaTable.from_curve(measured)
 
 
-def from_curve(measured: Any) -> PapaTable:
-    """Table 1 read from a :class:`attnlens.papa.Curve` that has the points it needs: no head
-    replaced (``original``), every head replaced by the constants (``average``), and any of the
-    data-free baselines it measured. One curve run with ``baselines=DATA_FREE`` gives both the
-    curve and the table."""
-    long = measured.table.copy()
-    strategy = measured.settings["strategy"]
-    fractions = long["fraction_replaced"]
-    if not ((fractions == 0.0).any() and ((long["strategy"] == strategy) & (fractions == 1.0)).any()):
-        raise InputError("Table 1 needs the curve's points at fraction 0 and 1 (no head and every "
-                         "head replaced); run papa.curve with fractions including 0.0 and 1.0.")
-    kept = (long["strategy"] != strategy) | fractions.isin([0.0, 1.0])
-    long = long[kept].copy()
-    long["row"] = [
-        ("original" if fraction == 0 else "average") if name == strategy else name
-        for name, fraction in zip(long["strategy"], long["fraction_replaced"], strict=True)
-    ]
-    return PapaTable(long.reset_index(drop=True), measured.seconds, measured.settings)
