@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens import models
@@ -42,6 +42,9 @@ DECODERS_NATIVE = tuple(t for a in models.ARCHITECTURES if a.seam == "native" fo
 
 _KEY_MASK: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "attnlens_key_mask", default=None
+)
+_POSITIONS: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
+    "attnlens_positions", default=None
 )
 
 
@@ -108,6 +111,31 @@ def batch_key_mask(valid: Bool[Tensor, "batch key"]) -> Iterator[None]:
         yield
     finally:
         _KEY_MASK.reset(token)
+
+
+@contextlib.contextmanager
+def batch_positions(positions: Int[Tensor, "batch key"] | None) -> Iterator[None]:
+    """Inside this context, :func:`positions` returns ``positions`` (``[batch, key]``: the
+    layout position of every column of a compact PAPA batch, :attr:`attnlens.Batch.position_ids`)
+    for patterns of that batch and length; ``None`` (an ordinary batch) leaves it unset.
+    attnlens's runs over a :class:`attnlens.Batch` (:func:`attnlens.passes.run_with_hooks`)
+    use it, so that PAPA hooks gather their constants at the layout's positions."""
+    token = _POSITIONS.set(positions)
+    try:
+        yield
+    finally:
+        _POSITIONS.reset(token)
+
+
+def positions(pattern: Float[Tensor, "batch head query key"]) -> Int[Tensor, "batch key"] | None:
+    """The layout positions of the keys (and queries) of the batch being run, set by
+    :func:`batch_positions` for a compact batch of ``pattern``'s batch size and length; ``None``
+    when the columns are the positions (an ordinary batch)."""
+    stashed = _POSITIONS.get()
+    batch, _, _, n_keys = pattern.shape
+    if stashed is not None and stashed.shape == (batch, n_keys):
+        return stashed.to(pattern.device)
+    return None
 
 
 def key_mask(

@@ -21,7 +21,8 @@ writes it to a file of the cache folder, never through a collective; every rank 
 shards, and rank 0 writes the whole file.
 
 **The cache.** Features depend on the model's weights, the interventions (``hooks``), the
-examples, ``max_len`` and the layout; their hash (with attnlens's version and the format) names a
+examples, ``max_len`` and the layout (not whether batches ran compact, which gives the same
+features: :func:`attnlens.inputs.compact_batch`); their hash (with attnlens's version and the format) names a
 safetensors file in :func:`cache_dir` (``$ATTNLENS_CACHE/features``, else
 ``~/.cache/attnlens/features``). A second extraction with the same key reads the file and runs no
 forward pass. Files are written atomically with a checksum (:mod:`attnlens.files`), verified on
@@ -162,6 +163,7 @@ class HiddenStates(passes.Accumulator):
 
     name = "hidden_states"
     needs_residual = True
+    compact = True
 
     def __init__(self, n_layers: int, examples: Sequence = ()) -> None:
         self.n_layers = n_layers
@@ -194,7 +196,7 @@ class HiddenStates(passes.Accumulator):
             return keep, words[keep], torch.tensor([len(example) for example in given], dtype=torch.long)
         self.kind = "sequence"
         keep = batch.batch.attention_mask.bool()
-        positions = torch.arange(keep.shape[1], device=keep.device).expand_as(keep)[keep]
+        positions = batch.positions[keep]
         return keep, positions, torch.zeros(0, dtype=torch.long)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
@@ -273,6 +275,7 @@ def extract(
     description: str = "features",
     states: HiddenStates | None = None,
     variant: str = "",
+    compact: bool = True,
 ) -> Features:
     """Every layer's vectors of ``examples`` (strings, ``(str, str)`` pairs or
     :class:`attnlens.inputs.Words`) under ``hooks``, from the cache when it holds them.
@@ -281,7 +284,9 @@ def extract(
     read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
     string that changes when they do). ``states``: the accumulator that keeps the vectors (a
     :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
-    naming what it changes in the cache key. Returns :class:`Features`.
+    naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
+    of their longest real text (:func:`attnlens.passes.run`; the same features up to float32
+    rounding, so one cache entry serves both). Returns :class:`Features`.
     """
     examples = list(examples)
     layout = default_layout(model) if layout is None else layout
@@ -304,7 +309,7 @@ def extract(
                 warnings.warn(f"{error} Recomputing it.", stacklevel=2)
     accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)
     passes.run(model, examples, [accumulator], max_len=max_len, layout=layout, batch_size=batch_size,
-               hooks=list(hooks), progress=progress, description=description)
+               hooks=list(hooks), progress=progress, description=description, compact=compact)
     vectors, lengths, positions, n_words = accumulator.result()
     features = Features(vectors, lengths, positions, n_words, accumulator.kind or "sequence", max_len,
                         path.stem if path is not None else "")
