@@ -1,7 +1,8 @@
 """Benchmark: ``attnlens.papa.fit`` (one pass of the engine) against a plain forward on the same batches.
 
 Both sides tokenize the same texts in the same batches (``batch_size``, ``max_len``, the model's
-default layout: ``papa`` for MiniLM, ``padded`` for SmolLM2) and run the model up to the same
+default layout: ``papa`` for MiniLM, in compact batches as the fit runs it, see
+:func:`attnlens.inputs.compact_batch`; ``padded`` for SmolLM2) and run the model up to the same
 point, right after the last layer's attention pattern: the fit needs nothing after it and stops
 there; the plain forward is stopped there by a hook that raises
 (:func:`attnlens.passes.run_patterns` with no other hook). So the ratio is the cost of the engine
@@ -13,7 +14,8 @@ ranges are printed.
 MiniLM: 512 WikiText-2 validation paragraphs, max_len 128, batch 32 (target <= 1.03x).
 SmolLM2-135M (``--model smollm2-135m``): 64 paragraphs, max_len 128, batch 16.
 
-Run: ``HF_HUB_OFFLINE=1 python benchmarks/papa_fit.py [--model smollm2-135m]`` (``make bench``).
+Run: ``HF_HUB_OFFLINE=1 python benchmarks/papa_fit.py [--model smollm2-135m] [--device cpu]
+[--threads 2]`` (``make bench``). Compact against padded PAPA batches: ``benchmarks/compact.py``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ TARGET = 1.03
 def plain_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -> None:
     """The forward the fit hooks, on the same batches, reading nothing."""
     for start in range(0, len(texts), batch_size):
-        batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout)
+        batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout,
+                                  compact=True)
         with torch.inference_mode():
             passes.run_patterns(model, batch, [])
 
@@ -48,6 +51,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="MiniLM 32, SmolLM2 16")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default=None, help="torch device (default: attnlens.load's)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,7 +59,7 @@ def main() -> None:
     n = args.n or (64 if small else 512)
     batch_size = args.batch_size or (16 if small else 32)
 
-    model = attnlens.load(args.model)
+    model = attnlens.load(args.model, device=args.device)
     layout = default_layout(model)
     texts = wikitext_paragraphs()[:n]
     shape = dict(max_len=args.max_len, layout=layout, batch_size=batch_size)

@@ -206,3 +206,19 @@ def test_the_curve_extracts_every_feature_once(bert, monkeypatch):
     scores = curve.table["score"].tolist()
     assert scores[0] == scores[1] and scores[2] == scores[3]
     assert 0 < curve.probe_seconds < curve.seconds and 0 < curve.probe_share < 1
+
+
+def test_ablation_head_means_run_compact_and_equal_the_padded_ones(bert):
+    """Mean ablation's values (a sum over real tokens) are the same from compact batches."""
+    from attnlens import ablation
+
+    means = {}
+    for compact in (False, True):
+        accumulator = ablation.HeadMeans(bert)
+        passes.run(bert, SENTENCES, [accumulator], max_len=32, layout="papa", batch_size=4,
+                   progress=False, compact=compact)
+        means[compact] = accumulator.result()
+    close(means[True], means[False])
+    assert torch.equal(ablation.head_means(bert, SENTENCES, max_len=32, layout="papa", batch_size=4,
+                                           progress=False),
+                       means[True])
