@@ -222,3 +222,13 @@ def test_ablation_head_means_run_compact_and_equal_the_padded_ones(bert):
     assert torch.equal(ablation.head_means(bert, SENTENCES, max_len=32, layout="papa", batch_size=4,
                                            progress=False),
                        means[True])
+
+
+def test_word_features_come_back_in_the_examples_order(bert):
+    """Token-task examples (Words) run shortest first in compact batches; their first-sub-token
+    vectors, word indices and word counts come back in the examples' order."""
+    words = [attnlens.Words(tuple(text.split())) for text in SENTENCES]
+    assert probing.features.by_length(bert.tokenizer, words) != list(range(len(words)))  # the order is changed
+    assert_same_features(bert, words, 32)
+    features = probing.extract(bert, words, max_len=32, layout="papa", cache=False, progress=False)
+    assert features.n_words.tolist() == [len(example) for example in words]
