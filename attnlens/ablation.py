@@ -349,6 +349,7 @@ class HeadMeans(passes.Accumulator):
 
     name = "head_means"
     needs_residual = True  # the last layer's hook_z fires after its hook_pattern
+    compact = True  # a sum over real tokens: where they sit does not matter
 
     def __init__(self, model: Any) -> None:
         n_layers, n_heads = _model_shape(model)
@@ -516,6 +517,9 @@ class Gates(passes.Accumulator):
         self.gates: Tensor | None = None
         self._targets: Tensor | None = None
         self._original: Tensor | None = None
+        # a task probe reads layout positions (HiddenStates.select), so PAPA batches may run
+        # compact; the MLM loss draws its masks over columns, and a given loss may read columns
+        self.compact = isinstance(loss, ProbeLoss)
 
     def hooks(self, model: Any) -> list[tuple[str, Any]]:
         n_layers, n_heads = self.total.shape

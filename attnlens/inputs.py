@@ -11,6 +11,22 @@ that a head's mean attention over a corpus is a meaningful constant matrix:
   max_len - 2`` (then padding).
 
 Pairs use one middle separator for every tokenizer (RoBERTa's own pair format has two).
+
+**Compact batches** (``tokenize(..., compact=True)``, :func:`compact_batch`; the default of every pass
+of the engine, :func:`attnlens.passes.run`). The layout is a statement about *positions*, not
+about padding: ``[CLS] w1 … wk [SEP]`` with position ids ``0, 1, …, k, max_len-1`` is the same
+input as the text padded to ``max_len``, because padded keys are masked (they get exactly 0
+attention) and no result reads a padded query. A compact batch keeps each text's real tokens
+left-aligned (its width is the longest real text of the batch, not ``max_len``) and carries the
+layout position of every column in ``Batch.position_ids``. The model gets them as
+``position_ids`` where it numbers columns (BERT); a model that numbers the real tokens itself
+(RoBERTa from its padding token, decoders from the mask:
+:attr:`attnlens.models.Architecture.counts_positions`) gives a padded PAPA text the same
+positions as its compact form, so it runs without them. PAPA constants ``C[pos_q, pos_k]`` are
+gathered by these positions (:func:`attnlens.papa.replace.constant_pattern`), and fitting
+scatter-adds each pattern back to them (:class:`attnlens.papa.fitting.PatternSums`): constants,
+features and interventions equal the padded layout's up to float32 rounding, for a fraction of
+the cost (an SST-2 sentence is about 25 of 64 positions).
 """
 
 from __future__ import annotations
@@ -39,6 +55,12 @@ class Batch:
     tokens included) and 0 for padding. ``n_truncated`` counts examples that lost tokens.
     ``token_types``: whether the model takes ``token_type_ids``; ``positions_from_mask``: whether
     position ids come from the mask (decoders); see :meth:`model_kwargs`.
+
+    ``position_ids``: ``[batch, pos]``, the layout position of every column of a compact batch
+    (see the module docstring; 0 on padding), or ``None`` when every column is its own position
+    (:attr:`positions` gives them in both cases). ``counts_positions``: the model numbers the
+    real tokens itself (:attr:`attnlens.models.Architecture.counts_positions`), so a compact
+    batch needs no ``position_ids`` argument.
     """
 
     input_ids: Int[Tensor, "batch pos"]
@@ -51,6 +73,22 @@ class Batch:
     extra: dict = field(default_factory=dict)
     token_types: bool = True
     positions_from_mask: bool = False
+    position_ids: Int[Tensor, "batch pos"] | None = None
+    counts_positions: bool = False
+
+    @property
+    def compact(self) -> bool:
+        """Whether this is a compact PAPA batch (its columns are not its positions)."""
+        return self.position_ids is not None
+
+    @property
+    def positions(self) -> Int[Tensor, "batch pos"]:
+        """The layout position of every column: :attr:`position_ids` of a compact batch, else
+        the column index ``0 .. pos-1``. Constants, probes and fits index by it."""
+        if self.position_ids is not None:
+            return self.position_ids
+        n, width = self.input_ids.shape
+        return torch.arange(width, device=self.input_ids.device).expand(n, width)
 
     def model_kwargs(self) -> dict[str, Tensor | None]:
         """Keyword arguments for ``bridge(batch.input_ids, **batch.model_kwargs())``.
@@ -65,11 +103,19 @@ class Batch:
         as when it is called directly. Decoders (``positions_from_mask``) get no ``position_ids``,
         so the bridge derives them from the mask: a left-padded sequence's real tokens then keep
         the positions they have when the sequence runs alone.
+
+        A compact batch (:attr:`compact`) passes its layout positions as ``position_ids`` to a
+        model that numbers columns (BERT): its final [SEP] is then at ``max_len - 1`` as in the
+        padded layout. A model that numbers real tokens itself (``counts_positions``: RoBERTa,
+        decoders) gives the same positions to the padded and the compact form, so it gets
+        ``None`` (or nothing) as above.
         """
         kwargs: dict[str, Tensor | None] = {"attention_mask": self.attention_mask}
         if self.token_types:
             kwargs["token_type_ids"] = self.token_type_ids
-        if not self.positions_from_mask:
+        if self.position_ids is not None and not self.counts_positions:
+            kwargs["position_ids"] = self.position_ids
+        elif not self.positions_from_mask:
             kwargs["position_ids"] = None
         return kwargs
 
@@ -85,6 +131,8 @@ class Batch:
             {key: value.to(device) if isinstance(value, Tensor) else value for key, value in self.extra.items()},
             self.token_types,
             self.positions_from_mask,
+            None if self.position_ids is None else self.position_ids.to(device),
+            self.counts_positions,
         )
 
     def __len__(self) -> int:
@@ -94,7 +142,7 @@ class Batch:
         n, positions = self.input_ids.shape
         return (
             f"Batch({n} {'pairs' if self.is_pair else 'texts'} x {positions} positions, "
-            f"layout={self.layout!r}, max_len={self.max_len}, "
+            f"layout={self.layout!r}{', compact' if self.compact else ''}, max_len={self.max_len}, "
             f"{int(self.attention_mask.sum())} real tokens, {self.n_truncated} truncated)"
         )
 
@@ -105,6 +153,7 @@ def tokenize(
     *,
     max_len: SupportsIndex,
     layout: Layout = "papa",
+    compact: bool = False,
 ) -> Batch:
     """Tokenize single sentences, (first, second) pairs or :class:`Words` (pre-split words of a
     token task) for ``model`` (a bridge or a tokenizer).
@@ -116,6 +165,10 @@ def tokenize(
     right whatever the tokenizer's ``padding_side``: every token then keeps its position
     ``0 .. n-1`` (as when its text runs alone), and PAPA constants, indexed by position, do not
     depend on how texts are grouped into batches.
+
+    ``compact=True`` (``layout="papa"``): the PAPA layout at the length of the longest real
+    text, with the layout's positions in ``Batch.position_ids`` (:func:`compact_batch`; the padded
+    layout is already as long as its longest text, so it is unchanged).
 
     ``max_len`` must leave room for one real token per segment besides the special tokens
     (:func:`min_max_len`) and, when ``model`` is a bridge, fit in its position embeddings
@@ -129,6 +182,8 @@ def tokenize(
     tokenizer = getattr(model, "tokenizer", None) or model
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+    if not isinstance(compact, bool):
+        raise InputTypeError(f"compact must be True or False, got {compact!r}.")
     examples = _as_examples(texts_or_pairs)
     is_pair = isinstance(examples[0], tuple)
     if any(isinstance(example, tuple) != is_pair for example in examples):
@@ -140,7 +195,48 @@ def tokenize(
         batch = _padded(tokenizer, examples, max_len, is_pair)
     batch.token_types = _uses_token_types(tokenizer)
     batch.positions_from_mask = model is not tokenizer and _positions_from_mask(model)
-    return batch
+    batch.counts_positions = model is not tokenizer and _counts_positions(model)
+    return compact_batch(batch) if compact and layout == "papa" else batch
+
+
+def compact_batch(batch: Batch) -> Batch:
+    """``batch`` (PAPA layout, padded to ``max_len``) as a compact batch: each row's real tokens
+    in order, left-aligned, the batch as wide as its longest row, and the position of each kept
+    column in ``position_ids`` (0 on the padding after it). The inputs are the same (see the
+    module docstring); ``extra`` tensors of ``[batch, pos]`` (word indices) are moved alike.
+    A compact batch is returned as it is; a batch of another layout raises ``ValueError``."""
+    if batch.compact:
+        return batch
+    if batch.layout != "papa":
+        raise InputError(
+            f"only PAPA-layout batches can be made compact (this one has layout={batch.layout!r}, "
+            "which is already as long as its longest text); tokenize with layout='papa'."
+        )
+    keep = batch.attention_mask.bool()
+    n, length = keep.shape
+    counts = keep.sum(1)
+    width = int(counts.max()) if n else 0
+    rows = torch.arange(n, device=keep.device)[:, None].expand(n, length)[keep]
+    columns = (keep.cumsum(1) - 1)[keep]  # the kept token's column in the compact row
+    source = torch.arange(length, device=keep.device).expand(n, length)[keep]
+
+    def moved(values: Tensor, fill: int) -> Tensor:
+        out = values.new_full((n, width), fill)
+        out[rows, columns] = values[keep]
+        return out
+
+    pad = int(batch.input_ids[~keep][0]) if bool((~keep).any()) else 0
+    position_ids = torch.zeros(n, width, dtype=torch.long, device=keep.device)
+    position_ids[rows, columns] = source
+    extra = {
+        key: moved(value, -1) if isinstance(value, Tensor) and value.shape == keep.shape else value
+        for key, value in batch.extra.items()
+    }
+    return Batch(
+        moved(batch.input_ids, pad), moved(batch.attention_mask, 0), moved(batch.token_type_ids, 0),
+        batch.n_truncated, batch.layout, batch.max_len, batch.is_pair, extra, batch.token_types,
+        batch.positions_from_mask, position_ids, batch.counts_positions,
+    )
 
 
 def default_layout(model: Any) -> str:
@@ -161,6 +257,15 @@ def _positions_from_mask(model: Any) -> bool:
 
     architecture = models.find(model)
     return architecture.positions_from_mask if architecture is not None else is_causal(model)
+
+
+def _counts_positions(model: Any) -> bool:
+    """Whether the model numbers the real tokens itself, skipping padding: its architecture's
+    fact (:attr:`attnlens.models.Architecture.counts_positions`), else whether it is causal."""
+    from attnlens import models
+
+    architecture = models.find(model)
+    return architecture.counts_positions if architecture is not None else is_causal(model)
 
 
 def position_limit(model: Any) -> int | None:

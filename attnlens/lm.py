@@ -498,6 +498,8 @@ class MaskedStates(HiddenStates):
     """Every layer's vectors at the masked positions of fixed masks (:func:`mlm_masks` with
     BERT's 80/10/10 mix), and the original token there (:attr:`Features.positions`)."""
 
+    compact = False  # its masks are drawn over the columns of padded batches
+
     def __init__(self, model: Any, *, rate: float, seed: int, examples: Sequence = ()) -> None:
         super().__init__(int(model.cfg.n_layers), examples)
         self.tokenizer, self.rate, self.seed = model.tokenizer, rate, seed

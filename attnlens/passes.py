@@ -55,7 +55,7 @@ from typing import Any, SupportsIndex
 
 import einops
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens import models, seam
@@ -96,7 +96,9 @@ FwdHooks = Sequence[tuple[str | Callable, Callable]]
 @dataclass
 class PassBatch:
     """The batch being run: ``batch`` (on the model's device), ``start`` (corpus index of its
-    first example), ``key_mask`` (``[batch, key]``, True for real tokens) and ``model``.
+    first example), ``key_mask`` (``[batch, key]``, True for real tokens), ``positions``
+    (``[batch, key]``, the layout position of every column: :attr:`attnlens.Batch.positions`,
+    which differ from the column index in a compact batch) and ``model``.
 
     :meth:`shared` computes something once per batch for every accumulator that asks for it by
     the same key (e.g. the token classes of :func:`attnlens.stats.token_classes`)."""
@@ -109,6 +111,10 @@ class PassBatch:
 
     def __post_init__(self) -> None:
         self.key_mask = self.batch.attention_mask.bool()
+
+    @property
+    def positions(self) -> Int[Tensor, "batch key"]:
+        return self.batch.positions
 
     def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per batch and key."""
@@ -168,7 +174,10 @@ class Accumulator:
       (otherwise the forward stops after the last layer's ``hook_pattern``);
     - ``needs_residual``: the forward runs through the last block (its ``hook_out``, the
       residual stream leaving it) and stops there, before the final norm and the LM head;
-    - ``needs_grad``: the forward runs with gradients (else under ``torch.inference_mode``).
+    - ``needs_grad``: the forward runs with gradients (else under ``torch.inference_mode``);
+    - ``compact``: it reads token positions from :attr:`PassBatch.positions`, never from column
+      indices, so PAPA-layout batches may run compact (:func:`attnlens.inputs.compact_batch`).
+      A pass runs compact only when every accumulator says so.
 
     Methods, called by :func:`run` in this order for each batch: :meth:`prepare`,
     :meth:`start_batch`,
@@ -187,6 +196,7 @@ class Accumulator:
     needs_output: bool = False
     needs_residual: bool = False
     needs_grad: bool = False
+    compact: bool = False
 
     def hooks(self, model: Any) -> list[tuple[str | Callable, Callable]]:
         """Extra reading hooks (``fwd_hooks``) this accumulator needs; ``self.current`` is the
@@ -401,7 +411,8 @@ def run_with_hooks(
 ) -> Any:
     """``model.run_with_hooks`` on a :class:`attnlens.Batch` with its mask and positions (the
     common path made impossible to get wrong), moved to the model's device; inside, pattern
-    hooks' :func:`attnlens.seam.key_mask` is the batch's own mask. Returns the model's output."""
+    hooks' :func:`attnlens.seam.key_mask` is the batch's own mask and :func:`attnlens.seam.positions`
+    its layout positions (a compact batch). Returns the model's output."""
     require_bridge(model, "attnlens.run_with_hooks")
     if not isinstance(batch, Batch):
         raise InputTypeError(
@@ -410,7 +421,7 @@ def run_with_hooks(
     check_hooks(hooks, batch)
     check_token_ids(model, batch)
     batch = batch.to(device_of(model))
-    with seam.batch_key_mask(batch.attention_mask.bool()):
+    with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids):
         return model.run_with_hooks(
             batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(hooks), **kwargs
         )
@@ -762,6 +773,7 @@ def run(
     checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
     effective: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
+    compact: bool = True,
 ) -> PassSummary:
     """Run ``model`` over ``corpus`` once, updating every accumulator; returns a
     :class:`PassSummary`.
@@ -772,7 +784,11 @@ def run(
     (``fwd_hooks``) active during the pass; accumulators read the patterns they produce.
     ``effective``: keyword arguments of :func:`attnlens.effective.effective_attention`
     (``rtol``, ``padded``). ``settings``: anything else that changes the result (recorded in
-    checkpoints and compared across ranks).
+    checkpoints and compared across ranks). ``compact``: run PAPA-layout batches at the length
+    of their longest real text, with the layout's positions (:func:`attnlens.inputs.compact_batch`;
+    the same results up to float32 rounding, for the real tokens' share of the cost) when every
+    accumulator reads positions rather than columns (:attr:`Accumulator.compact`); ``False``
+    pads them to ``max_len``. Hooks (``hooks=``) must then read positions too, as PAPA's do.
 
     ``checkpoint``: a file to which the state is written atomically every ``checkpoint_every``
     batches, at an interrupt (Ctrl-C, SIGTERM) and at the end. Running again with the same
@@ -791,6 +807,9 @@ def run(
     layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+    if not isinstance(compact, bool):
+        raise InputTypeError(f"compact must be True or False, got {compact!r}.")
+    compact = compact and layout == "papa" and all(a.compact for a in accumulators)
     batch_size = _positive(batch_size, "batch_size", "examples per batch (e.g. batch_size=32)")
     checkpoint_every = _positive(checkpoint_every, "checkpoint_every", "batches (e.g. 20)")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
@@ -891,7 +910,7 @@ def run(
             for chunk in chunks(examples, batch_size):
                 signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
                 try:
-                    batch = tokenize(model, chunk, max_len=max_len, layout=layout).to(device)
+                    batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=compact).to(device)
                 except BlankText as blank:  # name the text by its index in the corpus
                     raise blank.at(offset + counts["examples"] + blank.index) from None
                 inputs = _prepare(accumulators, batch)

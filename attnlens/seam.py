@@ -29,10 +29,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens import models
+from attnlens.errors import InputError
 
 ATTN_IMPLEMENTATION = "attnlens"
 
@@ -43,6 +44,9 @@ DECODERS_NATIVE = tuple(t for a in models.ARCHITECTURES if a.seam == "native" fo
 
 _KEY_MASK: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "attnlens_key_mask", default=None
+)
+_POSITIONS: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
+    "attnlens_positions", default=None
 )
 
 
@@ -111,6 +115,40 @@ def batch_key_mask(valid: Bool[Tensor, "batch key"]) -> Iterator[None]:
         _KEY_MASK.reset(token)
 
 
+@contextlib.contextmanager
+def batch_positions(positions: Int[Tensor, "batch key"] | None) -> Iterator[None]:
+    """Inside this context, :func:`positions` returns ``positions`` (``[batch, key]``: the
+    layout position of every column of a compact PAPA batch, :attr:`attnlens.Batch.position_ids`)
+    for patterns of that batch and length; ``None`` (an ordinary batch) leaves it unset.
+    attnlens's runs over a :class:`attnlens.Batch` (:func:`attnlens.passes.run_with_hooks`)
+    use it, so that PAPA hooks gather their constants at the layout's positions."""
+    token = _POSITIONS.set(positions)
+    try:
+        yield
+    finally:
+        _POSITIONS.reset(token)
+
+
+def positions(pattern: Float[Tensor, "batch head query key"]) -> Int[Tensor, "batch key"] | None:
+    """The layout positions of the keys (and queries) of the batch being run, set by
+    :func:`batch_positions` for a compact batch of ``pattern``'s batch size and length; ``None``
+    when the columns are the positions (an ordinary batch)."""
+    return _stashed_positions(pattern.shape[0], pattern.shape[-1], pattern.device)
+
+
+def mask_positions(valid: Bool[Tensor, "batch key"]) -> Int[Tensor, "batch key"] | None:
+    """:func:`positions` for a batch known by its ``[batch, key]`` key mask (the fast constant
+    heads of :func:`constant_heads` have no pattern to ask with)."""
+    return _stashed_positions(valid.shape[0], valid.shape[-1], valid.device)
+
+
+def _stashed_positions(batch: int, n_keys: int, device: torch.device) -> Tensor | None:
+    stashed = _POSITIONS.get()
+    if stashed is not None and stashed.shape == (batch, n_keys):
+        return stashed.to(device)
+    return None
+
+
 def key_mask(
     pattern: Float[Tensor, "batch head query key"], *, causal: bool = False
 ) -> Bool[Tensor, "batch key"]:
@@ -163,7 +201,7 @@ def constant_heads(
     duration, removed on exit.
     """
     if models.of(bridge).seam != "attnlens" or not is_installed(bridge):
-        raise ValueError(
+        raise InputError(
             "constant heads skip their work only on encoders prepared by attnlens.load() "
             f"(BERT, RoBERTa); this is a {type(bridge.original_model).__name__}"
         )
@@ -172,7 +210,7 @@ def constant_heads(
         for layer, (replaced, constant) in layers.items():
             module = _self_attention(bridge.blocks[layer].attn.original_component)
             if "forward" in vars(module):
-                raise ValueError(f"layer {layer}'s attention is already patched (nested constant_heads?)")
+                raise InputError(f"layer {layer}'s attention is already patched (nested constant_heads?)")
             module.forward = functools.partial(
                 _constant_forward, module, replaced.to(torch.bool).cpu(), constant
             )
@@ -187,7 +225,7 @@ def _self_attention(attention: nn.Module) -> nn.Module:
     """The module that projects queries, keys and values (``BertSelfAttention``)."""
     inner = getattr(attention, "self", attention)
     if not all(hasattr(inner, name) for name in ("query", "key", "value", "attention_head_size")):
-        raise ValueError(f"{type(attention).__name__} has no query/key/value projections to skip")
+        raise InputError(f"{type(attention).__name__} has no query/key/value projections to skip")
     return inner
 
 

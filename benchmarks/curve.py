@@ -7,11 +7,15 @@ label-free ``input_dependence`` order, with ``train_limit=4000`` and the full de
 data-free baselines (identity, Toeplitz, zeros) unless ``--no-baselines``. The feature cache
 starts empty (a fresh folder), so every feature pass runs.
 
-Printed: the fit time, the curve's total time against the 30-minute target, the share spent in
-feature passes (forward), the probe training time per task (at fraction 0, on cached features),
-and the table. Written: ``docs/papa_curve.csv`` (the table the docs show; ``--out`` to change).
+Printed: the fit time, the curve's cold wall time against the 30-minute target and against the
+forward passes it needs (the time of one plain forward over each task's train and dev examples,
+in the same compact PAPA batches and to the same stop point as the feature passes, measured in
+the same run, times the number of distinct interventions: the curve's floor if probes cost
+nothing), the share spent in feature passes (forward) and in probe training, the probe training
+time per task (at fraction 0, on cached features), and the table. Written: ``docs/papa_curve.csv`` (the table the docs show; ``--out`` to change).
 
-Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py`` (``make bench``; about half an hour).
+Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--threads 2]`` (``make bench``;
+about half an hour).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ import torch
 from realdata import DATA
 
 import attnlens
-from attnlens import papa
+from attnlens import papa, passes
+from attnlens import tasks as task_module
 from attnlens.papa.curves import BASELINES
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
@@ -41,6 +46,18 @@ def paragraphs() -> list[str]:
     return texts
 
 
+def plain_forward(model, texts: list, *, max_len: int, batch_size: int = 32) -> float:
+    """Seconds of one forward over ``texts`` in the curve's batches (compact PAPA layout), run
+    to the feature passes' stop point (the last block's output) with no hook reading anything."""
+    until = f"blocks.{int(model.cfg.n_layers) - 1}.hook_out"
+    start = time.perf_counter()
+    for first in range(0, len(texts), batch_size):
+        batch = attnlens.tokenize(model, texts[first : first + batch_size], max_len=max_len, compact=True)
+        with torch.inference_mode():
+            passes.run_patterns(model, batch, [], until=until)
+    return time.perf_counter() - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=",".join(TASKS))
@@ -50,9 +67,13 @@ def main() -> None:
     parser.add_argument("--cache", default=None,
                         help="an existing ATTNLENS_CACHE folder to reuse (default: a fresh one, so every feature pass runs)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "papa_curve.csv"))
+    parser.add_argument("--device", default=None, help="torch device (default: attnlens.load's)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.environ["ATTNLENS_CACHE"] = args.cache or tempfile.mkdtemp(prefix="attnlens-curve-")
-    model = attnlens.load()
+    model = attnlens.load(device=args.device)
     texts = paragraphs()
     print(f"PAPA curve benchmark: {attnlens.loading.model_id(model)}, torch threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} CPUs; constants from {len(texts)} WikiText-2 paragraphs")
@@ -64,10 +85,21 @@ def main() -> None:
                        eval_limit=args.eval_limit, baselines=() if args.no_baselines else BASELINES,
                        progress=False)
     minutes = curve.seconds / 60
+    forward = 0.0  # one plain forward over every task's examples, as the feature passes run them
+    for task in tasks:
+        train = task_module.load(task, "train", data_dir=DATA, limit=args.train_limit, seed=0)
+        dev = task_module.load(task, "dev", data_dir=DATA, limit=args.eval_limit, seed=0)
+        forward += plain_forward(model, train.inputs() + dev.inputs(), max_len=constants.max_len)
+    interventions = len({(t["task"], t["strategy"], t["fraction"]) for t in curve.timings}) / max(len(tasks), 1)
+    needed = forward * interventions
     print(f"CURVE {len(tasks)} tasks x {len(curve.settings['fractions'])} fractions"
           f"{'' if args.no_baselines else ' + 3 baselines'}: {minutes:.1f} min (target <= {TARGET_MINUTES} min: "
           f"{'met' if minutes <= TARGET_MINUTES else 'missed'}); feature passes {curve.forward_seconds / 60:.1f} min "
-          f"({curve.forward_seconds / curve.seconds:.0%}), probes {(curve.seconds - curve.forward_seconds) / 60:.1f} min")
+          f"({curve.forward_seconds / curve.seconds:.0%}), probes {(curve.seconds - curve.forward_seconds) / 60:.1f} min "
+          f"(probe training {curve.probe_share:.0%})")
+    print(f"COLD wall time {curve.seconds:.0f} s = {curve.seconds / needed:.2f}x the forward passes it needs "
+          f"({forward:.1f} s for one plain forward over every task's train + dev examples x "
+          f"{interventions:.0f} interventions = {needed:.0f} s)")
     for timing in curve.timings:
         if timing["fraction"] == 0.0:
             print(f"  {timing['task']}: features {timing['features']:.1f} s (train + dev, forward), "

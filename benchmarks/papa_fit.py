@@ -1,7 +1,8 @@
 """Benchmark: ``attnlens.papa.fit`` (one pass of the engine) against a plain forward on the same batches.
 
 Both sides tokenize the same texts in the same batches (``batch_size``, ``max_len``, the model's
-default layout: ``papa`` for MiniLM, ``padded`` for SmolLM2) and run the model up to the same
+default layout: ``papa`` for MiniLM, in compact batches as the fit runs it, see
+:func:`attnlens.inputs.compact_batch`; ``padded`` for SmolLM2) and run the model up to the same
 point, right after the last layer's attention pattern: the fit needs nothing after it and stops
 there; the plain forward is stopped there by a hook that raises
 (:func:`attnlens.passes.run_patterns` with no other hook). So the ratio is the cost of the engine
@@ -20,7 +21,7 @@ unembed), and the peer, a hand-written TransformerLens loop doing what the fit d
 ``benchmarks/table.py``.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/papa_fit.py [--model smollm2-135m] [--device D] [--threads N]``
-(``make bench``).
+(``make bench``). Compact against padded PAPA batches: ``benchmarks/compact.py``.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def transformer_lens_loop(model, texts, *, max_len: int, layout: str, batch_size
 def plain_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -> None:
     """The forward the fit hooks, on the same batches, reading nothing."""
     for start in range(0, len(texts), batch_size):
-        batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout)
+        batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout,
+                                  compact=True)
         with torch.inference_mode():
             passes.run_patterns(model, batch, [])
 

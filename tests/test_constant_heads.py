@@ -100,3 +100,26 @@ def test_fast_path_refuses_a_decoder():
     with pytest.raises(ValueError, match="encoders"):
         with seam.constant_heads(model, {}):
             pass
+
+
+@pytest.mark.parametrize("heads", ["half", "all"])
+def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(setup, heads, sst2_sentences):
+    """A compact PAPA batch (real tokens packed, layout positions passed) under the fast path
+    gives, at every real token, the padded batch's hook-path logits: the constant is gathered
+    at the same layout positions (same tolerance as above)."""
+    from attnlens import passes
+    from attnlens.inputs import compact_batch
+
+    model, constants, _ = setup
+    short = [text for text in sst2_sentences[100:300] if len(text.split()) < 12][:8]
+    batch = attnlens.tokenize(model, short, max_len=MAX_LEN, layout="papa")
+    hooked, _, _ = run(model, batch, constants, HEAD_SETS[heads], fast=False)
+    compact = compact_batch(batch)
+    assert compact.input_ids.shape[1] < batch.input_ids.shape[1]
+    with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=True):
+        fast = passes.run_with_hooks(model, compact, [])
+    fast = getattr(fast, "logits", fast)
+    d_model, n_layers = int(model.cfg.d_model), int(model.cfg.n_layers)
+    atol = n_layers * float32_sum_error(d_model) * float(hooked.abs().max())
+    torch.testing.assert_close(fast[compact.attention_mask.bool()], hooked[batch.attention_mask.bool()],
+                               atol=max(atol, 1e-5 * float(hooked.abs().max())), rtol=0)

@@ -36,37 +36,39 @@ def plain_loop(model, hf, examples, *, max_len, layout, batch_size):
     """Mean attention, pair counts and input dependence, one example at a time, in NumPy float64.
 
     The attentions come from the independent HF eager copy, run on the same batches as
-    ``papa.fit`` (same shapes, so the same float32 kernels: seam.attention_forward is eager
-    attention line for line). One example per forward would compare float32 forwards of other
-    shapes, whose last bits may differ with BLAS blocking and the thread count: noise of the
-    forward, not of the fit. Everything after the forward is float64. Also returns
+    ``papa.fit`` (compact PAPA batches with their position ids, as the fit runs them: same
+    shapes, so the same float32 kernels: seam.attention_forward is eager attention line for
+    line). One example per forward would compare float32 forwards of other shapes, whose last
+    bits may differ with BLAS blocking and the thread count: noise of the forward, not of the fit
+    (compact against padded forwards: tests/test_compact_layout.py). Everything after the forward
+    is float64, each example's valid block added at its layout positions. Also returns
     max|attention| over valid pairs, for the tolerance.
     """
     cfg = model.cfg
     sums = np.zeros((cfg.n_layers, cfg.n_heads, max_len, max_len))
     counts = np.zeros((max_len, max_len))
-    kept = []  # (valid mask, attentions) per example, for the second pass
+    kept = []  # (layout positions of the real tokens, their attentions) per example
     for start in range(0, len(examples), batch_size):
-        batch = attnlens.tokenize(model, examples[start : start + batch_size], max_len=max_len, layout=layout)
+        batch = attnlens.tokenize(model, examples[start : start + batch_size], max_len=max_len, layout=layout,
+                                  compact=True)
         with torch.no_grad():
             out = hf(input_ids=batch.input_ids, **batch.model_kwargs(), output_attentions=True)
         assert len(out.attentions) == cfg.n_layers
         for index in range(len(batch)):
             valid = batch.attention_mask[index].numpy().astype(bool)
-            n = valid.shape[0]
-            pair = (valid[:, None] & valid[None, :]).astype(np.float64)
-            attention = np.stack([a[index].double().numpy() for a in out.attentions])
-            sums[..., :n, :n] += attention * pair
-            counts[:n, :n] += pair
-            kept.append((pair, attention))
+            where = batch.positions[index].numpy()[valid]
+            block = np.ix_(where, where)
+            attention = np.stack([a[index].double().numpy() for a in out.attentions])[..., valid, :][..., valid]
+            sums[(..., *block)] += attention
+            counts[block] += 1
+            kept.append((block, attention))
     mean = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
     distance = np.zeros((cfg.n_layers, cfg.n_heads))
     tokens = 0
-    for pair, attention in kept:
-        n = pair.shape[0]
-        distance += (((attention - mean[..., :n, :n]) * pair) ** 2).sum(axis=(-2, -1))
-        tokens += int(np.diag(pair).sum())
-    largest = max(float(np.abs(attention * pair).max()) for pair, attention in kept)
+    for block, attention in kept:
+        distance += ((attention - mean[(..., *block)]) ** 2).sum(axis=(-2, -1))
+        tokens += attention.shape[-1]
+    largest = max(float(np.abs(attention).max()) for _, attention in kept)
     return mean, counts, distance / tokens, tokens, largest
 
 

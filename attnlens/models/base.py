@@ -43,6 +43,11 @@ class Architecture:
       decoders), used by the PAPA layout and by attention statistics;
     - ``positions_from_mask``: position ids come from the attention mask (decoders), so a
       left-padded text keeps the positions it has alone; else the model's own positions;
+    - ``counts_positions``: the model numbers the real tokens itself, skipping padding (RoBERTa
+      from its padding token, decoders from the mask), so a PAPA-layout text gets the same
+      position ids with or without the padding before its final separator: a compact batch
+      (:func:`attnlens.inputs.compact_batch`) runs without explicit ``position_ids``. False (BERT):
+      the model numbers columns, and a compact batch passes the layout's positions;
     - ``reserved_positions(config)``: position embeddings never used (RoBERTa: ``padding_idx + 1``);
     - ``value_hook`` / ``output_hook``: hook names (``{layer}`` filled in) carrying V
       (``[batch, key, kv_head, d_head]``) and each head's output ``z`` (``[batch, query, head,
@@ -68,6 +73,7 @@ class Architecture:
     start_token: str = "cls_token"
     separator_token: str = "sep_token"
     positions_from_mask: bool = False
+    counts_positions: bool = False
     reserved_positions: Callable[[Any], int] = field(default=_no_reserved_positions)
     value_hook: str = "blocks.{layer}.attn.hook_v"
     output_hook: str = "blocks.{layer}.attn.hook_z"

@@ -13,5 +13,6 @@ ARCHITECTURE = Architecture(
     start_token="bos_token",
     separator_token="eos_token",
     positions_from_mask=True,
+    counts_positions=True,
     output_embedding_keys=("lm_head.weight",),
 )

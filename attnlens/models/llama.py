@@ -37,6 +37,7 @@ ARCHITECTURE = Architecture(
     start_token="bos_token",
     separator_token="eos_token",
     positions_from_mask=True,
+    counts_positions=True,
     resolve=resolve,
     aliases=ALIASES,
     output_embedding_keys=("lm_head.weight",),

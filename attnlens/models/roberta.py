@@ -18,6 +18,7 @@ ARCHITECTURE = Architecture(
     causal=False,
     seam="attnlens",
     layout="papa",
+    counts_positions=True,
     reserved_positions=reserved_positions,
     lm_head_keys=("lm_head.dense.", "lm_head.layer_norm."),
     output_embedding_keys=("lm_head.decoder.weight",),

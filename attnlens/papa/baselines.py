@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.checks import finite_tensor, whole_number
@@ -210,13 +210,16 @@ class TrainableConstants(nn.Module):
         *,
         dtype: torch.dtype,
         causal: bool | None = None,
+        positions: Int[Tensor, "batch key"] | None = None,
     ) -> Float[Tensor, "batch head query key"]:
         """The (differentiable) pattern of ``layer`` for a batch with this key mask
-        (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`)."""
+        (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`; ``positions``: those
+        of a compact batch's columns)."""
         causal = bool(self.causal) if causal is None else causal
         if not bool(torch.isfinite(self.logits[layer]).all()):  # e.g. a training step diverged
             finite_tensor(self.logits[layer].detach(), f"TrainableConstants.logits[{layer}]")
-        return softmax_pattern(self.logits[layer], key_mask, dtype=dtype, causal=causal)
+        return softmax_pattern(self.logits[layer], key_mask, dtype=dtype, causal=causal,
+                               positions=positions)
 
     def to_constants(self) -> PapaConstants:
         """A :class:`PapaConstants` snapshot (``kind="trained"``) of the current softmax."""

@@ -240,15 +240,18 @@ class PapaConstants:
         *,
         dtype: torch.dtype,
         causal: bool | None = None,
+        positions: Int[Tensor, "batch key"] | None = None,
     ) -> Float[Tensor, "batch head query key"]:
         """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`).
 
-        ``causal`` defaults to :attr:`causal` (False when that is unknown).
+        ``causal`` defaults to :attr:`causal` (False when that is unknown). ``positions``: the
+        layout positions of a compact batch's columns (``None``: the columns are the positions).
         """
         causal = bool(self.causal) if causal is None else causal
         constant = self.layer_mean(layer, dtype=dtype, device=key_mask.device)
         return constant_pattern(
-            constant, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal
+            constant, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal,
+            positions=positions,
         )
 
     def __repr__(self) -> str:
@@ -573,7 +576,8 @@ def check_batch(constants: Any, batch: Any) -> None:
             f"Tokenize with attnlens.tokenize(model, texts, max_len={constants.max_len}, "
             f"layout={constants.layout!r})."
         )
-    if length > constants.max_len or (constants.layout == "papa" and length != constants.max_len):
+    padded_papa = constants.layout == "papa" and not getattr(batch, "compact", False)
+    if length > constants.max_len or (padded_papa and length != constants.max_len):
         raise InputError(f"{fitted}; the batch has {length} positions.")
     pairs = getattr(constants, "pairs", None)
     if pairs is not None and bool(batch.is_pair) != pairs:

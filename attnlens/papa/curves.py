@@ -62,14 +62,22 @@ COLUMNS = {
 class Curve:
     """The table of :data:`COLUMNS` (one row per task, strategy and fraction), the seconds spent
     (``seconds``: total; ``forward_seconds``: extracting features, i.e. forward passes or cache
-    reads; the rest trains and runs probes), ``timings`` (per task point: ``task``,
-    ``strategy``, ``fraction``, ``features`` and ``probe`` seconds), and :meth:`figure`."""
+    reads; ``probe_seconds``: training and running the probes and their linear baselines, whose
+    share of the total is :attr:`probe_share`), ``timings`` (per task point computed: ``task``,
+    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds; a point whose
+    hooks another point already ran is not computed again), and :meth:`figure`."""
 
     table: pd.DataFrame
     seconds: float = 0.0
     forward_seconds: float = 0.0
     settings: dict = field(default_factory=dict, repr=False)
     timings: list = field(default_factory=list, repr=False)
+    probe_seconds: float = 0.0
+
+    @property
+    def probe_share(self) -> float:
+        """Probe (and linear baseline) training's share of :attr:`seconds` (0 when none)."""
+        return self.probe_seconds / self.seconds if self.seconds > 0 else 0.0
 
     def figure(self) -> Any:
         """Score against the share of input-dependent heads kept, one line per task and
@@ -131,12 +139,19 @@ def curve(
     every point. Every score carries its 95% bootstrap interval, and every point a paired
     bootstrap test against the same task with no head replaced, on the same examples
     (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
+
+    Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
+    head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
+    and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
+    feature cache after their first extraction. Features run in compact PAPA batches
+    (:func:`attnlens.inputs.compact_batch`).
     """
     from attnlens import probing
     from attnlens.checks import finite
     from attnlens.papa import baselines as data_free
     from attnlens.papa.intervene import hooks as papa_hooks
     from attnlens.papa.selection import STRATEGIES, select_heads
+    from attnlens.probing.features import hooks_key
 
     tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
     if isinstance(fractions, str | float | int):
@@ -170,30 +185,42 @@ def curve(
     points: list[tuple[str, str, float, Any]] = []
     for fraction in fractions:
         heads = select_heads(strategy, fraction=fraction, constants=constants, seed=seed, lam=lam)
-        points.append((strategy, f"{fraction}", fraction, papa_hooks(constants, heads=heads) if fraction else ()))
+        replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
+        points.append((strategy, f"{fraction}", fraction, papa_hooks(constants, heads=heads) if replaced else ()))
     for name in baselines:
         made = getattr(data_free, name)(constants)
         points.append((name, "1.0", 1.0, papa_hooks(made)))
-    rows, timings = [], []
+    rows, timings, probe_seconds = [], [], 0.0
     for task in tasks:
         unchanged = None
+        computed: dict[str, Any] = {}  # hooks' key -> this task's result under them
         for label, _, fraction, hooks in points:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
-                result = probing.run(model, task, hooks=hooks, **options, **point_options)
+            key = hooks_key(hooks)
+            result = computed.get(key)
+            if result is None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
+                    result = probing.run(model, task, hooks=hooks, **options, **point_options)
+                computed[key] = result
+                forward[0] += result.seconds.get("features", 0.0)
+                probe_seconds += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
+                timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
             if unchanged is None:
                 unchanged = result  # the first point: no head replaced (fraction 0 comes first)
-            forward[0] += result.seconds.get("features", 0.0)
-            timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
             rows.append(dict(task=result.task, strategy=label, fraction_replaced=fraction,
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
                              metric=result.metric, **_point_columns(result, unchanged, seed)))
     if lm_texts is not None:
         from attnlens import lm
 
+        scores: dict[str, Any] = {}  # hooks' key -> the LM score under them
         for label, _, fraction, hooks in points:
-            score = _timed(forward, lm.evaluate, model, lm_texts, hooks=hooks, max_len=constants.max_len,
-                           layout=constants.layout, seed=seed, progress=progress)
+            key = hooks_key(hooks)
+            if key not in scores:
+                scores[key] = _timed(forward, lm.evaluate, model, lm_texts, hooks=hooks,
+                                     max_len=constants.max_len, layout=constants.layout, seed=seed,
+                                     progress=progress)
+            score = scores[key]
             rows.append(dict(task="lm", strategy=label, fraction_replaced=fraction,
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
                              score=score.value, metric=score.name))
@@ -211,7 +238,7 @@ def curve(
         dependence = constants.input_dependence.flatten().double()
         settings["lambda_vs_input_dependence_spearman"] = float(
             spearmanr(lam.flatten().double().numpy(), dependence.numpy()).statistic)
-    return Curve(table, time.perf_counter() - started, forward[0], settings, timings)
+    return Curve(table, time.perf_counter() - started, forward[0], settings, timings, probe_seconds)
 
 
 def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
@@ -282,7 +309,8 @@ def lambda_order(
     inputs, labels = train.inputs()[:examples], train.labels()[:examples]
     batches = []
     for start in range(0, len(inputs), LAMBDA_BATCH):
-        batch = tokenize(model, inputs[start : start + LAMBDA_BATCH], max_len=max_len, layout=layout)
+        batch = tokenize(model, inputs[start : start + LAMBDA_BATCH], max_len=max_len, layout=layout,
+                         compact=True)
         batch.extra["labels"] = labels[start : start + LAMBDA_BATCH]
         batches.append(batch)
     n_layers = int(model.cfg.n_layers)
@@ -303,7 +331,7 @@ def lambda_order(
         words = batch.extra.get("word_index")
         if words is None:
             keep_mask = batch.attention_mask.bool()
-            positions = torch.arange(keep_mask.shape[1]).expand_as(keep_mask)[keep_mask]
+            positions = batch.positions[keep_mask]
             targets = torch.as_tensor(batch.extra["labels"], dtype=torch.long)
         else:
             keep_mask = words >= 0

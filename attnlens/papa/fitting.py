@@ -4,6 +4,10 @@ This module is the one place where constants are averaged. :class:`PatternSums` 
 accumulator: for every batch it sums ``attention × valid(query) × valid(key)`` and its square
 over the batch at each layer's ``hook_pattern`` (in float32, one batch at a time), and adds the
 batch totals into float64 running sums together with the number of valid ``(query, key)`` pairs.
+A compact batch (:func:`attnlens.inputs.compact_batch`, the default of the PAPA layout) is
+scatter-added instead: the value of column pair ``(i, j)`` of example ``b`` goes to
+``(positions[b, i], positions[b, j])``, the fixed positions of the layout, so the constants are
+those of the padded layout (up to the float32 order of the per-batch sums).
 Only one batch of patterns exists at any time: memory is constant in the corpus size. The pass
 stops right after the last layer's pattern is summed (the rest of the last block and the LM head,
 which for MiniLM costs more than the encoder, are skipped).
@@ -42,6 +46,7 @@ def fit(
     progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
+    compact: bool = True,
 ) -> PapaConstants:
     """Each head's mean attention over ``corpus``, as :class:`PapaConstants`.
 
@@ -57,6 +62,10 @@ def fit(
     checkpoint and the same corpus resumes: the consumed examples are skipped. With the same
     ``batch_size`` the result is bit-identical to an uninterrupted fit. A checkpoint of a finished
     fit simply returns its constants.
+
+    ``compact``: run PAPA-layout batches at the length of their longest real text and
+    scatter-add the patterns to the layout's positions (:func:`attnlens.passes.run`); ``False``
+    pads every text to ``max_len`` (the same constants up to float32 rounding, at a higher cost).
 
     The model runs with its own position ids (see :meth:`attnlens.Batch.model_kwargs`), so the patterns are
     those of the Hugging Face model on the same inputs; run interventions the same way
@@ -84,7 +93,7 @@ def fit(
     passes.run(
         model, examples, [sums], max_len=max_len, layout=layout, batch_size=batch_size,
         progress=progress, description="papa.fit", checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
+        checkpoint_every=checkpoint_every, compact=compact,
     )
     return sums.result()
 
@@ -108,6 +117,7 @@ class PatternSums(passes.Accumulator):
     counts, kept in a :class:`PapaConstants` (``result()``)."""
 
     name = "papa"
+    compact = True
 
     def __init__(self, constants: PapaConstants) -> None:
         self.constants = constants
@@ -126,6 +136,10 @@ class PatternSums(passes.Accumulator):
         self.pairs = valid[:, :, None] & valid[:, None, :]
         self.weights = self.pairs[:, None].float()
         self.ones = self.weights.new_ones(1, len(batch))
+        self.index = None
+        if batch.batch.compact:  # where each column pair goes: its flat (query, key) position
+            positions, size = batch.positions, state.max_len
+            self.index = (positions[:, :, None] * size + positions[:, None, :]).flatten()
 
     def update(self, layer: passes.LayerPatterns) -> None:
         pattern = layer.pattern.detach().float()
@@ -134,12 +148,25 @@ class PatternSums(passes.Accumulator):
         # page faults cost more than the arithmetic.
         masked = self._buffer(pattern)
         torch.mul(pattern, self.weights, out=masked)
+        if self.index is not None:
+            self.first[layer.layer] = self._scatter(masked)
+            masked.mul_(masked)
+            self.second[layer.layer] = self._scatter(masked)
+            return
         masked = masked.view(pattern.shape[0], -1)
         # Sums over the batch as a [1, batch] @ [batch, head*query*key] product: the same
         # float32 sum as .sum(0), but a BLAS call copes far better with a busy CPU.
         self.first[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
         masked.mul_(masked)
         self.second[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
+
+    def _scatter(self, masked: Tensor) -> Tensor:
+        """``[head, max_len, max_len]``: the batch's masked patterns ``[batch, head, query, key]``
+        summed at the layout positions of their columns (a compact batch)."""
+        n_heads, size = masked.shape[1], self.constants.max_len
+        rows = masked.transpose(0, 1).reshape(n_heads, -1)  # [head, batch * query * key]
+        total = masked.new_zeros(n_heads, size * size).index_add_(1, self.index, rows)
+        return total.view(n_heads, size, size)
 
     def _buffer(self, pattern: Tensor) -> Tensor:
         """A float32 tensor of ``pattern``'s shape, reused while the shape and device stay."""
@@ -150,7 +177,13 @@ class PatternSums(passes.Accumulator):
 
     def end_batch(self, batch: passes.PassBatch) -> None:
         """Add the batch's float32 sums into the float64 running sums (in place)."""
-        state, counts = self.constants, self.pairs.sum(0).cpu()
+        state = self.constants
+        if self.index is not None:
+            size = state.max_len
+            counts = torch.zeros(size * size, dtype=torch.int64, device=self.index.device)
+            counts = counts.index_add_(0, self.index, self.pairs.flatten().long()).view(size, size).cpu()
+        else:
+            counts = self.pairs.sum(0).cpu()
         n = counts.shape[-1]
         for layer, (total, squares) in enumerate(zip(self.first, self.second, strict=True)):
             state.sums[layer, :, :n, :n] += total.to(state.sums.device)
@@ -162,7 +195,7 @@ class PatternSums(passes.Accumulator):
         state.pairs = bool(batch.batch.is_pair)
         self.first = [None] * len(self.first)
         self.second = [None] * len(self.second)
-        self.weights = self.ones = self.pairs = None
+        self.weights = self.ones = self.pairs = self.index = None
 
     def state_dict(self) -> dict[str, Tensor]:
         return {name: getattr(self.constants, name) for name in ("sums", "squares", "pair_counts")}

@@ -18,6 +18,11 @@ query get 0 and rows are renormalized over the keys at or before the query (see
 
 Heads that are not selected keep their attention; layers without a selected head get no hook.
 
+A compact batch (:func:`attnlens.inputs.compact_batch`, what the pass engine runs by default)
+gets the constants gathered at its layout positions, ``C[pos_q, pos_k]``: the hooks read them
+from :func:`attnlens.seam.positions`, set by :func:`attnlens.passes.run_with_hooks` (and by
+every attnlens pass). Run a compact batch that way, not with ``model(batch.input_ids, ...)``.
+
 Inputs must have the layout and length the constants were fitted with. The hooks check what a
 pattern shows (its length, the number of heads, and where the padding is) and raise a
 ``ValueError`` naming both; :meth:`PapaConstants.check_compatible` checks a ``Batch`` exactly.
@@ -30,7 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens import seam
@@ -190,8 +195,11 @@ def _layer_hook(
     def intervene(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
         is_causal = looks_causal(pattern) if causal is None else causal
         valid = seam.key_mask(pattern, causal=is_causal)
-        check_inputs(constants, pattern, valid)
-        constant = constants.layer_pattern(layer, valid, dtype=pattern.dtype, causal=is_causal)
+        positions = seam.positions(pattern)
+        check_inputs(constants, pattern, valid, positions)
+        constant = constants.layer_pattern(
+            layer, valid, dtype=pattern.dtype, causal=is_causal, positions=positions
+        )
         if mode == "blend":
             lam = torch.sigmoid(theta[layer]).to(device=pattern.device, dtype=pattern.dtype)
             lam = lam[None, :, None, None]
@@ -209,17 +217,32 @@ def check_inputs(
     constants: Constants,
     pattern: Float[Tensor, "batch head query key"],
     key_mask: Bool[Tensor, "batch key"],
+    positions: Int[Tensor, "batch key"] | None = None,
 ) -> None:
-    """Raise ``ValueError`` if a pattern cannot come from inputs in the constants' layout."""
+    """Raise ``ValueError`` if a pattern cannot come from inputs in the constants' layout
+    (``positions``: the layout positions of a compact batch's columns, if it is one)."""
     n_heads, length = pattern.shape[1], pattern.shape[-1]
     fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
     if n_heads != constants.n_heads:
         raise InputError(f"{fitted} for {constants.n_heads} heads; the pattern has {n_heads} heads.")
+    if positions is not None:
+        if constants.layout != "papa":
+            raise InputError(f"{fitted}; the inputs are a compact 'papa' batch. Tokenize with layout='padded'.")
+        if length > constants.max_len or bool((positions[key_mask] >= constants.max_len).any()):
+            raise InputError(
+                f"{fitted}; the inputs have positions up to {int(positions.max())}. Tokenize with "
+                f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
+            )
+        return
     if constants.layout == "papa":
         if length != constants.max_len:
+            compact = (
+                " A compact batch must run through attnlens.run_with_hooks(model, batch, hooks), "
+                "which tells the hooks its positions." if length < constants.max_len else ""
+            )
             raise InputError(
                 f"{fitted}; the inputs have length {length}. Tokenize with "
-                f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
+                f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa').{compact}"
             )
         if not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
             raise InputError(
@@ -282,18 +305,20 @@ def intervention(
 def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.ConstantFn]]:
     """The layers of ``installed`` for :func:`attnlens.seam.constant_heads` (replace mode only)."""
     if installed.mode != "replace":
-        raise ValueError(
+        raise InputError(
             f"fast=True applies only to full replacement (mode='replace', λ = 0), not "
             f"mode={installed.mode!r}: a blend λ·A + (1 − λ)·C needs the head's own pattern A"
         )
     if installed.causal:
-        raise ValueError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
+        raise InputError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
     constants = installed.constants
 
     def constant_of(layer: int) -> seam.ConstantFn:
         def constant(valid: Tensor, dtype: torch.dtype) -> Tensor:
-            pattern = constants.layer_pattern(layer, valid, dtype=dtype, causal=False)
-            check_inputs(constants, pattern, valid)
+            # a compact batch's layout positions, as the hook path reads them (by batch and length)
+            positions = seam.mask_positions(valid)
+            pattern = constants.layer_pattern(layer, valid, dtype=dtype, causal=False, positions=positions)
+            check_inputs(constants, pattern, valid, positions)
             return pattern
 
         return constant

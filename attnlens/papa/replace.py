@@ -14,6 +14,12 @@ get exactly 0, rows are renormalized over the allowed keys, and the uniform fall
 over the allowed keys too, so that replacing heads never lets a token see the future. (A row
 with no allowed key at all, such as a left-padded query, is 0.)
 
+A **compact batch** (:func:`attnlens.inputs.compact_batch`) gives ``positions`` ``[batch, key]``,
+the layout position of each column: the pattern of column pair ``(i, j)`` of an example is then
+``C[positions[i], positions[j]]``, gathered per example, before the same restriction and
+renormalisation. Since a compact row keeps the real tokens in order, "at or before the query"
+is the same in columns as in positions.
+
 Trainable constants are logits instead: their pattern is a softmax over the allowed keys, with
 the same uniform rows for padded queries, i.e. exactly what renormalizing ``softmax(logits)``
 gives.
@@ -22,10 +28,25 @@ gives.
 from __future__ import annotations
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.errors import InputError
+
+
+def gather(
+    constant: Float[Tensor, "head max_len max_len"], positions: Int[Tensor, "batch key"]
+) -> Float[Tensor, "batch head key key"]:
+    """``C[positions[b, i], positions[b, j]]`` for every example ``b`` and column pair ``(i, j)``:
+    a constant (or logits) indexed by the layout positions of a compact batch."""
+    size = constant.shape[-1]
+    if bool((positions < 0).any()) or bool((positions >= size).any()):
+        raise InputError(
+            f"the constant covers positions 0 .. {size - 1} but the batch has positions up to "
+            f"{int(positions.max())}; tokenize with the max_len the constants were fitted with."
+        )
+    index = positions.to(constant.device)
+    return constant[:, index[:, :, None], index[:, None, :]].transpose(0, 1)
 
 
 def _fit_to(constant: Tensor, n_keys: int) -> Tensor:
@@ -66,13 +87,16 @@ def constant_pattern(
     renormalize: bool = True,
     dtype: torch.dtype | None = None,
     causal: bool = False,
+    positions: Int[Tensor, "batch key"] | None = None,
 ) -> Float[Tensor, "batch head query key"]:
     """The attention pattern that constant matrices give each example of a batch.
 
     ``constant`` is ``[head, max_len, max_len]`` (one layer of :attr:`PapaConstants.mean`;
     positions beyond the batch's length are dropped, as for right-padded inputs). ``key_mask`` is
     ``[batch, key]``, True for real tokens (see :func:`attnlens.seam.key_mask`). ``causal``: the
-    model is a decoder, so query ``q`` may only attend to keys ``k <= q``.
+    model is a decoder, so query ``q`` may only attend to keys ``k <= q``. ``positions``: the
+    layout position of each column of a compact batch (:func:`gather`); ``None``: column ``i``
+    is position ``i``.
 
     Returns ``[batch, head, query, key]``: ``constant`` times ``valid(query) × allowed(query,
     key)`` (:func:`allowed_keys`), each row divided by its sum; rows with no mass left are uniform
@@ -80,10 +104,10 @@ def constant_pattern(
     matrix is returned as it is. The result has ``dtype`` (default: the constant's) and the
     constant's device.
     """
-    constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant")
+    constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant", positions)
     allowed = allowed_keys(key_mask, causal=causal)
     valid_pair = key_mask[:, None, :, None] & allowed
-    masked = constant[None] * valid_pair.to(dtype)
+    masked = constant * valid_pair.to(dtype)
     if not renormalize:
         return masked
     total = masked.sum(-1, keepdim=True)
@@ -98,6 +122,7 @@ def softmax_pattern(
     *,
     dtype: torch.dtype | None = None,
     causal: bool = False,
+    positions: Int[Tensor, "batch key"] | None = None,
 ) -> Float[Tensor, "batch head query key"]:
     """Pattern of trainable constants: a softmax of ``logits`` over each example's allowed keys
     (the valid keys; with ``causal`` only those at or before the query).
@@ -105,21 +130,29 @@ def softmax_pattern(
     Axes as in :func:`constant_pattern`. Padded query rows are uniform over the allowed keys.
     Differentiable in ``logits``.
     """
-    logits, key_mask, dtype = _prepare(logits, key_mask, dtype, "logits")
+    logits, key_mask, dtype = _prepare(logits, key_mask, dtype, "logits", positions)
     allowed = allowed_keys(key_mask, causal=causal)
-    scores = logits[None].masked_fill(~allowed, torch.finfo(dtype).min)
+    scores = logits.masked_fill(~allowed, torch.finfo(dtype).min)
     pattern = torch.softmax(scores, dim=-1) * allowed.to(dtype)
     valid_query = key_mask[:, None, :, None]
     return torch.where(valid_query, pattern, _uniform(allowed, dtype))
 
 
 def _prepare(
-    matrix: Tensor, key_mask: Tensor, dtype: torch.dtype | None, name: str
+    matrix: Tensor, key_mask: Tensor, dtype: torch.dtype | None, name: str, positions: Tensor | None
 ) -> tuple[Tensor, Tensor, torch.dtype]:
-    """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length, cast it and put it
-    on ``key_mask``'s device (the pattern's: a model on a GPU gets a GPU pattern), mask as bool."""
+    """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length (or gather it at a
+    compact batch's ``positions``), cast it and put it on ``key_mask``'s device (the pattern's: a
+    model on a GPU gets a GPU pattern), with a leading batch axis; the mask as bool."""
     if matrix.ndim != 3:
         raise InputError(f"{name} must be [head, query, key], got {tuple(matrix.shape)}.")
     dtype = dtype or matrix.dtype
-    matrix = _fit_to(matrix, key_mask.shape[-1]).to(device=key_mask.device, dtype=dtype)
-    return matrix, key_mask.to(dtype=torch.bool), dtype
+    if positions is None:
+        matrix = _fit_to(matrix, key_mask.shape[-1])[None]
+    else:
+        if positions.shape != key_mask.shape:
+            raise InputError(
+                f"positions {tuple(positions.shape)} must have the key mask's shape {tuple(key_mask.shape)}."
+            )
+        matrix = gather(matrix, positions)
+    return matrix.to(device=key_mask.device, dtype=dtype), key_mask.to(dtype=torch.bool), dtype

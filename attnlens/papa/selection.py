@@ -25,6 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens import seam
 from attnlens.errors import InputError, InputTypeError
 from attnlens.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
 from attnlens.loading import require_bridge
@@ -198,7 +199,8 @@ def learn_lambda(
                 groups.append({"params": jointly, "lr": jointly_lr})
             optimizer = torch.optim.Adam(groups)
             for batch in itertools.islice(itertools.cycle(batches), steps):
-                loss = loss_fn(model(batch.input_ids, **batch.model_kwargs()), batch)
+                with seam.batch_positions(batch.position_ids):  # a compact batch's positions
+                    loss = loss_fn(model(batch.input_ids, **batch.model_kwargs()), batch)
                 blend.theta.grad = _theta_gradient(loss, blend.theta, jointly)
                 optimizer.step()
                 bar.set_postfix(loss=f"{float(loss.detach()):.4g}", refresh=False)

@@ -21,7 +21,8 @@ writes it to a file of the cache folder, never through a collective; every rank 
 shards, and rank 0 writes the whole file.
 
 **The cache.** Features depend on the model's weights, the interventions (``hooks``), the
-examples, ``max_len`` and the layout; their hash (with attnlens's version and the format) names a
+examples, ``max_len`` and the layout (not whether batches ran compact, which gives the same
+features: :func:`attnlens.inputs.compact_batch`); their hash (with attnlens's version and the format) names a
 safetensors file in :func:`cache_dir` (``$ATTNLENS_CACHE/features``, else
 ``~/.cache/attnlens/features``). A second extraction with the same key reads the file and runs no
 forward pass. Files are written atomically with a checksum (:mod:`attnlens.files`), verified on
@@ -163,6 +164,7 @@ class HiddenStates(passes.Accumulator):
 
     name = "hidden_states"
     needs_residual = True
+    compact = True
 
     def __init__(self, n_layers: int, examples: Sequence = ()) -> None:
         self.n_layers = n_layers
@@ -195,7 +197,7 @@ class HiddenStates(passes.Accumulator):
             return keep, words[keep], torch.tensor([len(example) for example in given], dtype=torch.long)
         self.kind = "sequence"
         keep = batch.batch.attention_mask.bool()
-        positions = torch.arange(keep.shape[1], device=keep.device).expand_as(keep)[keep]
+        positions = batch.positions[keep]
         return keep, positions, torch.zeros(0, dtype=torch.long)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
@@ -205,13 +207,48 @@ class HiddenStates(passes.Accumulator):
         self.parts.append((vectors, keep.sum(1).cpu(), positions.cpu(), n_words))
         self.layers = {}
 
-    def result(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        vectors, lengths, positions, n_words = (torch.cat(column) for column in zip(*self.parts, strict=True))
-        return vectors, lengths, positions, n_words
+    def result(self, order: Sequence[int] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(vectors, lengths, positions, n_words)`` of the examples in the order they ran, or,
+        when they ran in ``order`` (the ``j``-th example run is example ``order[j]`` of the
+        corpus), back in corpus order (one concatenation either way)."""
+        vectors, lengths, positions, n_words = (list(column) for column in zip(*self.parts, strict=True))
+        if order is None:
+            return torch.cat(vectors), torch.cat(lengths), torch.cat(positions), torch.cat(n_words)
+        counts = torch.cat(lengths)
+        each_vectors = [piece for part, n in zip(vectors, lengths, strict=True) for piece in part.split(n.tolist())]
+        each_positions = [piece for part, n in zip(positions, lengths, strict=True) for piece in part.split(n.tolist())]
+        back = torch.argsort(torch.as_tensor(list(order), dtype=torch.long)).tolist()
+        words = torch.cat(n_words)
+        return (
+            torch.cat([each_vectors[j] for j in back]), counts[back],
+            torch.cat([each_positions[j] for j in back]), words[back] if words.numel() else words,
+        )
 
     def all_reduce(self, group: Any = None) -> None:
         """Nothing: features are never gathered through collectives. Each rank keeps its own
         shard, and :func:`extract` writes it to a file (one per rank)."""
+
+
+def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
+    """Indices of ``examples`` from the fewest to the most tokens (``tokenizer``'s, without
+    special tokens; a stable order): :func:`extract` runs them so, so that each compact batch
+    (:func:`attnlens.inputs.compact_batch`) holds texts of similar lengths and computes little
+    padding, and puts the features back in the examples' order. An example's features do not
+    depend on its batch (up to float32 rounding), so the order changes no result."""
+    if not examples:
+        return []
+    options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
+    if isinstance(examples[0], Words):
+        encoded = tokenizer([list(example.words) for example in examples], is_split_into_words=True, **options)
+        sizes = [len(ids) for ids in encoded["input_ids"]]
+    elif isinstance(examples[0], tuple | list):
+        sizes = [0] * len(examples)
+        for part in range(2):
+            encoded = tokenizer([example[part] for example in examples], **options)
+            sizes = [size + len(ids) for size, ids in zip(sizes, encoded["input_ids"], strict=True)]
+    else:
+        sizes = [len(ids) for ids in tokenizer(list(examples), **options)["input_ids"]]
+    return sorted(range(len(examples)), key=sizes.__getitem__)
 
 
 def cache_dir() -> Path:
@@ -274,6 +311,7 @@ def extract(
     description: str = "features",
     states: HiddenStates | None = None,
     variant: str = "",
+    compact: bool = True,
 ) -> Features:
     """Every layer's vectors of ``examples`` (strings, ``(str, str)`` pairs or
     :class:`attnlens.inputs.Words`) under ``hooks``, from the cache when it holds them.
@@ -282,7 +320,10 @@ def extract(
     read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
     string that changes when they do). ``states``: the accumulator that keeps the vectors (a
     :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
-    naming what it changes in the cache key. Returns :class:`Features`.
+    naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
+    of their longest real text (:func:`attnlens.passes.run`; the same features up to float32
+    rounding, so one cache entry serves both), the examples run from the shortest to the longest
+    (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`.
     """
     examples = list(examples)
     layout = default_layout(model) if layout is None else layout
@@ -307,9 +348,14 @@ def extract(
             except ValueError as error:
                 warnings.warn(f"{error} Recomputing it.", stacklevel=2)
     accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)
-    passes.run(model, examples, [accumulator], max_len=max_len, layout=layout, batch_size=batch_size,
-               hooks=list(hooks), progress=progress, description=description)
-    vectors, lengths, positions, n_words = accumulator.result()
+    order = None
+    if compact and layout == "papa" and accumulator.compact and not passes.world().distributed:
+        order = by_length(model.tokenizer, examples)  # compact batches of similar lengths: little padding left
+        accumulator.examples = [examples[index] for index in order]
+    passes.run(model, examples if order is None else accumulator.examples, [accumulator], max_len=max_len,
+               layout=layout, batch_size=batch_size, hooks=list(hooks), progress=progress,
+               description=description, compact=compact)
+    vectors, lengths, positions, n_words = accumulator.result(order)
     features = Features(vectors, lengths, positions, n_words, accumulator.kind or "sequence", max_len,
                         path.stem if path is not None else "")
     current = passes.world()
