@@ -3,16 +3,20 @@
 PAPA constants are fitted on WikiText-2 (validation and test paragraphs, max_len 128, the papa
 layout), then :func:`attnlens.papa.curve` probes SST-2, CoLA, MRPC, NER and POS at the paper's
 five fractions of heads replaced (0, 1/2, 7/8, 15/16, 1; heads kept 1, 1/2, 1/8, 1/16, 0) by the
-label-free ``input_dependence`` order, with ``train_limit=4000`` and the full dev sets, plus the
-data-free baselines (identity, Toeplitz, zeros) unless ``--no-baselines``. The feature cache
-starts empty (a fresh folder), so every feature pass runs.
+label-free ``input_dependence`` order, with ``train_limit=4000`` and the full dev sets, 3 probe
+seeds per point, plus the data-free baselines replacing every head (identity, Toeplitz, zeros and
+uniform; ``--baselines``) unless ``--no-baselines``. Every score has its linear and majority
+baselines, its 95% bootstrap interval and a paired test against no head replaced. The feature
+cache starts empty (a fresh folder), so every feature pass runs.
 
 Printed: the fit time, the curve's cold wall time against the 30-minute target and against the
 forward passes it needs (the time of one plain forward over each task's train and dev examples,
 in the same compact PAPA batches and to the same stop point as the feature passes, measured in
 the same run, times the number of distinct interventions: the curve's floor if probes cost
 nothing), the share spent in feature passes (forward) and in probe training, the probe training
-time per task (at fraction 0, on cached features), and the table. Written: ``docs/papa_curve.csv`` (the table the docs show; ``--out`` to change).
+time per task (at fraction 0, on cached features), and the table. Written: ``docs/papa_curve.csv`` (the table the docs show; ``--out`` to change)
+and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA's Table 1 as
+``docs/papa_table.csv`` and ``docs/papa_table.md`` (beside ``--out``).
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--threads 2]`` (``make bench``;
 about half an hour).
@@ -32,10 +36,12 @@ from realdata import DATA
 import attnlens
 from attnlens import papa, passes
 from attnlens import tasks as task_module
-from attnlens.papa.curves import BASELINES
+from attnlens.files import write_atomic
+from attnlens.papa.curves import DATA_FREE, SEEDS
+from attnlens.probing.features import by_length
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
-TARGET_MINUTES = 30
+TARGET_MINUTES = 20
 
 
 def paragraphs() -> list[str]:
@@ -46,10 +52,20 @@ def paragraphs() -> list[str]:
     return texts
 
 
+def lm_paragraphs(n: int) -> list[str]:
+    """The first ``n`` paragraphs of WikiText-2 test longer than 20 words (PAPA's MLM probe reads
+    WikiText; its head trains on the first four fifths and is scored on the last fifth)."""
+    lines = (DATA / "wikitext2" / "test.txt").read_text(encoding="utf-8").splitlines()
+    texts = [line.strip() for line in lines if len(line.split()) > 20 and not line.strip().startswith("=")]
+    return texts[:n]
+
+
 def plain_forward(model, texts: list, *, max_len: int, batch_size: int = 32) -> float:
     """Seconds of one forward over ``texts`` in the curve's batches (compact PAPA layout), run
     to the feature passes' stop point (the last block's output) with no hook reading anything."""
     until = f"blocks.{int(model.cfg.n_layers) - 1}.hook_out"
+    order = by_length(model.tokenizer, texts)  # as probing.extract runs them
+    texts = [texts[index] for index in order]
     start = time.perf_counter()
     for first in range(0, len(texts), batch_size):
         batch = attnlens.tokenize(model, texts[first : first + batch_size], max_len=max_len, compact=True)
@@ -64,6 +80,10 @@ def main() -> None:
     parser.add_argument("--train-limit", type=int, default=4000)
     parser.add_argument("--eval-limit", type=int, default=None)
     parser.add_argument("--no-baselines", action="store_true")
+    parser.add_argument("--baselines", default=",".join(DATA_FREE), help="data-free matrices replacing every head")
+    parser.add_argument("--seeds", type=int, default=SEEDS, help="probe seeds per point")
+    parser.add_argument("--lm", type=int, default=400,
+                        help="also PAPA's MLM probe at every point, on this many WikiText-2 test paragraphs (0: none)")
     parser.add_argument("--cache", default=None,
                         help="an existing ATTNLENS_CACHE folder to reuse (default: a fresh one, so every feature pass runs)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "papa_curve.csv"))
@@ -81,9 +101,10 @@ def main() -> None:
     constants = papa.fit(model, texts, max_len=128, progress=False)
     print(f"papa.fit: {time.perf_counter() - start:.1f} s")
     tasks = [task for task in args.tasks.split(",") if task]
+    baselines = () if args.no_baselines else tuple(name for name in args.baselines.split(",") if name)
     curve = papa.curve(model, constants, tasks, data_dir=DATA, train_limit=args.train_limit,
-                       eval_limit=args.eval_limit, baselines=() if args.no_baselines else BASELINES,
-                       progress=False)
+                       eval_limit=args.eval_limit, baselines=baselines, seeds=args.seeds,
+                       lm_texts=lm_paragraphs(args.lm) if args.lm else None, progress=False)
     minutes = curve.seconds / 60
     forward = 0.0  # one plain forward over every task's examples, as the feature passes run them
     for task in tasks:
@@ -93,7 +114,7 @@ def main() -> None:
     interventions = len({(t["task"], t["strategy"], t["fraction"]) for t in curve.timings}) / max(len(tasks), 1)
     needed = forward * interventions
     print(f"CURVE {len(tasks)} tasks x {len(curve.settings['fractions'])} fractions"
-          f"{'' if args.no_baselines else ' + 3 baselines'}: {minutes:.1f} min (target <= {TARGET_MINUTES} min: "
+          f"{f' + {len(baselines)} baselines' if baselines else ''} x {args.seeds} seeds: {minutes:.1f} min (target <= {TARGET_MINUTES} min: "
           f"{'met' if minutes <= TARGET_MINUTES else 'missed'}); feature passes {curve.forward_seconds / 60:.1f} min "
           f"({curve.forward_seconds / curve.seconds:.0%}), probes {(curve.seconds - curve.forward_seconds) / 60:.1f} min "
           f"(probe training {curve.probe_share:.0%})")
@@ -107,6 +128,14 @@ def main() -> None:
     print(curve.table.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     curve.to_csv(args.out)
     print(f"wrote {args.out}")
+    if baselines:
+        table = papa.PapaTable.from_curve(curve)
+        out = Path(args.out).with_name("papa_table.csv")
+        write_atomic(out, table.long.to_csv(index=False).encode("utf-8"))
+        write_atomic(out.with_suffix(".md"), (table.to_markdown() + "\n").encode("utf-8"))
+        print(table.frame().to_string())
+        print(table.frame(relative=True).to_string())
+        print(f"wrote {out} and {out.with_suffix('.md')}")
 
 
 if __name__ == "__main__":
