@@ -136,18 +136,32 @@ def test_every_gallery_notebook_is_executed():
     assert gallery.selected() == [path.stem for path in gallery.notebooks()]
 
 
-def test_probing_page_curve_table_is_the_stored_curve():
-    """docs/probing.md tabulates docs/papa_curve.csv (written by benchmarks/curve.py)."""
+def test_probing_page_tables_are_the_stored_measurements():
+    """docs/probing.md holds what the benchmarks wrote: the curve table is docs/papa_curve.csv
+    (benchmarks/curve.py) as docs/tables.py formats it, and Table 1 and the probe baselines are
+    docs/papa_table.md and docs/probe_baselines.md; every curve row has its interval and
+    baselines (the LM rows: no interval)."""
+    import importlib.util
+
     import pandas as pd
 
-    table = pd.read_csv(DOCS / "papa_curve.csv")
+    spec = importlib.util.spec_from_file_location("doc_tables", DOCS / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
     text = (DOCS / "probing.md").read_text()
-    block = text.split("<!-- curve table: docs/gallery.py writes it from docs/papa_curve.csv -->")[1]
-    rows = [line.strip("| ").split(" | ") for line in block.split("<!-- end")[0].strip().splitlines()[2:]]
-    assert len(rows) == len(table)
-    for row, expected in zip(rows, table.itertuples(index=False), strict=True):
-        assert row[:2] == [expected.task, expected.strategy] and int(row[4]) == expected.heads
-        assert abs(float(row[5]) - expected.score) < 5e-5 and abs(float(row[7]) - expected.relative) < 5e-5
+
+    def block(name):
+        start, end = tables.MARKERS[name]
+        return text.split(start)[1].split(end)[0].strip()
+
+    curve = pd.read_csv(DOCS / "papa_curve.csv")
+    assert block("curve table") == tables.curve_markdown(curve).strip()
+    assert block("papa table") == (DOCS / "papa_table.md").read_text().strip()
+    assert block("probe baselines") == (DOCS / "probe_baselines.md").read_text().strip()
+    tasks = curve[curve["task"] != "lm"]
+    assert ((tasks["low"] <= tasks["score"]) & (tasks["score"] <= tasks["high"])).all()
+    assert tasks["baseline"].notna().all() and tasks["majority"].notna().all()
+    assert set(curve["task"]) >= {"sst2", "cola", "mrpc", "ner", "pos"}
 
 
 def test_quickstart_page(tmp_path, monkeypatch):
