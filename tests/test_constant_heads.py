@@ -217,3 +217,19 @@ def test_input_dependence_is_cached_until_the_sums_change(setup):
     before = constants.input_dependence
     constants.squares.mul_(2)
     assert not torch.equal(constants.input_dependence, before)
+
+
+def test_trainable_constants_get_the_hook_paths_gradient_through_the_split_path(setup):
+    """With no pattern hook the constant heads' ``C·V`` is written into the output in place; the
+    gradient still reaches trainable constants' logits, as on the hook path."""
+    model, constants, batch = setup
+    grads = []
+    half = papa.hooks(constants, heads=0.5).heads  # ranked by the fitted constants
+    for fast in (False, True):
+        trainable = papa.TrainableConstants.from_average(constants)
+        with papa.intervention(model, trainable, heads=half, fast=fast):
+            model(batch.input_ids, **batch.model_kwargs()).float().square().mean().backward()
+        grads.append(trainable.logits.grad)
+    model.zero_grad(set_to_none=True)  # the shared model keeps no gradient
+    assert bool(grads[1].abs().sum() > 0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-6 * float(grads[0].abs().max()))

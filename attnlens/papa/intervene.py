@@ -289,8 +289,9 @@ def intervention(
 
     ``fast=True``: the replaced heads skip their work (:func:`attnlens.seam.constant_heads`): no
     query or key projection, no ``QKᵀ``, no softmax; their pattern is the constant, exactly as
-    the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), and
-    ``hook_pattern`` still sees it. Only for full replacement (``mode="replace"``: a blend
+    the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), made for
+    the replaced heads only (once per layer when every example shares it), and ``hook_pattern``
+    still sees it whenever a hook is attached there (without one, no full pattern is assembled). Only for full replacement (``mode="replace"``: a blend
     ``λ·A + (1 − λ)·C`` needs ``A``) of an encoder with the attnlens seam (BERT, RoBERTa);
     ``ValueError`` otherwise. The yielded hooks are then not installed (the list is the same
     as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); in a layer with replaced
