@@ -175,8 +175,10 @@ def key_mask(
     return attended.any(dim=1).any(dim=1)
 
 
-#: ``(key_mask, dtype) -> [batch, head, query, key]``: a layer's constant pattern for a batch
-ConstantFn = Callable[[Tensor, torch.dtype], Tensor]
+#: ``(key_mask, dtype, heads) -> [batch or 1, len(heads), query, key]``: the constant pattern of
+#: the heads ``heads`` (indices) of a layer for a batch with that ``[batch, key]`` key mask; a
+#: leading axis of 1 when every example of the batch gets the same pattern (e.g. no padding)
+ConstantFn = Callable[[Tensor, torch.dtype, Tensor], Tensor]
 
 
 @contextlib.contextmanager
@@ -186,19 +188,28 @@ def constant_heads(
     """Inside this context, the heads of ``layers`` marked True compute nothing of their own.
 
     ``layers``: ``{layer: (replaced, constant)}``; ``replaced`` is a ``[head]`` boolean mask and
-    ``constant(key_mask, dtype)`` returns the ``[batch, head, query, key]`` pattern of every
-    head of the layer for a batch with that ``[batch, key]`` mask (True for real tokens), of
-    which the replaced heads' are used. For those heads the layer runs no query or key
-    projection, no ``QKᵀ`` and no softmax: their pattern is the constant's; the other heads'
-    query and key projections use only their rows of the weights (through ``F.linear``, so the
-    ``hook_q`` / ``hook_k`` hooks of such a layer do not run; ``hook_v`` and ``hook_pattern``
-    do, and ``hook_pattern`` sees the assembled pattern, constant heads included). Dropout
-    (training mode only) applies to the computed heads alone. Layers not in ``layers`` are
-    untouched.
+    ``constant(key_mask, dtype, heads)`` returns the ``[batch, len(heads), query, key]`` pattern
+    of the heads ``heads`` (indices: the replaced ones) for a batch with that ``[batch, key]``
+    mask (True for real tokens), or ``[1, len(heads), query, key]`` when it is the same for every
+    example. For those heads the layer runs no query or key projection, no ``QKᵀ`` and no
+    softmax: their output is the constant pattern times their values (PAPA, Hassid et al. 2022:
+    a constant head is ``C·V``). The other heads' query and key projections use only their rows
+    of the weights (through ``F.linear``, so the ``hook_q`` / ``hook_k`` hooks of such a layer do
+    not run; ``hook_v`` and ``hook_pattern`` do). Dropout (training mode only) applies to the
+    computed heads alone. Layers not in ``layers`` are untouched.
+
+    The full ``[batch, head, query, key]`` pattern (constant heads and computed heads together)
+    is assembled only when something would read it: a hook on the layer's ``hook_pattern`` or
+    ``hook_attn_scores``, a forward hook on the self-attention module or the attention module
+    around it, or a global module hook. ``hook_pattern`` then sees it and its edits reach the
+    output, as on the hook path. Otherwise each head group's output is written straight into the
+    attention output and the module returns no pattern, as with ``attn_implementation="sdpa"``:
+    a Hugging Face output's ``attentions`` (``output_attentions=True``) then lacks the patched
+    layers; read patterns through ``hook_pattern`` (``run_with_cache``) instead.
 
     Only for encoders whose seam is ``"attnlens"`` (BERT, RoBERTa: :func:`install`);
-    ``ValueError`` otherwise. The self-attention modules get an instance ``forward`` for the
-    duration, removed on exit.
+    :class:`~attnlens.errors.InputError` otherwise. The self-attention modules get an instance
+    ``forward`` for the duration, removed on exit.
     """
     if models.of(bridge).seam != "attnlens" or not is_installed(bridge):
         raise InputError(
@@ -208,17 +219,57 @@ def constant_heads(
     patched = []
     try:
         for layer, (replaced, constant) in layers.items():
-            module = _self_attention(bridge.blocks[layer].attn.original_component)
+            attention = bridge.blocks[layer].attn
+            module = _self_attention(attention.original_component)
             if "forward" in vars(module):
                 raise InputError(f"layer {layer}'s attention is already patched (nested constant_heads?)")
+            scores = getattr(attention, "hook_attn_scores", None)
+            readers = ((module, attention.original_component), () if scores is None else (scores,))
             module.forward = functools.partial(
-                _constant_forward, module, replaced.to(torch.bool).cpu(), constant
+                _constant_forward, module, replaced.to(torch.bool).cpu(), constant, readers
             )
             patched.append(module)
         yield
     finally:
         for module in patched:
             del module.forward
+
+
+def _runs_hooks(module: Any) -> bool:
+    """True when calling ``module`` (a ``HookPoint`` or any ``nn.Module``) may run a hook: its own
+    forward or backward hooks, or a global module hook."""
+    if not isinstance(module, nn.Module):
+        return module is not None  # a plain callable: assume it reads the pattern
+    from torch.nn.modules import module as torch_module
+
+    own = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if any(getattr(module, name, None) for name in own):
+        return True
+    glob = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks")
+    return any(getattr(torch_module, name, None) for name in glob)
+
+
+def _reads_output(module: nn.Module) -> bool:
+    """True when a forward hook on ``module`` (the self-attention, or the attention around it)
+    may read its pattern output.
+
+    transformers' ``output_capturing_hook`` (the ``output_attentions`` recorder) does not count:
+    TransformerLens loads every model with ``output_attentions=True``, so it records on every
+    forward for outputs the bridge never returns; it skips a module that returns no pattern."""
+    return any(
+        getattr(hook, "__name__", "") != "output_capturing_hook" for hook in module._forward_hooks.values()
+    )
+
+
+def _wants_pattern(pattern_fn: Any, readers: tuple[tuple[nn.Module, ...], tuple[Any, ...]]) -> bool:
+    """Whether anything would read the assembled pattern (see :func:`constant_heads`):
+    ``readers`` holds the modules whose output carries it (the self-attention and the attention
+    around it) and the bridge's hook points that see it besides ``pattern_fn``."""
+    modules, hook_points = readers
+    if _runs_hooks(pattern_fn) or any(_runs_hooks(point) for point in hook_points):
+        return True
+    return any(_reads_output(module) for module in modules)
 
 
 def _self_attention(attention: nn.Module) -> nn.Module:
@@ -242,43 +293,86 @@ def _constant_forward(
     module: nn.Module,
     replaced: Bool[Tensor, "head"],
     constant: ConstantFn,
+    readers: tuple[tuple[nn.Module, ...], tuple[Any, ...]],
     hidden_states: Float[Tensor, "batch pos d_model"],
     attention_mask: Float[Tensor, "batch 1 query key"] | None = None,
     *args: Any,
     pattern_fn: Callable[[Tensor], Tensor] | None = None,
     **kwargs: Any,
-) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head query key"]]:
+) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head query key"] | None]:
     """``BertSelfAttention.forward`` with the ``replaced`` heads' patterns taken from ``constant``
-    (see :func:`constant_heads`); the others as :func:`attention_forward` computes them."""
+    (see :func:`constant_heads`); the others as :func:`attention_forward` computes them.
+
+    Each head's output is its pattern times its values (``[batch, pos, head, d_head]``); the
+    constant heads' ``C·V`` and the computed heads' ``softmax(QKᵀ)·V`` are computed apart and
+    written into their heads' slots, unless the assembled pattern is wanted (:func:`_wants_pattern`).
+    """
     batch, n = hidden_states.shape[:2]
     n_heads, d_head = int(module.num_attention_heads), int(module.attention_head_size)
-    value = module.value(hidden_states).view(batch, n, n_heads, d_head).transpose(1, 2)
-    valid = _key_mask_from_additive(attention_mask, batch, n, hidden_states.device)
-    pattern = constant(valid, value.dtype)
-    computed = (~replaced).nonzero().squeeze(-1)
-    if computed.numel():
-        if torch.is_grad_enabled():  # written into below: keep the constant's graph intact
-            pattern = pattern.clone()
-        shape = (batch, n, computed.numel(), d_head)
-        query = nn.functional.linear(hidden_states, *_rows(module.query, computed, d_head))
-        key = nn.functional.linear(hidden_states, *_rows(module.key, computed, d_head))
-        query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
-        scaling = getattr(module, "scaling", d_head**-0.5)
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            scores = scores + attention_mask
-        own = nn.functional.softmax(scores, dim=-1)
-        if module.training:
-            own = module.dropout(own)
-        pattern[:, computed.to(pattern.device)] = own.to(pattern.dtype)
-    if pattern_fn is not None:
-        token = _KEY_MASK.set(valid)
-        try:
-            pattern = pattern_fn(pattern)
-        finally:
-            _KEY_MASK.reset(token)
-    output = torch.matmul(pattern, value).transpose(1, 2).reshape(batch, n, n_heads * d_head)
-    return output, pattern
+    device = hidden_states.device
+    value = module.value(hidden_states).view(batch, n, n_heads, d_head)
+    valid = _key_mask_from_additive(attention_mask, batch, n, device)
+    fixed_heads = replaced.nonzero().squeeze(-1).to(device)
+    computed = (~replaced).nonzero().squeeze(-1).to(device)
+    fixed = constant(valid, value.dtype, fixed_heads)
+    own = _own_pattern(module, hidden_states, attention_mask, computed) if computed.numel() else None
+    if _wants_pattern(pattern_fn, readers):
+        pattern = value.new_empty(batch, n_heads, n, n)
+        pattern[:, fixed_heads] = fixed
+        if own is not None:
+            pattern[:, computed] = own.to(pattern.dtype)
+        if pattern_fn is not None:
+            token = _KEY_MASK.set(valid)
+            try:
+                pattern = pattern_fn(pattern)
+            finally:
+                _KEY_MASK.reset(token)
+        output = torch.matmul(pattern, value.transpose(1, 2)).transpose(1, 2)
+        return output.reshape(batch, n, n_heads * d_head), pattern
+    output = value.new_empty(batch, n, n_heads, d_head)
+    output[:, :, fixed_heads] = _weigh(fixed, value.index_select(2, fixed_heads))
+    if own is not None:
+        own_values = value.index_select(2, computed).transpose(1, 2)
+        output[:, :, computed] = torch.matmul(own.to(value.dtype), own_values).transpose(1, 2)
+    return output.reshape(batch, n, n_heads * d_head), None
+
+
+def _own_pattern(
+    module: nn.Module,
+    hidden_states: Float[Tensor, "batch pos d_model"],
+    attention_mask: Float[Tensor, "batch 1 query key"] | None,
+    heads: Int[Tensor, "computed"],
+) -> Float[Tensor, "batch computed query key"]:
+    """The softmaxed pattern of the heads ``heads`` (indices), from their rows of the query and
+    key projections (dropout in training mode), as :func:`attention_forward` computes it."""
+    batch, n = hidden_states.shape[:2]
+    d_head = int(module.attention_head_size)
+    shape = (batch, n, heads.numel(), d_head)
+    query = nn.functional.linear(hidden_states, *_rows(module.query, heads, d_head))
+    key = nn.functional.linear(hidden_states, *_rows(module.key, heads, d_head))
+    query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
+    scaling = getattr(module, "scaling", d_head**-0.5)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    own = nn.functional.softmax(scores, dim=-1)
+    return module.dropout(own) if module.training else own
+
+
+def _weigh(
+    pattern: Float[Tensor, "one_or_batch head query key"], value: Float[Tensor, "batch key head d_head"]
+) -> Float[Tensor, "batch query head d_head"]:
+    """``pattern · value`` per example and head, laid out ``[batch, query, head, d_head]``.
+
+    A pattern shared by the batch (leading axis 1) weighs every example's values in one product
+    per head, ``[query, key] · [key, batch·d_head]``, rather than a broadcast that would copy the
+    pattern ``batch`` times."""
+    batch, n_keys, n_heads, d_head = value.shape
+    if pattern.shape[0] == 1 and batch > 1:
+        stacked = value.permute(2, 1, 0, 3).reshape(n_heads, n_keys, batch * d_head)
+        product = torch.matmul(pattern[0], stacked).view(n_heads, -1, batch, d_head)
+        return product.permute(2, 1, 0, 3)
+    return torch.matmul(pattern, value.transpose(1, 2)).transpose(1, 2)
 
 
 def _register() -> None:

@@ -123,3 +123,113 @@ def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(set
     atol = n_layers * float32_sum_error(d_model) * float(hooked.abs().max())
     torch.testing.assert_close(fast[compact.attention_mask.bool()], hooked[batch.attention_mask.bool()],
                                atol=max(atol, 1e-5 * float(hooked.abs().max())), rtol=0)
+
+
+def count_split_forwards(monkeypatch) -> list[int]:
+    """Count the fast path's forwards that weigh the constant heads' values without assembling
+    the pattern (:func:`attnlens.seam._weigh`), recording each constant's leading axis."""
+    calls: list[int] = []
+    weigh = seam._weigh
+
+    def counted(pattern, value):
+        calls.append(pattern.shape[0])
+        return weigh(pattern, value)
+
+    monkeypatch.setattr(seam, "_weigh", counted)
+    return calls
+
+
+def tolerance(model, reference):
+    d_model, n_layers = int(model.cfg.d_model), int(model.cfg.n_layers)
+    return n_layers * float32_sum_error(d_model) * float(reference.abs().max())
+
+
+@pytest.mark.parametrize("heads", ["half", "all"])
+def test_without_a_pattern_hook_the_pattern_is_not_assembled(setup, heads, monkeypatch):
+    """No hook reads ``hook_pattern``: each head group's output goes straight into the attention
+    output (no ``[batch, head, n, n]`` pattern), and the logits are the hook path's."""
+    model, constants, batch = setup
+    hooked, _, mask = run(model, batch, constants, HEAD_SETS[heads], fast=False)
+    calls = count_split_forwards(monkeypatch)
+    with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=True):
+        fast = model(batch.input_ids, **batch.model_kwargs())
+    assert len(calls) == int(mask.any(dim=1).sum())  # every patched layer took the split path
+    assert set(calls) == {batch.input_ids.shape[0]}  # the batch holds padding: one pattern each
+    torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
+
+
+@pytest.mark.parametrize("hooked_pattern", [False, True], ids=["no_hook", "pattern_hook"])
+def test_a_batch_without_padding_shares_one_constant(setup, sst2_sentences, monkeypatch, hooked_pattern):
+    """Every example of a batch with no padding gets the same constant pattern: it is made once
+    (``[1, head, n, n]``) and broadcast; the patterns ``hook_pattern`` sees and the logits are the
+    hook path's."""
+    model, constants, _ = setup
+    long = [text for text in sst2_sentences if len(text.split()) > 40][:4]
+    batch = attnlens.tokenize(model, long, max_len=MAX_LEN, layout="papa")
+    assert len(long) == 4 and bool(batch.attention_mask.bool().all()), "the batch must hold no padding"
+    hooked, hooked_patterns, mask = run(model, batch, constants, 0.5, fast=False)
+    shapes: list[int] = []
+    layer_pattern = type(constants).layer_pattern
+
+    def recorded(self, layer, key_mask, **kwargs):
+        pattern = layer_pattern(self, layer, key_mask, **kwargs)
+        shapes.append(pattern.shape[0])
+        return pattern
+
+    monkeypatch.setattr(type(constants), "layer_pattern", recorded)
+    calls = count_split_forwards(monkeypatch)
+    if hooked_pattern:
+        fast, fast_patterns, _ = run(model, batch, constants, 0.5, fast=True)
+        for layer, pattern in hooked_patterns.items():
+            assert torch.equal(fast_patterns[layer][:, mask[layer]], pattern[:, mask[layer]]), layer
+        assert not calls
+    else:
+        with torch.no_grad(), papa.intervention(model, constants, heads=0.5, fast=True):
+            fast = model(batch.input_ids, **batch.model_kwargs())
+        assert calls and set(calls) == {1}
+    assert shapes and set(shapes) == {1}
+    torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
+
+
+def test_layer_pattern_of_some_heads_is_theirs_of_the_whole_layer(setup):
+    """``layer_pattern(..., heads=index)`` gives exactly those heads of the whole layer's pattern,
+    for fitted and trainable constants; a head that does not exist is an InputError."""
+    model, constants, batch = setup
+    valid = batch.attention_mask.bool()
+    index = torch.tensor([2, 0]) if constants.n_heads > 2 else torch.tensor([1, 0])
+    for made in (constants, papa.TrainableConstants.from_average(constants)):
+        whole = made.layer_pattern(1, valid, dtype=torch.float32)
+        some = made.layer_pattern(1, valid, dtype=torch.float32, heads=index)
+        assert torch.equal(some, whole[:, index])
+        with pytest.raises(attnlens.errors.InputError, match="head indices"):
+            made.layer_pattern(1, valid, dtype=torch.float32, heads=torch.tensor([constants.n_heads]))
+
+
+def test_input_dependence_is_cached_until_the_sums_change(setup):
+    """``heads=k`` ranks the heads by :attr:`input_dependence` at every intervention: it is
+    computed once, and again after the statistics change in place."""
+    _, constants, _ = setup
+    constants = constants.replace(squares=constants.squares.clone())  # the fixture stays as it is
+    first = constants.input_dependence
+    assert torch.equal(constants.input_dependence, first)
+    first.zero_()  # a copy: the cache is not the caller's
+    assert not torch.equal(constants.input_dependence, first)
+    before = constants.input_dependence
+    constants.squares.mul_(2)
+    assert not torch.equal(constants.input_dependence, before)
+
+
+def test_trainable_constants_get_the_hook_paths_gradient_through_the_split_path(setup):
+    """With no pattern hook the constant heads' ``C·V`` is written into the output in place; the
+    gradient still reaches trainable constants' logits, as on the hook path."""
+    model, constants, batch = setup
+    grads = []
+    half = papa.hooks(constants, heads=0.5).heads  # ranked by the fitted constants
+    for fast in (False, True):
+        trainable = papa.TrainableConstants.from_average(constants)
+        with papa.intervention(model, trainable, heads=half, fast=fast):
+            model(batch.input_ids, **batch.model_kwargs()).float().square().mean().backward()
+        grads.append(trainable.logits.grad)
+    model.zero_grad(set_to_none=True)  # the shared model keeps no gradient
+    assert bool(grads[1].abs().sum() > 0)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-6 * float(grads[0].abs().max()))

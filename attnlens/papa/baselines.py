@@ -211,15 +211,20 @@ class TrainableConstants(nn.Module):
         dtype: torch.dtype,
         causal: bool | None = None,
         positions: Int[Tensor, "batch key"] | None = None,
+        heads: Int[Tensor, "selected"] | None = None,
     ) -> Float[Tensor, "batch head query key"]:
         """The (differentiable) pattern of ``layer`` for a batch with this key mask
         (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`; ``positions``: those
-        of a compact batch's columns)."""
+        of a compact batch's columns; ``heads``: head indices, only those heads' patterns)."""
         causal = bool(self.causal) if causal is None else causal
         if not bool(torch.isfinite(self.logits[layer]).all()):  # e.g. a training step diverged
             finite_tensor(self.logits[layer].detach(), f"TrainableConstants.logits[{layer}]")
-        return softmax_pattern(self.logits[layer], key_mask, dtype=dtype, causal=causal,
-                               positions=positions)
+        logits = self.logits[layer]
+        if heads is not None:
+            if bool(((heads < 0) | (heads >= logits.shape[0])).any()):
+                raise InputError(f"heads {heads.tolist()} must be head indices in 0 .. {logits.shape[0] - 1}.")
+            logits = logits.index_select(0, heads.to(logits.device))
+        return softmax_pattern(logits, key_mask, dtype=dtype, causal=causal, positions=positions)
 
     def to_constants(self) -> PapaConstants:
         """A :class:`PapaConstants` snapshot (``kind="trained"``) of the current softmax."""

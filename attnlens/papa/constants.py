@@ -192,11 +192,17 @@ class PapaConstants:
                 f"input_dependence is measured during papa.fit; these constants are "
                 f"{self.kind!r} with {self.tokens} tokens seen."
             )
-        seen = self.pair_counts > 0
-        spread = torch.where(
-            seen, self.squares - self.sums.square() / self.pair_counts.clamp_min(1), 0.0
-        ).clamp_min(0.0)
-        return spread.sum(dim=(-2, -1)) / self.tokens
+        tensors = (self.sums, self.squares, self.pair_counts)
+        source = (*tensors, *(t._version for t in tensors), self.tokens)
+        cached = self._cache.get("input_dependence")
+        if cached is None or not _same_source(cached[0], source):  # cached: heads=k selects by it
+            seen = self.pair_counts > 0
+            spread = torch.where(
+                seen, self.squares - self.sums.square() / self.pair_counts.clamp_min(1), 0.0
+            ).clamp_min(0.0)
+            cached = (source, spread.sum(dim=(-2, -1)) / self.tokens)
+            self._cache["input_dependence"] = cached
+        return cached[1].clone()
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -217,19 +223,31 @@ class PapaConstants:
         }
 
     def layer_mean(
-        self, layer: int, *, dtype: torch.dtype, device: torch.device | str
+        self,
+        layer: int,
+        *,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        heads: Int[Tensor, "selected"] | None = None,
     ) -> Float[Tensor, "head query key"]:
-        """``mean[layer]`` cast to ``dtype`` on ``device`` (cached for the hooks).
+        """``mean[layer]`` cast to ``dtype`` on ``device`` (cached for the hooks); with ``heads``
+        (head indices), only those heads' matrices, in that order.
 
         The cache entry remembers the ``sums`` and ``pair_counts`` tensors it was computed from
         (the objects, compared with ``is``, and their in-place version counters), so assigning new
         tensors to these attributes or changing them in place recomputes it.
         """
-        key = (layer, dtype, str(device))
+        selected = None if heads is None else tuple(int(h) for h in heads.reshape(-1).tolist())
+        if selected is not None and any(not 0 <= h < self.n_heads for h in selected):
+            raise InputError(f"heads {list(selected)} must be head indices in 0 .. {self.n_heads - 1}.")
+        key = (layer, dtype, str(device), selected)
         source = (self.sums, self.pair_counts, self.sums._version, self.pair_counts._version)
         cached = self._cache.get(key)
         if cached is None or not _same_source(cached[0], source):
-            cached = (source, self.mean[layer].to(device=device, dtype=dtype))
+            mean = self.mean[layer]
+            if selected is not None:
+                mean = mean[list(selected)]
+            cached = (source, mean.to(device=device, dtype=dtype).contiguous())
             self._cache[key] = cached
         return cached[1]
 
@@ -241,14 +259,18 @@ class PapaConstants:
         dtype: torch.dtype,
         causal: bool | None = None,
         positions: Int[Tensor, "batch key"] | None = None,
+        heads: Int[Tensor, "selected"] | None = None,
     ) -> Float[Tensor, "batch head query key"]:
         """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`).
 
         ``causal`` defaults to :attr:`causal` (False when that is unknown). ``positions``: the
         layout positions of a compact batch's columns (``None``: the columns are the positions).
+        ``heads``: head indices; only those heads' patterns are made (``head`` is then
+        ``len(heads)``), equal bit for bit to the same heads of the whole layer's (the
+        restriction and renormalisation work row by row).
         """
         causal = bool(self.causal) if causal is None else causal
-        constant = self.layer_mean(layer, dtype=dtype, device=key_mask.device)
+        constant = self.layer_mean(layer, dtype=dtype, device=key_mask.device, heads=heads)
         return constant_pattern(
             constant, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal,
             positions=positions,
@@ -433,9 +455,11 @@ class PapaConstants:
 
 
 def _same_source(cached: tuple, current: tuple) -> bool:
-    """Whether a :meth:`PapaConstants.layer_mean` cache entry was computed from ``current``:
-    the same ``sums`` and ``pair_counts`` objects at the same versions."""
-    return cached[0] is current[0] and cached[1] is current[1] and cached[2:] == current[2:]
+    """Whether a :class:`PapaConstants` cache entry was computed from ``current``: the same
+    tensor objects (``sums``, ``pair_counts``, ...) at the same versions (and other values)."""
+    return len(cached) == len(current) and all(
+        a is b if isinstance(a, Tensor) else a == b for a, b in zip(cached, current, strict=True)
+    )
 
 
 def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:

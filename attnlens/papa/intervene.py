@@ -219,9 +219,20 @@ def check_inputs(
     key_mask: Bool[Tensor, "batch key"],
     positions: Int[Tensor, "batch key"] | None = None,
 ) -> None:
-    """Raise ``ValueError`` if a pattern cannot come from inputs in the constants' layout
-    (``positions``: the layout positions of a compact batch's columns, if it is one)."""
-    n_heads, length = pattern.shape[1], pattern.shape[-1]
+    """Raise :class:`~attnlens.errors.InputError` if a pattern cannot come from inputs in the
+    constants' layout (``positions``: the layout positions of a compact batch's columns, if it is
+    one)."""
+    _check_layout(constants, pattern.shape[1], key_mask, positions)
+
+
+def _check_layout(
+    constants: Constants,
+    n_heads: int,
+    key_mask: Bool[Tensor, "batch key"],
+    positions: Int[Tensor, "batch key"] | None,
+) -> None:
+    """:func:`check_inputs` for a batch known by its head count and key mask (no pattern)."""
+    length = key_mask.shape[-1]
     fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
     if n_heads != constants.n_heads:
         raise InputError(f"{fitted} for {constants.n_heads} heads; the pattern has {n_heads} heads.")
@@ -278,8 +289,9 @@ def intervention(
 
     ``fast=True``: the replaced heads skip their work (:func:`attnlens.seam.constant_heads`): no
     query or key projection, no ``QKᵀ``, no softmax; their pattern is the constant, exactly as
-    the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), and
-    ``hook_pattern`` still sees it. Only for full replacement (``mode="replace"``: a blend
+    the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), made for
+    the replaced heads only (once per layer when every example shares it), and ``hook_pattern``
+    still sees it whenever a hook is attached there (without one, no full pattern is assembled). Only for full replacement (``mode="replace"``: a blend
     ``λ·A + (1 − λ)·C`` needs ``A``) of an encoder with the attnlens seam (BERT, RoBERTa);
     ``ValueError`` otherwise. The yielded hooks are then not installed (the list is the same
     as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); in a layer with replaced
@@ -314,14 +326,24 @@ def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.Const
     constants = installed.constants
 
     def constant_of(layer: int) -> seam.ConstantFn:
-        def constant(valid: Tensor, dtype: torch.dtype) -> Tensor:
+        def constant(valid: Tensor, dtype: torch.dtype, heads: Tensor) -> Tensor:
             # a compact batch's layout positions, as the hook path reads them (by batch and length)
             positions = seam.mask_positions(valid)
-            pattern = constants.layer_pattern(layer, valid, dtype=dtype, causal=False, positions=positions)
-            check_inputs(constants, pattern, valid, positions)
-            return pattern
+            _check_layout(constants, constants.n_heads, valid, positions)
+            if _same_rows(valid) and (positions is None or _same_rows(positions)):
+                # every example gets the same pattern (e.g. no padding): make it once, [1, ...]
+                valid = valid[:1]
+                positions = None if positions is None else positions[:1]
+            return constants.layer_pattern(
+                layer, valid, dtype=dtype, causal=False, positions=positions, heads=heads
+            )
 
         return constant
 
     mask = installed.heads.mask
     return {layer: (mask[layer], constant_of(layer)) for layer in range(mask.shape[0]) if bool(mask[layer].any())}
+
+
+def _same_rows(rows: Tensor) -> bool:
+    """True when every row of ``rows`` (``[batch, key]``) equals the first."""
+    return bool((rows == rows[:1]).all())
