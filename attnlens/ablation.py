@@ -97,6 +97,8 @@ def output_hook(model: Any, layer: int) -> str:
     from attnlens import models
 
     architecture = models.find(model) if model is not None and hasattr(model, "original_model") else None
+    n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
+    layer = checks.whole_number(layer, "layer") if n_layers is None else checks.index(layer, "layer", n_layers, "layers")
     template = architecture.output_hook if architecture is not None else "blocks.{layer}.attn.hook_z"
     return template.format(layer=layer)
 
@@ -232,7 +234,7 @@ def hooks(
                 "mode='mean' replaces each head's output by its corpus mean: pass "
                 "means=ablation.head_means(model, corpus), a [layer, head, d_head] tensor."
             )
-        means = checks.shape(means, "means", [None, None, None], "layer, head, d_head")
+        means = checks.shape(checks.tensor(means, "means"), "means", [None, None, None], "layer, head, d_head")
         if not means.is_floating_point():
             raise InputTypeError(f"means must be a float tensor, got {checks.describe(means)}.")
         checks.finite_tensor(means, "means")
@@ -317,6 +319,7 @@ def uniform_pattern(
     that is a real token (``valid``) and, when ``causal``, at or before the query (queries are
     the last ``n_queries`` positions); 0 elsewhere. A row with no valid key is all 0."""
     n_keys = valid.shape[1]
+    n_queries = checks.whole_number(n_queries, "n_queries", " of query positions", minimum=1)
     allowed = valid[:, None, :].expand(valid.shape[0], n_queries, n_keys)
     if causal:
         allowed = allowed & torch.ones(n_queries, n_keys, dtype=torch.bool, device=valid.device).tril(
@@ -477,6 +480,7 @@ def _count(fraction: Any, n: Any, total: int, n_layers: int, n_heads: int) -> in
 def normalize_by_layer(raw: Float[Tensor, "layer head"]) -> Float[Tensor, "layer head"]:
     """``raw`` divided by each layer's ℓ2 norm over its heads (Michel et al. 2019, §4.2); a layer
     whose scores are all 0 stays 0."""
+    raw = checks.finite_tensor(checks.shape(checks.tensor(raw, "raw"), "raw", [None, None], "layer, head"), "raw")
     norms = raw.norm(dim=1, keepdim=True)
     return torch.where(norms > 0, raw / norms.clamp_min(torch.finfo(raw.dtype).tiny), torch.zeros_like(raw))
 
@@ -504,6 +508,7 @@ class Gates(passes.Accumulator):
 
     def __init__(self, model: Any, loss: LossFn | None, *, mask_rate: float = 0.15, seed: int = 0) -> None:
         n_layers, n_heads = _model_shape(model)
+        mask_rate, seed = checks.finite(mask_rate, "mask_rate", low=0.0, high=1.0), checks.whole_number(seed, "seed")
         self.model, self.loss, self.mask_rate, self.seed = model, loss, mask_rate, seed
         self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
         self.count = torch.zeros((), dtype=torch.float64)
@@ -772,6 +777,10 @@ def importance(
     require_bridge(model, "ablation.importance")
     from attnlens import tasks
 
+    train_limit = checks.optional_count(train_limit, "train_limit", " of training examples (or None for all)")
+    limit = checks.optional_count(limit, "limit", " of examples (or None for all)")
+    mask_rate, seed = checks.finite(mask_rate, "mask_rate", low=0.0, high=1.0), checks.whole_number(seed, "seed")
+
     if isinstance(corpus, str) and corpus in tasks.NAMES:
         if loss is not None:
             raise InputError(
@@ -865,7 +874,8 @@ def prune_curve(
         raise InputTypeError(f"score_fn must be a callable score_fn(hooks) -> float; got {checks.describe(score_fn)}.")
     n_layers, n_heads = _model_shape(model)
     if not isinstance(importance, Importance):
-        scores = checks.shape(importance, "importance", [n_layers, n_heads], "layer, head: one score per head")
+        scores = checks.shape(checks.tensor(importance, "importance"), "importance", [n_layers, n_heads],
+                              "layer, head: one score per head")
         checks.finite_tensor(scores.float(), "importance")
         importance = Importance(scores=scores.detach().float().cpu(), raw=scores.detach().float().cpu())
     elif importance.shape != (n_layers, n_heads):
@@ -880,7 +890,7 @@ def prune_curve(
         _check_order(name)
     if isinstance(fractions, str | bytes) or not isinstance(fractions, Iterable):
         raise InputTypeError(f"fractions must be a list of floats in [0, 1]; got {checks.describe(fractions)}.")
-    fractions = [checks.finite(f, "fraction", low=0.0, high=1.0) for f in fractions]
+    fractions = [checks.finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
     if not fractions:
         raise InputError("fractions must hold at least one fraction in [0, 1].")
     hooks(HeadSet.none(n_layers, n_heads), mode, model=model, means=means, constants=constants)  # arguments

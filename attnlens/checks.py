@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -49,10 +49,11 @@ def finite(
     value: Any, name: str, *, low: float | int | None = None, high: float | int | None = None
 ) -> float:
     """``value`` as a finite ``float`` in ``[low, high]``; ``ValueError`` naming ``name`` for
-    NaN, infinities and values out of range, ``TypeError`` for non-numbers."""
-    if isinstance(value, bool) or not isinstance(value, int | float) and not (
-        isinstance(value, Tensor) and value.numel() == 1
-    ):
+    NaN, infinities and values out of range, ``TypeError`` for non-numbers (a string such as
+    ``"0.5"`` and a bool included: neither is read as a number)."""
+    if isinstance(value, bool | str | bytes):  # float("4") and float(True) would pass silently
+        raise InputTypeError(f"{name} must be a number, not {describe(value)}; pass e.g. {name}=0.5")
+    if not isinstance(value, int | float) and not (isinstance(value, Tensor) and value.numel() == 1):
         try:
             value = float(value)
         except (TypeError, ValueError):
@@ -63,6 +64,61 @@ def finite(
     if (low is not None and number < low) or (high is not None and number > high):
         raise InputError(f"{name} must lie in [{low}, {high}], got {number}")
     return number
+
+
+def optional_count(value: Any, name: str, unit: str = "", *, minimum: int = 1) -> int | None:
+    """``None`` (no limit) or :func:`whole_number` at least ``minimum`` (``train_limit``,
+    ``eval_limit``, ``limit``)."""
+    return None if value is None else whole_number(value, name, unit, minimum=minimum)
+
+
+def fraction(value: Any, name: str = "fraction") -> float:
+    """A finite number in ``[0, 1]`` (:func:`finite`)."""
+    return finite(value, name, low=0.0, high=1.0)
+
+
+def index(value: Any, name: str, size: int, what: str = "") -> int:
+    """A whole number in ``0..size - 1`` (a negative index is refused, not counted from the
+    end); ``what`` names what is indexed (``"layers"``)."""
+    number = whole_number(value, name)
+    if not 0 <= number < size:
+        of = f" (the model has {size} {what})" if what else f" (there are {size})"
+        raise InputError(f"{name} must be in 0..{size - 1}{of}, got {number}")
+    return number
+
+
+def tensor(value: Any, name: str) -> Tensor:
+    """``value`` if it is a ``torch.Tensor``; ``TypeError`` naming ``name`` for a NumPy array, a
+    list or anything else, with ``torch.as_tensor`` as the fix (nothing is converted silently)."""
+    if not isinstance(value, Tensor):
+        raise InputTypeError(
+            f"{name} must be a torch tensor, got {describe(value)}; convert it with torch.as_tensor({name})."
+        )
+    return value
+
+
+def indices(value: Any, name: str, size: int) -> list[int]:
+    """A non-empty list of whole numbers in ``0..size - 1`` (a list, a NumPy integer array or
+    an integer tensor); a float, a bool, a negative or out-of-range index is refused by name."""
+    if isinstance(value, Tensor) or hasattr(value, "__array__"):
+        kind = getattr(value, "dtype", None)
+        if kind is not None and (getattr(kind, "is_floating_point", False) or str(kind).startswith(("float", "bool", "torch.bool"))):
+            raise InputTypeError(f"{name} must be whole numbers, got {describe(value)}")
+        value = value.tolist()
+    listed = items(value, name, "[0, 2, 5]")
+    return [index(one, f"{name}[{i}]", size) for i, one in enumerate(listed)]
+
+
+def items(value: Any, name: str, example: str = "") -> list:
+    """``value`` as a non-empty list: a string (a sequence of characters) or an empty list is
+    refused by name; ``example`` shows what to give."""
+    hint = f"; e.g. {name}={example}" if example else ""
+    if isinstance(value, str | bytes | Tensor) or not isinstance(value, Iterable):
+        raise InputTypeError(f"{name} must be a list, got {describe(value)}{hint}")
+    listed = list(value)
+    if not listed:
+        raise InputError(f"{name} is empty: give at least one value{hint}")
+    return listed
 
 
 def finite_tensor(

@@ -283,6 +283,12 @@ def embed(
     (``metric="precomputed"`` from 1.8, ``dissimilarity="precomputed"`` before)."""
     from sklearn.manifold import MDS
 
+    seed = whole_number(seed, "seed", minimum=0)
+    if not isinstance(distances, np.ndarray):
+        raise InputTypeError(f"distances must be a NumPy array, got {describe(distances)}; use np.asarray(distances).")
+    if distances.ndim != 2 or distances.shape[0] != distances.shape[1] or not np.isfinite(distances).all():
+        raise InputError(f"distances must be a square matrix of finite numbers, got shape {list(distances.shape)}"
+                         f" with {int((~np.isfinite(distances)).sum())} values NaN or infinite.")
     parameters = inspect.signature(MDS).parameters
     if "metric_mds" in parameters:
         options: dict[str, Any] = dict(metric="precomputed", metric_mds=True, init="random")

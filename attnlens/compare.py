@@ -275,9 +275,9 @@ class Comparison:
         from attnlens.export import comparison_maps, to_circuitsvis
 
         patterns, tokens = comparison_maps(self, example, view)
-        if layer is not None and not 0 <= operator.index(layer) < self.n_layers:
-            raise InputError(f"layer={layer} is outside the model's {self.n_layers} layers (0 to {self.n_layers - 1})")
-        layers = range(self.n_layers) if layer is None else [operator.index(layer)]
+        from attnlens.checks import index
+
+        layers = range(self.n_layers) if layer is None else [index(layer, "layer", self.n_layers, "layers")]
         return to_circuitsvis(
             patterns[list(layers)].reshape(-1, *patterns.shape[-2:]), tokens,
             causal=_blank_later_keys(self, view), signed=view in SIGNED_VIEWS,
@@ -328,6 +328,9 @@ class Comparison:
     ) -> str:
         """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given
         (atomically, missing folders created, as :meth:`save_html` does)."""
+        from attnlens.checks import whole_number
+
+        indent = None if indent is None else whole_number(indent, "indent", " of spaces", minimum=0)
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
             from attnlens.files import write_atomic
@@ -592,6 +595,10 @@ def compare(
     from attnlens.checks import whole_number
 
     batch_size = whole_number(batch_size, "batch_size", " of examples (e.g. 32)", minimum=1)
+    from attnlens.checks import optional_count
+
+    train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
+    eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
     report_examples = _check_count(report_examples, "report_examples")
     report_budget = _check_count(report_budget, "report_budget (bytes)")
     if report_examples < 0 or report_budget < 0:
@@ -695,6 +702,8 @@ def _check_focus(focus: Any, n_layers: int, n_heads: int) -> tuple[int, int]:
     """``focus`` as ``(layer, head)`` ints; ``ValueError`` unless it names one of the model's heads."""
     try:
         layer, head = (operator.index(part) for part in focus)
+        if any(isinstance(part, bool) for part in focus):
+            raise TypeError
     except (TypeError, ValueError):
         raise InputError(
             f"focus={focus!r} should be a (layer, head) pair of integers, e.g. focus=(0, 0)"

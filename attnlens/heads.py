@@ -10,7 +10,7 @@ ambiguous.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -18,7 +18,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens.errors import InputError
+from attnlens.checks import describe, finite, whole_number
+from attnlens.errors import InputError, InputTypeError
 
 
 @dataclass(eq=False)
@@ -36,6 +37,9 @@ class HeadSet:
     strategy: str | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.mask, Tensor) and self.mask.dtype.is_floating_point:
+            raise InputTypeError(f"HeadSet mask must be a bool [layer, head] tensor, got {describe(self.mask)}; "
+                                 "use mask > 0 or HeadSet.from_heads([(layer, head), ...]).")
         self.mask = torch.as_tensor(self.mask, dtype=torch.bool).cpu()
         if self.mask.ndim != 2:
             raise InputError(f"HeadSet mask must be [layer, head], got {tuple(self.mask.shape)}.")
@@ -49,24 +53,24 @@ class HeadSet:
 
     @classmethod
     def all(cls, n_layers: int, n_heads: int) -> HeadSet:
-        return cls(torch.ones(n_layers, n_heads, dtype=torch.bool), strategy="all")
+        return cls(torch.ones(*_sizes(n_layers, n_heads), dtype=torch.bool), strategy="all")
 
     @classmethod
     def none(cls, n_layers: int, n_heads: int) -> HeadSet:
-        return cls(torch.zeros(n_layers, n_heads, dtype=torch.bool), strategy="none")
+        return cls(torch.zeros(*_sizes(n_layers, n_heads), dtype=torch.bool), strategy="none")
 
     @classmethod
     def from_heads(cls, heads: Iterable[tuple[int, int]], n_layers: int, n_heads: int) -> HeadSet:
         """From ``(layer, head)`` pairs, kept in the given order."""
-        from attnlens.checks import whole_number
-
-        try:
-            order = [
-                (whole_number(layer, "a head's layer"), whole_number(head, "a head's index"))
-                for layer, head in heads
-            ]
-        except ValueError:  # not pairs
-            raise InputError("heads must be (layer, head) pairs of whole numbers, e.g. [(0, 3), (5, 11)].") from None
+        n_layers, n_heads = _sizes(n_layers, n_heads)
+        pairs = "heads must be (layer, head) pairs of whole numbers, e.g. [(0, 3), (5, 11)]"
+        if isinstance(heads, str | bytes | Tensor) or not isinstance(heads, Iterable):
+            raise InputTypeError(f"{pairs}; got {describe(heads)}.")
+        order = []
+        for i, pair in enumerate(heads):
+            if isinstance(pair, str | bytes) or not isinstance(pair, Sequence | Tensor) or len(pair) != 2:
+                raise InputError(f"{pairs}; heads[{i}] is {describe(pair)}.")
+            order.append((whole_number(pair[0], f"heads[{i}]'s layer"), whole_number(pair[1], f"heads[{i}]'s head")))
         mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
         for layer, head in order:
             if not (0 <= layer < n_layers and 0 <= head < n_heads):
@@ -112,10 +116,15 @@ def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
     ``fraction`` is taken as the decimal it prints as (``0.145`` is ``145/1000``, not the binary
     float just below it), and the product is rounded exactly: ``0.145`` of 100 heads is 15.
     """
-    from attnlens.checks import finite
-
     fraction = finite(fraction, "fraction", low=0.0, high=1.0)
+    n_layers, n_heads = _sizes(n_layers, n_heads)
     exact = Fraction(repr(float(fraction))) * n_layers * n_heads
     return math.floor(exact + Fraction(1, 2))
 
 
+
+
+def _sizes(n_layers: int, n_heads: int) -> tuple[int, int]:
+    """``n_layers`` and ``n_heads`` as whole numbers of at least 1 (:mod:`attnlens.checks`)."""
+    return (whole_number(n_layers, "n_layers", " of layers", minimum=1),
+            whole_number(n_heads, "n_heads", " of heads per layer", minimum=1))

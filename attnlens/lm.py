@@ -319,6 +319,7 @@ class LMScorer(passes.Accumulator):
     def __init__(self, model: Any, kind: str, *, mask_rate: float = 0.15, seed: int = 0) -> None:
         if kind not in KINDS:
             raise InputError(f"Unknown kind {kind!r}; use one of {', '.join(KIND_CHOICES)}.")
+        mask_rate, seed = _rate(mask_rate), checks.whole_number(seed, "seed")
         self.model, self.kind, self.mask_rate, self.seed = model, kind, mask_rate, seed
         self.nll = torch.zeros((), dtype=torch.float64)
         self.count = torch.zeros((), dtype=torch.int64)
@@ -671,6 +672,8 @@ def probe(
         texts, eval_texts = texts[:cut], texts[cut:]
     mask_rate = _rate(mask_rate)
     seed = checks.whole_number(seed, "seed")
+    max_len = checks.whole_number(max_len, "max_len", " of tokens (e.g. max_len=128)", minimum=1)
+    batch_size = checks.whole_number(batch_size, "batch_size", " of texts per batch (e.g. 32)", minimum=1)
     if getattr(model.tokenizer, "mask_token_id", None) is None:
         raise InputError(f"{model_id(model)} has no mask token; the MLM probe needs an encoder.")
     if head is None or isinstance(head, dict):

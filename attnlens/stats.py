@@ -153,7 +153,9 @@ class AttentionStatistics:
     """
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
-        self.n_layers, self.n_heads = n_layers, n_heads
+        from attnlens.heads import _sizes
+
+        self.n_layers, self.n_heads = n_layers, n_heads = _sizes(n_layers, n_heads)
         self.sums = {name: torch.zeros(n_layers, n_heads, dtype=TOTAL_DTYPE) for name in STATISTICS}
         self.counts = torch.zeros(n_layers, dtype=TOTAL_DTYPE)
 

@@ -591,6 +591,7 @@ def figure(table: pd.DataFrame, *, top: int = 12, title: str | None = None) -> A
     ``top`` most frequent relations of a :func:`dependency_heads` table, one panel per direction
     (Clark et al. 2019, Table 1 as bars). Hover: the head (``L{layer}H{head}``), the offset, the
     arc count."""
+    top = whole_number(top, "top", " of relations to show", minimum=1)
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 

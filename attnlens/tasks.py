@@ -207,7 +207,9 @@ class Task:
 
     def select(self, indices: Iterable[int]) -> Task:
         """The task restricted to the examples at ``indices`` (in that order)."""
-        return dataclasses.replace(self, examples=self.examples.select(list(indices)))
+        from attnlens.checks import indices as checked
+
+        return dataclasses.replace(self, examples=self.examples.select(checked(indices, "indices", len(self))))
 
     def majority_label(self) -> int:
         """The most frequent label of this split (for token tasks, of all words); ties go to the

@@ -43,3 +43,37 @@ def test_an_inf_in_v_is_named():
     v[0, 1, 2, 3] = float("inf")
     with pytest.raises(InputError, match=r"v \(the values\): 1 of 48 values are not finite .*\(0, 1, 2, 3\)"):
         effective_attention(pattern, v)
+
+
+@pytest.fixture(scope="module")
+def bridge():
+    from tests import tiny
+
+    return tiny.bert_bridge()
+
+
+LAYER_ROWS = [
+    # (argument, bad value, error class, fragment of the message)
+    ("layers", [2], InputError, "layers[0] must be in 0..1"),
+    ("layers", [-1], InputError, "layers[0] must be in 0..1"),
+    ("layers", [0, 1.0], InputTypeError, "layers[1] must be a whole number"),
+    ("layers", [True], InputTypeError, "layers[0] must be a whole number"),
+    ("layers", 1, InputTypeError, "layers must be a list"),
+    ("layers", [], InputError, "layers is empty"),
+    ("rtol", float("nan"), InputError, "rtol must be a finite number"),
+    ("rtol", "1e-3", InputTypeError, "rtol must be a number"),
+    ("rtol", -1.0, InputError, "rtol must lie in"),
+]
+
+
+@pytest.mark.parametrize("function", ["hooks", "pattern_hooks"])
+@pytest.mark.parametrize(("argument", "value", "error", "words"), LAYER_ROWS,
+                         ids=[f"{a}={v!r}" for a, v, _, _ in LAYER_ROWS])
+def test_layers_and_rtol_of_the_hooks_are_named(bridge, function, argument, value, error, words):
+    from attnlens import effective
+
+    call = effective.hooks if function == "hooks" else (
+        lambda model, **kw: effective.pattern_hooks(model, lambda *a: None, **kw))
+    with pytest.raises(error) as info, unchecked():
+        call(bridge, **{argument: value})
+    assert type(info.value) is error and words in str(info.value), str(info.value)

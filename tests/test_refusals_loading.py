@@ -85,3 +85,50 @@ def test_a_classifier_given_by_name_is_named(bridge):
 
     with pytest.raises(InputTypeError, match="classifier must be None .* or a fitted PatternCNN, got 'cnn'"):
         patterns.types(bridge, tiny.CORPUS[:2], classifier="cnn", max_len=12, progress=False)
+
+
+NAN = float("nan")
+
+
+def sst2(limit=4):
+    from attnlens import tasks
+    from tests.conftest import DATA, data_file
+
+    data_file("sst2/dev.tsv")
+    return tasks.load("sst2", "dev", data_dir=DATA, limit=limit)
+
+
+def compared(bridge, **options):
+    return attnlens.compare(bridge, "standard", corpus=tiny.CORPUS[:2], max_len=12, progress=False, **options)
+
+
+TEXTS = ["the dog barks .", "a cat sleeps .", "it rains ."]
+ROWS = [
+    # (call(bridge, value), argument, bad value, error class, fragment of the message)
+    (lambda m, v: sst2().select(v), "indices", [9], InputError, "indices[0] must be in 0..3"),
+    (lambda m, v: sst2().select(v), "indices", [-1], InputError, "indices[0] must be in 0..3"),
+    (lambda m, v: sst2().select(v), "indices", [0.5], InputTypeError, "indices[0] must be a whole number"),
+    (lambda m, v: sst2().select(v), "indices", "01", InputTypeError, "indices must be a list"),
+    (lambda m, v: sst2(limit=v), "limit", 2.5, InputError, "limit must be a whole number"),
+    (lambda m, v: attnlens.lm.probe(m, TEXTS, max_len=v, cache=False, progress=False), "max_len", 12.5, InputTypeError, "max_len must be a whole number"),
+    (lambda m, v: attnlens.lm.probe(m, TEXTS, batch_size=v, cache=False, progress=False), "batch_size", "4", InputTypeError, "batch_size must be a whole number"),
+    (lambda m, v: attnlens.lm.probe(m, TEXTS, mask_rate=v, cache=False, progress=False), "mask_rate", "0.15", InputTypeError, "mask_rate must be a number"),
+    (lambda m, v: attnlens.lm.score(m, TEXTS, mask_rate=v, progress=False), "mask_rate", True, InputTypeError, "mask_rate must be a number"),
+    (lambda m, v: attnlens.lm.LMScorer(m, "mlm", mask_rate=v), "mask_rate", NAN, InputError, "mask_rate must be a finite number"),
+    (lambda m, v: attnlens.lm.LMScorer(m, "mlm", seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda m, v: compared(m, train_limit=v), "train_limit", 2.5, InputTypeError, "train_limit must be a whole number"),
+    (lambda m, v: compared(m, eval_limit=v), "eval_limit", 0, InputError, "eval_limit must be at least 1"),
+    (lambda m, v: compared(m, focus=v), "focus", (True, 1), InputError, "focus=(True, 1) should be a (layer, head) pair"),
+    (lambda m, v: compared(m).to_circuitsvis(layer=v), "layer", 2, InputError, "layer must be in 0..1"),
+    (lambda m, v: compared(m).to_circuitsvis(layer=v), "layer", 1.0, InputTypeError, "layer must be a whole number"),
+    (lambda m, v: compared(m).to_json(indent=v), "indent", 1.5, InputTypeError, "indent must be a whole number"),
+]
+
+
+@pytest.mark.parametrize(("call", "argument", "value", "error", "words"), ROWS,
+                         ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in ROWS])
+def test_a_bad_argument_is_refused_by_name(bridge, call, argument, value, error, words):
+    with pytest.raises(error) as info, unchecked():
+        call(bridge, value)
+    assert isinstance(info.value, error) and isinstance(info.value, AttnlensError)
+    assert words in str(info.value), str(info.value)

@@ -4,6 +4,7 @@ Each asserts the exact error class (under AttnlensError) and that the message na
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -112,3 +113,65 @@ def test_curve_takes_one_task_name_as_that_task(bridge, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         papa.curve(bridge, papa.uniform(bridge, max_len=8), "sst2", fractions=[0.0], strategy="random")
     assert seen == ["sst2"]
+
+
+def learn(bridge, **options):
+    batches = [papa_batch(bridge, tiny.CORPUS[:2], 8)]
+    return papa.learn_lambda(bridge, papa.uniform(bridge, max_len=8), loss_fn=lambda o, b: o.sum(),
+                             batches=batches, progress=False, **options)
+
+
+def curve(bridge, **options):
+    options = {"fractions": [0.0], **options}
+    return papa.curve(bridge, papa.uniform(bridge, max_len=8), ["sst2"], strategy="random", progress=False, **options)
+
+
+NAN = float("nan")
+ROWS = [
+    # (call(bridge, value), argument, bad value, error class, fragment of the message)
+    (lambda m, v: papa.select_heads("random", fraction=0.5, n_layers=v, n_heads=4), "n_layers", 2.5, InputTypeError, "n_layers must be a whole number"),
+    (lambda m, v: papa.select_heads("random", fraction=0.5, n_layers=2, n_heads=v), "n_heads", True, InputTypeError, "n_heads must be a whole number"),
+    (lambda m, v: papa.select_heads("random", fraction=0.5, n_layers=v, n_heads=4), "n_layers", 0, InputError, "n_layers must be at least 1"),
+    (lambda m, v: papa.select_heads("random", n=v, n_layers=2, n_heads=4), "n", 9, InputError, "n must lie in [0, 8]"),
+    (lambda m, v: papa.select_heads("random", fraction=v, n_layers=2, n_heads=4), "fraction", "0.5", InputTypeError, "fraction must be a number"),
+    (lambda m, v: papa.select_heads("lambda", n=2, lam=v), "lam", np.ones((2, 4)), InputTypeError, "lam must be a torch tensor"),
+    (lambda m, v: papa.select_heads("lambda", n=2, model=m, constants=papa.uniform(m, max_len=8), batches=[],
+                                    loss_fn=lambda o, b: o.sum(), steps=v), "steps", 2.5, InputTypeError, "steps must be a whole number"),
+    (lambda m, v: learn(m, steps=v), "steps", 0, InputError, "steps must be at least 1"),
+    (lambda m, v: learn(m, steps=v), "steps", "4", InputTypeError, "steps must be a whole number"),
+    (lambda m, v: learn(m, lr=v), "lr", NAN, InputError, "lr must be a finite number"),
+    (lambda m, v: learn(m, lr=v), "lr", -1.0, InputError, "lr must lie in"),
+    (lambda m, v: learn(m, jointly_lr=v), "jointly_lr", True, InputTypeError, "jointly_lr must be a number"),
+    (lambda m, v: papa.hooks(papa.uniform(m, max_len=8), mode="blend", lam=v), "lam", True, InputTypeError, "lam must be a number in [0, 1] or"),
+    (lambda m, v: papa.hooks(papa.uniform(m, max_len=8), mode="blend", lam=v), "lam", np.ones((2, 4)), InputTypeError, "lam must be a number in [0, 1] or"),
+    (lambda m, v: papa.hooks(papa.uniform(m, max_len=8), heads=v), "heads", np.ones((2, 4), bool), InputTypeError, "heads must be 'all'"),
+    (lambda m, v: papa.hooks(papa.uniform(m, max_len=8), heads=v), "heads", torch.ones(3, 4, dtype=torch.bool), InputError, "heads is a [3, 4] head set"),
+    (lambda m, v: papa.PapaConstants.empty(m, max_len=v, layout="papa"), "max_len", 2.5, InputTypeError, "max_len must be a whole number"),
+    (lambda m, v: papa.PapaConstants.empty(m, max_len=v, layout="papa"), "max_len", 0, InputError, "max_len must be at least 1"),
+    (lambda m, v: papa.uniform(m, max_len=8).layer_mean(v, dtype=torch.float32, device="cpu"), "layer", 2, InputError, "layer must be in 0..1"),
+    (lambda m, v: papa.uniform(m, max_len=8).layer_mean(v, dtype=torch.float32, device="cpu"), "layer", -1, InputError, "layer must be in 0..1"),
+    (lambda m, v: papa.uniform(m, max_len=8).layer_mean(v, dtype=torch.float32, device="cpu"), "layer", 1.0, InputTypeError, "layer must be a whole number"),
+    (lambda m, v: papa.TrainableConstants.from_average(papa.fit(m, tiny.CORPUS[:2], max_len=8, progress=False), floor=v), "floor", 0, InputError, "floor must be above 0"),
+    (lambda m, v: papa.TrainableConstants.from_average(papa.fit(m, tiny.CORPUS[:2], max_len=8, progress=False), floor=v), "floor", "1e-3", InputTypeError, "floor must be a number"),
+    (lambda m, v: curve(m, fractions=v), "fractions", [0.5, NAN], InputError, "fractions[1] must be a finite number"),
+    (lambda m, v: curve(m, fractions=v), "fractions", [], InputError, "fractions is empty"),
+    (lambda m, v: papa.curve(m, papa.uniform(m, max_len=8), v, strategy="random", progress=False), "tasks", [], InputError, "tasks is empty"),
+    (lambda m, v: curve(m, train_limit=v), "train_limit", 2.5, InputTypeError, "train_limit must be a whole number"),
+    (lambda m, v: curve(m, eval_limit=v), "eval_limit", 0, InputError, "eval_limit must be at least 1"),
+    (lambda m, v: curve(m, seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda m, v: curve(m, seeds=v), "seeds", 2.5, InputTypeError, "seeds must be a whole number"),
+    (lambda m, v: curve(m, seeds=v), "seeds", [], InputError, "seeds is empty"),
+    (lambda m, v: curve(m, seeds=v), "seeds", [0, 1.5], InputTypeError, "seeds[1] must be a whole number"),
+    (lambda m, v: curve(m, batch_size=v), "batch_size", "4", InputTypeError, "batch_size must be a whole number"),
+    (lambda m, v: curve(m, lambda_steps=v), "lambda_steps", 0, InputError, "lambda_steps must be at least 1"),
+    (lambda m, v: curve(m, lambda_examples=v), "lambda_examples", 2.5, InputTypeError, "lambda_examples must be a whole number"),
+]
+
+
+@pytest.mark.parametrize(("call", "argument", "value", "error", "words"), ROWS,
+                         ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in ROWS])
+def test_a_bad_argument_is_refused_by_name(bridge, call, argument, value, error, words):
+    with pytest.raises(error) as info, unchecked():
+        call(bridge, value)
+    assert type(info.value) is error and isinstance(info.value, AttnlensError)
+    assert words in str(info.value), str(info.value)

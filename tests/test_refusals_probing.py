@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlens.errors import AttnlensError, MismatchError, NotFittedError
+from attnlens import probing
+from attnlens.errors import AttnlensError, InputError, InputTypeError, MismatchError, NotFittedError
 from tests import tiny
 
 
@@ -71,3 +72,82 @@ def test_cached_features_swapped_between_keys_are_not_used_under_the_wrong_key(t
         again = module.extract(bridge, first, **options)
     assert len(again) == len(first) and again.key == a.key
     assert torch.equal(again.vectors, a.vectors)
+
+
+NAN = float("nan")
+
+
+class SmallTask:
+    """A task-like object of 4 examples: enough for the bootstrap's own refusals."""
+
+    metric, kind, name = "accuracy", "sequence", "sst2"
+
+    def __len__(self):
+        return 4
+
+    def labels(self):
+        return [0, 1, 0, 1]
+
+
+def sst2_like():
+    return SmallTask()
+
+
+def probe_run(**options):
+    return probing.run(tiny.bert_bridge(), "sst2", progress=False, cache=False, **options)
+
+
+def fitted_probe():
+    from attnlens.probing.probe import PapaProbe
+
+    return PapaProbe(epochs=1).fit(word_features(kind="sequence"), [0, 1] * 3)
+
+
+ROWS = [
+    # (call(value), argument, bad value, error class, fragment of the message)
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], resamples=v), "resamples", 2.5, InputTypeError, "resamples must be a whole number"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], resamples=v), "resamples", 0, InputError, "resamples must be at least 1"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], resamples=v), "resamples", True, InputTypeError, "resamples must be a whole number"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], level=v), "level", NAN, InputError, "level must be a finite number"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], level=v), "level", 1.5, InputError, "level must lie in"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], level=v), "level", 1, InputError, "level must lie strictly between 0 and 1"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], level=v), "level", "0.9", InputTypeError, "level must be a number"),
+    (lambda v: probing.bootstrap(sst2_like(), [0, 1, 1, 0], seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda v: probing.paired(sst2_like(), [0, 1, 1, 0], [0, 0, 1, 1], resamples=v), "resamples", -1, InputError, "resamples must be at least 1"),
+    (lambda v: probing.paired(sst2_like(), [0, 1, 1, 0], [0, 0, 1, 1], level=v), "level", 0, InputError, "level must lie strictly"),
+    (lambda v: probing.paired(sst2_like(), [0, 1, 1, 0], [0, 0, 1, 1], seed=v), "seed", "4", InputTypeError, "seed must be a whole number"),
+    (lambda v: probe_run(train_limit=v), "train_limit", 2.5, InputTypeError, "train_limit must be a whole number"),
+    (lambda v: probe_run(train_limit=v), "train_limit", 0, InputError, "train_limit must be at least 1"),
+    (lambda v: probe_run(eval_limit=v), "eval_limit", True, InputTypeError, "eval_limit must be a whole number"),
+    (lambda v: probe_run(seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda v: probe_run(seeds=v), "seeds", 2.5, InputTypeError, "seeds must be a whole number"),
+    (lambda v: probe_run(seeds=v), "seeds", [], InputError, "seeds is empty"),
+    (lambda v: probe_run(batch_size=v), "batch_size", 0, InputError, "batch_size must be at least 1"),
+    (lambda v: probe_run(resamples=v), "resamples", NAN, InputTypeError, "resamples must be a whole number"),
+    (lambda v: probe_run(max_len=v), "max_len", "64", InputTypeError, "max_len must be a whole number"),
+    (lambda v: word_features().subset(v), "indices", [6], InputError, "indices[0] must be in 0..5"),
+    (lambda v: word_features().subset(v), "indices", [-1], InputError, "indices[0] must be in 0..5"),
+    (lambda v: word_features().subset(v), "indices", [0.5], InputTypeError, "indices[0] must be a whole number"),
+    (lambda v: word_features().subset(v), "indices", [True], InputTypeError, "indices[0] must be a whole number"),
+    (lambda v: word_features().subset(v), "indices", [], InputError, "indices is empty"),
+    (lambda v: word_features().subset(v), "indices", torch.tensor([0.0]), InputTypeError, "indices must be whole numbers"),
+    (lambda v: fitted_probe().predict(word_features(kind="sequence"), batch_size=v), "batch_size", 0, InputError, "batch_size must be at least 1"),
+    (lambda v: fitted_probe().predict(word_features(kind="sequence"), batch_size=v), "batch_size", 2.5, InputTypeError, "batch_size must be a whole number"),
+    (lambda v: probing.PapaProbe(dropout=v), "dropout", "0.1", InputTypeError, "dropout must be a number"),
+    (lambda v: probing.PapaProbe(epochs=v), "epochs", 2.5, InputTypeError, "epochs must be a whole number"),
+    (lambda v: probing.LinearBaseline(grid=v), "grid", [0.1, NAN], InputError, "grid[1] must be a finite number"),
+    (lambda v: probing.LinearBaseline(grid=v), "grid", "0.1", InputTypeError, "grid must be a list"),
+    (lambda v: probing.LinearBaseline(grid=v), "grid", [], InputError, "grid is empty"),
+    (lambda v: probing.LinearBaseline(holdout=v), "holdout", True, InputTypeError, "holdout must be a number"),
+]
+
+
+@pytest.mark.parametrize(("call", "argument", "value", "error", "words"), ROWS,
+                         ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in ROWS])
+def test_a_bad_argument_is_refused_by_name(call, argument, value, error, words):
+    from tests.typechecks import unchecked
+
+    with pytest.raises(error) as info, unchecked():
+        call(value)
+    assert type(info.value) is error and isinstance(info.value, AttnlensError)
+    assert words in str(info.value), str(info.value)

@@ -29,6 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens import passes, seam
+from attnlens.checks import finite, index, items
 from attnlens.effective.core import effective_attention, warn_if_short
 from attnlens.errors import InputError
 from attnlens.inputs import Batch, as_max_len, tokenize
@@ -131,10 +132,10 @@ def v_hook_name(model: Any, layer: int) -> str:
 
 def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
     n_layers = model.cfg.n_layers
-    chosen = list(range(n_layers)) if layers is None else sorted({int(layer) for layer in layers})
-    if any(not 0 <= layer < n_layers for layer in chosen):
-        raise InputError(f"layers must be in 0..{n_layers - 1}, got {chosen}")
-    return chosen
+    if layers is None:
+        return list(range(n_layers))
+    listed = items(layers, "layers", "[0, 1]")
+    return sorted({index(layer, f"layers[{i}]", n_layers, "layers") for i, layer in enumerate(listed)})
 
 
 def _require_bridge(model: Any) -> None:
@@ -157,6 +158,7 @@ def pattern_hooks(
     :func:`statistics` and :func:`attnlens.compare` are all built on this.
     """
     _require_bridge(model)
+    rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
 
     def on_hook(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> Tensor | None:
         effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
@@ -208,7 +210,7 @@ def hooks(
     def replace(layer: int, pattern: Tensor, effective: Tensor, valid: Tensor) -> Tensor:
         return effective if mode == "effective" else pattern - effective
 
-    chosen = "all" if layers is None else sorted({int(layer) for layer in layers})
+    chosen = "all" if layers is None else _layers(model, layers)
     return EffectiveHooks(
         pattern_hooks(model, replace, layers=layers, rtol=rtol, padded=padded),
         f"effective:{mode}:layers={chosen}:rtol={rtol}:padded={padded}",

@@ -27,7 +27,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.checks import finite_tensor, whole_number
+from attnlens.checks import finite, finite_tensor, whole_number
 from attnlens.errors import InputError
 from attnlens.inputs import LAYOUTS
 from attnlens.papa.constants import (
@@ -167,6 +167,9 @@ class TrainableConstants(nn.Module):
         """
         if constants.kind != "average":
             raise InputError(f"from_average needs fitted constants, got {constants.kind!r}.")
+        floor = finite(floor, "floor", low=0.0)
+        if floor <= 0:  # log(0) = -inf: a never-seen pair could never be trained
+            raise InputError(f"floor must be above 0 (e.g. 1e-12), got {floor}")
         logits = constants.mean.clamp_min(floor).log()
         return cls(
             logits, model_id=constants.model_id, layout=constants.layout,

@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.checks import index, whole_number
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
 from attnlens.files import verify_checksum
 from attnlens.inputs import LAYOUTS
@@ -119,6 +120,7 @@ class PapaConstants:
     @classmethod
     def empty(cls, model: Any, *, max_len: int, layout: str) -> PapaConstants:
         """Zero sums and counts for ``model``, ready to be accumulated into by a fit."""
+        max_len = whole_number(max_len, "max_len", " of tokens", minimum=1)
         name, n_layers, n_heads = model_info(model)
         shape = (n_layers, n_heads, max_len, max_len)
         return cls(
@@ -237,6 +239,7 @@ class PapaConstants:
         (the objects, compared with ``is``, and their in-place version counters), so assigning new
         tensors to these attributes or changing them in place recomputes it.
         """
+        layer = index(layer, "layer", self.n_layers, "layers")
         selected = None if heads is None else tuple(int(h) for h in heads.reshape(-1).tolist())
         if selected is not None and any(not 0 <= h < self.n_heads for h in selected):
             raise InputError(f"heads {list(selected)} must be head indices in 0 .. {self.n_heads - 1}.")

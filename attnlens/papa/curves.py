@@ -147,16 +147,25 @@ def curve(
     (:func:`attnlens.inputs.compact_batch`).
     """
     from attnlens import probing
-    from attnlens.checks import finite
+    from attnlens.checks import finite, optional_count, whole_number
     from attnlens.papa import baselines as data_free
     from attnlens.papa.intervene import hooks as papa_hooks
     from attnlens.papa.selection import STRATEGIES, select_heads
     from attnlens.probing.features import hooks_key
 
     tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
+    tasks = list(tasks)
+    if not tasks and lm_texts is None:
+        raise InputError("tasks is empty (and no lm_texts): give at least one task, e.g. tasks=['sst2'].")
+    train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
+    eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
+    probing._as_seeds(seeds, seed)  # seed and seeds: whole numbers, refused here rather than after a task
+    batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
+    lambda_steps = whole_number(lambda_steps, "lambda_steps", " of λ training steps", minimum=1)
+    lambda_examples = whole_number(lambda_examples, "lambda_examples", " of λ training examples", minimum=1)
     if isinstance(fractions, str | float | int):
         raise InputTypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
-    fractions = [finite(f, "fraction", low=0.0, high=1.0) for f in fractions]
+    fractions = [finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
     if not fractions:
         raise InputError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
     # no head replaced comes first: every point is compared with it (added when not asked for)

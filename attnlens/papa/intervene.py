@@ -158,10 +158,12 @@ def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]
     starts at ``θ ≈ 15.9`` (``λ = 1 − 1.2·10⁻⁷``) and ``lam=0`` at ``θ ≈ −16.1``
     (``λ = 10⁻⁷``); the blend then differs from the model (replacement) by about that share.
     """
-    from attnlens.checks import finite_tensor, shape
+    from attnlens.checks import describe, finite_tensor, shape
 
     if lam is None:
         return torch.zeros(n_layers, n_heads)
+    if isinstance(lam, bool) or not isinstance(lam, Tensor | float | int):  # not a bool, str, ndarray
+        raise InputTypeError(f"lam must be a number in [0, 1] or a [layer, head] torch tensor, got {describe(lam)}.")
     try:
         lam = torch.as_tensor(lam, dtype=torch.float32)
     except (TypeError, ValueError, RuntimeError):

@@ -26,6 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens import seam
+from attnlens.checks import describe, finite, finite_tensor, tensor, whole_number
 from attnlens.errors import InputError, InputTypeError
 from attnlens.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
 from attnlens.loading import require_bridge
@@ -67,13 +68,12 @@ def select_heads(
     :func:`learn_lambda` (``model``, ``constants``, ``loss_fn``, ``batches``, ``steps``, ``lr``,
     ``progress``). The returned :class:`HeadSet` carries ``order`` and ``scores``.
     """
-    from attnlens.checks import finite_tensor, whole_number
-
     if strategy not in STRATEGIES:
         raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
     seed = whole_number(seed, "seed")
+    if lam is not None:
+        lam = tensor(lam, "lam")
     if lam is not None and constants is None and model is None and n_layers is None and n_heads is None:
-        lam = torch.as_tensor(lam)
         if lam.ndim == 2:  # a λ table alone says the shape
             n_layers, n_heads = lam.shape
     n_layers, n_heads = _shape(constants, model, n_layers, n_heads)
@@ -81,7 +81,10 @@ def select_heads(
         raise InputError("Pass exactly one of fraction= and n=.")
     count = n_selected(fraction, n_layers, n_heads) if n is None else whole_number(n, "n", " of heads")
     if not 0 <= count <= n_layers * n_heads:
-        raise InputError(f"n must lie in [0, {n_layers * n_heads}], got {count}.")
+        raise InputError(f"n must lie in [0, {n_layers * n_heads}] (the {n_layers} x {n_heads} heads), got {count}.")
+    if strategy in ("lambda", "reversed_lambda") and lam is None:
+        steps = whole_number(steps, "steps", " of training steps", minimum=1)
+        lr = finite(lr, "lr", low=0.0)
     scores = None
     if strategy in ("lambda", "reversed_lambda"):
         if lam is None:
@@ -152,9 +155,12 @@ def resolve_heads(heads: Any, constants: Any) -> HeadSet:
             )
         selected = select_heads("input_dependence", fraction=float(heads), constants=constants)
     else:
-        raise InputTypeError(f"heads must be 'all', a HeadSet, a bool tensor or a fraction; got {heads!r}.")
+        raise InputTypeError(
+            f"heads must be 'all', a HeadSet, a bool torch tensor or a fraction; got {describe(heads)}"
+            + ("; convert it with torch.as_tensor(heads)." if hasattr(heads, "__array__") else ".")
+        )
     if selected.shape != (n_layers, n_heads):
-        raise InputError(f"HeadSet is {list(selected.shape)}, constants are [{n_layers}, {n_heads}].")
+        raise InputError(f"heads is a {list(selected.shape)} head set; the constants are [{n_layers}, {n_heads}] (layer, head).")
     return selected
 
 
@@ -186,6 +192,8 @@ def learn_lambda(
     from attnlens.papa.intervene import intervention
     from attnlens.passes import progress_bar
 
+    steps = whole_number(steps, "steps", " of training steps", minimum=1)
+    lr, jointly_lr = finite(lr, "lr", low=0.0), finite(jointly_lr, "jointly_lr", low=0.0)
     batches = list(batches)
     if not batches:
         raise InputError("learn_lambda needs at least one batch.")
@@ -252,4 +260,5 @@ def _shape(constants: Any, model: Any, n_layers: int | None, n_heads: int | None
         return int(model.cfg.n_layers), int(model.cfg.n_heads)
     if n_layers is None or n_heads is None:
         raise InputError("Pass constants=, model= or n_layers= and n_heads=.")
-    return int(n_layers), int(n_heads)
+    return (whole_number(n_layers, "n_layers", " of layers", minimum=1),
+            whole_number(n_heads, "n_heads", " of heads per layer", minimum=1))

@@ -52,6 +52,9 @@ class PatternTypes(Accumulator):
     """
 
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None) -> None:
+        from attnlens.heads import _sizes
+
+        n_layers, n_heads = _sizes(n_layers, n_heads)
         if view not in ("standard", "effective", "papa"):
             raise InputError(f"Unknown view {view!r}; use 'standard', 'effective' or 'papa'.")
         self.view = view

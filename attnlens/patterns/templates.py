@@ -57,7 +57,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.checks import describe
+from attnlens.checks import describe, whole_number
 from attnlens.errors import InputError
 from attnlens.stats import _diagonal
 
@@ -115,7 +115,7 @@ class Positions:
         for i, example in enumerate(examples):
             if isinstance(example, str) or not all(isinstance(t, str) for t in example):
                 raise InputError(f"tokens[{i}] must be a list of token strings, got {describe(example)}.")
-        width = max(len(e) for e in examples) if length is None else int(length)
+        width = max(len(e) for e in examples) if length is None else whole_number(length, "length", " of positions", minimum=1)
         mask = torch.zeros(len(examples), width, dtype=torch.bool)
         special = torch.zeros_like(mask)
         separator = torch.zeros_like(mask)
@@ -366,7 +366,7 @@ def check_rows(pattern: Tensor, positions: Positions) -> None:
     error = (sums - 1.0).abs().masked_fill(~valid, 0.0)
     tolerance = ROW_SUM_TOLERANCE.get(pattern.dtype, 1e-4)
     if not bool(torch.isfinite(pattern).all()):
-        raise InputError("the maps hold NaN or infinite values.")
+        raise InputError("pattern: the maps hold NaN or infinite values.")
     if float(error.max()) > tolerance:
         b, h, q = np.unravel_index(int(error.argmax()), tuple(error.shape))
         raise InputError(
@@ -426,7 +426,7 @@ def classify(
     if view != "effective":
         check_rows(pattern, positions)
     elif not bool(torch.isfinite(pattern).all()):
-        raise InputError("the maps hold NaN or infinite values.")
+        raise InputError("pattern: the maps hold NaN or infinite values.")
     shares = features(pattern, positions, signed=view == "effective")
     return label(shares, is_pair(positions))
 

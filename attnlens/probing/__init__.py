@@ -96,11 +96,12 @@ class ProbeResult:
 def _as_seeds(seeds: Any, seed: int) -> list[int]:
     from attnlens.checks import whole_number
 
+    seed = whole_number(seed, "seed")
     if seeds is None:
         return [seed]
-    if isinstance(seeds, int):
-        return [seed + offset for offset in range(whole_number(seeds, "seeds", minimum=1))]
-    chosen = [whole_number(value, "seeds") for value in seeds]
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence):  # a count (a float, a bool refused)
+        return [seed + offset for offset in range(whole_number(seeds, "seeds", " (a count) or a list of whole numbers", minimum=1))]
+    chosen = [whole_number(value, f"seeds[{i}]") for i, value in enumerate(seeds)]
     if not chosen:
         raise InputError("seeds is empty; give a number of seeds (e.g. 3) or a list (e.g. [0, 1, 2]).")
     return chosen
@@ -144,8 +145,15 @@ def run(
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
     from attnlens import tasks
+    from attnlens.checks import optional_count, whole_number
     from attnlens.inputs import default_layout
 
+    train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
+    eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
+    chosen_seeds = _as_seeds(seeds, seed)
+    batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
+    resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
+    max_len = None if max_len is None else whole_number(max_len, "max_len", " of tokens (e.g. 128)", minimum=1)
     if isinstance(task, str):
         train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
     else:
@@ -153,7 +161,6 @@ def run(
     evaluation = tasks.load(train.name, eval_split or "dev", data_dir=data_dir, limit=eval_limit, seed=seed)
     row = TABLE3.get(train.name, TABLE3["sst2"])
     max_len = row.max_len if max_len is None else max_len
-    chosen_seeds = _as_seeds(seeds, seed)
     if isinstance(probe, PapaProbe):
         if len(chosen_seeds) > 1:
             raise InputError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")

@@ -51,9 +51,9 @@ class LinearBaseline:
 
     def __init__(self, *, grid: Sequence[float] = C_GRID, holdout: float = 0.2, seed: int = 0,
                  max_iter: int = 1000) -> None:
-        from attnlens.checks import finite, whole_number
+        from attnlens.checks import finite, items, whole_number
 
-        self.grid = tuple(finite(c, "C", low=0.0) for c in grid)
+        self.grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
         if not self.grid or min(self.grid) <= 0:
             raise InputError("grid must hold at least one C above 0.")
         self.holdout = finite(holdout, "holdout", low=0.0, high=0.9)

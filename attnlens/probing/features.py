@@ -96,7 +96,9 @@ class Features:
 
     def subset(self, indices: Sequence[int] | Tensor) -> Features:
         """The features of the examples at ``indices`` (in that order)."""
-        indices = torch.as_tensor(indices, dtype=torch.long)
+        from attnlens.checks import indices as checked
+
+        indices = torch.as_tensor(checked(indices, "indices", len(self)), dtype=torch.long)
         offsets = self.offsets
         rows = [torch.arange(offsets[i], offsets[i + 1]) for i in indices.tolist()]
         rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)

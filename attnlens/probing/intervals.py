@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float
 
+from attnlens.checks import finite, whole_number
 from attnlens.errors import InputError
 
 #: Resamples per interval by default (the percentile's Monte-Carlo error at 95%: about ±0.2
@@ -125,9 +126,19 @@ def from_counts(metric: str, totals: Float[np.ndarray, "*batch count"]) -> Float
 
 def weights(n: int, *, resamples: int = RESAMPLES, seed: int = 0) -> Float[np.ndarray, "resample example"]:
     """How often each of ``n`` examples is drawn in each resample (multinomial, seeded)."""
+    resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
+    seed = whole_number(seed, "seed", minimum=0)
     if n < 1:
         raise InputError("a bootstrap needs at least one evaluated example.")
     return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
+
+
+def _level(level: Any) -> float:
+    """``level`` as a number strictly between 0 and 1 (0.95: a 95% interval)."""
+    level = finite(level, "level", low=0.0, high=1.0)
+    if not 0 < level < 1:
+        raise InputError(f"level must lie strictly between 0 and 1 (e.g. 0.95), got {level}")
+    return level
 
 
 def _scores(task: Any, predictions: Sequence[Sequence[Any]], drawn: np.ndarray) -> tuple[float, np.ndarray]:
@@ -144,6 +155,7 @@ def bootstrap(task: Any, predictions: Sequence[Any], *, resamples: int = RESAMPL
 
     ``runs=True``: ``predictions`` is a list of runs (e.g. one per probe seed) of the same
     examples; the score and each resample are averaged over them."""
+    level = _level(level)
     predictions = list(predictions) if runs else [predictions]
     point, resampled = _scores(task, predictions, weights(len(task), resamples=resamples, seed=seed))
     low, high = np.quantile(resampled, [(1 - level) / 2, (1 + level) / 2])
@@ -154,6 +166,7 @@ def paired(task: Any, base: Sequence[Any], other: Sequence[Any], *, resamples: i
            level: float = LEVEL, seed: int = 0, runs: bool = False) -> Paired:
     """Paired bootstrap of ``score(other) − score(base)`` on ``task``'s examples: both resampled
     with the same weights. ``runs=True``: both are lists of runs (seeds), averaged."""
+    level = _level(level)
     base, other = (list(base), list(other)) if runs else ([base], [other])
     drawn = weights(len(task), resamples=resamples, seed=seed)
     base_point, base_resampled = _scores(task, base, drawn)

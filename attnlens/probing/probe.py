@@ -258,6 +258,9 @@ class PapaProbe:
         the ones without a vector given the most frequent training label).
         :class:`~attnlens.errors.MismatchError` for features of another kind or shape than the
         probe was fitted on, or of another ``task`` (given here, or the features' ``task``)."""
+        from attnlens.checks import whole_number
+
+        batch_size = whole_number(batch_size, "batch_size", " of examples per batch", minimum=1)
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
         _check_made_for(self.made_for, features, task if task is not None else getattr(features, "task", None))

@@ -1,0 +1,48 @@
+"""Refusals of the analyses (issue 26): stats, patterns, clustering and syntax take their
+counts, lengths, seeds and tensors through attnlens.checks; each row asserts the exact error
+class and the argument named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attnlens import clustering, patterns, stats, syntax
+from attnlens.errors import AttnlensError, InputError, InputTypeError
+from tests.typechecks import unchecked
+
+NAN = float("nan")
+TABLE = None  # syntax.figure refuses top before reading its table
+
+CASES = [
+    # (call, argument, bad value, error class, fragment of the message)
+    (lambda v: stats.Statistics(v, 4), "n_layers", 2.5, InputTypeError, "n_layers must be a whole number"),
+    (lambda v: stats.Statistics(2, v), "n_heads", 0, InputError, "n_heads must be at least 1"),
+    (lambda v: stats.AttentionStatistics(v, 4), "n_layers", "2", InputTypeError, "n_layers must be a whole number"),
+    (lambda v: patterns.PatternTypes(v, 4), "n_layers", -1, InputError, "n_layers must be at least 1"),
+    (lambda v: patterns.synthetic("diagonal", v), "n", 2.5, InputTypeError, "n must be a whole number"),
+    (lambda v: patterns.synthetic("diagonal", 2, length=v), "length", True, InputTypeError, "length must be a whole number"),
+    (lambda v: patterns.synthetic("diagonal", 2, seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda v: patterns.Positions.from_tokens(["a", "b"], length=v), "length", 2.5, InputTypeError, "length must be a whole number"),
+    (lambda v: patterns.Positions.from_tokens(["a", "b"], length=v), "length", 0, InputError, "length must be at least 1"),
+    (lambda v: patterns.classify(v, tokens=["a"] * 6), "pattern", torch.full((6, 6), NAN), InputError, "pattern: the maps hold NaN"),
+    (lambda v: patterns.PatternCNN(lr=v), "lr", "0.1", InputTypeError, "lr must be a number"),
+    (lambda v: patterns.PatternCNN(epochs=v), "epochs", 0, InputError, "epochs must be at least 1"),
+    (lambda v: clustering.embed(np.zeros((3, 3)), seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda v: clustering.embed(np.zeros((3, 3)), seed=v), "seed", True, InputTypeError, "seed must be a whole number"),
+    (lambda v: clustering.embed(v), "distances", torch.zeros(3, 3), InputTypeError, "distances must be a NumPy array"),
+    (lambda v: clustering.embed(v), "distances", np.full((3, 3), NAN), InputError, "distances must be a square matrix of finite"),
+    (lambda v: clustering.embed(v), "distances", np.zeros((2, 3)), InputError, "distances must be a square matrix"),
+    (lambda v: syntax.figure(TABLE, top=v), "top", 2.5, InputTypeError, "top must be a whole number"),
+    (lambda v: syntax.figure(TABLE, top=v), "top", 0, InputError, "top must be at least 1"),
+]
+
+
+@pytest.mark.parametrize(("call", "argument", "value", "error", "words"), CASES,
+                         ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in CASES])
+def test_a_bad_argument_is_refused_by_name(call, argument, value, error, words):
+    with pytest.raises(error) as info, unchecked():
+        call(value)
+    assert type(info.value) is error and isinstance(info.value, AttnlensError)
+    assert words in str(info.value), str(info.value)
