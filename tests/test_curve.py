@@ -79,9 +79,9 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants):
 def test_curve_arguments_are_checked(minilm, constants):
     with pytest.raises(ValueError, match="Unknown baseline 'ones'"):
         papa.curve(minilm, constants, ["sst2"], baselines=("ones",), data_dir=DATA)
-    with pytest.raises(ValueError, match="fraction must lie in"):
+    with pytest.raises(ValueError, match=r"fractions\[1\] must lie in"):
         papa.curve(minilm, constants, ["sst2"], fractions=(0, 1.5), data_dir=DATA)
-    with pytest.raises(ValueError, match="fraction must be a finite number"):
+    with pytest.raises(ValueError, match=r"fractions\[0\] must be a finite number"):
         papa.curve(minilm, constants, ["sst2"], fractions=(float("nan"),), data_dir=DATA)
     with pytest.raises(ValueError, match="Unknown strategy"):
         papa.curve(minilm, constants, ["sst2"], strategy="best", data_dir=DATA)
