@@ -45,6 +45,7 @@ from attnlens.errors import InputError, InputTypeError, NotFittedError
 from attnlens.inputs import Batch
 from attnlens.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.probing.features import Features, HiddenStates, extract
+from attnlens.probing.intervals import Interval, bootstrap_counts
 
 __all__ = [
     "KINDS",
@@ -91,7 +92,10 @@ class LMScore:
     the pseudo-perplexity of Salazar et al. 2020, also :attr:`pseudo_perplexity`);
     ``model_id``; ``settings``: what else the number depends on (``max_len``, ``mask_rate``,
     ``seed``, ``mask`` (what replaces a masked token), ``hooks``: how many intervention hooks
-    ran) and ``n_truncated``, the texts cut by ``max_len``.
+    ran) and ``n_truncated``, the texts cut by ``max_len``. The MLM probe (kind ``"probe"``)
+    also gives ``counts``, ``[text, 2]`` (the summed log-likelihood of each evaluation text's
+    masked tokens, and how many), and ``interval``, the 95% bootstrap interval of ``value`` over
+    the evaluation texts (:func:`attnlens.probing.intervals.bootstrap_counts`).
     """
 
     value: float
@@ -101,6 +105,8 @@ class LMScore:
     perplexity: float
     model_id: str
     settings: dict[str, Any] = field(default_factory=dict, hash=False)
+    interval: Interval | None = field(default=None, hash=False, compare=False)
+    counts: Any = field(default=None, hash=False, compare=False, repr=False)
 
     @property
     def name(self) -> str:
@@ -687,12 +693,16 @@ def probe(
                          states=MaskedStates(model, rate=mask_rate, seed=seed), **options)
     head.fit(train, int(model.cfg.d_vocab))
     value = head.score(evaluation)
+    log_likelihood = head.log_likelihood(evaluation).double()
+    owner = torch.repeat_interleave(torch.arange(len(evaluation)), evaluation.lengths)
+    sums = torch.zeros(len(evaluation), dtype=torch.float64).index_add_(0, owner, log_likelihood)
+    counts = torch.stack([sums, evaluation.lengths.double()], dim=1).numpy()  # mean = Σ sums / Σ n
     settings = {"kind": "probe", "mask_rate": mask_rate, "seed": seed, "mix": PROBE_MIX,
                 "max_len": int(max_len), "layout": layout, "train_texts": len(texts),
                 "train_tokens": int(train.vectors.shape[0]), "epochs": head.epochs}
     return LMScore(value=value, kind="probe", n_tokens=int(evaluation.vectors.shape[0]),
                    n_examples=len(eval_texts), perplexity=math.exp(-value), model_id=model_id(model),
-                   settings=settings)
+                   settings=settings, interval=bootstrap_counts(counts, "accuracy", seed=seed), counts=counts)
 
 
 def evaluate(model: Any, texts: Sequence[str], *, hooks: passes.FwdHooks = (), **options: Any) -> LMScore:

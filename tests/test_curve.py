@@ -134,6 +134,12 @@ def test_the_curve_scores_the_language_model_named_by_its_kind(minilm, constants
     assert table["score"].iloc[0] != table["score"].iloc[1]
     plain = lm.probe(minilm, paragraphs[:200], max_len=64, layout=constants.layout, progress=False)
     assert table["score"].iloc[0] == plain.value
+    # intervals over the evaluation texts and the paired test against no head replaced
+    assert ((table["low"] <= table["score"]) & (table["score"] <= table["high"])).all()
+    assert table["difference"].iloc[0] == 0 and not table["significant"].iloc[0]
+    assert table["difference"].iloc[1] == pytest.approx(table["score"].iloc[1] - table["score"].iloc[0], abs=1e-9)
+    assert plain.counts.shape == (plain.n_examples, 2) and plain.counts[:, 1].sum() == plain.n_tokens
+    assert plain.counts[:, 0].sum() / plain.n_tokens == pytest.approx(plain.value, abs=1e-9)
 
 
 def test_the_lambda_strategy_learns_lambda_with_the_probe_and_reports_its_cost(minilm, constants):

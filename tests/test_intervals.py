@@ -124,3 +124,28 @@ def test_a_probe_below_a_baseline_warns_and_says_whether_the_gap_is_noise():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         probing._warn_if_below(_result(0.83, 0.82, 0.5, -0.01, 0.03))
+
+
+def test_count_intervals_are_the_resampled_ratio_of_sums():
+    """bootstrap_counts / paired_counts (the MLM probe's per-text [log-likelihood sum, tokens]):
+    each resample's score is the ratio of the drawn rows' sums, checked against a plain NumPy
+    loop over the same multinomial draws; doubling the rows keeps the point and narrows the
+    interval; a table paired with itself differs by exactly 0."""
+    rng = np.random.default_rng(0)
+    n = rng.integers(1, 20, size=60).astype(float)
+    table = np.stack([-rng.gamma(2.0, 1.5, size=60) * n, n], axis=1)
+    once = intervals.bootstrap_counts(table, "accuracy", resamples=400, seed=3)
+    drawn = intervals.weights(60, resamples=400, seed=3)
+    loop = [sum(w * table[i, 0] for i, w in enumerate(row)) / sum(w * table[i, 1] for i, w in enumerate(row))
+            for row in drawn]
+    low, high = np.quantile(loop, [0.025, 0.975])
+    assert once.low == pytest.approx(low, rel=1e-12) and once.high == pytest.approx(high, rel=1e-12)
+    assert once.score == pytest.approx(table[:, 0].sum() / table[:, 1].sum(), rel=1e-12)
+    twice = intervals.bootstrap_counts(np.concatenate([table, table]), "accuracy", resamples=400, seed=3)
+    assert twice.score == pytest.approx(once.score, rel=1e-12) and twice.width < once.width
+    same = intervals.paired_counts(table, table, "accuracy")
+    assert same.difference == 0 and same.low == same.high == 0 and not same.significant
+    worse = table.copy()
+    worse[:, 0] -= worse[:, 1]  # one nat less per token
+    drop = intervals.paired_counts(table, worse, "accuracy")
+    assert drop.difference == pytest.approx(-1.0) and drop.significant

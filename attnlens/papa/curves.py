@@ -232,7 +232,8 @@ def curve(
             score = scores[key]
             rows.append(dict(task="lm", strategy=label, fraction_replaced=fraction,
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
-                             score=score.value, metric=score.name))
+                             score=score.value, metric=score.name,
+                             **_lm_columns(score, scores[hooks_key(points[0][3])], seed)))
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
@@ -266,6 +267,19 @@ def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
         baseline_high=linear.high if linear else float("nan"), majority=result.majority,
         majority_low=result.majority_interval.low, majority_high=result.majority_interval.high,
     )
+
+
+def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
+    """An LM point's interval and paired test against no head replaced, where the score has
+    per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
+    if score.counts is None or unchanged.counts is None:
+        return {}
+    from attnlens.probing.intervals import paired_counts
+
+    versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
+    return dict(low=score.interval.low, high=score.interval.high, difference=versus.difference,
+                difference_low=versus.low, difference_high=versus.high, p_value=versus.p_value,
+                significant=versus.significant)
 
 
 def _timed(total: list[float], function: Any, *args: Any, **kwargs: Any) -> Any:

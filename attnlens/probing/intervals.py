@@ -149,6 +149,29 @@ def _scores(task: Any, predictions: Sequence[Sequence[Any]], drawn: np.ndarray) 
     return point, resampled
 
 
+def bootstrap_counts(table: Float[np.ndarray, "example count"], metric: str, *, resamples: int = RESAMPLES,
+                     level: float = LEVEL, seed: int = 0) -> Interval:
+    """The ``level`` bootstrap interval of ``metric`` over per-example count rows ``table``
+    (:func:`from_counts`; e.g. ``"accuracy"``'s ``[sum, count]`` is any mean over the examples'
+    items, as the MLM probe's log-likelihood per masked token)."""
+    drawn = weights(len(table), resamples=resamples, seed=seed)
+    resampled = from_counts(metric, drawn @ table)
+    low, high = np.quantile(resampled, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(float(from_counts(metric, table.sum(0))), float(low), float(high), level)
+
+
+def paired_counts(base: Float[np.ndarray, "example count"], other: Float[np.ndarray, "example count"],
+                  metric: str, *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> Paired:
+    """:func:`paired` on per-example count rows of the same examples (``base`` and ``other``)."""
+    if base.shape != other.shape:
+        raise InputError(f"paired counts need the same examples: {base.shape} and {other.shape}.")
+    drawn = weights(len(base), resamples=resamples, seed=seed)
+    differences = from_counts(metric, drawn @ other) - from_counts(metric, drawn @ base)
+    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
+    difference = float(from_counts(metric, other.sum(0)) - from_counts(metric, base.sum(0)))
+    return Paired(difference, float(low), float(high), float(np.mean(differences >= 0)), level)
+
+
 def bootstrap(task: Any, predictions: Sequence[Any], *, resamples: int = RESAMPLES, level: float = LEVEL,
               seed: int = 0, runs: bool = False) -> Interval:
     """The ``level`` bootstrap interval of ``task``'s score of ``predictions`` over its examples.
