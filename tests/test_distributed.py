@@ -219,8 +219,8 @@ def _rank_main(rank: int, folder: str, init: str, outcome: str, case: str) -> No
 @pytest.mark.parametrize(
     "case, expected",
     [
-        ("other-corpus", "ValueError: the ranks of this torchrun were given different corpora or settings"),
-        ("dead-rank", "RuntimeError: rank 0 of 2: comparing settings failed"),
+        ("other-corpus", "InputError: the ranks of this torchrun were given different corpora or settings"),
+        ("dead-rank", "UnavailableError: rank 0 of 2: comparing settings failed"),
     ],
 )
 def test_distributed_failures_are_one_clear_error(tmp_path, bert_folder, case, expected):

@@ -135,7 +135,7 @@ def test_comparison_export_errors(encoder_comparison):
         c.to_circuitsvis(99)
     with pytest.raises(ValueError, match="view 'lens' is not in this comparison; use one of 'standard'"):
         c.to_circuitsvis(view="lens")
-    with pytest.raises(ValueError, match=r"layer=2 is outside the model's 2 layers \(0 to 1\)"):
+    with pytest.raises(ValueError, match=r"layer must be in 0..1 \(the model has 2 layers\), got 2"):
         c.to_circuitsvis(layer=2)
 
 
