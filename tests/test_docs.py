@@ -140,7 +140,7 @@ def test_probing_page_tables_are_the_stored_measurements():
     """docs/probing.md holds what the benchmarks wrote: the curve table is docs/papa_curve.csv
     (benchmarks/curve.py) as docs/tables.py formats it, and Table 1 and the probe baselines are
     docs/papa_table.md and docs/probe_baselines.md; every curve row has its interval and
-    baselines (the LM rows: no interval)."""
+    baselines, and Table 1 covers the curve's tasks with its six rows."""
     import importlib.util
 
     import pandas as pd
@@ -161,7 +161,9 @@ def test_probing_page_tables_are_the_stored_measurements():
     tasks = curve[curve["task"] != "lm"]
     assert ((tasks["low"] <= tasks["score"]) & (tasks["score"] <= tasks["high"])).all()
     assert tasks["baseline"].notna().all() and tasks["majority"].notna().all()
-    assert set(curve["task"]) >= {"sst2", "cola", "mrpc", "ner", "pos"}
+    table = pd.read_csv(DOCS / "papa_table.csv")  # Table 1 is read from the same curve run
+    assert set(table["task"]) == set(curve["task"]) and len(set(tasks["task"])) >= 1
+    assert list(dict.fromkeys(table["row"])) == ["original", "average", "identity", "toeplitz", "zeros", "uniform"]
 
 
 def test_quickstart_page(tmp_path, monkeypatch):
