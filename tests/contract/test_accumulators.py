@@ -1,0 +1,346 @@
+"""The contract of every accumulator of :func:`attnlens.passes.run`, run over all of them (as
+torchmetrics' ``MetricTester`` runs one set of properties over every metric).
+
+Every class of attnlens with ``update``, ``merge`` and ``result`` is found by a walk over the
+package's modules (:func:`accumulator_classes`; attnlens has no registry of accumulators yet) and
+must have a case in :data:`CASES`: a new accumulator without one fails
+:func:`test_every_accumulator_has_a_contract_case`. Each case builds the accumulator for the
+contiguous shard ``corpus[start:stop]`` of a corpus; the shard's passes see corpus indices (its
+:attr:`~attnlens.passes.PassBatch.start` is shifted by ``start``, which is what a rank of
+``torch.distributed`` sees: :func:`attnlens.passes.shard`).
+
+The properties, on a tiny random BERT, ``N_TEXTS`` texts of different lengths in batches of
+``BATCH`` (3 batches ``b1, b2, b3``):
+
+1. **split and merge = whole**: the shards ``[b1 b2]`` and ``[b3]`` updated apart and merged equal
+   the whole corpus updated at once, *exactly* (``torch.equal``). Derivation: a shard runs the very
+   batches the whole pass runs (same texts, same padding: the split is batch-aligned), so every
+   batch's contribution is the same bits; additive state is ``((0 + b1) + b2) + b3`` in the whole
+   pass and ``((0 + b1) + b2) + (0 + b3)`` merged, the same operations (``0 + x`` is exact).
+2. **merge order**: ``A.merge(B)`` and ``B.merge(A)`` hold the same state and result, exactly
+   (IEEE addition is commutative). With three shards, ``(p1 + p2) + p3`` and ``p1 + (p2 + p3)``
+   associate differently: each is within ``gamma_2 * sum |p_i|`` of the exact sum (Higham,
+   ch. 4; ``gamma_2 = 2u / (1 - 2u)``, ``u`` the unit roundoff of the state's dtype), so they
+   differ by at most ``2 * gamma_2 * sum |p_i|``, element by element; integer state is exact.
+3. **state round trip**: an accumulator with a state (``state_dict``) restored into a fresh one
+   with ``load_state_dict`` (metadata through JSON, as a checkpoint stores it) gives the same
+   state and result, exactly.
+
+Views and interventions get their contract tests beside this file (``test_views.py``,
+``test_interventions.py``) once attnlens has registries of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import json
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import attnlens
+from attnlens import Words, passes
+from tests import tiny
+
+MAX_LEN = 24
+BATCH = 2
+#: texts of different lengths, so that batches hold padding
+TEXTS = [
+    *tiny.CORPUS[:4],
+    "slow .",
+    "the dog , the fox and the match were all funny at times ; wise , though ?",
+]
+N_TEXTS = len(TEXTS)
+#: the split of property 1: batch-aligned, the second shard one batch
+SPLIT = 4
+
+# ------------------------------------------------------------------------------------------------
+# discovery
+
+
+def _modules() -> list[Any]:
+    """Every module of attnlens, imported (an optional dependency that is missing skips its
+    module; any other import error fails)."""
+    found = [attnlens]
+    for info in pkgutil.walk_packages(attnlens.__path__, "attnlens."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            found.append(importlib.import_module(info.name))
+        except ModuleNotFoundError as error:
+            if (error.name or "").startswith("attnlens"):
+                raise
+    return found
+
+
+def accumulator_classes() -> set[type]:
+    """Classes defined in attnlens with ``update``, ``merge`` and ``result`` (the base
+    :class:`attnlens.passes.Accumulator`, which only declares them, aside)."""
+    found = set()
+    for module in _modules():
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if not cls.__module__.startswith("attnlens") or cls is passes.Accumulator:
+                continue
+            if all(callable(getattr(cls, name, None)) for name in ("update", "merge", "result")):
+                found.add(cls)
+    return found
+
+
+# ------------------------------------------------------------------------------------------------
+# the cases: how to build each accumulator for the shard corpus[start:stop]
+
+
+@dataclass(frozen=True)
+class Case:
+    """``make(model, start, stop)``: the accumulator of the shard ``corpus[start:stop]`` (its
+    batches carry corpus indices: it is given what concerns the whole corpus); ``corpus``: the
+    whole corpus; ``run``: extra keyword arguments of :func:`passes.run`; ``kept``: what the
+    accumulator holds beside its state and result (compared too); ``breaches``: known
+    breaches of a property (``"merge"``, ``"round trip"``) and why, each a strict xfail (an
+    AssertionError), so that the test says so once the breach is fixed."""
+
+    cls: type
+    make: Callable[[Any, int, int], passes.Accumulator]
+    corpus: Callable[[], list] = lambda: list(TEXTS)
+    run: Callable[[Any], dict] = lambda model: {}
+    kept: Callable[[Any], Any] = lambda accumulator: None
+    breaches: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _sentences():
+    from attnlens.syntax import Sentence
+
+    # a right-branching chain per text: word i's head is word i + 1, the last word is the root
+    sentences = []
+    for text in TEXTS:
+        words = tuple(text.split())
+        relations = tuple("dep" if i % 2 else "mod" for i in range(len(words) - 1)) + ("root",)
+        sentences.append(Sentence(words, tuple(range(1, len(words))) + (-1,), relations))
+    return sentences
+
+
+def _views(model, start, stop):
+    from attnlens import papa
+    from attnlens.compare import ViewsAccumulator
+
+    constants = papa.uniform(model, max_len=MAX_LEN)
+    return ViewsAccumulator(model, ("standard", "papa", "effective"), constants, example=1,
+                            causal=False, report_examples=N_TEXTS)
+
+
+def _sampled(model, start, stop):
+    from attnlens.patterns.labelling import _Sampled
+
+    # (example, layer) -> [(slot, head)]: one map of every example of the corpus (every rank is
+    # given all of them, as by sample_maps), layer 1, head example % 4
+    wanted = {(example, 1): [(example, example % 4)] for example in range(N_TEXTS)}
+    return _Sampled(wanted, "standard")
+
+
+#: the known breach of HiddenStates (and of MaskedStates, its subclass)
+CONCATENATED = (
+    "HiddenStates keeps its batches in a list and does not override merge: Accumulator.merge adds "
+    "state_dict(), which is empty, so a merge drops the other shard's vectors (under "
+    "torch.distributed each rank writes its own file instead of merging)"
+)
+
+
+def _cases() -> list[Case]:
+    from attnlens import ablation, clustering, lm, stats, syntax
+    from attnlens.compare import ViewsAccumulator
+    from attnlens.papa import PapaConstants
+    from attnlens.papa.fitting import PatternSums
+    from attnlens.patterns.counts import PatternTypes
+    from attnlens.patterns.labelling import _Sampled
+    from attnlens.probing.features import HiddenStates
+
+    shape = (2, 4)  # tiny.SIZES: layers, heads
+    words = lambda: [Words(tuple(text.split())) for text in TEXTS]  # noqa: E731
+    return [
+        Case(stats.Statistics, lambda m, a, b: stats.Statistics(*shape, view="effective")),
+        Case(PatternTypes, lambda m, a, b: PatternTypes(*shape)),
+        Case(clustering.HeadDistances, lambda m, a, b: clustering.HeadDistances(*shape)),
+        Case(ablation.HeadMeans, lambda m, a, b: ablation.HeadMeans(m)),
+        Case(ablation.Gates, lambda m, a, b: ablation.Gates(m, None), breaches={"round trip": (
+            "Gates.metadata() records 'per' (a loss per example or per batch), but the default "
+            "load_state_dict copies only the tensors: a resumed importance pass forgets it, and "
+            "no longer refuses a loss that changes kind across the interruption")}),
+        Case(lm.LMScorer, lambda m, a, b: lm.LMScorer(m, "mlm", mask_rate=0.3)),
+        Case(PatternSums, lambda m, a, b: PatternSums(PapaConstants.empty(m, max_len=MAX_LEN, layout="papa"))),
+        Case(ViewsAccumulator, _views,
+             kept=lambda a: (a.kept, a.kept_tokens, a.kept_patterns.to_dict())),
+        Case(_Sampled, _sampled),
+        Case(syntax.DependencyCounts,
+             lambda m, a, b: syntax.DependencyCounts(_sentences(), *shape, relations=("dep", "mod")),
+             corpus=words),
+        Case(HiddenStates, lambda m, a, b: HiddenStates(2, words()), corpus=words,
+             breaches={"merge": CONCATENATED}),
+        Case(lm.MaskedStates, lambda m, a, b: lm.MaskedStates(m, rate=0.3, seed=0),
+             breaches={"merge": CONCATENATED}),
+    ]
+
+
+CASES = {case.cls: case for case in _cases()}
+
+
+def _params(prop: str, select: Callable[[Case], bool] = lambda case: True) -> list:
+    return [
+        pytest.param(case, id=case.cls.__name__, marks=[
+            pytest.mark.xfail(reason=case.breaches[prop], raises=AssertionError, strict=True)] if prop in case.breaches else [])
+        for case in CASES.values() if select(case)
+    ]
+
+
+def _has_state(case: Case) -> bool:
+    return case.cls.state_dict is not passes.Accumulator.state_dict
+
+
+# ------------------------------------------------------------------------------------------------
+# running shards and comparing what they hold
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny.bert_bridge()
+
+
+def shard(case: Case, model, start: int, stop: int) -> passes.Accumulator:
+    """The accumulator updated on ``corpus[start:stop]``, its batches numbered from ``start``."""
+    accumulator = case.make(model, start, stop)
+    own = accumulator.start_batch
+
+    def start_batch(batch):
+        batch.start += start
+        own(batch)
+
+    accumulator.start_batch = start_batch
+    try:
+        passes.run(model, case.corpus()[start:stop], [accumulator], max_len=MAX_LEN,
+                   batch_size=BATCH, progress=False, **case.run(model))
+    finally:
+        del accumulator.start_batch
+    return accumulator
+
+
+def leaves(value: Any, path: str = "") -> dict[str, Any]:
+    """``value`` (a result: tensors, arrays, tables, dicts, sequences, dataclasses, plain
+    objects of attnlens) as ``{path: tensor, array or plain value}``."""
+    if isinstance(value, torch.Tensor):
+        return {path: value.detach().cpu()}
+    if isinstance(value, np.ndarray | int | float | str | bool | type(None)):
+        return {path: value}
+    if isinstance(value, pd.DataFrame):
+        out = {f"{path}.columns": list(value.columns), f"{path}.index": list(value.index)}
+        out.update(leaves(dict(value.attrs), f"{path}.attrs"))
+        for column in value.columns:
+            out[f"{path}[{column}]"] = value[column].to_numpy()
+        return out
+    if isinstance(value, dict):
+        return {k: v for key, item in value.items() for k, v in leaves(item, f"{path}[{key!r}]").items()}
+    if isinstance(value, list | tuple):
+        return {k: v for i, item in enumerate(value) for k, v in leaves(item, f"{path}[{i}]").items()}
+    if isinstance(value, torch.nn.Module):
+        return {}
+    if dataclasses.is_dataclass(value):
+        fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value) if not f.name.startswith("_")}
+        return leaves(fields, path)
+    if type(value).__module__.startswith("attnlens"):
+        return leaves({k: v for k, v in vars(value).items() if not k.startswith("_")}, path)
+    raise TypeError(f"{path}: cannot compare a {type(value).__name__}")
+
+
+def assert_same(actual: Any, expected: Any, what: str) -> None:
+    """The same leaves, bit for bit (NaN equal to NaN)."""
+    mine, theirs = leaves(actual), leaves(expected)
+    assert mine.keys() == theirs.keys(), what
+    for path, value in theirs.items():
+        other = mine[path]
+        if isinstance(value, torch.Tensor):
+            assert other.dtype == value.dtype and other.shape == value.shape, f"{what}{path}"
+            assert torch.equal(other, value) or (
+                value.is_floating_point() and torch.equal(other.nan_to_num(7.0), value.nan_to_num(7.0))
+                and torch.equal(other.isnan(), value.isnan())
+            ), f"{what}{path}"
+        elif isinstance(value, np.ndarray):
+            assert other.dtype == value.dtype and other.shape == value.shape, f"{what}{path}"
+            equal_nan = value.dtype.kind in "fc"
+            assert np.array_equal(other, value, equal_nan=equal_nan), f"{what}{path}"
+        else:
+            assert other == value or (value != value and other != other), f"{what}{path}: {other!r} != {value!r}"
+
+
+def state(case: Case, accumulator: passes.Accumulator) -> dict[str, Any]:
+    return {"state": accumulator.state_dict(), "metadata": accumulator.metadata(),
+            "kept": case.kept(accumulator)}
+
+
+def gamma(n: int, dtype: torch.dtype) -> float:
+    u = torch.finfo(dtype).eps / 2
+    return n * u / (1 - n * u)
+
+
+# ------------------------------------------------------------------------------------------------
+# the properties
+
+
+def test_every_accumulator_has_a_contract_case():
+    found = accumulator_classes()
+    missing = sorted(f"{cls.__module__}.{cls.__qualname__}" for cls in found - CASES.keys())
+    assert not missing, f"accumulators without a case in tests/contract/test_accumulators.py: {missing}"
+    assert len(found) >= 11, sorted(cls.__name__ for cls in found)
+    stale = sorted(cls.__name__ for cls in CASES.keys() - found)
+    assert not stale, f"cases of classes the walk no longer finds: {stale}"
+
+
+@pytest.mark.parametrize("case", _params("merge"))
+def test_split_and_merged_equals_whole(case, model):
+    whole = shard(case, model, 0, N_TEXTS)
+    merged = shard(case, model, 0, SPLIT).merge(shard(case, model, SPLIT, N_TEXTS))
+    assert_same(state(case, merged), state(case, whole), "state")
+    assert_same(merged.result(), whole.result(), "result")
+
+
+@pytest.mark.parametrize("case", _params("merge"))
+def test_merge_order_does_not_change_the_result(case, model):
+    first = shard(case, model, 0, SPLIT).merge(shard(case, model, SPLIT, N_TEXTS))
+    second = shard(case, model, SPLIT, N_TEXTS).merge(shard(case, model, 0, SPLIT))
+    assert_same(state(case, second), state(case, first), "state")
+    assert_same(second.result(), first.result(), "result")
+
+    # three shards, associated both ways: within 2 gamma_2 sum |p_i| (module docstring)
+    bounds = [(0, BATCH), (BATCH, 2 * BATCH), (2 * BATCH, N_TEXTS)]
+    parts = [shard(case, model, a, b).state_dict() for a, b in bounds]
+    left = shard(case, model, *bounds[0]).merge(shard(case, model, *bounds[1])).merge(shard(case, model, *bounds[2]))
+    right = shard(case, model, *bounds[0]).merge(shard(case, model, *bounds[1]).merge(shard(case, model, *bounds[2])))
+    assert_same(left.metadata(), right.metadata(), "metadata")
+    if not _has_state(case):
+        assert_same(right.result(), left.result(), "result")
+        return
+    for key, value in left.state_dict().items():
+        other = right.state_dict()[key]
+        if value.is_floating_point():
+            magnitude = sum(part[key].abs() for part in parts)
+            bound = 2 * gamma(2, value.dtype) * magnitude
+            assert bool(((other - value).abs() <= bound).all()), key
+        else:
+            assert torch.equal(other, value), key
+
+
+@pytest.mark.parametrize("case", _params("round trip", _has_state))
+def test_state_round_trips(case, model):
+    ran = shard(case, model, 0, N_TEXTS)
+    saved = {key: value.detach().clone() for key, value in ran.state_dict().items()}
+    metadata = json.loads(json.dumps(ran.metadata()))
+    fresh = case.make(model, 0, N_TEXTS)
+    fresh.load_state_dict(saved, metadata)
+    assert_same(fresh.state_dict(), ran.state_dict(), "state")
+    assert_same(fresh.metadata(), ran.metadata(), "metadata")
+    assert_same(fresh.result(), ran.result(), "result")
