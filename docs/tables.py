@@ -7,7 +7,7 @@
 - ``docs/papa_curve.csv`` (``benchmarks/curve.py``): the curve, between the ``curve table``
   markers, as :func:`curve_markdown` formats it.
 
-Run: ``python docs/tables.py`` after the benchmarks (``tests/test_docs.py`` checks the page
+Run: ``python docs/tables.py`` after the benchmarks (``tests/system/test_docs.py`` checks the page
 holds what the files say).
 """
 

@@ -19,7 +19,7 @@ import torch
 from attnlens import papa, passes
 from tests import tiny
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import attnlens
 from attnlens import errors
 from attnlens.errors import AttnlensError, AttnlensWarning
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def attnlens_modules() -> list:

@@ -14,7 +14,7 @@ import pytest
 from attnlens.corpus import default_corpus
 from tests.conftest import required
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: this checkout first on the path: the console script runs this code, not an installed copy's
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1",
        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}

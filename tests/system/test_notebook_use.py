@@ -146,7 +146,7 @@ def executed_notebook():
     nbclient = pytest.importorskip("nbclient", reason="pip install nbclient (the dev extra has it)")
     nbformat = pytest.importorskip("nbformat", reason="pip install nbformat (the dev extra has it)")
     pytest.importorskip("ipykernel", reason="pip install ipykernel (the dev extra has it)")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in NOTEBOOK_CELLS])
     env = {key: value for key, value in os.environ.items() if key != "PLOTLY_RENDERER"}
     env.update(HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(
@@ -240,7 +240,7 @@ def test_the_quick_start_notebook_in_a_fresh_kernel_is_light_and_prints_no_warni
 
     nbclient = pytest.importorskip("nbclient", reason="pip install nbclient (the dev extra has it)")
     nbformat = pytest.importorskip("nbformat", reason="pip install nbformat (the dev extra has it)")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     notebook = nbformat.read(root / "examples" / "01_quickstart.ipynb", as_version=4)
     env = {key: value for key, value in os.environ.items()
            if key not in ("PLOTLY_RENDERER", "PYTHONWARNINGS")}

@@ -36,7 +36,7 @@ import pytest
 
 from tests.conftest import required
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS_EXTRA = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocstrings": "mkdocstrings",
               "mkdocstrings_handlers.python": "mkdocstrings-python", "nbclient": "nbclient",
               "ipykernel": "ipykernel", "mathjax": "django-static-mathjax"}

@@ -14,7 +14,7 @@ import torch
 
 from tests.conftest import required
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
 def run_examples(page: str, skip: tuple[str, ...] = ()) -> dict:

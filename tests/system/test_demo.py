@@ -18,7 +18,7 @@ import torch
 
 import attnlens
 
-DEMO = Path(__file__).resolve().parents[1] / "examples" / "demo.py"
+DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.py"
 
 
 @pytest.fixture(scope="module")
