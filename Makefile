@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test lint bench docs clean
+.PHONY: install demo test test-fast lint bench docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,8 +23,19 @@ install: $(VENV)/.installed
 demo: install
 	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
 
+# pytest-xdist workers (2 for 2 cores; PYTEST_WORKERS=0 runs serially): every module runs on one
+# worker, modules with the most slow tests first; without OMP_NUM_THREADS each worker takes
+# cores / workers threads (tests/conftest.py).
+PYTEST_WORKERS ?= 2
+PYTEST = HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# tests/unit, tests/contract and tests/system, the slow ones included
 test: install
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	$(PYTEST) tests
+
+# the same without the tests marked slow (over 5 s)
+test-fast: install
+	$(PYTEST) -m "not slow" tests
 
 lint: install
 	$(PY) -m ruff check attnlens tests benchmarks examples docs

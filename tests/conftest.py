@@ -1,4 +1,13 @@
-"""Shared fixtures: the embedded MiniLM (loaded once) and real sentences from ../shared/data."""
+"""Shared fixtures of tests/unit, tests/contract and tests/system: the embedded MiniLM and
+SmolLM2 (loaded once per session, per xdist worker), real sentences from ../shared/data; the
+threads of each process; the ``slow`` marker (tests over 5 s; ``make test-fast`` leaves them out).
+
+Layout: ``unit/`` tiny random models and pure functions, ``contract/`` one property run over
+every accumulator (views and interventions to come), ``system/`` real weights and data, CLI
+subprocesses, the browser, the docs site and notebooks. Helpers (``tiny``, ``refusals``,
+``precision``, ``small_comparison``, ``typechecks``) stay in ``tests/``, a package: import them as
+``from tests import tiny``.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +19,34 @@ import pytest
 from jaxtyping import install_import_hook
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _threads() -> int | None:
+    """Threads of each test process: ``$OMP_NUM_THREADS`` when set; under pytest-xdist without
+    it, the cores shared out among the workers (2 workers on 2 cores: 1 each), so that workers
+    do not oversubscribe the CPU. None: leave torch's default."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given.isdigit() and int(given) > 0:
+        return int(given)
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "").strip()
+    if workers.isdigit() and int(workers) > 0:
+        return max(1, (os.cpu_count() or 1) // int(workers))
+    return None
+
+
+THREADS = _threads()
+if THREADS is not None:
+    # before torch does any work; subprocesses (CLI, torchrun, kernels) inherit the variable
+    os.environ["OMP_NUM_THREADS"] = str(THREADS)
+    import torch
+
+    torch.set_num_threads(THREADS)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        pass
+    else:
+        threadpool_limits(limits=THREADS)
 
 # Run-time checks of every jaxtyping annotation in attnlens (shapes, dtypes, axis names shared
 # within a call), by beartype: the hook decorates each function and dataclass of the package with
@@ -92,3 +129,49 @@ def smollm2():
         if importlib.util.find_spec(module) is None:
             required("SmolLM2 (attnlens[decoders])", f"{module} is not installed: {install}")
     return attnlens.load("smollm2-135m")
+
+
+# ------------------------------------------------------------------------------------------------
+# the slow marker, and the order in which xdist hands modules out
+
+#: a test that takes longer than this (seconds, on 2 unloaded cores) is marked ``slow``
+SLOW_SECONDS = 5.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    registered = [line.split(":")[0].strip() for line in config.getini("markers")]
+    if "slow" not in registered:
+        raise pytest.UsageError(
+            "the 'slow' marker is not registered: add it to [tool.pytest.ini_options] markers "
+            "in pyproject.toml (--strict-markers refuses unregistered markers)"
+        )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``--dist loadfile --no-loadscope-reorder``, every
+    module on one worker, so that module-scoped fixtures such as a fit, a docs build or a feature
+    cache that later tests reuse run once): the modules with the most slow tests go first, so
+    that the longest do not start last. A serial run keeps the file order.
+
+    (``--dist loadgroup`` would allow finer groups, but pytest-xdist 3.8 cannot group under
+    pytest 9.2: pytest-dev/pytest-xdist#1386.)"""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow: dict[str, int] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        slow[module] = slow.get(module, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow[item.nodeid.split("::")[0]])  # stable: file order otherwise
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    """Name the tests over :data:`SLOW_SECONDS` that are not marked ``slow`` (a reminder, not a
+    failure: a loaded machine inflates times)."""
+    unmarked = []
+    for report in terminalreporter.stats.get("passed", []):
+        if report.when == "call" and report.duration > SLOW_SECONDS and "slow" not in report.keywords:
+            unmarked.append((report.duration, report.nodeid))
+    if unmarked:
+        terminalreporter.write_sep("-", f"over {SLOW_SECONDS:g} s but not marked slow")
+        for duration, nodeid in sorted(unmarked, reverse=True):
+            terminalreporter.write_line(f"{duration:6.1f}s {nodeid}")

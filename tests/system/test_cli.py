@@ -43,6 +43,7 @@ def small_corpus(tmp_path) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_fit_papa_then_compare_end_to_end(tmp_path, small_corpus):
     constants = tmp_path / "out" / "constants.safetensors"
     fitted = run(
@@ -361,6 +362,7 @@ def test_fit_papa_checkpoint_resumes_an_interrupted_fit(
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
 
 
+@pytest.mark.slow
 def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus):
     """--json creates its folders, as --out does, instead of failing after the pass."""
     table = tmp_path / "new" / "deeper" / "comparison.json"
@@ -374,6 +376,7 @@ def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus):
     assert len(data["table"]) == 72 and data["max_len"] == 16
 
 
+@pytest.mark.slow
 def test_max_len_beyond_the_position_embeddings(tmp_path, small_corpus):
     """MiniLM has 512 positions: --max-len 600 is one line naming both numbers, exit 2, before
     the pass over the corpus (no papa.fit bar, no traceback, no constants written); 512 works."""

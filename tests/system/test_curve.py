@@ -17,6 +17,9 @@ from attnlens.papa.curves import DATA_FREE, Curve
 from attnlens.papa.tables import ROWS
 from tests.conftest import DATA, data_file
 
+# every test here runs probes on real data, or needs the fit of the `constants` fixture
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path_factory, monkeypatch):

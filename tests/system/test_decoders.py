@@ -70,6 +70,7 @@ def test_pattern_edits_reach_the_output(smollm2):
     assert (plain - edited).abs().max() > 1e-2
 
 
+@pytest.mark.slow
 def test_effective_attention_under_grouped_kv_heads(smollm2, long_texts):
     """A⊥V = AV for every query head, with V the values of its key-value head (h // 3); and a
     padded batch gives each text the effective attention it has alone."""
@@ -129,6 +130,7 @@ def test_decoder_constants_are_lower_triangular_means_of_hf_attentions(smollm2, 
     torch.testing.assert_close(constants.mean, expected, atol=1e-6, rtol=0)
 
 
+@pytest.mark.slow
 def test_compare_and_fit_run_on_smollm2(smollm2, long_texts):
     comparison = attnlens.compare(
         smollm2, "papa", "effective", corpus=long_texts, max_len=160, progress=False

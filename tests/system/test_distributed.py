@@ -65,6 +65,7 @@ def test_shards_are_contiguous_batch_aligned_and_cover_the_corpus():
             assert stop == n or stop % batch_size == 0
 
 
+@pytest.mark.slow
 def test_torchrun_fit_equals_the_single_process_fit(tmp_path, bert_folder, corpus_file):
     """Two gloo ranks on localhost, 21 texts in 11 batches of 2: rank 0 runs 5 batches, rank 1
     runs 6; the all-reduced sums equal the single-process sums up to float64 rounding of the
@@ -117,6 +118,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["texts", "words"])
 def test_torchrun_features_equal_the_single_process_ones(tmp_path, bert_folder, corpus_file, kind, monkeypatch):
     """Two gloo ranks each extract their shard and exchange it through files of the cache folder
@@ -216,6 +218,7 @@ def _rank_main(rank: int, folder: str, init: str, outcome: str, case: str) -> No
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "case, expected",
     [

@@ -42,6 +42,7 @@ def test_effective_page(tmp_path, monkeypatch):
     assert set(names["stats"].to_frame()["attention"]) == {"standard", "effective"}
 
 
+@pytest.mark.slow
 def test_compare_page(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     names = run_examples("compare.md")

@@ -36,6 +36,9 @@ import pytest
 
 from tests.conftest import required
 
+# every test here needs the `site` fixture: a mkdocs build that executes a notebook
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_EXTRA = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocstrings": "mkdocstrings",
               "mkdocstrings_handlers.python": "mkdocstrings-python", "nbclient": "nbclient",

@@ -295,6 +295,7 @@ def test_pll_equals_a_plain_hf_loop_on_antiberty(antiberty, antiberty_hf):
     assert abs(got.value - (-total / count)) <= ATOL
 
 
+@pytest.mark.slow
 def test_antiberty_pseudo_perplexity_tells_a_real_chain_from_its_shuffle(antiberty):
     """Measured: 1.053 for the real heavy chain, 27.7 for its residues shuffled (seed 0); a head
     that knew nothing of antibodies would give ~20 (its 20 amino acids) for both."""
@@ -381,7 +382,7 @@ def test_a_model_object_has_an_unknown_head_and_is_scored(tiny_bert):
 # interventions, merging
 
 
-@pytest.mark.parametrize("which", ["antiberty", "smollm2"])
+@pytest.mark.parametrize("which", ["antiberty", pytest.param("smollm2", marks=pytest.mark.slow)])
 def test_papa_hooks_change_the_score_and_no_hooks_repeat_it(which, request, wikitext_paragraphs):
     """Trained heads (random tiny models give near-uniform logits whatever the attention).
     The constants are fitted on other texts than those scored: fitted on the very texts (two

@@ -162,6 +162,7 @@ def _outputs(notebook, index: int) -> list[dict]:
     return notebook.cells[index].outputs
 
 
+@pytest.mark.slow
 def test_a_fresh_kernel_notebook_is_light_and_prints_no_warning(executed_notebook):
     """plotly.js is in the notebook once (two figures shown), the comparison's display is a
     small summary, and nothing printed is a warning or an error. Budget: plotly.js once + the
@@ -200,6 +201,7 @@ def test_a_fresh_kernel_notebook_is_light_and_prints_no_warning(executed_noteboo
                for o in _outputs(notebook, 1))  # the text progress bar was there
 
 
+@pytest.mark.slow
 def test_the_notebooks_figures_survive_nbconvert_to_html(executed_notebook, tmp_path):
     """The executed notebook exported by nbconvert's HTML exporter (what a reader shares) and
     opened offline in headless Chromium draws both figures: their text/html views carry
@@ -228,6 +230,7 @@ def test_the_notebooks_figures_survive_nbconvert_to_html(executed_notebook, tmp_
     assert drawn >= 6, (drawn, result.stderr[-2000:])  # 3 svg.main-svg layers per drawn figure, 2 figures
 
 
+@pytest.mark.slow
 def test_the_quick_start_notebook_in_a_fresh_kernel_is_light_and_prints_no_warning():
     """The gallery's quick start (examples/01_quickstart.ipynb) as a user runs it: a fresh kernel,
     no renderer set, no warning filter. Nothing printed is a warning or an error, and the executed

@@ -58,6 +58,7 @@ def cli(argv: list[str], signal_name: str = "") -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
 def test_a_signal_mid_batch_writes_the_checkpoint_it_promises_and_resumes_bit_identically(
     signal_name, tmp_path, bert_folder, corpus

@@ -36,6 +36,9 @@ import pytest
 from tests.conftest import required
 from tests.small_comparison import small_comparison
 
+# headless Chromium renders a full report in each test
+pytestmark = pytest.mark.slow
+
 
 def _chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):

@@ -332,6 +332,7 @@ def test_prune_curve_prunes_in_order_and_scores_each_set_once(bert):
     assert len(figure.data) == 2
 
 
+@pytest.mark.slow
 def test_pruning_the_least_important_heads_costs_less_on_sst2(minilm):
     """Importance on MiniLM from a task loss: a fixed logistic read-out of the mean-pooled last
     layer, fitted on SST-2 train features; then the SST-2 probe with the least / most important

@@ -311,6 +311,7 @@ def test_an_old_transformerlens_alias_is_one_short_warning():
         assert _official_name("gpt2") == "gpt2"
 
 
+@pytest.mark.slow
 def test_an_uncached_hub_alias_through_the_cli_is_one_warning_and_one_error(tmp_path):
     """Offline (as the suite runs), the alias's hub name is not cached: stderr holds attnlens's
     one-line warning and one-line error, and none of TransformerLens's deprecation text."""

@@ -121,6 +121,7 @@ def test_tiny_models_give_the_padded_layouts_numbers(request, name, examples):
     assert_same_features(model, examples, 32)
 
 
+@pytest.mark.slow
 def test_minilm_sst2_sentences_and_mrpc_pairs(minilm, sst2_sentences, mrpc_pairs):
     """The default model on real data: SST-2 sentences at max_len 64, MRPC pairs at 128 (the
     middle separator at 64)."""

@@ -74,6 +74,7 @@ def _sst2_folder(root, train_rows, dev_rows):
     return root
 
 
+@pytest.mark.slow
 def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
     """On a duplicated dev set probing.run gives the same point scores (probe, linear baseline,
     majority) with narrower intervals; with shuffled training labels the probe and the linear

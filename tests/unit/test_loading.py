@@ -22,6 +22,7 @@ def test_default_model_is_a_bridge_with_the_seam(minilm):
     assert not minilm.training
 
 
+@pytest.mark.slow
 def test_import_and_load_print_transformerbridge_offline():
     code = "import attnlens, torch; m = attnlens.load(); print(type(m).__name__)"
     result = subprocess.run(
@@ -142,6 +143,7 @@ def test_missing_local_folder_is_named_not_looked_up_on_the_hub(tmp_path):
             attnlens.load(path if isinstance(path, str) else str(path))
 
 
+@pytest.mark.slow
 def test_cached_hub_name_loads_offline(tmp_path):
     """HF_HUB_OFFLINE=1 still lets transformers read its cache; attnlens must not refuse first."""
     snapshot = tmp_path / "hub" / "models--someorg--tiny-bert" / "snapshots" / ("0" * 40)

@@ -18,6 +18,9 @@ from attnlens.patterns import TYPES, PatternCNN, synthetic
 from attnlens.patterns.cnn import FORMAT
 from tests.typechecks import unchecked
 
+# most tests here need the `trained` fixture: a CNN trained on synthetic maps
+pytestmark = pytest.mark.slow
+
 HELD_OUT_LENGTHS = (24, 32, 48)
 
 

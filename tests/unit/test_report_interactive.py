@@ -333,6 +333,7 @@ def test_head_grids_use_sequential_scales_for_non_negative_panels():
     assert grid.layout.coloraxis2.cmid == 0 and grid.layout.coloraxis2.cmin == pytest.approx(-0.4)
 
 
+@pytest.mark.slow
 def test_default_report_of_a_tiny_model_is_within_its_budget(model, tmp_path):
     """``attnlens compare`` defaults (embedded corpus, max_len 128, every view): the kept maps fit
     in REPORT_BUDGET, and the file is at most plotly.js + the budget in base64 + the rest of the

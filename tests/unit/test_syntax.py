@@ -240,6 +240,7 @@ def test_a_sentence_longer_than_max_len_is_skipped_and_counted(bert):
     assert "dep" not in set(table.relation) and table["count"].iloc[0] == N_ARCS
 
 
+@pytest.mark.slow
 def test_minilm_heads_beat_the_offset_baseline_on_ud_english(minilm):
     path = data_file("ud_english_ewt/en_ewt-ud-dev.conllu")
     table = syntax.dependency_heads(minilm, path, limit=300, layout="padded", progress=False)
