@@ -44,13 +44,17 @@ def bert_folder(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.fixture()
-def corpus(tmp_path) -> Path:
+def write_corpus(folder: Path) -> Path:
     from tests import tiny
 
-    path = tmp_path / "tiny.txt"
+    path = folder / "tiny.txt"
     path.write_text("\n".join(tiny.CORPUS) + "\n", encoding="utf-8")
     return path
+
+
+@pytest.fixture()
+def corpus(tmp_path) -> Path:
+    return write_corpus(tmp_path)
 
 
 def cli(argv: list[str], signal_name: str = "") -> subprocess.CompletedProcess:
@@ -58,18 +62,29 @@ def cli(argv: list[str], signal_name: str = "") -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
+def fit_argv(bert_folder: Path, corpus: Path) -> list[str]:
+    return ["fit-papa", "--model", str(bert_folder), "--corpus", str(corpus), "--max-len", "16",
+            "--batch-size", "2", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory, bert_folder) -> Path:
+    """The uninterrupted fit, run once for both signals (its own copy of the corpus: the
+    constants do not record the corpus's path)."""
+    folder = tmp_path_factory.mktemp("whole")
+    done = cli([*fit_argv(bert_folder, write_corpus(folder)), "--out", str(folder / "whole.safetensors")])
+    assert done.returncode == 0, done.stderr
+    return folder / "whole.safetensors"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name", ["SIGTERM", "SIGINT"])
 def test_a_signal_mid_batch_writes_the_checkpoint_it_promises_and_resumes_bit_identically(
-    signal_name, tmp_path, bert_folder, corpus
+    signal_name, tmp_path, bert_folder, corpus, whole
 ):
     from attnlens import papa
 
-    argv = ["fit-papa", "--model", str(bert_folder), "--corpus", str(corpus), "--max-len", "16",
-            "--batch-size", "2", "--quiet"]
-    whole = tmp_path / "whole.safetensors"
-    done = cli([*argv, "--out", str(whole)])
-    assert done.returncode == 0, done.stderr
+    argv = fit_argv(bert_folder, corpus)
 
     checkpoint, resumed = tmp_path / "ck.safetensors", tmp_path / "resumed.safetensors"
     argv += ["--checkpoint", str(checkpoint), "--checkpoint-every", "100000", "--out", str(resumed)]
