@@ -142,6 +142,7 @@ def test_compare_and_fit_run_on_smollm2(smollm2, long_texts):
     assert (papa_rows["distance_from_standard"] > 0).all()
 
 
+@pytest.mark.slow
 def test_replacing_every_head_raises_the_lm_loss(smollm2, long_texts):
     """The causal LM loss over real tokens (the model's own head is trained) rises when every
     head's attention is replaced by its PAPA constant."""
