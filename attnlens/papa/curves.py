@@ -140,6 +140,10 @@ def curve(
     bootstrap test against the same task with no head replaced, on the same examples
     (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
 
+    The probe's epochs are chosen once per task, on held-out training examples with no head
+    replaced (:func:`attnlens.probing.choose_epochs`), and every point of that task trains that
+    long: the points differ in their features only.
+
     Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
     and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
@@ -203,14 +207,19 @@ def curve(
     for task in tasks:
         unchanged = None
         computed: dict[str, Any] = {}  # hooks' key -> this task's result under them
+        task_options = {**options, **point_options}
         for label, _, fraction, hooks in points:
             key = hooks_key(hooks)
             result = computed.get(key)
             if result is None:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
-                    result = probing.run(model, task, hooks=hooks, **options, **point_options)
+                    result = probing.run(model, task, hooks=hooks, **task_options)
                 computed[key] = result
+                if unchanged is None and result.settings.get("epochs_chosen"):
+                    # the epochs chosen with no head replaced train every later point of this task
+                    task_options = {**task_options, "select_epochs": False,
+                                    "probe": {**(probe or {}), "epochs": result.settings["epochs_chosen"]}}
                 forward[0] += result.seconds.get("features", 0.0)
                 probe_seconds += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
                 timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
