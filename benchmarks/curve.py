@@ -86,6 +86,8 @@ def main() -> None:
                         help="also PAPA's MLM probe at every point, on this many WikiText-2 test paragraphs (0: none)")
     parser.add_argument("--cache", default=None,
                         help="an existing ATTNLENS_CACHE folder to reuse (default: a fresh one, so every feature pass runs)")
+    parser.add_argument("--constants", default=None,
+                        help="a constants file: read when it exists (no fit), else fitted and written there")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "papa_curve.csv"))
     parser.add_argument("--device", default=None, help="torch device (default: attnlens.load's)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -98,8 +100,14 @@ def main() -> None:
     print(f"PAPA curve benchmark: {attnlens.loading.model_id(model)}, torch threads {torch.get_num_threads()}, "
           f"{os.cpu_count()} CPUs; constants from {len(texts)} WikiText-2 paragraphs")
     start = time.perf_counter()
-    constants = papa.fit(model, texts, max_len=128, progress=False)
-    print(f"papa.fit: {time.perf_counter() - start:.1f} s")
+    if args.constants and Path(args.constants).exists():
+        constants = papa.PapaConstants.load(args.constants)
+        print(f"papa constants read from {args.constants} (not timed: the curve alone)")
+    else:
+        constants = papa.fit(model, texts, max_len=128, progress=False)
+        print(f"papa.fit: {time.perf_counter() - start:.1f} s")
+        if args.constants:
+            constants.save(args.constants)
     tasks = [task for task in args.tasks.split(",") if task]
     baselines = () if args.no_baselines else tuple(name for name in args.baselines.split(",") if name)
     curve = papa.curve(model, constants, tasks, data_dir=DATA, train_limit=args.train_limit,
