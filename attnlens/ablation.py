@@ -36,7 +36,7 @@ transformers 5 silently ignores ``head_mask``, so every ablation here is a Trans
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, SupportsIndex
 
@@ -617,6 +617,15 @@ class Gates(passes.Accumulator):
 
     def metadata(self) -> dict[str, Any]:
         return {"per": self.per}
+
+    def load_state_dict(self, state: Mapping[str, Tensor], metadata: Mapping[str, Any]) -> None:
+        super().load_state_dict(state, metadata)
+        self.per = metadata.get("per", self.per)
+
+    def merge(self, other: passes.Accumulator) -> Gates:
+        super().merge(other)
+        self.per = self.per or getattr(other, "per", None)
+        return self
 
     def result(self) -> Float[Tensor, "layer head"]:
         raw = self.total / self.count.clamp_min(1)

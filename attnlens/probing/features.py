@@ -47,7 +47,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens import passes
-from attnlens.errors import InputError, MismatchError
+from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.inputs import Words, default_layout
 from attnlens.loading import model_id, weights_fingerprint
 
@@ -225,6 +225,14 @@ class HiddenStates(passes.Accumulator):
             torch.cat([each_vectors[j] for j in back]), counts[back],
             torch.cat([each_positions[j] for j in back]), words[back] if words.numel() else words,
         )
+
+    def merge(self, other: passes.Accumulator) -> HiddenStates:
+        """Append ``other``'s batches (a later part of the corpus) after this one's."""
+        if type(other) is not type(self):
+            raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+        self.parts.extend(other.parts)
+        self.kind = self.kind or other.kind
+        return self
 
     def all_reduce(self, group: Any = None) -> None:
         """Nothing: features are never gathered through collectives. Each rank keeps its own
