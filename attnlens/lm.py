@@ -42,6 +42,7 @@ from torch import Tensor
 
 from attnlens import checks, passes
 from attnlens.errors import InputError, InputTypeError, NotFittedError
+from attnlens.estimator import Estimator
 from attnlens.inputs import Batch
 from attnlens.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.probing.features import Features, HiddenStates, extract
@@ -530,12 +531,13 @@ PROBE_MIX = (0.8, 0.1, 0.1)
 HEAD_FORMAT = "attnlens.MLMHead/1"
 
 
-class MLMHead:
+class MLMHead(Estimator):
     """PAPA's MLM probe head, scikit-learn style: each masked token's vectors of all layers
     concatenated, ``Linear((L+1)·d, d) → GELU → Linear(d, vocab)`` (Hassid et al. 2022; their
     code's ``FreezeExtractPollerTokenClassification(mlm=True)``), trained with cross-entropy on
     the original tokens. :meth:`fit`, :meth:`log_likelihood` (per token), :meth:`score` (the
-    mean, nats), :meth:`save` / :meth:`load` (safetensors, atomic, checksummed).
+    mean, nats), :meth:`save` / :meth:`load` (safetensors, atomic, checksummed),
+    ``get_params`` / ``set_params``.
 
     Hyper-parameters (attnlens's choices; PAPA does not publish them): ``epochs`` = 1,
     ``batch_size`` = 256 masked tokens, Adam with ``lr`` = 1e-3, ``seed`` = 0 (initial weights
@@ -546,12 +548,13 @@ class MLMHead:
 
     def __init__(self, *, epochs: int = 1, batch_size: int = 256, lr: float = 1e-3, seed: int = 0,
                  progress: bool = False) -> None:
-        self.epochs = checks.whole_number(epochs, "epochs", minimum=1)
-        self.batch_size = checks.whole_number(batch_size, "batch_size", minimum=1)
-        self.lr = checks.finite(lr, "lr", low=0)
-        if self.lr == 0:
+        checks.whole_number(epochs, "epochs", minimum=1)
+        checks.whole_number(batch_size, "batch_size", minimum=1)
+        if checks.finite(lr, "lr", low=0) == 0:
             raise InputError("lr must be above 0 (nothing would be learned).")
-        self.seed = checks.whole_number(seed, "seed")
+        checks.whole_number(seed, "seed")
+        # scikit-learn's contract: every argument stored unchanged (checked above)
+        self.epochs, self.batch_size, self.lr, self.seed = epochs, batch_size, lr, seed
         self.progress = progress
         self.network: torch.nn.Sequential | None = None
 

@@ -62,6 +62,7 @@ from attnlens.errors import (
     MissingFileError,
     NotFittedError,
 )
+from attnlens.estimator import Estimator
 from attnlens.patterns.templates import TYPES
 
 #: File format of a saved :class:`PatternCNN` (``"attnlens.PatternCNN/<version>"``).
@@ -180,10 +181,10 @@ def _inputs(maps: list[Tensor], size: int, factor: float = 1.0) -> Tensor:
     return out
 
 
-class PatternCNN:
+class PatternCNN(Estimator):
     """Kovaleva et al.'s small CNN on resized maps, scikit-learn style: :meth:`fit` on maps and
     their type names, :meth:`predict`, :meth:`predict_proba`, :meth:`score`, :meth:`save` /
-    :meth:`load`; :meth:`classify_batch` labels a pass's ``[batch, head, query, key]`` maps.
+    :meth:`load`, ``get_params`` / ``set_params``; :meth:`classify_batch` labels a pass's ``[batch, head, query, key]`` maps.
 
     ``size``: the side of the resized image (at least 8); ``classes``: the type names, in the
     order of :meth:`predict_proba`'s columns (default :data:`~attnlens.patterns.TYPES`);
@@ -194,6 +195,7 @@ class PatternCNN:
     def __init__(self, size: int = 32, classes: Sequence[str] = TYPES, *, epochs: int = 10,
                  lr: float = 3e-3, batch_size: int = 32, seed: int = 0,
                  class_weight: str | None = None, augment: bool = True) -> None:
+        given = dict(locals())
         if isinstance(classes, str) or not isinstance(classes, Sequence) or not all(
             isinstance(name, str) and name for name in classes
         ):
@@ -214,7 +216,12 @@ class PatternCNN:
         )
         if self.settings.lr == 0:
             raise InputError("lr must be above 0 (nothing would be learned).")
+        for name in self._param_names():  # scikit-learn's contract: every argument, unchanged
+            setattr(self, name, given[name])
         self.network: _Network | None = None
+
+    def _after_set_params(self, fresh: Estimator) -> None:
+        self.settings = fresh.settings
 
     @property
     def classes_(self) -> np.ndarray:

@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float
 
 from attnlens.errors import InputError, NotFittedError
+from attnlens.estimator import Estimator
 from attnlens.probing.features import Features
 
 #: The grid of ``C`` tried on the held-out split (strong to weak regularisation).
@@ -40,9 +41,10 @@ def design(features: Features) -> Float[np.ndarray, "row feature"]:
     return (sums / features.lengths.clamp_min(1)[:, None, None]).flatten(1).numpy()
 
 
-class LinearBaseline:
+class LinearBaseline(Estimator):
     """Logistic regression on standardised features, ``C`` chosen on ``holdout`` of the
-    training examples (scikit-learn style: :meth:`fit`, :meth:`predict`).
+    training examples (scikit-learn style: :meth:`fit`, :meth:`predict`, :meth:`score`,
+    ``get_params`` / ``set_params``).
 
     ``scorer(indices, predictions)``: how a ``C`` is judged on the held-out examples at
     ``indices`` (by default accuracy; :func:`attnlens.probing.run` passes the task's metric).
@@ -53,12 +55,14 @@ class LinearBaseline:
                  max_iter: int = 1000) -> None:
         from attnlens.checks import finite, items, whole_number
 
-        self.grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
-        if not self.grid or min(self.grid) <= 0:
+        self._grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
+        if not self._grid or min(self._grid) <= 0:
             raise InputError("grid must hold at least one C above 0.")
-        self.holdout = finite(holdout, "holdout", low=0.0, high=0.9)
-        self.seed = whole_number(seed, "seed")
-        self.max_iter = whole_number(max_iter, "max_iter", minimum=1)
+        finite(holdout, "holdout", low=0.0, high=0.9)
+        whole_number(seed, "seed")
+        whole_number(max_iter, "max_iter", minimum=1)
+        # scikit-learn's contract: every argument stored unchanged (checked above)
+        self.grid, self.holdout, self.seed, self.max_iter = grid, holdout, seed, max_iter
         self.C: float | None = None
         self.held_out: dict[float, float] = {}
         self.model: Any = None
@@ -94,12 +98,12 @@ class LinearBaseline:
         fitted: dict[float, Any] = {}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            if len(self.grid) > 1 and cut >= 1 and n - cut >= 2:
+            if len(self._grid) > 1 and cut >= 1 and n - cut >= 2:
                 held, kept = np.sort(order[:cut]), np.sort(order[cut:])
                 fit_rows, held_rows = np.isin(owner, kept), np.isin(owner, held)
                 if len(np.unique(targets[fit_rows])) > 1:
                     previous = None
-                    for C in sorted(self.grid):
+                    for C in sorted(self._grid):
                         model = self._fit(rows[fit_rows], targets[fit_rows], C, previous)
                         previous = fitted[C] = model[-1]
                         predicted = np.zeros(len(rows), dtype=np.int64)
@@ -108,7 +112,7 @@ class LinearBaseline:
                         self.held_out[C] = float((scorer or _accuracy(labels))(held, predicted))
             # the best held-out score; ties go to the stronger regularisation (the smaller C)
             self.C = (max(sorted(self.held_out), key=self.held_out.get) if self.held_out
-                      else self.grid[0])
+                      else self._grid[0])
             if len(np.unique(targets)) < 2:
                 raise InputError("the linear baseline needs at least two labels in the training examples.")
             self.model = self._fit(rows, targets, self.C, fitted.get(self.C))
@@ -123,6 +127,12 @@ class LinearBaseline:
             raise NotFittedError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
         predicted = self.model.predict(design(features))
         return self._per_example(features, predicted, None, np.arange(len(features)))
+
+    def score(self, features: Features, labels: list) -> float:
+        """The share of correct predictions (of examples, or of words for word features), as
+        scikit-learn's ``ClassifierMixin.score``."""
+        predicted = self.predict(features)
+        return _accuracy(labels)(np.arange(len(labels)), predicted)
 
     def _rows(self, features: Features, labels: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Inputs, targets and the example each row belongs to (every kept word is labelled)."""

@@ -49,6 +49,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from attnlens.errors import InputError, InputTypeError, MismatchError, NotFittedError
+from attnlens.estimator import Estimator
 from attnlens.probing.features import Features
 
 #: File format of a saved probe.
@@ -122,9 +123,10 @@ class ProbeSettings:
 POOLINGS: tuple[str, ...] = ("mean", "sum")
 
 
-class PapaProbe:
+class PapaProbe(Estimator):
     """PAPA's probe, scikit-learn style: :meth:`fit` on :class:`Features` and labels,
-    :meth:`predict`, :meth:`save` / :meth:`load`.
+    :meth:`predict`, :meth:`score`, :meth:`save` / :meth:`load`, ``get_params`` / ``set_params``
+    (``sklearn.base.clone`` works).
 
     Labels: one int per example (sequence features) or, for word features, one list of ints per
     example, aligned with its words; words without a vector (cut by ``max_len``) are skipped in
@@ -138,6 +140,7 @@ class PapaProbe:
                  progress: bool = False) -> None:
         from attnlens.checks import finite, whole_number
 
+        given = dict(locals())
         self.settings = ProbeSettings(
             hidden=None if hidden is None else whole_number(hidden, "hidden", minimum=1),
             epochs=whole_number(epochs, "epochs", minimum=1),
@@ -160,7 +163,8 @@ class PapaProbe:
                 raise InputTypeError(f"{name} must be True or False, not {value!r}.")
         if self.settings.lr == 0 or self.settings.dropout == 1:
             raise InputError("lr must be above 0 and dropout below 1 (nothing would be learned).")
-        self.progress = progress
+        for name in self._param_names():  # scikit-learn's contract: every argument, unchanged
+            setattr(self, name, given[name])
         self.network: _Network | None = None
         self.n_labels = 0
         self.fallback = 0
@@ -349,6 +353,23 @@ class PapaProbe:
                     outputs.append(tags)
                     position += count
         return outputs
+
+    def score(self, features: Features, labels: list) -> float:
+        """The share of correct predictions: of examples (sequence features) or of words (word
+        features), as scikit-learn's ``ClassifierMixin.score``; a task's own metric is
+        :meth:`attnlens.tasks.Task.score` of :meth:`predict`."""
+        predicted = self.predict(features)
+        if len(labels) != len(predicted):
+            raise InputError(f"{len(labels)} labels for {len(predicted)} examples; give one per example.")
+        if features.kind == "sequence":
+            pairs = [(int(p), int(y)) for p, y in zip(predicted, labels, strict=True)]
+        else:
+            pairs = [(int(p), int(y)) for ps, ys in zip(predicted, labels, strict=True)
+                     for p, y in zip(ps, ys, strict=True)]
+        return sum(p == y for p, y in pairs) / max(1, len(pairs))
+
+    def _after_set_params(self, fresh: Estimator) -> None:
+        self.settings = fresh.settings
 
     # ---- files -------------------------------------------------------------------------------
 
