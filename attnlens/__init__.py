@@ -35,7 +35,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is
     from attnlens.loading import load
     from attnlens.passes import model_inputs, run_with_hooks
 
+from attnlens import _aliases
 from attnlens.errors import AttnlensError  # a leaf module: every error attnlens raises on purpose
+
+_aliases.install()  # the module paths of before the layers (attnlens.passes, ...) keep importing
 
 __version__ = "0.1.0"
 
