@@ -39,15 +39,15 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens import passes
-from attnlens.corpus import resolve_corpus
-from attnlens.display import Figures
+from attnlens.core.corpus import resolve_corpus
+from attnlens.core.inputs import as_max_len, tokenize, whole_number
+from attnlens.engine import passes
 from attnlens.errors import FileFormatError, InputError, InputTypeError
-from attnlens.inputs import as_max_len, tokenize, whole_number
-from attnlens.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
-from attnlens.patterns.counts import batch_positions, type_counts
-from attnlens.patterns.templates import TYPES, template_labels
-from attnlens.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
+from attnlens.methods.patterns.counts import batch_positions, type_counts
+from attnlens.methods.patterns.templates import TYPES, template_labels
+from attnlens.methods.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
+from attnlens.present.display import Figures
+from attnlens.present.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
 
 #: the views compare knows, in report order
 VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
@@ -109,7 +109,7 @@ REPORT_BUDGET = 1_500_000
 
 def validate_views(views: Iterable[str]) -> tuple[str, ...]:
     """``("standard", *views)`` without duplicates; unknown names raise ``ValueError``."""
-    from attnlens.checks import describe
+    from attnlens.core.checks import describe
 
     names: list[str] = ["standard"]
     for view in views:
@@ -236,7 +236,7 @@ class Comparison:
 
     def to_html(self, *, full_html: bool = True) -> str:
         """The report as HTML (plotly.js embedded once; works offline)."""
-        from attnlens.report import render
+        from attnlens.present.report import render
 
         return render(self, full_html=full_html)
 
@@ -244,7 +244,7 @@ class Comparison:
         """Write the self-contained, offline HTML report to ``path`` atomically (through
         :func:`attnlens.files.write_atomic`: never half a file, never through a symlink, a
         read-only file replaced only with ``overwrite_read_only``); returns the path."""
-        from attnlens.files import write_atomic
+        from attnlens.core.files import write_atomic
 
         html = self.to_html(full_html=True).encode("utf-8")
         return write_atomic(Path(path), html, overwrite_read_only=overwrite_read_only)
@@ -252,7 +252,7 @@ class Comparison:
     def _repr_html_(self) -> str:
         """Jupyter's view: a small summary without plotly.js (:func:`attnlens.display.comparison_html`);
         show a figure with ``c.figures[name]``, the whole report with :meth:`save_html`."""
-        from attnlens.display import comparison_html
+        from attnlens.present.display import comparison_html
 
         return comparison_html(self)
 
@@ -272,10 +272,10 @@ class Comparison:
         query are blanked on a decoder, except for effective attention, which reaches them;
         signed views get a colour range symmetric about 0. Needs
         ``pip install "attnlens[circuitsvis]"``."""
-        from attnlens.export import comparison_maps, to_circuitsvis
+        from attnlens.present.export import comparison_maps, to_circuitsvis
 
         patterns, tokens = comparison_maps(self, example, view)
-        from attnlens.checks import index
+        from attnlens.core.checks import index
 
         layers = range(self.n_layers) if layer is None else [index(layer, "layer", self.n_layers, "layers")]
         return to_circuitsvis(
@@ -328,12 +328,12 @@ class Comparison:
     ) -> str:
         """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given
         (atomically, missing folders created, as :meth:`save_html` does)."""
-        from attnlens.checks import whole_number
+        from attnlens.core.checks import whole_number
 
         indent = None if indent is None else whole_number(indent, "indent", " of spaces", minimum=0)
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
-            from attnlens.files import write_atomic
+            from attnlens.core.files import write_atomic
 
             write_atomic(Path(path), text.encode("utf-8"), overwrite_read_only=overwrite_read_only)
         return text
@@ -344,7 +344,7 @@ class Comparison:
         text = str(text_or_path)
         source = "the JSON text given"
         if not text.lstrip().startswith("{"):
-            from attnlens.files import check_readable
+            from attnlens.core.files import check_readable
 
             source = f"comparison file {text_or_path}"
             text = check_readable(text_or_path, "comparison").read_text(encoding="utf-8")
@@ -393,7 +393,7 @@ class Comparison:
 
 def build_figures(comparison: Comparison) -> dict[str, Any]:
     """The figures of a comparison, by name, in report order."""
-    from attnlens import plots
+    from attnlens.core import plots
 
     c = comparison
     others = [view for view in c.views if view != "standard"]
@@ -421,7 +421,7 @@ def build_figures(comparison: Comparison) -> dict[str, Any]:
         categories=[*TARGETS.values(), "broad"],
     )
     if c.pattern_types is not None:
-        from attnlens import patterns
+        from attnlens.methods import patterns
 
         figures["pattern_type"] = plots.head_grid(
             {view: c.pattern_type(view) for view in c.views},
@@ -473,7 +473,7 @@ def _as_model(model: Any) -> Any:
         )
     if hasattr(model, "run_with_cache") and hasattr(model, "cfg"):
         return model
-    from attnlens.loading import load
+    from attnlens.core.loading import load
 
     return load(model)
 
@@ -579,7 +579,7 @@ def compare(
         _as_model(model)  # the view given as the model: say the model goes first
     names = validate_views(views or VIEWS)
     if isinstance(constants, str | os.PathLike):  # a constants file: load it (checked below)
-        from attnlens.papa import PapaConstants
+        from attnlens.methods.papa import PapaConstants
 
         constants = PapaConstants.load(constants)
     texts = resolve_corpus(corpus)
@@ -592,10 +592,10 @@ def compare(
         max_len = as_max_len(max_len)
     if example is not None:
         example = _check_example(example, len(texts))
-    from attnlens.checks import whole_number
+    from attnlens.core.checks import whole_number
 
     batch_size = whole_number(batch_size, "batch_size", " of examples (e.g. 32)", minimum=1)
-    from attnlens.checks import optional_count
+    from attnlens.core.checks import optional_count
 
     train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
@@ -650,7 +650,8 @@ def view_scores(
     max_len: int, layout: str, batch_size: int, progress: bool,
 ) -> pd.DataFrame:
     """Task and LM scores per view (:data:`SCORE_COLUMNS`); see :func:`compare`."""
-    from attnlens import effective, lm, papa, probing
+    from attnlens.evaluation import lm, probing
+    from attnlens.methods import effective, papa
 
     if isinstance(tasks, str):
         tasks = [tasks]
@@ -731,7 +732,7 @@ def _papa_setup(
     if "papa" not in names:
         return None, DEFAULT_MAX_LEN if max_len is None else max_len, "padded"
     if constants is None:
-        from attnlens.papa import fitting
+        from attnlens.methods.papa import fitting
 
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
         constants = fitting.fit(
@@ -936,7 +937,7 @@ def _compare(
     report_budget: int = 0,
 ) -> Comparison:
     """The pass over the corpus of :func:`compare`, its arguments checked and resolved."""
-    from attnlens.loading import is_causal
+    from attnlens.core.loading import is_causal
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     causal = is_causal(model)
@@ -951,7 +952,7 @@ def _compare(
     n_tokens = summary.n_tokens
     meta: dict[str, Any] = {}
     if "effective" in names:
-        from attnlens.effective.core import warn_if_short
+        from attnlens.engine.effective import warn_if_short
 
         d_head = int(model.cfg.d_head)
         meta.update(d_head=d_head, longer_than_d_head=int(views.longer))

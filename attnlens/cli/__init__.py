@@ -394,7 +394,7 @@ def _measure(parser: argparse.ArgumentParser, *, required: bool = False) -> None
 def _texts(args: argparse.Namespace) -> list[str]:
     """The corpus's texts (the first ``--n-examples``); blank lines of a file are skipped and
     their number said on stderr, as the API refuses blank texts in a list."""
-    from attnlens.corpus import read_corpus_counted, resolve_corpus
+    from attnlens.core.corpus import read_corpus_counted, resolve_corpus
 
     if args.corpus == "default":
         texts = resolve_corpus(None)
@@ -514,7 +514,7 @@ def _load(model: str | None, *, quiet: bool = False, device: str | None = None) 
     hides transformers' weight-loading bar."""
     from transformers.utils import logging as hf_logging
 
-    from attnlens.loading import load
+    from attnlens.core.loading import load
 
     shown = hf_logging.is_progress_bar_enabled()
     if quiet:
@@ -527,14 +527,14 @@ def _load(model: str | None, *, quiet: bool = False, device: str | None = None) 
 
 
 def _fit_layout(model: Any) -> str:
-    from attnlens.papa.fitting import default_layout
+    from attnlens.methods.papa.fitting import default_layout
 
     return default_layout(model)
 
 
 def _check_max_len(model: Any, texts: list, max_len: int, layout: str) -> None:
     """Refuse a ``--max-len`` the model cannot take before any pass over the corpus starts."""
-    from attnlens.inputs import check_max_len
+    from attnlens.core.inputs import check_max_len
 
     check_max_len(model, max_len, layout=layout, is_pair=isinstance(texts[0], tuple))
 
@@ -591,7 +591,7 @@ def _compare(args: argparse.Namespace) -> int:
         _check_focus(args.focus, model)
     constants = None
     if args.constants is not None:
-        from attnlens.papa import PapaConstants
+        from attnlens.methods.papa import PapaConstants
 
         constants = PapaConstants.load(args.constants, model)
     if args.max_len is not None:
@@ -651,7 +651,7 @@ def _fit_papa(args: argparse.Namespace) -> int:
     max_len = args.max_len or 128
     layout = args.layout or _fit_layout(model)
     _check_max_len(model, texts, max_len, layout)
-    from attnlens.papa import fitting
+    from attnlens.methods.papa import fitting
 
     try:
         constants = fitting.fit(
@@ -662,7 +662,7 @@ def _fit_papa(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if checkpoint is None:
             raise
-        from attnlens import passes
+        from attnlens.engine import passes
 
         if not passes.checkpoint_path(checkpoint, passes.world()).is_file():
             raise KeyboardInterrupt(
@@ -686,7 +686,7 @@ def _merge(args: argparse.Namespace) -> int:
     for _, path in inputs:
         if not Path(path).is_file():
             raise UsageError(f"constants file not found: {path}")
-    from attnlens.papa import PapaConstants
+    from attnlens.methods.papa import PapaConstants
 
     parts = [PapaConstants.load(path) for path in args.inputs]
     merged = parts[0]
@@ -705,7 +705,7 @@ def _measures(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of :func:`_measure`'s options (task probes, LM texts)."""
     lm_texts = None
     if args.lm_texts is not None:
-        from attnlens.corpus import read_corpus
+        from attnlens.core.corpus import read_corpus
 
         lm_texts = read_corpus(args.lm_texts)
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
@@ -724,7 +724,7 @@ def _curve(args: argparse.Namespace) -> int:
         raise UsageError(f"--fractions {args.fractions} should be numbers separated by commas") from None
     if not fractions:
         raise UsageError(f"--fractions {args.fractions!r} holds no fraction; give numbers separated by commas (e.g. 0,0.5,1)")
-    from attnlens.papa import STRATEGIES
+    from attnlens.methods.papa import STRATEGIES
 
     if args.strategy not in STRATEGIES:
         raise UsageError(f"--strategy {args.strategy} is unknown; use one of {', '.join(STRATEGIES)}")
@@ -732,7 +732,7 @@ def _curve(args: argparse.Namespace) -> int:
         raise UsageError(f"constants file not found: {args.constants}")
     measures = _measures(args)
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens.papa import PapaConstants, curve
+    from attnlens.methods.papa import PapaConstants, curve
 
     constants = PapaConstants.load(args.constants, model)
     result = curve(
@@ -742,7 +742,7 @@ def _curve(args: argparse.Namespace) -> int:
         batch_size=args.batch_size, seeds=args.seeds, progress=not args.quiet,
     )
     result.to_csv(table, overwrite_read_only=args.force)
-    from attnlens.files import write_atomic
+    from attnlens.core.files import write_atomic
 
     html = result.figure().to_html(include_plotlyjs=True, full_html=True)
     write_atomic(out, html.encode("utf-8"), overwrite_read_only=args.force)
@@ -759,8 +759,8 @@ def _table(args: argparse.Namespace) -> int:
         raise UsageError(f"constants file not found: {args.constants}")
     measures = _measures(args)
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens.files import write_atomic
-    from attnlens.papa import PapaConstants, table
+    from attnlens.core.files import write_atomic
+    from attnlens.methods.papa import PapaConstants, table
 
     constants = PapaConstants.load(args.constants, model)
     result = table(model, constants, measures.pop("tasks"), batch_size=args.batch_size, seeds=args.seeds,
@@ -774,7 +774,7 @@ def _table(args: argparse.Namespace) -> int:
 
 def _write_table_and_figure(table: Any, figure: Any, csv: Path, out: Path, force: bool) -> None:
     """The CSV and the self-contained HTML figure of a subcommand, each written atomically."""
-    from attnlens.files import write_atomic
+    from attnlens.core.files import write_atomic
 
     write_atomic(csv, table.to_csv(index=False).encode("utf-8"), overwrite_read_only=force)
     html = figure.to_html(include_plotlyjs=True, full_html=True)
@@ -808,7 +808,7 @@ def _types(args: argparse.Namespace) -> int:
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
     import pandas as pd
 
-    from attnlens import patterns
+    from attnlens.methods import patterns
 
     options = dict(batch_size=args.batch_size, progress=not args.quiet)
     tables = []
@@ -816,7 +816,7 @@ def _types(args: argparse.Namespace) -> int:
     if named:  # standard and effective: one pass, the maximum length asked for
         tables.append(patterns.types(model, texts, view=named, max_len=args.max_len, **options))
     if "papa" in names:  # the constants' own pass, their own max_len and layout
-        from attnlens.papa import PapaConstants
+        from attnlens.methods.papa import PapaConstants
 
         constants = PapaConstants.load(args.constants, model)
         tables.append(patterns.types(model, texts, view=constants, **options))
@@ -835,11 +835,11 @@ def _syntax(args: argparse.Namespace) -> int:
         raise UsageError(f"--conllu {args.conllu}: file not found")
     out, csv = _outputs(args, [("--conllu", args.conllu), ("--constants", args.constants)])
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens import syntax
+    from attnlens.methods import syntax
 
     view: Any = args.view
     if args.view == "papa":
-        from attnlens.papa import PapaConstants
+        from attnlens.methods.papa import PapaConstants
 
         view = PapaConstants.load(args.constants, model)
     table = syntax.dependency_heads(
@@ -862,7 +862,8 @@ def _importance(args: argparse.Namespace) -> int:
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
     import pandas as pd
 
-    from attnlens import ablation, plots
+    from attnlens.core import plots
+    from attnlens.methods import ablation
 
     result = ablation.importance(
         model, corpus, max_len=args.max_len or 128, batch_size=args.batch_size,
@@ -885,7 +886,7 @@ def _importance(args: argparse.Namespace) -> int:
 
 
 def _rank() -> int:
-    from attnlens.passes import world
+    from attnlens.engine.passes import world
 
     return world().rank
 

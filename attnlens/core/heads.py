@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens.checks import describe, finite, whole_number
+from attnlens.core.checks import describe, finite, whole_number
 from attnlens.errors import InputError, InputTypeError
 
 
@@ -105,7 +105,7 @@ class HeadSet:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a ``layer × head`` grid of marks (:func:`attnlens.display.headset_html`)."""
-        from attnlens.display import headset_html
+        from attnlens.present.display import headset_html
 
         return headset_html(self)
 

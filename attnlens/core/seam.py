@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens import models
+from attnlens.core import models
 from attnlens.errors import InputError
 
 ATTN_IMPLEMENTATION = "attnlens"

@@ -172,7 +172,7 @@ def effective_attention(
     :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
     """
-    from attnlens.checks import describe, finite, finite_tensor
+    from attnlens.core.checks import describe, finite, finite_tensor
 
     for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
         if value is not None and not isinstance(value, Tensor):
@@ -203,7 +203,7 @@ def effective_attention(
     if padded:
         valid = torch.ones(batch, n_keys, dtype=torch.bool, device=pattern.device)
     elif key_mask is None:
-        from attnlens.seam import key_mask as infer_key_mask
+        from attnlens.core.seam import key_mask as infer_key_mask
 
         valid = infer_key_mask(pattern)
     else:

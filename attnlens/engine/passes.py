@@ -58,18 +58,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens import models, seam
-from attnlens.corpus import corpus_iterator
-from attnlens.errors import (
-    DamagedFileError,
-    FileFormatError,
-    InputError,
-    InputTypeError,
-    MismatchError,
-    ModelBehaviourError,
-    UnavailableError,
-)
-from attnlens.inputs import (
+from attnlens.core import models, seam
+from attnlens.core.corpus import corpus_iterator
+from attnlens.core.inputs import (
     LAYOUTS,
     Batch,
     BlankText,
@@ -79,7 +70,16 @@ from attnlens.inputs import (
     tokenize,
     whole_number,
 )
-from attnlens.loading import is_causal, model_id, require_bridge, weights_fingerprint
+from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
+from attnlens.errors import (
+    DamagedFileError,
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MismatchError,
+    ModelBehaviourError,
+    UnavailableError,
+)
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
 CHECKPOINT_EVERY = 20
@@ -155,7 +155,7 @@ class LayerPatterns:
                     "effective attention needs the layer's values: set needs_effective = True "
                     "on the accumulator that reads LayerPatterns.effective."
                 )
-            from attnlens.effective.core import effective_attention
+            from attnlens.engine.effective import effective_attention
 
             self._effective = effective_attention(
                 self.pattern, self.values, key_mask=self.key_mask, **self.options
@@ -318,7 +318,7 @@ def tqdm_class() -> type:
     """``tqdm.notebook.tqdm`` (a widget) in a Jupyter kernel where ``ipywidgets`` imports, else
     ``tqdm.std.tqdm`` (text). Unlike ``tqdm.auto`` it never warns: without ``ipywidgets`` a
     notebook simply gets the text bar."""
-    from attnlens.display import in_notebook
+    from attnlens.present.display import in_notebook
 
     if in_notebook():
         try:
@@ -638,13 +638,13 @@ def save_checkpoint(
     path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any]
 ) -> None:
     """Write every accumulator's state and the pass's counts atomically to ``path``."""
-    from attnlens.files import safetensors_bytes, write_atomic
+    from attnlens.core.files import safetensors_bytes, write_atomic
 
     tensors: dict[str, Tensor] = {}
     for accumulator in accumulators:
         for key, value in accumulator.state_dict().items():
             tensors[f"{accumulator.name}/{key}"] = value.detach().cpu().contiguous()
-    from attnlens.files import tensor_checksum
+    from attnlens.core.files import tensor_checksum
 
     metadata = {
         "checksum": tensor_checksum(tensors),
@@ -667,7 +667,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        from attnlens.files import check_sealed, verify_checksum
+        from attnlens.core.files import check_sealed, verify_checksum
 
         if raw.get("format") != CHECKPOINT_FORMAT:
             check_sealed(path, raw, tensors)
@@ -851,7 +851,7 @@ def run(
     fingerprint = _Fingerprint()
     path = checkpoint_path(checkpoint, current) if checkpoint is not None else None
     if path is not None:
-        from attnlens.files import clean_temporaries
+        from attnlens.core.files import clean_temporaries
 
         clean_temporaries(path)
         check_world_size(checkpoint, current)

@@ -82,7 +82,7 @@ class Curve:
     def figure(self) -> Any:
         """Score against the share of input-dependent heads kept, one line per task and
         strategy, the baselines as marks at 0 kept (:func:`attnlens.plots.papa_curve`)."""
-        from attnlens.plots import papa_curve
+        from attnlens.core.plots import papa_curve
 
         return papa_curve(self.table)
 
@@ -92,13 +92,13 @@ class Curve:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: tasks, the first rows of the table (:func:`attnlens.display.curve_html`)."""
-        from attnlens.display import curve_html
+        from attnlens.present.display import curve_html
 
         return curve_html(self)
 
     def to_csv(self, path: Any, *, overwrite_read_only: bool = False) -> Any:
         """Write the table as CSV, atomically (:func:`attnlens.files.write_atomic`)."""
-        from attnlens.files import write_atomic
+        from attnlens.core.files import write_atomic
 
         return write_atomic(path, self.table.to_csv(index=False).encode("utf-8"),
                             overwrite_read_only=overwrite_read_only)
@@ -146,12 +146,12 @@ def curve(
     feature cache after their first extraction. Features run in compact PAPA batches
     (:func:`attnlens.inputs.compact_batch`).
     """
-    from attnlens import probing
-    from attnlens.checks import finite, optional_count, whole_number
-    from attnlens.papa import baselines as data_free
-    from attnlens.papa.intervene import hooks as papa_hooks
-    from attnlens.papa.selection import STRATEGIES, select_heads
-    from attnlens.probing.features import hooks_key
+    from attnlens.core.checks import finite, optional_count, whole_number
+    from attnlens.evaluation import probing
+    from attnlens.evaluation.probing.features import hooks_key
+    from attnlens.methods.papa import baselines as data_free
+    from attnlens.methods.papa.intervene import hooks as papa_hooks
+    from attnlens.methods.papa.selection import STRATEGIES, select_heads
 
     tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
     tasks = list(tasks)
@@ -220,7 +220,7 @@ def curve(
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
                              metric=result.metric, **_point_columns(result, unchanged, seed)))
     if lm_texts is not None:
-        from attnlens import lm
+        from attnlens.evaluation import lm
 
         scores: dict[str, Any] = {}  # hooks' key -> the LM score under them
         for label, _, fraction, hooks in points:
@@ -254,7 +254,7 @@ def curve(
 def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
     """A curve point's score columns: its interval, baselines, and the paired test against the
     same task with no head replaced (``unchanged``), resampling the same examples."""
-    from attnlens.probing import paired
+    from attnlens.evaluation.probing import paired
 
     versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
                     resamples=result.settings["resamples"])
@@ -274,7 +274,7 @@ def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
     per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
     if score.counts is None or unchanged.counts is None:
         return {}
-    from attnlens.probing.intervals import paired_counts
+    from attnlens.evaluation.probing.intervals import paired_counts
 
     versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
     return dict(low=score.interval.low, high=score.interval.high, difference=versus.difference,
@@ -319,10 +319,10 @@ def lambda_order(
     """
     import torch
 
-    from attnlens import probing
-    from attnlens import tasks as task_module
-    from attnlens.inputs import tokenize
-    from attnlens.papa.selection import learn_lambda
+    from attnlens.core.inputs import tokenize
+    from attnlens.evaluation import probing
+    from attnlens.evaluation import tasks as task_module
+    from attnlens.methods.papa.selection import learn_lambda
 
     train = task if not isinstance(task, str) else task_module.load(
         task, "train", data_dir=data_dir, limit=train_limit, seed=seed)

@@ -40,12 +40,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens import checks, passes
+from attnlens.core import checks
+from attnlens.core.inputs import Batch
+from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
+from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, NotFittedError
-from attnlens.inputs import Batch
-from attnlens.loading import is_causal, lm_head_trained, model_id, require_bridge
-from attnlens.probing.features import Features, HiddenStates, extract
-from attnlens.probing.intervals import Interval, bootstrap_counts
+from attnlens.evaluation.probing.features import Features, HiddenStates, extract
+from attnlens.evaluation.probing.intervals import Interval, bootstrap_counts
 
 __all__ = [
     "KINDS",
@@ -607,7 +608,7 @@ class MLMHead:
         """Write the fitted head to one safetensors file (atomically, with a checksum)."""
         import json
 
-        from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
 
         if self.network is None:
             raise NotFittedError("this MLMHead is not fitted yet; nothing to save.")
@@ -624,7 +625,7 @@ class MLMHead:
 
         from torch import nn
 
-        from attnlens.files import read_checked
+        from attnlens.core.files import read_checked
 
         metadata, tensors = read_checked(path, what="MLM head", format=HEAD_FORMAT)
         if set(tensors) != {"0.weight", "0.bias", "2.weight", "2.bias"} or not all(

@@ -51,7 +51,7 @@ class PapaTable:
 
     def figure(self) -> Any:
         """One panel per task: a bar per row with its 95% interval (:func:`attnlens.plots.papa_table`)."""
-        from attnlens.plots import papa_table
+        from attnlens.core.plots import papa_table
 
         return papa_table(self.long)
 
@@ -97,7 +97,7 @@ def table(model: Any, constants: Any, tasks: Sequence[Any], *, lm_texts: Sequenc
     """PAPA's Table 1 of ``model`` (see the module docstring): ``tasks`` (names or tasks),
     ``lm_texts`` (also the LM score: the MLM probe for an encoder with an untrained head), the
     other arguments as :func:`attnlens.papa.curve`'s (``seeds``, ``train_limit``, ...)."""
-    from attnlens.papa.curves import DATA_FREE, curve
+    from attnlens.evaluation.curve import DATA_FREE, curve
 
     options.pop("fractions", None)
     measured = curve(model, constants, tasks, fractions=(0.0, 1.0), baselines=DATA_FREE,

@@ -59,9 +59,9 @@ from typing import Any
 import datasets
 import numpy as np
 
-from attnlens.checks import whole_number
+from attnlens.core.checks import whole_number
+from attnlens.core.inputs import Words
 from attnlens.errors import InputError
-from attnlens.inputs import Words
 
 #: the tasks :func:`load` knows
 NAMES: tuple[str, ...] = ("sst2", "cola", "mrpc", "mnli", "ner", "pos")
@@ -207,7 +207,7 @@ class Task:
 
     def select(self, indices: Iterable[int]) -> Task:
         """The task restricted to the examples at ``indices`` (in that order)."""
-        from attnlens.checks import indices as checked
+        from attnlens.core.checks import indices as checked
 
         return dataclasses.replace(self, examples=self.examples.select(checked(indices, "indices", len(self))))
 

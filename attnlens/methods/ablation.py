@@ -44,9 +44,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens import checks, passes, seam
+from attnlens.core import checks, seam
+from attnlens.core.heads import HeadSet, n_selected
+from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
-from attnlens.heads import HeadSet, n_selected
 
 __all__ = [
     "COLUMNS",
@@ -94,7 +95,7 @@ def output_hook(model: Any, layer: int) -> str:
     """The hook point carrying layer ``layer``'s per-head outputs ``z`` (``[batch, pos, head,
     d_head]``): the architecture's :attr:`~attnlens.models.Architecture.output_hook`, by default
     ``blocks.{layer}.attn.hook_z`` (it exists on every bridge, grouped-query models included)."""
-    from attnlens import models
+    from attnlens.core import models
 
     architecture = models.find(model) if model is not None and hasattr(model, "original_model") else None
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
@@ -170,7 +171,7 @@ class AblationHooks(list):
         points, means, causality; for ``"papa"`` the key of the PAPA hooks): equal keys, equal
         interventions. Probe features under these hooks are cached by it
         (:func:`attnlens.probing.features.hooks_key`)."""
-        from attnlens.files import tensor_checksum
+        from attnlens.core.files import tensor_checksum
 
         if self.papa is not None:
             return f"ablation:papa:{self.papa.key()}"
@@ -224,7 +225,7 @@ def hooks(
         raise InputError(f"constants= is only used with mode='papa' (got mode={mode!r}).")
     known: list[tuple[str, tuple[int, int]]] = []
     if model is not None:
-        from attnlens.loading import model_id, require_bridge
+        from attnlens.core.loading import model_id, require_bridge
 
         require_bridge(model, "ablation.hooks")
         known.append((f"the model {model_id(model)}", _model_shape(model)))
@@ -259,7 +260,7 @@ def hooks(
     _check_shape(heads, known)
 
     if mode == "papa":
-        from attnlens import papa
+        from attnlens.methods import papa
 
         if model is not None:
             constants.check_compatible(model)
@@ -268,7 +269,7 @@ def hooks(
 
     causal: bool | None = None
     if mode == "uniform" and model is not None:
-        from attnlens.loading import is_causal
+        from attnlens.core.loading import is_causal
 
         if not seam.is_installed(model):
             raise InputError(
@@ -330,7 +331,7 @@ def uniform_pattern(
 
 
 def _uniform_hook(heads: HeadSet, selected: Tensor, causal: bool | None) -> Callable:
-    from attnlens.papa.intervene import looks_causal
+    from attnlens.methods.papa.intervene import looks_causal
 
     def uniform(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
         _check_heads_in(pattern.shape[1], heads, "hook_pattern")
@@ -396,7 +397,7 @@ def head_means(
     ``corpus`` (padding excluded), ``[layer, head, d_head]`` float32 on the CPU: the values of
     mean ablation (``hooks(heads, "mean", means=...)``). One pass of
     :func:`attnlens.passes.run` (summed in float64); ``hooks`` are active during it."""
-    from attnlens.loading import require_bridge
+    from attnlens.core.loading import require_bridge
 
     require_bridge(model, "ablation.head_means")
     accumulator = HeadMeans(model)
@@ -516,7 +517,7 @@ class Gates(passes.Accumulator):
         self.per: str | None = None
         self.default = None
         if loss is None:
-            from attnlens.loading import is_causal
+            from attnlens.core.loading import is_causal
 
             self.default = "causal" if is_causal(model) else "mlm"
         self.gates: Tensor | None = None
@@ -545,7 +546,7 @@ class Gates(passes.Accumulator):
     def prepare(self, batch: Any) -> Any:
         if self.default != "mlm":
             return batch
-        from attnlens import lm
+        from attnlens.evaluation import lm
 
         masked, targets = lm.mlm_masks(batch, self.model.tokenizer, rate=self.mask_rate, seed=self.seed)
         self._targets, self._original = targets, batch.input_ids
@@ -651,7 +652,7 @@ class ProbeLoss:
             raise InputError("ProbeLoss needs a fitted PapaProbe; call probe.fit(features, labels) first.")
         if len(labels) != len(examples):
             raise InputError(f"{len(labels)} labels for {len(examples)} examples; give one per example.")
-        from attnlens.probing.features import HiddenStates
+        from attnlens.evaluation.probing.features import HiddenStates
 
         self.model, self.probe, self.labels, self.examples = model, probe, list(labels), examples
         self.n_layers = int(model.cfg.n_layers)
@@ -716,8 +717,8 @@ def task_loss(
     fitted on ``train_limit`` examples of its train split (features of the model as it is,
     cached as :func:`attnlens.probing.run` caches them) and ``limit`` examples of its dev split
     (seeded subsets) with their labels."""
-    from attnlens import probing, tasks
-    from attnlens.inputs import default_layout
+    from attnlens.core.inputs import default_layout
+    from attnlens.evaluation import probing, tasks
 
     layout = default_layout(model) if layout is None else layout
     train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
@@ -772,10 +773,10 @@ def importance(
     Raises :class:`GatesUnused` when the loss does not depend on the gates (no gradient reaches
     them, or every gradient is 0) instead of returning zeros.
     """
-    from attnlens.loading import lm_head_trained, model_id, require_bridge
+    from attnlens.core.loading import lm_head_trained, model_id, require_bridge
 
     require_bridge(model, "ablation.importance")
-    from attnlens import tasks
+    from attnlens.evaluation import tasks
 
     train_limit = checks.optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     limit = checks.optional_count(limit, "limit", " of examples (or None for all)")
@@ -796,7 +797,7 @@ def importance(
     if loss is not None and not callable(loss):
         raise InputTypeError(f"loss must be a callable loss(output, batch) -> tensor; got {checks.describe(loss)}.")
     if loss is None and lm_head_trained(model) is False:
-        from attnlens.lm import UntrainedHead
+        from attnlens.evaluation.lm import UntrainedHead
 
         raise UntrainedHead(
             f"ablation.importance's default loss is the model's own LM loss, but the LM head of "
@@ -867,7 +868,7 @@ def prune_curve(
     """
     import pandas as pd
 
-    from attnlens.loading import require_bridge
+    from attnlens.core.loading import require_bridge
 
     require_bridge(model, "ablation.prune_curve")
     if not callable(score_fn):

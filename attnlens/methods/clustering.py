@@ -53,9 +53,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.checks import describe, whole_number
+from attnlens.core.checks import describe, whole_number
+from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
-from attnlens.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 
 #: the rows of one chunk of :class:`HeadDistances` take about this many bytes of temporaries
 CHUNK_BYTES = 200 * 2**20
@@ -359,8 +359,9 @@ def cluster(
     :func:`attnlens.patterns.types` has them), shown as marker symbols;
     heads it does not name are ``"unknown"``. ``seed``: MDS's ``random_state``.
     """
-    from attnlens import passes, views
-    from attnlens.loading import require_bridge
+    from attnlens.core.loading import require_bridge
+    from attnlens.engine import passes
+    from attnlens.methods import views
 
     require_bridge(model, "cluster")
     chosen = views.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)

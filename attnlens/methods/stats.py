@@ -24,8 +24,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.engine.passes import Accumulator
 from attnlens.errors import InputError
-from attnlens.passes import Accumulator
 
 STATISTICS: tuple[str, ...] = (
     "to_cls",
@@ -153,7 +153,7 @@ class AttentionStatistics:
     """
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
-        from attnlens.heads import _sizes
+        from attnlens.core.heads import _sizes
 
         self.n_layers, self.n_heads = n_layers, n_heads = _sizes(n_layers, n_heads)
         self.sums = {name: torch.zeros(n_layers, n_heads, dtype=TOTAL_DTYPE) for name in STATISTICS}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from attnlens.checks import describe
+from attnlens.core.checks import describe
 from attnlens.errors import InputError
 
 #: the views given by name
@@ -25,7 +25,7 @@ NAMED: tuple[str, ...] = ("standard", "effective")
 def resolve(view: Any) -> tuple[str, Any]:
     """``(name, constants or None)`` of a view: ``"standard"``, ``"effective"`` or ``"papa"``
     (with its constants); ``ValueError`` for anything else."""
-    from attnlens.papa import PapaConstants, TrainableConstants
+    from attnlens.methods.papa import PapaConstants, TrainableConstants
 
     if isinstance(view, PapaConstants | TrainableConstants):
         return "papa", view
@@ -62,7 +62,7 @@ def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = No
     ``max_len`` and layout (giving others is an error), else ``max_len`` defaults to
     ``default_max_len`` and ``layout`` to the model's (:func:`attnlens.inputs.default_layout`).
     ``hooks``: further interventions, run after the view's own."""
-    from attnlens.inputs import LAYOUTS, check_max_len, default_layout
+    from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
 
     name, constants = resolve(view)
     fwd_hooks = list(hooks)
@@ -75,7 +75,7 @@ def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = No
                     f"must be laid out as the constants are; leave out {what}= (or give {theirs!r})."
                 )
         max_len, layout = constants.max_len, constants.layout
-        from attnlens import papa
+        from attnlens.methods import papa
 
         fwd_hooks = [*papa.hooks(constants), *fwd_hooks]
     layout = default_layout(model) if layout is None else layout

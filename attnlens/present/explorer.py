@@ -29,7 +29,8 @@ import numpy as np
 import plotly.colors
 import torch
 
-from attnlens import kept, plots
+from attnlens.core import plots
+from attnlens.present import kept
 
 if TYPE_CHECKING:
     from attnlens.compare import Comparison

@@ -19,7 +19,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from attnlens import explorer
+from attnlens.present import explorer
 
 if TYPE_CHECKING:
     from attnlens.compare import Comparison
@@ -118,7 +118,7 @@ def _summary(c: Comparison) -> str:
         "focus head": f"layer {c.focus[0]}, head {c.focus[1]}",
     }
     if "effective" in c.views and "d_head" in c.meta:
-        from attnlens.effective.core import short_text_note
+        from attnlens.engine.effective import short_text_note
 
         longer = c.meta.get("longer_than_d_head")
         items["effective attention"] = short_text_note(int(c.meta["d_head"])).capitalize() + (

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from attnlens.core.models import bert, gpt2, llama, roberta
+from attnlens.core.models.base import Architecture, Seam
 from attnlens.errors import InputError
-from attnlens.models import bert, gpt2, llama, roberta
-from attnlens.models.base import Architecture, Seam
 
 #: every adapter, in the order they are listed to users
 ARCHITECTURES: tuple[Architecture, ...] = (

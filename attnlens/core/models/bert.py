@@ -1,6 +1,6 @@
 """BERT (Devlin et al. 2019): an encoder; [CLS] … [SEP]; pattern edits through the attnlens seam."""
 
-from attnlens.models.base import Architecture
+from attnlens.core.models.base import Architecture
 
 ARCHITECTURE = Architecture(
     name="bert",

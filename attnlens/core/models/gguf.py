@@ -227,7 +227,7 @@ def _supported_architectures() -> list[str]:
     """GGUF architectures transformers reads and attnlens has an adapter for."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
-    from attnlens.models import ARCHITECTURES
+    from attnlens.core.models import ARCHITECTURES
 
     model_types = {model_type for a in ARCHITECTURES for model_type in a.model_types}
     return sorted(set(GGUF_SUPPORTED_ARCHITECTURES) & model_types)

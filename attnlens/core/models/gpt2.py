@@ -1,7 +1,7 @@
 """GPT-2 (Radford et al. 2019): a decoder; TransformerLens's bridge runs attention itself, so
 ``hook_pattern`` edits are honoured natively; bos and eos are often one token."""
 
-from attnlens.models.base import Architecture
+from attnlens.core.models.base import Architecture
 
 ARCHITECTURE = Architecture(
     name="gpt2",

@@ -12,7 +12,7 @@ edits are honoured natively; ``hook_k``/``hook_v`` carry the key-value heads and
 
 from __future__ import annotations
 
-from attnlens.models.base import Architecture
+from attnlens.core.models.base import Architecture
 
 #: names :func:`attnlens.load` resolves to a GGUF file converted once into a cached folder
 ALIASES: tuple[str, ...] = ("smollm2-135m",)
@@ -22,7 +22,7 @@ def resolve(name: str) -> str | None:
     """The cached Hugging Face folder of a known alias (converted on first use), else ``None``."""
     if name.lower() not in ALIASES:
         return None
-    from attnlens.models import gguf
+    from attnlens.core.models import gguf
 
     return str(gguf.smollm2_folder())
 

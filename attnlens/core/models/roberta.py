@@ -3,7 +3,7 @@ ids that start after ``padding_idx`` (so ``padding_idx + 1`` position embeddings
 
 from typing import Any
 
-from attnlens.models.base import Architecture
+from attnlens.core.models.base import Architecture
 
 
 def reserved_positions(config: Any) -> int:

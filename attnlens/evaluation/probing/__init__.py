@@ -23,11 +23,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnlens.errors import AttnlensWarning, InputError
-from attnlens.probing.baseline import LinearBaseline
-from attnlens.probing.features import Features, cache_dir, clear_cache, extract, hooks_key
-from attnlens.probing.intervals import Interval, Paired, bootstrap, paired
-from attnlens.probing.probe import PapaProbe, ProbeSettings
-from attnlens.probing.recipes import TABLE3, Recipe, recipe
+from attnlens.evaluation.probing.baseline import LinearBaseline
+from attnlens.evaluation.probing.features import (
+    Features,
+    cache_dir,
+    clear_cache,
+    extract,
+    hooks_key,
+)
+from attnlens.evaluation.probing.intervals import Interval, Paired, bootstrap, paired
+from attnlens.evaluation.probing.probe import PapaProbe, ProbeSettings
+from attnlens.evaluation.probing.recipes import TABLE3, Recipe, recipe
 
 __all__ = [
     "Features", "Interval", "LinearBaseline", "Paired", "PapaProbe", "ProbeResult", "ProbeSettings",
@@ -94,7 +100,7 @@ class ProbeResult:
 
 
 def _as_seeds(seeds: Any, seed: int) -> list[int]:
-    from attnlens.checks import whole_number
+    from attnlens.core.checks import whole_number
 
     seed = whole_number(seed, "seed")
     if seeds is None:
@@ -144,9 +150,9 @@ def run(
     interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
-    from attnlens import tasks
-    from attnlens.checks import optional_count, whole_number
-    from attnlens.inputs import default_layout
+    from attnlens.core.checks import optional_count, whole_number
+    from attnlens.core.inputs import default_layout
+    from attnlens.evaluation import tasks
 
     train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")

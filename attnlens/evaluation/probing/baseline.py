@@ -23,7 +23,7 @@ import torch
 from jaxtyping import Float
 
 from attnlens.errors import InputError, NotFittedError
-from attnlens.probing.features import Features
+from attnlens.evaluation.probing.features import Features
 
 #: The grid of ``C`` tried on the held-out split (strong to weak regularisation).
 C_GRID: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
@@ -51,7 +51,7 @@ class LinearBaseline:
 
     def __init__(self, *, grid: Sequence[float] = C_GRID, holdout: float = 0.2, seed: int = 0,
                  max_iter: int = 1000) -> None:
-        from attnlens.checks import finite, items, whole_number
+        from attnlens.core.checks import finite, items, whole_number
 
         self.grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
         if not self.grid or min(self.grid) <= 0:
@@ -111,7 +111,7 @@ class LinearBaseline:
 
     def _rows(self, features: Features, labels: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Inputs, targets and the example each row belongs to (every kept word is labelled)."""
-        from attnlens.probing.probe import PapaProbe
+        from attnlens.evaluation.probing.probe import PapaProbe
 
         rows = design(features)
         targets = PapaProbe._targets(PapaProbe(), features, labels).numpy()

@@ -46,10 +46,10 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attnlens import passes
+from attnlens.core.inputs import Words, default_layout
+from attnlens.core.loading import model_id, weights_fingerprint
+from attnlens.engine import passes
 from attnlens.errors import InputError, MismatchError
-from attnlens.inputs import Words, default_layout
-from attnlens.loading import model_id, weights_fingerprint
 
 #: The file format of cached features (in their key: another format is never read).
 FORMAT = "attnlens.Features/1"
@@ -96,7 +96,7 @@ class Features:
 
     def subset(self, indices: Sequence[int] | Tensor) -> Features:
         """The features of the examples at ``indices`` (in that order)."""
-        from attnlens.checks import indices as checked
+        from attnlens.core.checks import indices as checked
 
         indices = torch.as_tensor(checked(indices, "indices", len(self)), dtype=torch.long)
         offsets = self.offsets
@@ -118,7 +118,7 @@ class Features:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write to one safetensors file atomically, with a checksum of the tensors."""
-        from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
 
         tensors = self._tensors()
         metadata = {"format": FORMAT, "kind": self.kind, "max_len": str(self.max_len),
@@ -133,7 +133,7 @@ class Features:
     def load(cls, path: str | os.PathLike) -> Features:
         """Read a file written by :meth:`save`, refusing a damaged one (``ValueError`` naming
         the file and what is wrong)."""
-        from attnlens.files import read_checked
+        from attnlens.core.files import read_checked
 
         metadata, tensors = read_checked(path, what="features", format=FORMAT)
         if set(tensors) != {"vectors", "lengths", "positions", "n_words"}:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float
 
-from attnlens.checks import finite, whole_number
+from attnlens.core.checks import finite, whole_number
 from attnlens.errors import InputError
 
 #: Resamples per interval by default (the percentile's Monte-Carlo error at 95%: about ±0.2

@@ -48,7 +48,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from attnlens.errors import InputError, InputTypeError, MismatchError, NotFittedError
-from attnlens.probing.features import Features
+from attnlens.evaluation.probing.features import Features
 
 #: File format of a saved probe.
 FORMAT = "attnlens.PapaProbe/1"
@@ -129,7 +129,7 @@ class PapaProbe:
     def __init__(self, *, hidden: int | None = None, epochs: int = 10, batch_size: int = 32,
                  lr: float = 1e-3, weight_decay: float = 0.0, dropout: float = 0.1, seed: int = 0,
                  pooling: str = "mean", standardize: bool = True, progress: bool = False) -> None:
-        from attnlens.checks import finite, whole_number
+        from attnlens.core.checks import finite, whole_number
 
         self.settings = ProbeSettings(
             hidden=None if hidden is None else whole_number(hidden, "hidden", minimum=1),
@@ -172,7 +172,7 @@ class PapaProbe:
         self.max_len = features.max_len
         self.made_for = _made_for(features, task, label_names)
         generator = torch.Generator().manual_seed(self.settings.seed)
-        from attnlens.passes import progress_bar
+        from attnlens.engine.passes import progress_bar
 
         with torch.random.fork_rng(devices=[]):  # initial weights and dropout: from the seed
             torch.manual_seed(self.settings.seed)
@@ -258,7 +258,7 @@ class PapaProbe:
         the ones without a vector given the most frequent training label).
         :class:`~attnlens.errors.MismatchError` for features of another kind or shape than the
         probe was fitted on, or of another ``task`` (given here, or the features' ``task``)."""
-        from attnlens.checks import whole_number
+        from attnlens.core.checks import whole_number
 
         batch_size = whole_number(batch_size, "batch_size", " of examples per batch", minimum=1)
         if self.network is None:
@@ -291,7 +291,7 @@ class PapaProbe:
         """Write the fitted probe to one safetensors file (atomically, with a checksum)."""
         import json
 
-        from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
 
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; nothing to save.")
@@ -308,7 +308,7 @@ class PapaProbe:
         """Read a probe written by :meth:`save` (``ValueError`` for a damaged or foreign file)."""
         import json
 
-        from attnlens.files import read_checked
+        from attnlens.core.files import read_checked
 
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
         if not all(torch.isfinite(value).all() for value in tensors.values()):

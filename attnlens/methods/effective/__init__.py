@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
-from attnlens.effective.core import effective_attention
-from attnlens.effective.model import (
+from attnlens.engine.effective import effective_attention
+from attnlens.methods.effective.model import (
     MODES,
     EffectiveRun,
     EffectiveStatistics,

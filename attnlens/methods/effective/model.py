@@ -28,14 +28,15 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens import passes, seam
-from attnlens.checks import finite, index, items
-from attnlens.effective.core import effective_attention, warn_if_short
+from attnlens.core import seam
+from attnlens.core.checks import finite, index, items
+from attnlens.core.inputs import Batch, as_max_len, tokenize
+from attnlens.core.loading import require_bridge
+from attnlens.engine import passes
+from attnlens.engine.effective import effective_attention, warn_if_short
+from attnlens.engine.passes import device_of
 from attnlens.errors import InputError
-from attnlens.inputs import Batch, as_max_len, tokenize
-from attnlens.loading import require_bridge
-from attnlens.passes import device_of
-from attnlens.stats import Statistics
+from attnlens.methods.stats import Statistics
 
 Mode = Literal["effective", "null"]
 MODES: tuple[str, ...] = ("effective", "null")
@@ -117,7 +118,7 @@ class EffectiveStatistics:
 
 def kv_heads(model: Any) -> int:
     """Key-value heads per layer of a bridge (its architecture's fact; ``n_heads`` without one)."""
-    from attnlens import models
+    from attnlens.core import models
 
     architecture = models.find(model)
     if architecture is None:

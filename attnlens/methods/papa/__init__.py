@@ -31,14 +31,14 @@ unlabeled corpus, with hooks on an unmodified model::
   data-free matrices in every head, per task.
 """
 
-from attnlens.papa.baselines import TrainableConstants, identity, toeplitz, uniform, zeros
-from attnlens.papa.constants import PapaConstants
-from attnlens.papa.curves import Curve, curve
-from attnlens.papa.fitting import fit
-from attnlens.papa.intervene import PapaHooks, check_inputs, hooks, intervention
-from attnlens.papa.replace import constant_pattern, softmax_pattern
-from attnlens.papa.selection import STRATEGIES, HeadSet, learn_lambda, select_heads
-from attnlens.papa.tables import PapaTable, table
+from attnlens.evaluation.curve import Curve, curve
+from attnlens.evaluation.table import PapaTable, table
+from attnlens.methods.papa.baselines import TrainableConstants, identity, toeplitz, uniform, zeros
+from attnlens.methods.papa.constants import PapaConstants
+from attnlens.methods.papa.fitting import fit
+from attnlens.methods.papa.intervene import PapaHooks, check_inputs, hooks, intervention
+from attnlens.methods.papa.replace import constant_pattern, softmax_pattern
+from attnlens.methods.papa.selection import STRATEGIES, HeadSet, learn_lambda, select_heads
 
 load = PapaConstants.load
 

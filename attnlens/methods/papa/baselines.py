@@ -27,17 +27,17 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.checks import finite, finite_tensor, whole_number
+from attnlens.core.checks import finite, finite_tensor, whole_number
+from attnlens.core.inputs import LAYOUTS
 from attnlens.errors import InputError
-from attnlens.inputs import LAYOUTS
-from attnlens.papa.constants import (
+from attnlens.methods.papa.constants import (
     PapaConstants,
     check_batch,
     check_model,
     model_causal,
     model_info,
 )
-from attnlens.papa.replace import softmax_pattern
+from attnlens.methods.papa.replace import softmax_pattern
 
 
 def _settings(
@@ -259,6 +259,6 @@ class TrainableConstants(nn.Module):
 
     def _repr_html_(self) -> str:
         """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
-        from attnlens.display import constants_html
+        from attnlens.present.display import constants_html
 
         return constants_html(self)

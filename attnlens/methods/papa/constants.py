@@ -27,11 +27,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.checks import index, whole_number
+from attnlens.core.checks import index, whole_number
+from attnlens.core.files import verify_checksum
+from attnlens.core.inputs import LAYOUTS
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
-from attnlens.files import verify_checksum
-from attnlens.inputs import LAYOUTS
-from attnlens.papa.replace import constant_pattern
+from attnlens.methods.papa.replace import constant_pattern
 
 FORMAT = "attnlens.papa.constants/1"
 #: ``kind`` of constants: fitted means, data-free baselines, and snapshots of trained constants
@@ -41,21 +41,21 @@ _TENSORS = ("sums", "squares", "pair_counts")
 
 def model_info(model: Any) -> tuple[str, int, int]:
     """``(model id, n_layers, n_heads)`` of a bridge, as recorded in constants."""
-    from attnlens.loading import model_id
+    from attnlens.core.loading import model_id
 
     return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
 def model_causal(model: Any) -> bool:
     """Whether ``model`` is a decoder (see :func:`attnlens.loading.is_causal`)."""
-    from attnlens.loading import is_causal
+    from attnlens.core.loading import is_causal
 
     return is_causal(model)
 
 
 def model_fingerprint(model: Any) -> str:
     """The weights fingerprint of ``model`` (see :func:`attnlens.loading.weights_fingerprint`)."""
-    from attnlens.loading import weights_fingerprint
+    from attnlens.core.loading import weights_fingerprint
 
     return weights_fingerprint(model)
 
@@ -289,7 +289,7 @@ class PapaConstants:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
-        from attnlens.display import constants_html
+        from attnlens.present.display import constants_html
 
         return constants_html(self)
 
@@ -379,7 +379,7 @@ class PapaConstants:
         self, path: str | os.PathLike, extra: dict[str, Any] | None = None, *,
         overwrite_read_only: bool = False,
     ) -> Path:
-        from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
 
         metadata = {key: json.dumps(value) for key, value in self.metadata.items()}
         metadata["format"] = FORMAT
@@ -428,7 +428,7 @@ class PapaConstants:
         and, for fitted averages, counts no larger than the examples and whose diagonal adds up
         to the tokens seen. Each violation names the tensor, how many values break it and where
         the first one is."""
-        from attnlens.checks import finite_tensor
+        from attnlens.core.checks import finite_tensor
 
         finite_tensor(self.sums, "sums")
         finite_tensor(self.squares, "squares")
@@ -470,7 +470,7 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
     why the file is not one."""
     from safetensors import SafetensorError, safe_open
 
-    from attnlens.files import check_readable, check_sealed
+    from attnlens.core.files import check_readable, check_sealed
 
     check_readable(path, "constants")
     try:

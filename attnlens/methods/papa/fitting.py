@@ -26,12 +26,12 @@ from typing import Any, SupportsIndex
 import torch
 from torch import Tensor
 
-from attnlens import passes
+from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
+from attnlens.core.loading import require_bridge
+from attnlens.engine import passes
+from attnlens.engine.passes import CHECKPOINT_EVERY
 from attnlens.errors import InputError, InputTypeError
-from attnlens.inputs import LAYOUTS, check_max_len, default_layout
-from attnlens.loading import require_bridge
-from attnlens.papa.constants import PapaConstants, check_model
-from attnlens.passes import CHECKPOINT_EVERY
+from attnlens.methods.papa.constants import PapaConstants, check_model
 
 __all__ = ["CHECKPOINT_EVERY", "PatternSums", "default_layout", "fit"]
 

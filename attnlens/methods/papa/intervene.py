@@ -38,11 +38,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens import seam
+from attnlens.core import seam
 from attnlens.errors import InputError, InputTypeError
-from attnlens.papa.baselines import TrainableConstants
-from attnlens.papa.constants import PapaConstants
-from attnlens.papa.selection import HeadSet, resolve_heads
+from attnlens.methods.papa.baselines import TrainableConstants
+from attnlens.methods.papa.constants import PapaConstants
+from attnlens.methods.papa.selection import HeadSet, resolve_heads
 
 MODES: tuple[str, ...] = ("replace", "blend")
 
@@ -85,7 +85,7 @@ class PapaHooks(list):
         """A stable hash of everything that makes these hooks what they are (the constants'
         tensors, the heads, the mode, ``θ`` and causality): equal keys, equal interventions.
         Caches of what a model computes under hooks (probe features) are keyed by it."""
-        from attnlens.files import tensor_checksum
+        from attnlens.core.files import tensor_checksum
 
         tensors = {"heads": self.heads.mask.to(torch.uint8)}
         if self.theta is not None:
@@ -158,7 +158,7 @@ def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]
     starts at ``θ ≈ 15.9`` (``λ = 1 − 1.2·10⁻⁷``) and ``lam=0`` at ``θ ≈ −16.1``
     (``λ = 10⁻⁷``); the blend then differs from the model (replacement) by about that share.
     """
-    from attnlens.checks import describe, finite_tensor, shape
+    from attnlens.core.checks import describe, finite_tensor, shape
 
     if lam is None:
         return torch.zeros(n_layers, n_heads)
@@ -299,7 +299,7 @@ def intervention(
     as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); in a layer with replaced
     heads, ``hook_q`` / ``hook_k`` do not run.
     """
-    from attnlens.loading import is_causal, require_bridge
+    from attnlens.core.loading import is_causal, require_bridge
 
     require_bridge(model, "papa.intervention")
     constants.check_compatible(model)

@@ -25,12 +25,12 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens import seam
-from attnlens.checks import describe, finite, finite_tensor, tensor, whole_number
+from attnlens.core import seam
+from attnlens.core.checks import describe, finite, finite_tensor, tensor, whole_number
+from attnlens.core.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
+from attnlens.core.loading import require_bridge
 from attnlens.errors import InputError, InputTypeError
-from attnlens.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
-from attnlens.loading import require_bridge
-from attnlens.papa.constants import PapaConstants
+from attnlens.methods.papa.constants import PapaConstants
 
 STRATEGIES: tuple[str, ...] = (
     "lambda",
@@ -189,8 +189,8 @@ def learn_lambda(
     ``requires_grad`` is restored afterwards), and gradients are taken with
     ``torch.autograd.grad``, so no other ``.grad`` (the model's, the constants') is changed.
     """
-    from attnlens.papa.intervene import intervention
-    from attnlens.passes import progress_bar
+    from attnlens.engine.passes import progress_bar
+    from attnlens.methods.papa.intervene import intervention
 
     steps = whole_number(steps, "steps", " of training steps", minimum=1)
     lr, jointly_lr = finite(lr, "lr", low=0.0), finite(jointly_lr, "jointly_lr", low=0.0)

@@ -9,10 +9,10 @@
   hand, as an image grid and a CSV, and back (:mod:`attnlens.patterns.labelling`).
 """
 
-from attnlens.patterns.cnn import PatternCNN
-from attnlens.patterns.labelling import export_for_labelling, read_labelled, sample_maps
-from attnlens.patterns.synthetic import SyntheticMaps, synthetic
-from attnlens.patterns.templates import (
+from attnlens.methods.patterns.cnn import PatternCNN
+from attnlens.methods.patterns.labelling import export_for_labelling, read_labelled, sample_maps
+from attnlens.methods.patterns.synthetic import SyntheticMaps, synthetic
+from attnlens.methods.patterns.templates import (
     REGIONS,
     THRESHOLDS,
     TYPES,
@@ -28,6 +28,6 @@ __all__ = [
     "classify", "features", "synthetic",
 ]
 
-from attnlens.patterns.counts import PatternTypes, figure, layer_shares, types  # noqa: E402
+from attnlens.methods.patterns.counts import PatternTypes, figure, layer_shares, types  # noqa: E402
 
 __all__ += ["PatternTypes", "figure", "layer_shares", "types"]

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.checks import describe, finite, whole_number
+from attnlens.core.checks import describe, finite, whole_number
 from attnlens.errors import (
     FileFormatError,
     InputError,
@@ -62,7 +62,7 @@ from attnlens.errors import (
     MissingFileError,
     NotFittedError,
 )
-from attnlens.patterns.templates import TYPES
+from attnlens.methods.patterns.templates import TYPES
 
 #: File format of a saved :class:`PatternCNN` (``"attnlens.PatternCNN/<version>"``).
 FORMAT = "attnlens.PatternCNN/1"
@@ -362,7 +362,7 @@ class PatternCNN:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fitted CNN to one safetensors file (atomically, with a checksum)."""
-        from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
 
         network = self._fitted()
         tensors = {name: value.detach().cpu().contiguous() for name, value in network.state_dict().items()}
@@ -378,14 +378,14 @@ class PatternCNN:
     def load(cls, path: str | os.PathLike) -> PatternCNN:
         """Read a CNN written by :meth:`save`: ``ValueError`` for a file that is missing,
         damaged, of another kind, or of another version of the format."""
-        from attnlens.files import read_checked
+        from attnlens.core.files import read_checked
 
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"PatternCNN file {path} does not exist; fit a PatternCNN and save() it.")
         found = _format_of(path)
         if found is not None and found.startswith("attnlens.PatternCNN/") and found != FORMAT:
-            from attnlens.files import check_sealed
+            from attnlens.core.files import check_sealed
 
             check_sealed(path)  # an edited format is an edit, not another version
             raise FileFormatError(

@@ -20,9 +20,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError
-from attnlens.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
-from attnlens.patterns.templates import TYPES, Positions, template_labels
+from attnlens.methods.patterns.templates import TYPES, Positions, template_labels
 
 #: colours of the types in figures (one per :data:`TYPES`, Plotly's qualitative "Set2")
 COLOURS: dict[str, str] = dict(zip(TYPES, ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#b3b3b3"), strict=True))
@@ -52,7 +52,7 @@ class PatternTypes(Accumulator):
     """
 
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None) -> None:
-        from attnlens.heads import _sizes
+        from attnlens.core.heads import _sizes
 
         n_layers, n_heads = _sizes(n_layers, n_heads)
         if view not in ("standard", "effective", "papa"):
@@ -132,9 +132,10 @@ def types(
     classified); ``attrs``: ``view`` (a tuple for several views), ``n_examples``, ``n_tokens``, ``max_len``, ``layout``,
     ``n_truncated``.
     """
-    from attnlens import passes, views
-    from attnlens.corpus import resolve_corpus
-    from attnlens.loading import require_bridge
+    from attnlens.core.corpus import resolve_corpus
+    from attnlens.core.loading import require_bridge
+    from attnlens.engine import passes
+    from attnlens.methods import views
 
     require_bridge(model, "patterns.types")
     if classifier is not None and not callable(getattr(classifier, "classify_batch", None)):

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.checks import describe, whole_number
+from attnlens.core.checks import describe, whole_number
+from attnlens.engine.passes import Accumulator
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
-from attnlens.passes import Accumulator
-from attnlens.patterns.cnn import Maps, as_map_list
-from attnlens.patterns.templates import TYPES
+from attnlens.methods.patterns.cnn import Maps, as_map_list
+from attnlens.methods.patterns.templates import TYPES
 
 #: format of ``maps.safetensors``
 FORMAT = "attnlens.labelling/1"
@@ -138,8 +138,8 @@ def sample_maps(
     ``[query, key]`` cropped to the example's real tokens; ``tokens``, their token strings;
     ``meta``, a DataFrame with ``example`` (index in ``corpus``), ``layer``, ``head``, ``view`` and
     ``length`` (real tokens)."""
-    from attnlens.corpus import corpus_iterator
-    from attnlens.passes import run
+    from attnlens.core.corpus import corpus_iterator
+    from attnlens.engine.passes import run
 
     if view not in SAMPLE_VIEWS:
         raise InputError(
@@ -220,7 +220,7 @@ def _view_of(item: Tensor, frame: pd.DataFrame, index: int) -> str:
 
 def _suggestions(suggested: Any, maps: list[Tensor], tokens: list[list[str]] | None,
                  frame: pd.DataFrame) -> list[str]:
-    from attnlens.patterns.templates import classify
+    from attnlens.methods.patterns.templates import classify
 
     n = len(maps)
     if suggested is False or (suggested is None and tokens is None):
@@ -286,7 +286,7 @@ def grid_image(maps: list[Tensor], *, columns: int, tile: int) -> np.ndarray:
     scaled by its own largest ``|a|``: a map without negative entries on the sequential scale of
     :mod:`attnlens.plots` (0 to its largest value), a signed one on its diverging scale centred
     on 0."""
-    from attnlens.plots import DIVERGING, SEQUENTIAL
+    from attnlens.core.plots import DIVERGING, SEQUENTIAL
 
     sequential, diverging = _colours(SEQUENTIAL), _colours(DIVERGING)
     used = min(columns, len(maps))
@@ -336,7 +336,7 @@ def export_for_labelling(
     :data:`~attnlens.patterns.TYPES`); ``maps.safetensors``, the maps padded to the longest with
     their lengths (and tokens) in float32, for :func:`read_labelled`. A ``labels.csv`` that already holds a
     label is never replaced unless ``overwrite=True`` (``FileExistsError``)."""
-    from attnlens.files import safetensors_bytes, tensor_checksum, write_atomic
+    from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
 
     image_module = _pillow()
     items = as_map_list(maps)
@@ -385,7 +385,7 @@ def read_labelled(
     :meth:`PatternCNN.fit`. Rows with an empty label are skipped; labels are matched to
     ``classes`` ignoring case and surrounding spaces; an unknown name is a ``ValueError`` naming
     its line and the valid names."""
-    from attnlens.files import read_checked
+    from attnlens.core.files import read_checked
 
     folder = Path(path)
     missing = [name for name in (LABELS, MAPS) if not (folder / name).is_file()]

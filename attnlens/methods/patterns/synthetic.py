@@ -15,9 +15,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.checks import describe, whole_number
+from attnlens.core.checks import describe, whole_number
 from attnlens.errors import InputError
-from attnlens.patterns.templates import TYPES
+from attnlens.methods.patterns.templates import TYPES
 
 #: logit of the prototype's keys above the others: ``log(length)`` (so one key can hold as much
 #: as all the others together, whatever the length) plus a margin drawn uniformly from this range

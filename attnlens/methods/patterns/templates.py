@@ -57,9 +57,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.checks import describe, whole_number
+from attnlens.core.checks import describe, whole_number
 from attnlens.errors import InputError
-from attnlens.stats import _diagonal
+from attnlens.methods.stats import _diagonal
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
 TYPES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -132,7 +132,7 @@ class Positions:
         """From a :class:`attnlens.inputs.Batch` and its tokenizer, or a
         :class:`attnlens.passes.PassBatch` (which knows its model). Special: the start and
         separator tokens of :func:`attnlens.stats.token_classes`."""
-        from attnlens.stats import token_classes
+        from attnlens.methods.stats import token_classes
 
         model = getattr(batch, "model", None)
         inputs = getattr(batch, "batch", batch)
@@ -145,7 +145,7 @@ class Positions:
             )
         key_mask = inputs.attention_mask.bool()
         if hasattr(batch, "shared"):
-            from attnlens.stats import batch_classes
+            from attnlens.methods.stats import batch_classes
 
             classes = batch_classes(batch)
         else:
@@ -159,7 +159,7 @@ class Positions:
 def _causal(model: Any) -> bool:
     if model is None:
         return False
-    from attnlens import models
+    from attnlens.core import models
 
     architecture = models.find(model)
     return bool(architecture.causal) if architecture is not None else False
