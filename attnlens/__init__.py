@@ -43,7 +43,7 @@ _aliases.install()  # the module paths of before the layers (attnlens.passes, ..
 __version__ = "0.1.0"
 
 if "ipykernel.zmqshell" in sys.modules:  # a Jupyter kernel: keep tqdm.auto (transformers and the
-    importlib.import_module("attnlens.present.display").quiet_tqdm_auto()  # hub use it) from warning
+    importlib.import_module("attnlens.core.notebook").quiet_tqdm_auto()  # hub use it) from warning
 
 #: submodules imported on first use (keeps ``import attnlens`` light: no torch, transformers,
 #: TransformerLens, plotly or pandas until a name that needs them is used; ``attnlens --help``

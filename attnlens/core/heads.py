@@ -105,7 +105,7 @@ class HeadSet:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a ``layer × head`` grid of marks (:func:`attnlens.display.headset_html`)."""
-        from attnlens.present.display import headset_html
+        from attnlens.core.notebook import headset_html
 
         return headset_html(self)
 

@@ -318,7 +318,7 @@ def tqdm_class() -> type:
     """``tqdm.notebook.tqdm`` (a widget) in a Jupyter kernel where ``ipywidgets`` imports, else
     ``tqdm.std.tqdm`` (text). Unlike ``tqdm.auto`` it never warns: without ``ipywidgets`` a
     notebook simply gets the text bar."""
-    from attnlens.present.display import in_notebook
+    from attnlens.core.notebook import in_notebook
 
     if in_notebook():
         try:

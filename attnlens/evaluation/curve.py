@@ -92,7 +92,7 @@ class Curve:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: tasks, the first rows of the table (:func:`attnlens.display.curve_html`)."""
-        from attnlens.present.display import curve_html
+        from attnlens.core.notebook import curve_html
 
         return curve_html(self)
 

@@ -289,7 +289,7 @@ class PapaConstants:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
-        from attnlens.present.display import constants_html
+        from attnlens.core.notebook import constants_html
 
         return constants_html(self)
 
