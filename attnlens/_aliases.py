@@ -45,8 +45,6 @@ PACKAGES: dict[str, str] = {
     "attnlens.plots": "attnlens.core.plots",
     "attnlens.seam": "attnlens.core.seam",
     "attnlens.passes": "attnlens.engine.passes",
-    "attnlens.papa": "attnlens.methods.papa",
-    "attnlens.ablation": "attnlens.methods.ablation",
     "attnlens.clustering": "attnlens.methods.clustering",
     "attnlens.effective": "attnlens.methods.effective",
     "attnlens.patterns": "attnlens.methods.patterns",
@@ -63,7 +61,9 @@ PACKAGES: dict[str, str] = {
     "attnlens.report": "attnlens.present.report",
 }
 #: a public module of names from several layers -> the package its old submodules live in
-CHILDREN: dict[str, str] = {}
+CHILDREN: dict[str, str] = {
+    "attnlens.papa": "attnlens.methods.papa",
+}
 #: old path of a module that left its package -> its new path (importing the old one warns)
 MOVED: dict[str, str] = {
     "attnlens.streaming": "attnlens.engine.passes",
@@ -94,13 +94,16 @@ def resolve(name: str) -> tuple[str, bool] | None:
 
 def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside the import system and attnlens: the line
-    that imported the old path."""
+    that imported the old path (``warnings`` does not count the import system's frames)."""
     package = str(Path(__file__).resolve().parent)
     frame, level = sys._getframe(1), 1
     while frame is not None:
         name = frame.f_code.co_filename
-        if not (name.startswith(package) or name.startswith("<frozen importlib")
-                or "jaxtyping" in name or "beartype" in name or name.startswith("<@beartype")):
+        if "importlib" in name and "_bootstrap" in name:
+            frame = frame.f_back
+            continue
+        if not (name.startswith(package) or "jaxtyping" in name or "beartype" in name
+                or name.startswith("<@beartype")):
             return level
         frame, level = frame.f_back, level + 1
     return 2

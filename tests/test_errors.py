@@ -52,7 +52,7 @@ def test_every_error_class_attnlens_defines_derives_from_attnlens_error():
     assert {"attnlens.cli.UsageError", "attnlens.core.corpus.CorpusError",
             "attnlens.evaluation.tasks.TaskError", "attnlens.core.loading.ModelFilesError",
             "attnlens.core.models.UnsupportedArchitecture", "attnlens.evaluation.lm.UntrainedHead",
-            "attnlens.core.inputs.BlankText", "attnlens.methods.ablation.GatesUnused",
+            "attnlens.core.inputs.BlankText", "attnlens.evaluation.importance.GatesUnused",
             "attnlens.errors.InputError"} <= set(classes)
     outside = [
         name for name, cls in classes.items()

@@ -732,7 +732,8 @@ def _curve(args: argparse.Namespace) -> int:
         raise UsageError(f"constants file not found: {args.constants}")
     measures = _measures(args)
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens.methods.papa import PapaConstants, curve
+    from attnlens.evaluation.curve import curve
+    from attnlens.methods.papa import PapaConstants
 
     constants = PapaConstants.load(args.constants, model)
     result = curve(
@@ -760,7 +761,8 @@ def _table(args: argparse.Namespace) -> int:
     measures = _measures(args)
     model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
     from attnlens.core.files import write_atomic
-    from attnlens.methods.papa import PapaConstants, table
+    from attnlens.evaluation.table import table
+    from attnlens.methods.papa import PapaConstants
 
     constants = PapaConstants.load(args.constants, model)
     result = table(model, constants, measures.pop("tasks"), batch_size=args.batch_size, seeds=args.seeds,
@@ -863,9 +865,9 @@ def _importance(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from attnlens.core import plots
-    from attnlens.methods import ablation
+    from attnlens.evaluation.importance import importance
 
-    result = ablation.importance(
+    result = importance(
         model, corpus, max_len=args.max_len or 128, batch_size=args.batch_size,
         progress=not args.quiet, data_dir=args.data_dir, train_limit=args.train_limit, limit=args.limit,
     )

@@ -24,15 +24,13 @@ unlabeled corpus, with hooks on an unmodified model::
 - :func:`hooks` / :func:`intervention`: ``mode="replace"`` or ``"blend"``;
   :func:`constant_pattern`: the pattern a constant gives a batch (causal on a decoder such as
   GPT-2: no key after the query);
-- :class:`HeadSet` and :func:`select_heads`: which heads to replace;
-- :func:`curve`: what replacing them costs, task probes and LM scores at growing fractions of
-  heads replaced (:class:`Curve`: table and figure), with intervals and baselines;
-- :func:`table`: PAPA's Table 1 of a model (:class:`PapaTable`): original, average constants and
-  data-free matrices in every head, per task.
+- :class:`HeadSet` and :func:`select_heads`: which heads to replace.
+
+What replacing heads costs (the PAPA curve and Table 1) is evaluation:
+:mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`; ``attnlens.papa`` gathers
+both layers' names.
 """
 
-from attnlens.evaluation.curve import Curve, curve
-from attnlens.evaluation.table import PapaTable, table
 from attnlens.methods.papa.baselines import TrainableConstants, identity, toeplitz, uniform, zeros
 from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.fitting import fit
@@ -43,16 +41,13 @@ from attnlens.methods.papa.selection import STRATEGIES, HeadSet, learn_lambda, s
 load = PapaConstants.load
 
 __all__ = [
-    "Curve",
     "HeadSet",
     "PapaConstants",
     "PapaHooks",
-    "PapaTable",
     "STRATEGIES",
     "TrainableConstants",
     "check_inputs",
     "constant_pattern",
-    "curve",
     "fit",
     "hooks",
     "identity",
@@ -61,7 +56,6 @@ __all__ = [
     "load",
     "select_heads",
     "softmax_pattern",
-    "table",
     "toeplitz",
     "uniform",
     "zeros",
