@@ -20,7 +20,6 @@ This module is callable: ``attnlens.compare(...)`` is :func:`compare`.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import operator
@@ -46,58 +45,23 @@ from attnlens.errors import FileFormatError, InputError, InputTypeError
 from attnlens.methods.patterns.counts import batch_positions, type_counts
 from attnlens.methods.patterns.templates import TYPES, template_labels
 from attnlens.methods.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
+from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.compare.COLUMNS, ...)
+    BROAD_BELOW,
+    COLUMN_DOCS,
+    COLUMNS,
+    DISTANCE_DEFINITION,
+    SCORE_COLUMNS,
+    SIGNED_VIEWS,
+    TARGETS,
+    TYPE_COLUMNS,
+    VIEWS,
+)
 from attnlens.present.display import Figures
+from attnlens.present.figures import MAX_TILED_TOKENS, blank_later_keys, build_figures  # noqa: F401
 from attnlens.present.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
 
-#: the views compare knows, in report order
-VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
-#: views whose values can leave [0, 1] (drawn on a diverging colour scale)
-SIGNED_VIEWS: frozenset[str] = frozenset({"effective"})
-#: the columns of :attr:`Comparison.table` with the share of each pattern type
-TYPE_COLUMNS: tuple[str, ...] = tuple(f"type_{name}" for name in TYPES)
-#: columns of :attr:`Comparison.table`
-COLUMNS: tuple[str, ...] = (
-    "view", "layer", "head", *STATISTICS, "distance_from_standard", *TYPE_COLUMNS, "pattern_type",
-)
-#: one-line definitions of the table's columns (shown in the report and in ``to_json``)
-COLUMN_DOCS: dict[str, str] = {
-    "view": "which attention: standard (the model's), papa (constant), effective",
-    "layer": "layer index, from 0",
-    "head": "head index within the layer, from 0",
-    "to_cls": "mean attention on the start token ([CLS] / <s>)",
-    "to_sep": "mean attention on separator tokens ([SEP] / </s>)",
-    "to_punct": "mean attention on punctuation tokens",
-    "to_self": "mean attention on the query's own position (offset 0)",
-    "to_prev": "mean attention on the previous position (offset -1)",
-    "to_next": "mean attention on the next position (offset +1)",
-    "entropy": "mean entropy (nats) of attention rows; signed rows are normalised by |a| first",
-    "distance_from_standard": (
-        "mean over valid query rows of the total-variation distance "
-        "1/2 * sum_k |a_view(q, k) - a_standard(q, k)| over valid keys; 0 for standard"
-    ),
-    **{
-        f"type_{name}": f"share of the examples whose map of this head is of Kovaleva's {name} type "
-        "(attnlens.patterns.classify's template rules)"
-        for name in TYPES
-    },
-    "pattern_type": "the head's most frequent Kovaleva pattern type",
-}
-DISTANCE_DEFINITION = COLUMN_DOCS["distance_from_standard"]
 DEFAULT_MAX_LEN = 128
-#: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
-MAX_TILED_TOKENS = 64
 
-#: targets of the "dominant target" head grid: table column -> label
-TARGETS: dict[str, str] = {
-    "to_cls": "[CLS]",
-    "to_sep": "[SEP]",
-    "to_punct": "punctuation",
-    "to_self": "self",
-    "to_prev": "previous",
-    "to_next": "next",
-}
-#: a head whose largest target share is below this is labelled "broad"
-BROAD_BELOW = 0.25
 #: the report's explorer may show any of the first this many examples of the corpus
 #: (``compare(report_examples=)``), as far as :data:`REPORT_BUDGET` allows
 REPORT_EXAMPLES = 50
@@ -280,7 +244,7 @@ class Comparison:
         layers = range(self.n_layers) if layer is None else [index(layer, "layer", self.n_layers, "layers")]
         return to_circuitsvis(
             patterns[list(layers)].reshape(-1, *patterns.shape[-2:]), tokens,
-            causal=_blank_later_keys(self, view), signed=view in SIGNED_VIEWS,
+            causal=blank_later_keys(self, view), signed=view in SIGNED_VIEWS,
             head_names=[f"L{index}H{head}" for index in layers for head in range(self.n_heads)],
         )
 
@@ -389,76 +353,6 @@ class Comparison:
             kept_patterns=None if data.get("kept_patterns") is None
             else KeptPatterns.from_dict(data["kept_patterns"]),
         )
-
-
-def build_figures(comparison: Comparison) -> dict[str, Any]:
-    """The figures of a comparison, by name, in report order."""
-    from attnlens.core import plots
-
-    c = comparison
-    others = [view for view in c.views if view != "standard"]
-    figures: dict[str, Any] = {}
-    if others:
-        figures["distance_from_standard"] = plots.head_grid(
-            {view: c.grid("distance_from_standard", view) for view in others},
-            title="Distance from standard attention (mean total variation per query row)",
-            name="distance",
-        )
-    layer, head = c.focus
-    figures["side_by_side"] = plots.side_by_side(
-        {view: array[layer, head] for view, array in c.example_patterns.items()},
-        c.example_tokens,
-        layer=layer,
-        head=head,
-        causal={view: _blank_later_keys(c, view) for view in c.views},
-        diverging={view: view in SIGNED_VIEWS for view in c.views},
-        title=f"Layer {layer}, head {head}: " + " vs ".join(c.views) + f" (example {c.example_index})",
-    )
-    figures["dominant_target"] = plots.head_grid(
-        {view: c.dominant_target(view) for view in c.views},
-        title=f"What each head attends to most (\"broad\": every target below {BROAD_BELOW:g})",
-        name="target",
-        categories=[*TARGETS.values(), "broad"],
-    )
-    if c.pattern_types is not None:
-        from attnlens.methods import patterns
-
-        figures["pattern_type"] = plots.head_grid(
-            {view: c.pattern_type(view) for view in c.views},
-            title="Each head's most frequent pattern type (Kovaleva et al. 2019)",
-            name="pattern type",
-            categories=list(TYPES),
-        )
-        shares = c.pattern_types
-        figures["pattern_types"] = patterns.figure(
-            [shares[shares["view"] == view] for view in c.views],
-            title="Pattern types per layer (share of maps, mean over the layer's heads)",
-        )
-    for column in STATISTICS:
-        figures[column] = plots.head_grid(
-            {view: c.grid(column, view) for view in c.views},
-            title=f"{column}: {html.escape(COLUMN_DOCS[column])}",
-            name=column,
-        )
-    n_tokens = len(c.example_tokens)
-    shown = min(n_tokens, MAX_TILED_TOKENS)
-    crop = "" if shown == n_tokens else f" (first {shown} of {n_tokens} tokens)"
-    for view, array in c.example_patterns.items():
-        figures[f"patterns_{view}"] = plots.patterns(
-            array[..., :shown, :shown],
-            c.example_tokens[:shown],
-            causal=_blank_later_keys(c, view),
-            diverging=view in SIGNED_VIEWS,
-            title=f"{view} attention of every head, example {c.example_index}{crop}",
-            name=view,
-        )
-    return figures
-
-
-def _blank_later_keys(comparison: Comparison, view: str) -> bool:
-    """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view but
-    effective attention, which reaches later keys (``A⊥ = A P`` mixes all value vectors)."""
-    return comparison.causal and view not in SIGNED_VIEWS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -631,17 +525,6 @@ def compare(
         return comparison
     finally:
         model.train(was_training)
-
-
-#: Columns of :attr:`Comparison.scores`.
-SCORE_COLUMNS = {
-    "view": "standard, papa (all heads), papa (half of the heads), effective",
-    "task": "task name, or 'lm' for the language-model score",
-    "metric": "the task's metric, or the LM score's kind (own head or MLM probe)",
-    "score": "on the evaluation split (LM: negative log-perplexity, nats per token)",
-    "majority": "score of always predicting the most frequent training label",
-    "relative": "score / the standard view's score",
-}
 
 
 def view_scores(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import plotly.colors
@@ -32,8 +32,9 @@ import torch
 from attnlens.core import plots
 from attnlens.present import kept
 
-if TYPE_CHECKING:
-    from attnlens.compare import Comparison
+# a comparison (attnlens.compare.Comparison) arrives as an argument: the comparison imports the
+# presentation layer, never the other way round
+Comparison = Any
 
 #: names of a pair's segments in the hover (segment 0, segment 1)
 SEGMENT_NAMES: tuple[str, str] = ("first sentence", "second sentence")
@@ -227,7 +228,7 @@ def _kept(c: Comparison) -> kept.KeptPatterns:
     shown example, coded here from its exact maps (segments unknown: none drawn)."""
     if c.kept_patterns is not None and c.kept_patterns.examples:
         return c.kept_patterns
-    from attnlens.compare import SIGNED_VIEWS
+    from attnlens.present.columns import SIGNED_VIEWS
 
     signed = tuple(view for view in c.views if view in SIGNED_VIEWS)
     codes, scales = {}, {}
@@ -244,7 +245,7 @@ def _kept(c: Comparison) -> kept.KeptPatterns:
 def data(c: Comparison, grids: list[str]) -> dict[str, Any]:
     """What the explorer's script reads (JSON-ready): the kept examples (tokens, segments,
     base64 codes, scales), the views and how to colour and blank them, the head grids' ids."""
-    from attnlens.compare import SIGNED_VIEWS
+    from attnlens.present.columns import SIGNED_VIEWS
 
     store = _kept(c)
     views = [view for view in c.views if view in store.views]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 import plotly.io as pio
@@ -21,8 +21,9 @@ from plotly.offline import get_plotlyjs
 
 from attnlens.present import explorer
 
-if TYPE_CHECKING:
-    from attnlens.compare import Comparison
+# a comparison (attnlens.compare.Comparison) arrives as an argument: the comparison imports the
+# presentation layer, never the other way round
+Comparison = Any
 
 #: figure captions by figure name (prefix match for ``patterns_*``)
 CAPTIONS: dict[str, str] = {
@@ -131,7 +132,7 @@ def _summary(c: Comparison) -> str:
 
 
 def _table(c: Comparison) -> str:
-    from attnlens.compare import COLUMN_DOCS
+    from attnlens.present.columns import COLUMN_DOCS
 
     docs = "".join(
         f"<li><code>{html.escape(name)}</code>: {html.escape(text)}</li>"
@@ -145,7 +146,7 @@ def _table(c: Comparison) -> str:
 
 def _scores(c: Comparison) -> str:
     """The task and LM scores per view (``compare(..., tasks=..., lm_texts=...)``)."""
-    from attnlens.compare import SCORE_COLUMNS
+    from attnlens.present.columns import SCORE_COLUMNS
 
     docs = "".join(
         f"<li><code>{html.escape(name)}</code>: {html.escape(text)}</li>"
