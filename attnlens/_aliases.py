@@ -92,18 +92,23 @@ def resolve(name: str) -> tuple[str, bool] | None:
     return None
 
 
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside the import system and attnlens: the line
-    that imported the old path (``warnings`` does not count the import system's frames)."""
+#: ``importlib.import_module``'s file (its frame is the import system's too)
+_IMPORTLIB = str(Path(importlib.__file__).resolve().parent)
+
+
+def _caller_level(frame: Any) -> int:
+    """The ``stacklevel``, for a warning issued in ``frame``, of the first frame outside the
+    import system and attnlens: the line that imported the old path (``warnings`` does not
+    count the import system's own frames)."""
     package = str(Path(__file__).resolve().parent)
-    frame, level = sys._getframe(1), 1
+    level = 1
     while frame is not None:
         name = frame.f_code.co_filename
         if "importlib" in name and "_bootstrap" in name:
             frame = frame.f_back
             continue
-        if not (name.startswith(package) or "jaxtyping" in name or "beartype" in name
-                or name.startswith("<@beartype")):
+        if not (name.startswith(package) or name.startswith(_IMPORTLIB) or "jaxtyping" in name
+                or "beartype" in name or name.startswith("<@beartype")):
             return level
         frame, level = frame.f_back, level + 1
     return 2
@@ -122,7 +127,7 @@ class _AliasLoader(importlib.abc.Loader):
                 f"{spec.name} is deprecated and will be removed in the next release; import "
                 f"{self.target} instead.",
                 AttnlensDeprecationWarning,
-                stacklevel=_caller_level(),
+                stacklevel=_caller_level(sys._getframe()),
             )
         module = importlib.import_module(self.target)
         self._spec = module.__spec__

@@ -315,6 +315,74 @@ SAME = {
 }
 
 
+#: the ``__all__`` of every module that had one before the layers
+OLD_ALL = {
+    "attnlens": (
+        "AttnlensError Batch Comparison Words ablation checks cli clustering compare corpus display "
+        "effective effective_attention errors export files heads inputs lm load loading "
+        "model_inputs models papa passes patterns plots probing run_with_hooks seam stats syntax "
+        "tasks to_circuitsvis tokenize views "
+    ),
+    "attnlens.ablation": (
+        "AblationHooks COLUMNS FRACTIONS Gates GatesUnused HeadMeans Importance MODES ORDERS "
+        "head_means hooks importance normalize_by_layer output_hook prune_curve prune_figure "
+        "uniform_pattern "
+    ),
+    "attnlens.effective": (
+        "EffectiveRun EffectiveStatistics MODES effective_attention hooked hooks pattern_hooks run "
+        "statistics "
+    ),
+    "attnlens.errors": (
+        "AttnlensError AttnlensWarning DamagedFileError FileFormatError InputError InputTypeError "
+        "MismatchError MissingFileError ModelBehaviourError NotFittedError UnavailableError "
+    ),
+    "attnlens.lm": (
+        "KINDS LMScore LMScorer UntrainedHead candidates evaluate mlm_masks pll_copies probe score "
+    ),
+    "attnlens.models": (
+        "ARCHITECTURES Architecture Seam UnsupportedArchitecture of resolve_alias "
+    ),
+    "attnlens.papa": (
+        "Curve HeadSet PapaConstants PapaHooks PapaTable STRATEGIES TrainableConstants check_inputs "
+        "constant_pattern curve fit hooks identity intervention learn_lambda load select_heads "
+        "softmax_pattern table toeplitz uniform zeros "
+    ),
+    "attnlens.papa.fitting": (
+        "CHECKPOINT_EVERY PatternSums default_layout fit "
+    ),
+    "attnlens.patterns": (
+        "Classification PatternCNN PatternTypes Positions REGIONS SyntheticMaps THRESHOLDS TYPES "
+        "classify export_for_labelling features figure layer_shares read_labelled sample_maps "
+        "synthetic types "
+    ),
+    "attnlens.probing": (
+        "Features Interval LinearBaseline Paired PapaProbe ProbeResult ProbeSettings ProbeWarning "
+        "Recipe TABLE3 bootstrap cache_dir clear_cache extract hooks_key paired recipe run "
+    ),
+    "attnlens.streaming": (
+        "chunks corpus_iterator device_of progress_bar run_patterns "
+    ),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_ALL))
+def test_every_public_name_of_before_is_still_there(old):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
+        module = importlib.import_module(old)
+        missing = [name for name in OLD_ALL[old].split() if not hasattr(module, name)]
+    assert not missing, f"{old} lost {missing}"
+
+
+def test_old_submodules_are_attributes_of_their_package():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
+        assert attnlens.papa.fitting is importlib.import_module("attnlens.methods.papa.fitting")
+        assert attnlens.papa.curves is importlib.import_module("attnlens.evaluation.curve")
+        assert attnlens.effective.core is importlib.import_module("attnlens.engine.effective")
+        assert attnlens.probing.probe.PapaProbe is importlib.import_module("attnlens.evaluation.probing.probe").PapaProbe
+
+
 def _fresh_import(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
     """Import ``name`` through the import system again (its module stays the one loaded)."""
     monkeypatch.delitem(sys.modules, name, raising=False)
@@ -364,6 +432,7 @@ def test_from_package_import_of_a_moved_submodule_warns(monkeypatch):
     """``from attnlens.effective import core``: the import system asks for the submodule under
     the package's real name, ``attnlens.methods.effective.core``."""
     monkeypatch.delitem(sys.modules, "attnlens.methods.effective.core", raising=False)
+    monkeypatch.delitem(sys.modules, "attnlens.effective.core", raising=False)
     monkeypatch.delattr(importlib.import_module("attnlens.methods.effective"), "core", raising=False)
     with pytest.warns(AttnlensDeprecationWarning, match="import attnlens.engine.effective instead"):
         from attnlens.effective import core
