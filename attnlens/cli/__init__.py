@@ -51,7 +51,15 @@ read-only file without ``--force``, the file of an input (``--corpus``, ``--cons
 ``--lm-texts``) or of another output) are refused before the model is loaded. An unexpected error is one line too (exit status 1); ``--debug`` shows
 tracebacks.
 
-This module imports only the standard library: torch, transformers, TransformerLens, plotly and
+One module per command, each with its options (``add``) and its handler (``run``):
+:mod:`attnlens.cli.compare`, :mod:`~attnlens.cli.fit_papa`, :mod:`~attnlens.cli.merge`,
+:mod:`~attnlens.cli.curve`, :mod:`~attnlens.cli.table`, :mod:`~attnlens.cli.pattern_types`
+(``types``), :mod:`~attnlens.cli.syntax` and :mod:`~attnlens.cli.importance`; this package holds
+what they share (the options, the checks of paths and devices, loading the model) and
+:func:`main`. The handlers call the shared helpers through the package (``cli._load``), so that
+replacing one (a test's ``monkeypatch``) reaches every command.
+
+The package imports only the standard library: torch, transformers, TransformerLens, plotly and
 pandas are imported by the command's handler, so ``attnlens --help`` and ``--version`` answer at
 once (``benchmarks/cli_help.py`` measures it).
 """
@@ -211,152 +219,19 @@ def build_parser() -> argparse.ArgumentParser:
     _debug(parser)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
+    from attnlens.cli import (  # one module per command (imported here: they import this package)
+        compare,
+        curve,
+        fit_papa,
+        importance,
+        merge,
+        pattern_types,
+        syntax,
+        table,
+    )
 
-    compare = commands.add_parser(
-        "compare", help="compare views of attention head by head; write an HTML report",
-        description="Compare standard, PAPA and effective attention head by head over a corpus "
-        "and write a self-contained HTML report.",
-    )
-    _common(compare, out_help="HTML report to write (default report.html)", out_default="report.html")
-    compare.add_argument(
-        "--views", default="standard,papa,effective",
-        help="comma-separated views among standard, papa, effective (default: all)",
-    )
-    compare.add_argument(
-        "--constants", default=None, help="PAPA constants from 'attnlens fit-papa' (else fitted)",
-    )
-    compare.add_argument(
-        "--example", type=_example_index, default=None, metavar="N",
-        help="corpus text whose maps the report shows, from 0 (default: the first, or with the "
-        "effective view the first longer than the head dimension)",
-    )
-    compare.add_argument(
-        "--focus", type=_head, default=None, metavar="L,H",
-        help="head shown side by side, as layer,head from 0 (default: the one farthest from "
-        "standard attention)",
-    )
-    compare.add_argument(
-        "--json", default=None, help="also write the comparison as JSON to this .json file"
-    )
-    _measure(compare)
-    compare.set_defaults(handler=_compare)
-
-    fit = commands.add_parser(
-        "fit-papa", help="fit PAPA constant attention matrices; write a safetensors file",
-        description="Average every head's attention over a corpus (PAPA, Hassid et al. 2022) "
-        "and save the constants.",
-    )
-    _common(fit, out_help="safetensors file to write", out_default=None)
-    fit.add_argument(
-        "--layout", choices=("papa", "padded"), default=None,
-        help="tokenization layout (default by model: papa, fixed [CLS]/[SEP] positions, for "
-        "encoders; padded for decoders such as GPT-2)",
-    )
-    fit.add_argument(
-        "--checkpoint", default=None,
-        help="save the fit's progress here; the same command run again resumes an interrupted fit",
-    )
-    fit.add_argument(
-        "--checkpoint-every", type=_positive, default=None,
-        help="batches between two saves of --checkpoint (default 20)",
-    )
-    fit.set_defaults(handler=_fit_papa)
-
-    merge = commands.add_parser(
-        "merge", help="merge PAPA constants fitted on parts of a corpus into one file",
-        description="Add up constants (or fit checkpoints) fitted on shards of a corpus anywhere "
-        "(a Slurm array, other machines, another day) into the constants of the whole corpus.",
-    )
-    merge.add_argument("inputs", nargs="+", help="constants files (.safetensors) to merge")
-    merge.add_argument("--out", required=True, help="safetensors file to write")
-    _force(merge)
-    merge.set_defaults(handler=_merge)
-
-    curve = commands.add_parser(
-        "curve", help="the PAPA curve: task scores as heads are replaced; write CSV and HTML",
-        description="Probe tasks with a growing share of heads replaced by PAPA constants "
-        "(Hassid et al. 2022) and write the table (CSV) and its figure (HTML).",
-    )
-    _model_option(curve)
-    curve.add_argument("--constants", required=True, help="PAPA constants from 'attnlens fit-papa'")
-    curve.add_argument(
-        "--fractions", default="0,0.5,0.875,0.9375,1",
-        help="replaced shares of heads, comma-separated (default: the paper's 0,0.5,0.875,0.9375,1)",
-    )
-    curve.add_argument(
-        "--strategy", default="input_dependence",
-        help="order in which heads are replaced (a papa.select_heads strategy; default input_dependence)",
-    )
-    curve.add_argument("--out", default="curve.html", help="HTML figure to write (the CSV goes beside it)")
-    _probe_options(curve)
-    curve.set_defaults(handler=_curve)
-
-    papa_table = commands.add_parser(
-        "table", help="PAPA's Table 1: original, average constants and data-free matrices per task",
-        description="Probe tasks with the original attention, PAPA's average constants in every "
-        "head and the data-free identity, Toeplitz, zeros and uniform matrices in every head "
-        "(Hassid et al. 2022, Table 1); write the table (CSV, Markdown) and its figure (HTML).",
-    )
-    _model_option(papa_table)
-    papa_table.add_argument("--constants", required=True, help="PAPA constants from 'attnlens fit-papa'")
-    papa_table.add_argument("--out", default="table.html", help="HTML figure to write (CSV and .md beside it)")
-    _probe_options(papa_table)
-    papa_table.set_defaults(handler=_table)
-
-    types = commands.add_parser(
-        "types", help="Kovaleva pattern types per head and view; write CSV and HTML",
-        description="Classify every head's map on every text into Kovaleva et al.'s five types "
-        "(vertical, diagonal, vertical+diagonal, block, heterogeneous) and write the shares per "
-        "head (CSV) and per layer (HTML figure, a panel per view).",
-    )
-    _common(types, out_help="HTML figure to write (the CSV goes beside it; default types.html)",
-            out_default="types.html")
-    types.add_argument(
-        "--views", default="standard,effective",
-        help="comma-separated views among standard, effective, papa (papa needs --constants)",
-    )
-    types.add_argument("--constants", default=None, help="PAPA constants for the papa view")
-    types.set_defaults(handler=_types)
-
-    syntax = commands.add_parser(
-        "syntax", help="syntactic heads on a CoNLL-U treebank; write CSV and HTML",
-        description="For every dependency relation, the single head that best finds it against "
-        "the best fixed-offset baseline (Clark et al. 2019, §4); write the table (CSV) and a "
-        "figure (HTML).",
-    )
-    syntax.add_argument("--conllu", required=True, help="a CoNLL-U treebank (e.g. UD English EWT dev)")
-    _model_option(syntax)
-    syntax.add_argument("--view", choices=("standard", "effective", "papa"), default="standard",
-                        help="which attention (papa needs --constants; default standard)")
-    syntax.add_argument("--constants", default=None, help="PAPA constants for --view papa")
-    syntax.add_argument("--limit", type=_positive, default=None, help="read the first N sentences")
-    syntax.add_argument("--max-len", type=_positive, default=None,
-                        help="skip sentences longer than this many tokens (default 128)")
-    syntax.add_argument("--batch-size", type=_positive, default=32, help="sentences per forward pass")
-    syntax.add_argument("--quiet", action="store_true", help="no progress bars")
-    syntax.add_argument("--out", default="syntax.html", help="HTML figure to write (the CSV goes beside it)")
-    _force(syntax)
-    syntax.set_defaults(handler=_syntax)
-
-    importance = commands.add_parser(
-        "importance", help="head importance (Michel et al. 2019); write CSV and HTML",
-        description="Michel et al.'s head importance E|dL/dxi_h| from a gate on every head: with "
-        "--task, the loss of a PAPA probe trained on that task; else the model's own LM loss on "
-        "--corpus (refused for a model whose LM head is untrained). Writes the importance per head "
-        "(CSV) and its head grid (HTML).",
-    )
-    _common(importance, out_help="HTML figure to write (the CSV goes beside it; default importance.html)",
-            out_default="importance.html")
-    importance.add_argument(
-        "--task", default=None, choices=("sst2", "cola", "mrpc", "mnli", "ner", "pos"),
-        help="the task whose probe's loss is differentiated (default: the model's LM loss on --corpus)",
-    )
-    importance.add_argument("--data-dir", default=None, help="folder of the task files (default: the hub)")
-    importance.add_argument("--train-limit", type=_positive, default=4000,
-                            help="training examples of the probe (default 4000)")
-    importance.add_argument("--limit", type=_positive, default=512,
-                            help="dev examples the importance is averaged over (default 512)")
-    importance.set_defaults(handler=_importance)
+    for command in (compare, fit_papa, merge, curve, table, pattern_types, syntax, importance):
+        command.add(commands)
     return parser
 
 
@@ -568,54 +443,6 @@ def _check_focus(focus: tuple[int, int], model: Any) -> None:
         ) from None
 
 
-def _compare(args: argparse.Namespace) -> int:
-    views = _views(args.views)
-    inputs = [_corpus_file(args), ("--constants", args.constants), ("--lm-texts", args.lm_texts)]
-    out = _out(args.out, "--out", (".html", ".htm"), inputs, force=args.force)
-    json_out = None
-    if args.json is not None:
-        json_out = _out(args.json, "--json", (".json",), [*inputs, ("--out", out)], force=args.force)
-    if args.constants is not None and "papa" not in views:
-        raise UsageError(
-            f"--constants {args.constants} would be unused: --views {args.views} has no papa "
-            "view; add papa to --views (e.g. --views standard,papa) or drop --constants"
-        )
-    texts = _texts(args)
-    if args.example is not None:
-        _check_example(args.example, len(texts))
-    if args.constants is not None and not Path(args.constants).is_file():
-        raise UsageError(f"constants file not found: {args.constants}")
-    device = _resolve_device(args.device)
-    model = _load(args.model, quiet=args.quiet, device=device)
-    if args.focus is not None:
-        _check_focus(args.focus, model)
-    constants = None
-    if args.constants is not None:
-        from attnlens.methods.papa import PapaConstants
-
-        constants = PapaConstants.load(args.constants, model)
-    if args.max_len is not None:
-        if constants is not None:
-            layout = constants.layout
-        else:
-            layout = _fit_layout(model) if "papa" in views else "padded"
-        _check_max_len(model, texts, args.max_len, layout)
-    from attnlens.compare import compare
-
-    comparison = compare(
-        model, *views, corpus=texts, max_len=args.max_len,
-        batch_size=args.batch_size, constants=constants, progress=not args.quiet,
-        example=args.example, focus=args.focus, **_measures(args),
-    )
-    path = comparison.save_html(out, overwrite_read_only=args.force)
-    print(summary(comparison))
-    if json_out is not None:
-        comparison.to_json(json_out, overwrite_read_only=args.force)
-        print(f"wrote {args.json}")
-    print(f"wrote report: {path.resolve()}")
-    return 0
-
-
 def summary(comparison: Any) -> str:
     """A few lines for the terminal: per view, the mean distance and the farthest heads."""
     lines = [repr(comparison)]
@@ -635,72 +462,6 @@ def summary(comparison: Any) -> str:
     return "\n".join(lines)
 
 
-def _fit_papa(args: argparse.Namespace) -> int:
-    corpus = _corpus_file(args)
-    out = _out(args.out, "--out", (".safetensors",), [corpus], force=args.force)
-    checkpoint = None
-    if args.checkpoint is not None:
-        checkpoint = _out(args.checkpoint, "--checkpoint", keep=[corpus, ("--out", out)])
-    elif args.checkpoint_every is not None:
-        raise UsageError(
-            f"--checkpoint-every {args.checkpoint_every} would be unused without --checkpoint; "
-            "add --checkpoint FILE or drop --checkpoint-every"
-        )
-    texts = _texts(args)
-    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    max_len = args.max_len or 128
-    layout = args.layout or _fit_layout(model)
-    _check_max_len(model, texts, max_len, layout)
-    from attnlens.methods.papa import fitting
-
-    try:
-        constants = fitting.fit(
-            model, texts, max_len=max_len, layout=layout, batch_size=args.batch_size,
-            progress=not args.quiet, checkpoint=checkpoint,
-            checkpoint_every=args.checkpoint_every or fitting.CHECKPOINT_EVERY,
-        )
-    except KeyboardInterrupt:
-        if checkpoint is None:
-            raise
-        from attnlens.engine import passes
-
-        if not passes.checkpoint_path(checkpoint, passes.world()).is_file():
-            raise KeyboardInterrupt(
-                f"before the first batch was done, so --checkpoint {checkpoint} was not written; "
-                "run the same command again to start over"
-            ) from None
-        raise KeyboardInterrupt(
-            f"run the same command again to resume from --checkpoint {checkpoint}"
-        ) from None
-    if _rank() != 0:  # under torchrun every rank holds the reduced constants; rank 0 writes
-        return 0
-    path = constants.save(out, overwrite_read_only=args.force)
-    print(repr(constants))
-    print(f"wrote constants: {Path(path).resolve()}")
-    return 0
-
-
-def _merge(args: argparse.Namespace) -> int:
-    inputs = [("input", path) for path in args.inputs]
-    out = _out(args.out, "--out", (".safetensors",), inputs, force=args.force)
-    for _, path in inputs:
-        if not Path(path).is_file():
-            raise UsageError(f"constants file not found: {path}")
-    from attnlens.methods.papa import PapaConstants
-
-    parts = [PapaConstants.load(path) for path in args.inputs]
-    merged = parts[0]
-    for path, part in zip(args.inputs[1:], parts[1:], strict=True):
-        try:
-            merged = merged + part
-        except ValueError as error:
-            raise UsageError(f"cannot merge {path}: {error}") from None
-    path = merged.save(out, overwrite_read_only=args.force)
-    print(repr(merged))
-    print(f"wrote constants: {Path(path).resolve()}")
-    return 0
-
-
 def _measures(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of :func:`_measure`'s options (task probes, LM texts)."""
     lm_texts = None
@@ -712,66 +473,6 @@ def _measures(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError(f"--data-dir {args.data_dir} is not a folder")
     return dict(tasks=list(args.task), lm_texts=lm_texts, data_dir=args.data_dir,
                 train_limit=args.train_limit, eval_limit=args.eval_limit)
-
-
-def _curve(args: argparse.Namespace) -> int:
-    inputs = [("--constants", args.constants), ("--lm-texts", args.lm_texts)]
-    out = _out(args.out, "--out", (".html", ".htm"), inputs, force=args.force)
-    table = _out(str(out.with_suffix(".csv")), "--out (its CSV)", (".csv",), inputs, force=args.force)
-    try:
-        fractions = [float(part) for part in args.fractions.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--fractions {args.fractions} should be numbers separated by commas") from None
-    if not fractions:
-        raise UsageError(f"--fractions {args.fractions!r} holds no fraction; give numbers separated by commas (e.g. 0,0.5,1)")
-    from attnlens.methods.papa import STRATEGIES
-
-    if args.strategy not in STRATEGIES:
-        raise UsageError(f"--strategy {args.strategy} is unknown; use one of {', '.join(STRATEGIES)}")
-    if not Path(args.constants).is_file():
-        raise UsageError(f"constants file not found: {args.constants}")
-    measures = _measures(args)
-    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens.evaluation.curve import curve
-    from attnlens.methods.papa import PapaConstants
-
-    constants = PapaConstants.load(args.constants, model)
-    result = curve(
-        model, constants, measures["tasks"], fractions=fractions, strategy=args.strategy,
-        lm_texts=measures["lm_texts"], data_dir=measures["data_dir"],
-        train_limit=measures["train_limit"], eval_limit=measures["eval_limit"],
-        batch_size=args.batch_size, seeds=args.seeds, progress=not args.quiet,
-    )
-    result.to_csv(table, overwrite_read_only=args.force)
-    from attnlens.core.files import write_atomic
-
-    html = result.figure().to_html(include_plotlyjs=True, full_html=True)
-    write_atomic(out, html.encode("utf-8"), overwrite_read_only=args.force)
-    print(result.table.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
-    print(f"wrote {table} and {out} ({result.seconds:.0f} s, {result.forward_seconds:.0f} s in probes)")
-    return 0
-
-
-def _table(args: argparse.Namespace) -> int:
-    inputs = [("--constants", args.constants), ("--lm-texts", args.lm_texts)]
-    out, csv = _outputs(args, inputs)
-    markdown = _out(str(out.with_suffix(".md")), "--out (its Markdown)", (".md",), inputs, force=args.force)
-    if not Path(args.constants).is_file():
-        raise UsageError(f"constants file not found: {args.constants}")
-    measures = _measures(args)
-    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens.core.files import write_atomic
-    from attnlens.evaluation.table import table
-    from attnlens.methods.papa import PapaConstants
-
-    constants = PapaConstants.load(args.constants, model)
-    result = table(model, constants, measures.pop("tasks"), batch_size=args.batch_size, seeds=args.seeds,
-                   progress=not args.quiet, **measures)
-    _write_table_and_figure(result.long, result.figure(), csv, out, args.force)
-    write_atomic(markdown, (result.to_markdown() + "\n").encode("utf-8"), overwrite_read_only=args.force)
-    print(result.frame().to_string())
-    print(f"wrote {csv}, {markdown} and {out} ({result.seconds:.0f} s)")
-    return 0
 
 
 def _write_table_and_figure(table: Any, figure: Any, csv: Path, out: Path, force: bool) -> None:
@@ -797,94 +498,6 @@ def _constants_for(args: argparse.Namespace, wanted: bool) -> None:
         raise UsageError(f"--constants {args.constants} would be unused: no papa view was asked for")
     if args.constants is not None and not Path(args.constants).is_file():
         raise UsageError(f"constants file not found: {args.constants}")
-
-
-def _types(args: argparse.Namespace) -> int:
-    names = [name.strip() for name in args.views.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ("standard", "effective", "papa")]
-    if not names or unknown:
-        raise UsageError(f"--views {args.views}: choose among standard, effective, papa")
-    _constants_for(args, "papa" in names)
-    out, csv = _outputs(args, [_corpus_file(args), ("--constants", args.constants)])
-    texts = _texts(args)
-    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    import pandas as pd
-
-    from attnlens.methods import patterns
-
-    options = dict(batch_size=args.batch_size, progress=not args.quiet)
-    tables = []
-    named = [name for name in names if name != "papa"]
-    if named:  # standard and effective: one pass, the maximum length asked for
-        tables.append(patterns.types(model, texts, view=named, max_len=args.max_len, **options))
-    if "papa" in names:  # the constants' own pass, their own max_len and layout
-        from attnlens.methods.papa import PapaConstants
-
-        constants = PapaConstants.load(args.constants, model)
-        tables.append(patterns.types(model, texts, view=constants, **options))
-    table = pd.concat(tables, ignore_index=True)
-    _write_table_and_figure(table, patterns.figure(table), csv, out, args.force)
-    print("share of maps per type, mean over heads")
-    means = table.groupby("view", sort=False)[list(patterns.TYPES)].mean()
-    print(means.to_string(float_format=lambda value: f"{value:.3f}"))
-    print(f"wrote {csv} and {out}")
-    return 0
-
-
-def _syntax(args: argparse.Namespace) -> int:
-    _constants_for(args, args.view == "papa")
-    if not Path(args.conllu).is_file():
-        raise UsageError(f"--conllu {args.conllu}: file not found")
-    out, csv = _outputs(args, [("--conllu", args.conllu), ("--constants", args.constants)])
-    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    from attnlens.methods import syntax
-
-    view: Any = args.view
-    if args.view == "papa":
-        from attnlens.methods.papa import PapaConstants
-
-        view = PapaConstants.load(args.constants, model)
-    table = syntax.dependency_heads(
-        model, args.conllu, view=view, max_len=args.max_len, batch_size=args.batch_size,
-        limit=args.limit, progress=not args.quiet,
-    )
-    _write_table_and_figure(table, syntax.figure(table), csv, out, args.force)
-    print(table.head(12).to_string(index=False, float_format=lambda value: f"{value:.3f}"))
-    print(f"{table.attrs['sentences']} sentences ({table.attrs['skipped']} skipped as longer than "
-          f"max_len); wrote {csv} and {out}")
-    return 0
-
-
-def _importance(args: argparse.Namespace) -> int:
-    if args.task is None and args.data_dir is not None:
-        raise UsageError("--data-dir is for --task; without --task the corpus is --corpus")
-    inputs = [_corpus_file(args)]
-    out, csv = _outputs(args, inputs)
-    corpus: Any = args.task if args.task is not None else _texts(args)
-    model = _load(args.model, quiet=args.quiet, device=_resolve_device(args.device))
-    import pandas as pd
-
-    from attnlens.core import plots
-    from attnlens.evaluation.importance import importance
-
-    result = importance(
-        model, corpus, max_len=args.max_len or 128, batch_size=args.batch_size,
-        progress=not args.quiet, data_dir=args.data_dir, train_limit=args.train_limit, limit=args.limit,
-    )
-    n_layers, n_heads = result.shape
-    table = pd.DataFrame({
-        "layer": [layer for layer in range(n_layers) for _ in range(n_heads)],
-        "head": [head for _ in range(n_layers) for head in range(n_heads)],
-        "importance": result.scores.reshape(-1).tolist(),
-        "raw": result.raw.reshape(-1).tolist(),
-    })
-    what = f"the {args.task} probe's loss" if args.task else "the LM loss"
-    figure = plots.head_grid(result.scores.numpy(), name="importance",
-                             title=f"Head importance (Michel et al. 2019), {what}, normalised per layer")
-    _write_table_and_figure(table, figure, csv, out, args.force)
-    ranked = ", ".join(f"L{layer}H{head}" for layer, head in result.heads_ranked("descending")[:8])
-    print(f"{result!r}\nmost important: {ranked}\nwrote {csv} and {out}")
-    return 0
 
 
 def _rank() -> int:
