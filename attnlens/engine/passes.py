@@ -458,13 +458,6 @@ def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
             )
 
 
-def _pattern_hook(layer: int, handler: Callable[[int, Tensor], Tensor | None]) -> Callable:
-    def hook(pattern: Tensor, hook: Any) -> Tensor | None:
-        return handler(layer, pattern)
-
-    return hook
-
-
 def pattern_hooks(
     model: Any,
     on_pattern: Callable[[int, Tensor, Tensor | None, Tensor], Tensor | None],

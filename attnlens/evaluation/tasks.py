@@ -117,7 +117,6 @@ class _Spec:
     title: str  # the name in messages
 
 
-_GLUE = "GLUE keeps its test labels private; use split='dev'"
 _SPECS: dict[str, _Spec] = {
     "sst2": _Spec("sentence", ("negative", "positive"), "accuracy",
                   {s: f"sst2/{s}.tsv" for s in SPLITS}, "SST-2"),
