@@ -11,6 +11,26 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
 - :mod:`attnlens.tasks`, :mod:`attnlens.probing` and :mod:`attnlens.lm`: what an intervention
   costs (task probes, LM scores; :func:`attnlens.papa.curve`).
 
+The modules live in one-way layers, lowest first; a module imports only its own layer and lower
+ones, not even inside a function (``tests/test_layers.py``):
+
+- ``core`` (:mod:`attnlens.core`): ``inputs``, ``loading``, ``seam``, ``models``, ``checks``,
+  ``files``, ``corpus``, ``heads``, ``plots``, ``notebook``; and :mod:`attnlens.errors`;
+- ``engine`` (:mod:`attnlens.engine`): ``passes`` (accumulators, ``run``, checkpoints,
+  distributed, hooks) and ``effective`` (effective attention of a layer);
+- ``methods`` (:mod:`attnlens.methods`): ``papa``, ``effective``, ``stats``, ``patterns``,
+  ``clustering``, ``ablation``, ``syntax``, ``views``;
+- ``evaluation`` (:mod:`attnlens.evaluation`): ``tasks``, ``probing``, ``lm``, ``curve`` and
+  ``table`` (PAPA's), ``importance``;
+- ``present`` (:mod:`attnlens.present`): ``figures``, ``columns``, ``report``, ``explorer``,
+  ``kept``, ``display``, ``export``;
+- ``compare``: :mod:`attnlens.compare`;
+- ``cli`` (:mod:`attnlens.cli`): one module per command.
+
+The short names above (``attnlens.passes``, ``attnlens.probing.features``, ...) are the same
+module objects as their homes in the layers (:mod:`attnlens._aliases`); ``attnlens.papa`` and
+``attnlens.ablation`` gather the names of two layers each.
+
 ``attnlens.run_with_hooks(model, batch, hooks)`` runs a :class:`Batch` with its mask and
 positions (never forget ``**batch.model_kwargs()``).
 

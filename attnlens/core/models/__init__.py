@@ -47,7 +47,7 @@ def of(model: Any) -> Architecture:
             return architecture
     raise UnsupportedArchitecture(
         f"attnlens has no adapter for model_type {model_type!r}; adapters: {supported()}. "
-        "A new architecture is one file in attnlens/models/."
+        "A new architecture is one file in attnlens/core/models/."
     )
 
 
