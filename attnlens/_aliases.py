@@ -120,8 +120,10 @@ class _AliasLoader(importlib.abc.Loader):
     def __init__(self, target: str, deprecated: bool) -> None:
         self.target, self.deprecated = target, deprecated
         self._spec: Any = None
+        self._old_name = ""
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        self._old_name = spec.name
         if self.deprecated:
             warnings.warn(
                 f"{spec.name} is deprecated and will be removed in the next release; import "
@@ -136,6 +138,13 @@ class _AliasLoader(importlib.abc.Loader):
     def exec_module(self, module: ModuleType) -> None:
         # the import system gave the module the old path's spec: give it back its own
         module.__spec__ = self._spec
+        # A package's submodules already imported are its old path's too, from now on: else
+        # importing one by its old path would set the package's attribute of that name to the
+        # submodule, over the function the package exports under it (attnlens.patterns.synthetic)
+        name, prefix = self._old_name, self.target + "."
+        for loaded, submodule in list(sys.modules.items()):
+            if loaded.startswith(prefix):
+                sys.modules.setdefault(name + loaded[len(self.target):], submodule)
 
 
 class AliasFinder(importlib.abc.MetaPathFinder):

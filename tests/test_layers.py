@@ -23,6 +23,7 @@ from __future__ import annotations
 import ast
 import importlib
 import shutil
+import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
@@ -433,6 +434,17 @@ def test_old_submodules_are_attributes_of_their_package():
         assert attnlens.papa.curves is importlib.import_module("attnlens.evaluation.curve")
         assert attnlens.effective.core is importlib.import_module("attnlens.engine.effective")
         assert attnlens.probing.probe.PapaProbe is importlib.import_module("attnlens.evaluation.probing.probe").PapaProbe
+
+
+def test_an_old_submodule_path_leaves_its_package_names_alone():
+    """``attnlens.patterns`` exports the function ``synthetic`` beside its submodule of that name:
+    importing the submodule by its old path must not put the module in the function's place."""
+    code = ("import importlib, attnlens; importlib.import_module('attnlens.patterns.synthetic'); "
+            "from attnlens import patterns; import attnlens.methods.patterns as new; "
+            "assert callable(patterns.synthetic) and callable(new.synthetic), patterns.synthetic")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def _fresh_import(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
