@@ -36,8 +36,8 @@ from realdata import DATA
 import attnlens
 from attnlens import papa, passes
 from attnlens import tasks as task_module
+from attnlens.evaluation.curve import DATA_FREE, SEEDS
 from attnlens.files import write_atomic
-from attnlens.papa.curves import DATA_FREE, SEEDS
 from attnlens.probing.features import by_length
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")

@@ -20,8 +20,8 @@ import pytest
 import sklearn.base
 
 import attnlens
+from attnlens.core.estimator import Estimator
 from attnlens.errors import InputError
-from attnlens.estimator import Estimator
 
 
 def _learners() -> set[type]:
