@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
-from attnlens.errors import InputError, InputTypeError
+from attnlens.errors import InputError, InputTypeError, MismatchError
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
@@ -128,7 +128,9 @@ def curve(
     """Probe ``tasks`` with a growing share of heads replaced by ``constants`` (replace mode).
 
     ``constants``: fitted :class:`PapaConstants` (their ``max_len`` and layout are used for
-    every pass). ``fractions``: replaced shares of all heads. ``strategy``: the order heads are
+    every pass), or a mapping from each task's name (and ``"lm"`` for ``lm_texts``) to its own
+    (PAPA §4 fits them on each task's unlabelled training inputs; a pair task needs constants
+    fitted on pairs: refused up front otherwise). ``fractions``: replaced shares of all heads. ``strategy``: the order heads are
     replaced in (:func:`attnlens.papa.select_heads`; ``"input_dependence"``, label-free, by
     default; ``"lambda"`` learns λ with the first task's probe loss, see :func:`lambda_order`;
     its cost and the Spearman correlation of λ with the input dependence are in ``settings``).
@@ -179,7 +181,8 @@ def curve(
         raise InputError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
     if strategy not in STRATEGIES:
         raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
-    constants.check_compatible(model)
+    by_task = _constants_by_task(model, constants, tasks, lm_texts, data_dir)
+    constants = by_task[_task_name(tasks[0])] if tasks else by_task["lm"]  # the settings' and λ's
     started = time.perf_counter()
     forward = [0.0]
     options = dict(data_dir=data_dir, train_limit=train_limit, eval_limit=eval_limit, seed=seed,
@@ -195,20 +198,26 @@ def curve(
         lam = lambda_order(model, constants, tasks[0], steps=lambda_steps, examples=lambda_examples,
                            **options)
         lambda_seconds = time.perf_counter() - start
-    points: list[tuple[str, str, float, Any]] = []
-    for fraction in fractions:
-        heads = select_heads(strategy, fraction=fraction, constants=constants, seed=seed, lam=lam)
-        replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
-        points.append((strategy, f"{fraction}", fraction, papa_hooks(constants, heads=heads) if replaced else ()))
-    for name in baselines:
-        made = getattr(data_free, name)(constants)
-        points.append((name, "1.0", 1.0, papa_hooks(made)))
+
+    def points_of(fitted: Any) -> list[tuple[str, str, float, Any]]:
+        """The curve's points with ``fitted`` constants: the fractions, then the baselines."""
+        points: list[tuple[str, str, float, Any]] = []
+        for fraction in fractions:
+            heads = select_heads(strategy, fraction=fraction, constants=fitted, seed=seed, lam=lam)
+            replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
+            points.append((strategy, f"{fraction}", fraction, papa_hooks(fitted, heads=heads) if replaced else ()))
+        for name in baselines:
+            made = getattr(data_free, name)(fitted)
+            points.append((name, "1.0", 1.0, papa_hooks(made)))
+        return points
+
     rows, timings, probe_seconds = [], [], 0.0
     for task in tasks:
         unchanged = None
         computed: dict[str, Any] = {}  # hooks' key -> this task's result under them
-        task_options = {**options, **point_options}
-        for label, _, fraction, hooks in points:
+        fitted = by_task[_task_name(task)]
+        task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}
+        for label, _, fraction, hooks in points_of(fitted):
             key = hooks_key(hooks)
             result = computed.get(key)
             if result is None:
@@ -232,11 +241,13 @@ def curve(
         from attnlens.evaluation import lm
 
         scores: dict[str, Any] = {}  # hooks' key -> the LM score under them
+        fitted = by_task["lm"]
+        points = points_of(fitted)
         for label, _, fraction, hooks in points:
             key = hooks_key(hooks)
             if key not in scores:
                 scores[key] = _timed(forward, lm.evaluate, model, lm_texts, hooks=hooks,
-                                     max_len=constants.max_len, layout=constants.layout, seed=seed,
+                                     max_len=fitted.max_len, layout=fitted.layout, seed=seed,
                                      progress=progress)
             score = scores[key]
             rows.append(dict(task="lm", strategy=label, fraction_replaced=fraction,
@@ -258,6 +269,51 @@ def curve(
         settings["lambda_vs_input_dependence_spearman"] = float(
             spearmanr(lam.flatten().double().numpy(), dependence.numpy()).statistic)
     return Curve(table, time.perf_counter() - started, forward[0], settings, timings, probe_seconds)
+
+
+def _task_name(task: Any) -> str:
+    return task if isinstance(task, str) else str(getattr(task, "name", task))
+
+
+def _constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], lm_texts: Any,
+                       data_dir: Any) -> dict[str, Any]:
+    """``{task name (and "lm"): constants}`` from one :class:`PapaConstants` or a mapping, each
+    checked against the model and against its task's inputs before any work: constants are
+    positional, and a sentence pair's layout puts its middle [SEP] at ``max_len // 2``, which
+    constants fitted on single sentences never saw (and the reverse)."""
+    from attnlens.evaluation import tasks as task_module
+
+    names = [_task_name(task) for task in tasks] + (["lm"] if lm_texts is not None else [])
+    if isinstance(constants, Mapping):
+        missing = [name for name in names if name not in constants]
+        if missing:
+            raise InputError(f"constants has no entry for {missing[0]!r}; give one PapaConstants per "
+                             f"task (keys {', '.join(map(repr, names))}; 'lm' for lm_texts).")
+        by_task = {name: constants[name] for name in names}
+    else:
+        by_task = dict.fromkeys(names, constants)
+    for name, fitted in by_task.items():
+        check = getattr(fitted, "check_compatible", None)
+        if check is None:
+            raise InputTypeError(f"constants for {name!r} must be PapaConstants (papa.fit(model, texts)), "
+                                 f"not {type(fitted).__name__}.")
+        check(model)
+        pairs = getattr(fitted, "pairs", None)
+        if name == "lm" or pairs is None:
+            continue
+        task = next(task for task in tasks if _task_name(task) == name)
+        kind = task_module._SPECS[name].kind if isinstance(task, str) and name in task_module._SPECS else (
+            getattr(task, "kind", None))
+        is_pair = kind == "pair"
+        if bool(pairs) != is_pair:
+            fitted_on = "sentence pairs" if pairs else "single sentences"
+            given = "sentence pairs" if is_pair else "single sentences"
+            raise MismatchError(
+                f"the constants for {name!r} were fitted on {fitted_on}, and {name!r} has {given}. "
+                f"Give constants as a mapping with constants fitted on {given} for it, e.g. "
+                f"constants={{..., {name!r}: papa.fit(model, <its training inputs>)}}."
+            )
+    return by_task
 
 
 def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
