@@ -85,9 +85,9 @@ def validate_views(views: Iterable[str]) -> tuple[str, ...]:
                 f"{', '.join(repr(v) for v in VIEWS)}"
             )
         if view not in VIEWS:
-            raise InputError(
-                f"unknown view {view!r}; valid views are {', '.join(repr(v) for v in VIEWS)}"
-            )
+            from attnlens.methods import views as registry
+
+            raise registry.unknown_view(view, among=VIEWS)
         if view not in names:
             names.append(view)
     return tuple(names)

@@ -207,15 +207,16 @@ class Statistics(Accumulator):
     """
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard") -> None:
-        if view not in ("standard", "effective"):
-            raise InputError(f"Unknown view {view!r}; use 'standard' or 'effective'.")
-        self.view = view
+        from attnlens.methods import views
+
+        self._view = views.get_view(view, among=views.NAMED)
+        view = self.view = self._view.name
         self.name = f"statistics.{view}"
-        self.needs_effective = view == "effective"
+        self.needs_effective = self._view.needs_effective
         self.statistics = AttentionStatistics(n_layers, n_heads)
 
     def update(self, layer: Any) -> None:
-        pattern = layer.effective if self.view == "effective" else layer.pattern
+        pattern = self._view.maps(layer)
         self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask)
 
     def state_dict(self) -> dict[str, Tensor]:
