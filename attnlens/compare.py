@@ -35,7 +35,7 @@ from typing import Any, SupportsIndex
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.corpus import resolve_corpus
@@ -44,7 +44,13 @@ from attnlens.engine import passes
 from attnlens.errors import FileFormatError, InputError, InputTypeError
 from attnlens.methods.patterns.counts import batch_positions, type_counts
 from attnlens.methods.patterns.templates import TYPES, template_labels
-from attnlens.methods.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
+from attnlens.methods.stats import (
+    STATISTICS,
+    AttentionStatistics,
+    batch_classes,
+    token_text,
+    total_variation,
+)
 from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.compare.COLUMNS, ...)
     BROAD_BELOW,
     COLUMN_DOCS,
@@ -388,20 +394,8 @@ def _default_example(
     return int(longer[0, 0]) if len(longer) else 0
 
 
-def _total_variation(
-    pattern: Float[Tensor, "batch head query key"],
-    standard: Float[Tensor, "batch head query key"],
-    valid: Bool[Tensor, "batch pos"],
-) -> Float[Tensor, "head"]:
-    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head.
-
-    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
-    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
-    adds these batch sums into float64 totals, so the error does not grow with the corpus.
-    """
-    keys = valid[:, None, None, :].to(torch.float32)
-    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
-    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+#: the distance column's statistic lives with the others (:func:`attnlens.methods.stats.total_variation`)
+_total_variation = total_variation
 
 
 def compare(

@@ -224,3 +224,20 @@ class Statistics(Accumulator):
 
     def result(self) -> dict[str, Float[Tensor, "layer head"]]:
         return self.statistics.means()
+
+
+def total_variation(
+    pattern: Float[Tensor, "batch head query key"],
+    standard: Float[Tensor, "batch head query key"],
+    valid: Bool[Tensor, "batch pos"],
+) -> Float[Tensor, "head"]:
+    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head: the
+    ``distance_from_standard`` of :func:`attnlens.compare` (divided by the tokens seen).
+
+    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
+    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
+    adds these batch sums into float64 totals, so the error does not grow with the corpus.
+    """
+    keys = valid[:, None, None, :].to(torch.float32)
+    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
+    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
