@@ -42,11 +42,13 @@ from attnlens.core.corpus import resolve_corpus
 from attnlens.core.inputs import as_max_len, tokenize, whole_number
 from attnlens.engine import passes
 from attnlens.errors import FileFormatError, InputError, InputTypeError
-from attnlens.methods.patterns.counts import batch_positions, type_counts
-from attnlens.methods.patterns.templates import TYPES, template_labels
+from attnlens.methods import views as registry
+from attnlens.methods.patterns.counts import PatternTypes
+from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import (
     STATISTICS,
     AttentionStatistics,
+    Statistics,
     batch_classes,
     token_text,
     total_variation,
@@ -91,8 +93,6 @@ def validate_views(views: Iterable[str]) -> tuple[str, ...]:
                 f"{', '.join(repr(v) for v in VIEWS)}"
             )
         if view not in VIEWS:
-            from attnlens.methods import views as registry
-
             raise registry.unknown_view(view, among=VIEWS)
         if view not in names:
             names.append(view)
@@ -647,10 +647,19 @@ class ViewsAccumulator(passes.Accumulator):
         n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
         self.model, self.names, self.constants = model, names, constants
         self.example, self.causal, self.n_layers = example, causal, n_layers
-        self.needs_effective = "effective" in names
-        self.statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
+        self.views = {view: registry.get_view(view) for view in names}
+        self.needs_effective = any(value.needs_effective for value in self.views.values())
+        # the methods' own accumulators, one of each per view, updated in this one pass: the head
+        # statistics (attnlens.methods.stats.Statistics) and the pattern types
+        # (attnlens.methods.patterns.counts.PatternTypes); PAPA maps are the constants restricted
+        # to each batch (View.read), beside the model's own patterns
+        self.parts = {
+            view: (Statistics(n_layers, n_heads, view, constants=constants, causal=causal),
+                   PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal))
+            for view in names
+        }
+        self.statistics = {view: parts[0].statistics for view, parts in self.parts.items()}
         self.distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
-        self.types = {view: torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64) for view in names}
         self.kept: dict[str, np.ndarray] = {}
         self.kept_tokens: list[str] = []
         self.row: int | None = None
@@ -679,29 +688,28 @@ class ViewsAccumulator(passes.Accumulator):
                 if start + row < self.report_examples or start + row == self.example:
                     self.report_rows.append(_ReportRow.of(batch, row, self.n_layers, self.names))
 
+    @property
+    def types(self) -> dict[str, Tensor]:
+        """``view -> [layer, head, type]`` counts of each pattern type (its PatternTypes)."""
+        return {view: parts[1].counts for view, parts in self.parts.items()}
+
     def update(self, layer: passes.LayerPatterns) -> None:
-        valid, classes, index = layer.key_mask, batch_classes(layer.batch), layer.layer
-        per_view = {"standard": layer.pattern.float()}
-        if "effective" in self.names:
-            per_view["effective"] = layer.effective.float()
-        if "papa" in self.names:
-            per_view["papa"] = self.constants.layer_pattern(
-                index, valid, dtype=torch.float32, causal=self.causal
-            )
-        positions = batch_positions(layer.batch)
+        valid, index = layer.key_mask, layer.layer
+        for statistics, type_counter in self.parts.values():
+            statistics.update(layer)
+            type_counter.update(layer)
+        per_view = {view: value.read(layer, self.constants, causal=self.causal).float()
+                    for view, value in self.views.items()}
         for view, pattern in per_view.items():
-            self.statistics[view].update(index, pattern, classes, valid)
-            labels = template_labels(pattern, positions, signed=view in SIGNED_VIEWS)
             self._to_device(pattern.device)
-            self.types[view][index] += type_counts(labels)
             if view != "standard":
-                self.distance[view][index] += _total_variation(pattern, per_view["standard"], valid)
+                self.distance[view][index] += total_variation(pattern, per_view["standard"], valid)
             if self.row is not None:
                 keep = self.keep
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
             for kept in self.report_rows:
                 block = pattern[kept.row][:, kept.keep][:, :, kept.keep]
-                codes, scales = encode(block, signed=view in SIGNED_VIEWS)
+                codes, scales = encode(block, signed=self.views[view].signed)
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
 
     def _to_device(self, device: torch.device) -> None:
@@ -710,10 +718,11 @@ class ViewsAccumulator(passes.Accumulator):
             return
         total = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
         self.distance = {view: value.to(device, total) for view, value in self.distance.items()}
-        self.types = {view: value.to(device) for view, value in self.types.items()}
         self.longer = self.longer.to(device)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
+        for _, type_counter in self.parts.values():
+            type_counter.end_batch(batch)
         self._to_device(batch.key_mask.device)
         self.longer += (batch.key_mask.sum(-1) > self.d_head).sum()
         if self.row is not None:
@@ -727,11 +736,10 @@ class ViewsAccumulator(passes.Accumulator):
     def state_dict(self) -> dict[str, Tensor]:
         state: dict[str, Tensor] = {}
         for view in self.names:
-            for name, total in self.statistics[view].sums.items():
-                state[f"{view}.{name}"] = total
-            state[f"{view}.counts"] = self.statistics[view].counts
+            statistics, type_counter = self.parts[view]
+            state.update({f"{view}.{name}": total for name, total in statistics.state_dict().items()})
+            state.update({f"{view}.types.{name}": total for name, total in type_counter.state_dict().items()})
             state[f"{view}.distance"] = self.distance[view]
-            state[f"{view}.types"] = self.types[view]
         state["longer_than_d_head"] = self.longer
         return state
 
@@ -760,7 +768,6 @@ class ViewsAccumulator(passes.Accumulator):
             )
 
     def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
-        self.types = {view: value.cpu() for view, value in self.types.items()}
         return self.statistics, {view: value.cpu().double() for view, value in self.distance.items()}
 
 

@@ -42,10 +42,20 @@ def separately(model, texts, view, constants):
     return statistics.result(), types.shares()
 
 
-def test_compare_table_is_the_methods_accumulators(bert, constants):
+def test_compare_table_is_the_methods_accumulators(bert, constants, monkeypatch):
     texts = tiny.CORPUS[:8]
+    calls = []
+    real_run = passes.run
+
+    def counted(*args, **kwargs):
+        calls.append([type(a).__name__ for a in args[2]])
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(passes, "run", counted)
     comparison = attnlens.compare(bert, "papa", "effective", corpus=texts, constants=constants,
                                   batch_size=4, progress=False, report_examples=0)
+    monkeypatch.undo()
+    assert len(calls) == 1, f"compare (constants given) is one engine pass, not {calls}"
     table = comparison.table
     assert set(table["view"]) == {"standard", "papa", "effective"}
     for view in ("standard", "papa", "effective"):

@@ -206,17 +206,19 @@ class Statistics(Accumulator):
     ``{statistic: [layer, head]}``.
     """
 
-    def __init__(self, n_layers: int, n_heads: int, view: str = "standard") -> None:
+    def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
+                 causal: bool | None = None) -> None:
         from attnlens.methods import views
 
-        self._view = views.get_view(view, among=views.NAMED)
+        self.constants, self.causal = constants, causal
+        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
         view = self.view = self._view.name
         self.name = f"statistics.{view}"
         self.needs_effective = self._view.needs_effective
         self.statistics = AttentionStatistics(n_layers, n_heads)
 
     def update(self, layer: Any) -> None:
-        pattern = self._view.maps(layer)
+        pattern = self._view.read(layer, self.constants, causal=self.causal)
         self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask)
 
     def state_dict(self) -> dict[str, Tensor]:

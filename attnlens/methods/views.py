@@ -59,6 +59,18 @@ class View:
     takes_constants: bool = False
     default_layout: str | Callable[[Any], str] | None = None
 
+    def read(self, layer: Any, constants: Any = None, *, causal: bool | None = None) -> Any:
+        """This view's maps of one :class:`attnlens.passes.LayerPatterns`. A view given by PAPA
+        constants, with ``constants``: the constants restricted to the batch's valid tokens
+        (:meth:`attnlens.papa.PapaConstants.layer_pattern`, float32), so that it is read in the
+        same pass as the others, without hooks; without them, :attr:`maps` (the patterns, under
+        the pass's ``papa.hooks``)."""
+        if self.takes_constants and constants is not None:
+            import torch
+
+            return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal)
+        return self.maps(layer)
+
     def layout(self, model: Any) -> str:
         """The layout of this view's inputs on ``model`` by default."""
         from attnlens.core.inputs import default_layout

@@ -51,7 +51,8 @@ class PatternTypes(Accumulator):
     ``[layer, head, type]`` and ``maps`` (examples seen).
     """
 
-    def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None) -> None:
+    def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
+                 constants: Any = None, causal: bool | None = None) -> None:
         from attnlens.core.heads import _sizes
 
         n_layers, n_heads = _sizes(n_layers, n_heads)
@@ -64,13 +65,13 @@ class PatternTypes(Accumulator):
         self.view = view
         self.name = f"patterns.types.{view}"
         self.needs_effective = self._view.needs_effective
-        self.classifier = classifier
+        self.classifier, self.constants, self.causal = classifier, constants, causal
         self.counts = torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64)
         self.maps = torch.zeros(1, dtype=torch.int64)
 
     def labels(self, layer: LayerPatterns) -> Int[Tensor, "batch head"]:
         """The type index of every (example, head) map of one layer."""
-        pattern = self._view.maps(layer)
+        pattern = self._view.read(layer, self.constants, causal=self.causal)
         if self.classifier is not None:
             return self.classifier.classify_batch(pattern.detach(), layer.key_mask, self.view)
         return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self._view.signed)
