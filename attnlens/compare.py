@@ -48,6 +48,7 @@ from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import (
     STATISTICS,
     AttentionStatistics,
+    Distance,
     Statistics,
     batch_classes,
     token_text,
@@ -646,7 +647,7 @@ class ViewsAccumulator(passes.Accumulator):
     ) -> None:
         n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
         self.model, self.names, self.constants = model, names, constants
-        self.example, self.causal, self.n_layers = example, causal, n_layers
+        self.example, self.causal, self.n_layers, self.n_heads = example, causal, n_layers, n_heads
         self.views = {view: registry.get_view(view) for view in names}
         self.needs_effective = any(value.needs_effective for value in self.views.values())
         # the methods' own accumulators, one of each per view, updated in this one pass: the head
@@ -659,7 +660,9 @@ class ViewsAccumulator(passes.Accumulator):
             for view in names
         }
         self.statistics = {view: parts[0].statistics for view, parts in self.parts.items()}
-        self.distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
+        # and each view's distance from standard (attnlens.methods.stats.Distance)
+        self.distances = {view: Distance(n_layers, n_heads, view, constants=constants, causal=causal)
+                          for view in names if view != "standard"}
         self.kept: dict[str, np.ndarray] = {}
         self.kept_tokens: list[str] = []
         self.row: int | None = None
@@ -694,16 +697,17 @@ class ViewsAccumulator(passes.Accumulator):
         return {view: parts[1].counts for view, parts in self.parts.items()}
 
     def update(self, layer: passes.LayerPatterns) -> None:
-        valid, index = layer.key_mask, layer.layer
+        index = layer.layer
         for statistics, type_counter in self.parts.values():
             statistics.update(layer)
             type_counter.update(layer)
+        for distance in self.distances.values():
+            distance.update(layer)
+        if self.row is None and not self.report_rows:
+            return
         per_view = {view: value.read(layer, self.constants, causal=self.causal).float()
                     for view, value in self.views.items()}
         for view, pattern in per_view.items():
-            self._to_device(pattern.device)
-            if view != "standard":
-                self.distance[view][index] += total_variation(pattern, per_view["standard"], valid)
             if self.row is not None:
                 keep = self.keep
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
@@ -713,11 +717,9 @@ class ViewsAccumulator(passes.Accumulator):
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
 
     def _to_device(self, device: torch.device) -> None:
-        """Keep the running totals beside the patterns (no copy to the CPU per layer)."""
+        """Keep the count of long texts beside the patterns (no copy to the CPU per batch)."""
         if self.longer.device == device:
             return
-        total = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-        self.distance = {view: value.to(device, total) for view, value in self.distance.items()}
         self.longer = self.longer.to(device)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
@@ -739,7 +741,8 @@ class ViewsAccumulator(passes.Accumulator):
             statistics, type_counter = self.parts[view]
             state.update({f"{view}.{name}": total for name, total in statistics.state_dict().items()})
             state.update({f"{view}.types.{name}": total for name, total in type_counter.state_dict().items()})
-            state[f"{view}.distance"] = self.distance[view]
+            if view in self.distances:
+                state[f"{view}.distance"] = self.distances[view].total
         state["longer_than_d_head"] = self.longer
         return state
 
@@ -768,7 +771,10 @@ class ViewsAccumulator(passes.Accumulator):
             )
 
     def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
-        return self.statistics, {view: value.cpu().double() for view, value in self.distance.items()}
+        zeros = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # standard from itself
+        distance = {view: self.distances[view].result() if view in self.distances else zeros
+                    for view in self.names}
+        return self.statistics, distance
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """compare's table is the methods' own accumulators, run on the same corpus: the head statistics
 (attnlens.methods.stats.Statistics) and the pattern-type shares
-(attnlens.methods.patterns.counts.PatternTypes) of each view, each view's maps made as its View
+(attnlens.methods.patterns.counts.PatternTypes) of each view and its distance from standard
+(attnlens.methods.stats.Distance), each view's maps made as its View
 says (PAPA: the patterns under papa.hooks(constants)). Equal to 1e-6."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import attnlens
 from attnlens.engine import passes
 from attnlens.methods import papa, views
 from attnlens.methods.patterns.counts import PatternTypes
-from attnlens.methods.stats import STATISTICS, Statistics
+from attnlens.methods.stats import STATISTICS, Distance, Statistics
 from attnlens.present.columns import TYPE_COLUMNS
 from tests import tiny
 
@@ -37,9 +38,13 @@ def separately(model, texts, view, constants):
     hooks = papa.hooks(constants) if value.takes_constants else ()
     statistics = Statistics(n_layers, n_heads, "standard" if value.takes_constants else view)
     types = PatternTypes(n_layers, n_heads, view=view)
-    passes.run(model, texts, [statistics, types], max_len=constants.max_len, layout=constants.layout,
-               batch_size=4, hooks=hooks, progress=False)
-    return statistics.result(), types.shares()
+    summary = passes.run(model, texts, [statistics, types], max_len=constants.max_len,
+                         layout=constants.layout, batch_size=4, hooks=hooks, progress=False)
+    # the distance from standard reads both maps in one pass: PAPA's from the constants
+    distance = Distance(n_layers, n_heads, view, constants=constants)
+    passes.run(model, texts, [distance], max_len=constants.max_len, layout=constants.layout,
+               batch_size=4, progress=False)
+    return statistics.result(), types.shares(), distance.result() / summary.n_tokens
 
 
 def test_compare_table_is_the_methods_accumulators(bert, constants, monkeypatch):
@@ -59,12 +64,14 @@ def test_compare_table_is_the_methods_accumulators(bert, constants, monkeypatch)
     table = comparison.table
     assert set(table["view"]) == {"standard", "papa", "effective"}
     for view in ("standard", "papa", "effective"):
-        statistics, shares = separately(bert, texts, view, constants)
+        statistics, shares, distance = separately(bert, texts, view, constants)
         rows = table[table["view"] == view].sort_values(["layer", "head"])
         layer, head = rows["layer"].to_numpy(), rows["head"].to_numpy()
         for name in STATISTICS:
             np.testing.assert_allclose(rows[name].to_numpy(), statistics[name].double().numpy()[layer, head],
                                        rtol=0, atol=1e-6, err_msg=f"{view} {name}")
+        np.testing.assert_allclose(rows["distance_from_standard"].to_numpy(),
+                                   distance.numpy()[layer, head], rtol=0, atol=1e-6, err_msg=view)
         for index, column in enumerate(TYPE_COLUMNS):
             np.testing.assert_allclose(rows[column].to_numpy(), shares.numpy()[layer, head, index],
                                        rtol=0, atol=1e-6, err_msg=f"{view} {column}")

@@ -243,3 +243,35 @@ def total_variation(
     keys = valid[:, None, None, :].to(torch.float32)
     rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
     return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+
+
+class Distance(Accumulator):
+    """The summed :func:`total_variation` of ``view``'s maps from the standard pattern, per
+    ``[layer, head]``, as an accumulator of :func:`attnlens.passes.run` (``distance_from_standard``
+    of :func:`attnlens.compare` is ``result() / n_tokens``). ``constants``/``causal``: as in
+    :class:`Statistics` (PAPA maps from the constants, in the same pass). Totals stay beside the
+    patterns (float64; float32 on MPS, which has no float64)."""
+
+    def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
+                 causal: bool | None = None) -> None:
+        from attnlens.methods import views
+
+        self.constants, self.causal = constants, causal
+        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        self.view = self._view.name
+        self.name = f"distance.{self.view}"
+        self.needs_effective = self._view.needs_effective
+        self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+
+    def update(self, layer: Any) -> None:
+        pattern = self._view.read(layer, self.constants, causal=self.causal).float()
+        if self.total.device != pattern.device:
+            dtype = torch.float32 if pattern.device.type == "mps" else torch.float64
+            self.total = self.total.to(pattern.device, dtype)
+        self.total[layer.layer] += total_variation(pattern, layer.pattern.float(), layer.key_mask)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"total": self.total}
+
+    def result(self) -> Float[Tensor, "layer head"]:
+        return self.total.cpu().double()
