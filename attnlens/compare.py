@@ -630,10 +630,12 @@ def _papa_setup(
 class ViewsAccumulator(passes.Accumulator):
     """The pass of :func:`compare` as an accumulator of :func:`attnlens.passes.run`.
 
-    For every layer it derives each view's pattern ``[batch, head, query, key]`` (standard, the
-    PAPA constant restricted to the batch's valid tokens, effective attention), updates the
-    view's :class:`attnlens.stats.AttentionStatistics` and its summed total-variation distance
-    from standard, and keeps the valid block of example ``example``'s patterns for the figures.
+    A composition of the methods' own accumulators, one of each per view, run in this one pass:
+    :class:`attnlens.methods.stats.Statistics`, :class:`attnlens.methods.patterns.counts.PatternTypes`
+    and (views other than standard) :class:`attnlens.methods.stats.Distance`; each reads its
+    view's maps as the :class:`attnlens.methods.views.View` says (PAPA: the constants restricted
+    to the batch's valid tokens, :meth:`View.read`). It computes no statistic itself: it only
+    keeps the valid block of example ``example``'s maps for the figures.
     With ``report_examples`` it also keeps, 8-bit and compressed (:mod:`attnlens.kept`), the maps
     of the first ``report_examples`` examples and of ``example`` (``kept_patterns``; the
     report's budget is applied afterwards, :meth:`attnlens.kept.KeptPatterns.select`).
