@@ -35,16 +35,25 @@ from typing import Any, SupportsIndex
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.corpus import resolve_corpus
 from attnlens.core.inputs import as_max_len, tokenize, whole_number
 from attnlens.engine import passes
 from attnlens.errors import FileFormatError, InputError, InputTypeError
-from attnlens.methods.patterns.counts import batch_positions, type_counts
-from attnlens.methods.patterns.templates import TYPES, template_labels
-from attnlens.methods.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
+from attnlens.methods import views as registry
+from attnlens.methods.patterns.counts import PatternTypes
+from attnlens.methods.patterns.templates import TYPES
+from attnlens.methods.stats import (
+    STATISTICS,
+    AttentionStatistics,
+    Distance,
+    Statistics,
+    batch_classes,
+    token_text,
+    total_variation,
+)
 from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.compare.COLUMNS, ...)
     BROAD_BELOW,
     COLUMN_DOCS,
@@ -85,9 +94,7 @@ def validate_views(views: Iterable[str]) -> tuple[str, ...]:
                 f"{', '.join(repr(v) for v in VIEWS)}"
             )
         if view not in VIEWS:
-            raise InputError(
-                f"unknown view {view!r}; valid views are {', '.join(repr(v) for v in VIEWS)}"
-            )
+            raise registry.unknown_view(view, among=VIEWS)
         if view not in names:
             names.append(view)
     return tuple(names)
@@ -388,20 +395,8 @@ def _default_example(
     return int(longer[0, 0]) if len(longer) else 0
 
 
-def _total_variation(
-    pattern: Float[Tensor, "batch head query key"],
-    standard: Float[Tensor, "batch head query key"],
-    valid: Bool[Tensor, "batch pos"],
-) -> Float[Tensor, "head"]:
-    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head.
-
-    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
-    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
-    adds these batch sums into float64 totals, so the error does not grow with the corpus.
-    """
-    keys = valid[:, None, None, :].to(torch.float32)
-    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
-    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+#: the distance column's statistic lives with the others (:func:`attnlens.methods.stats.total_variation`)
+_total_variation = total_variation
 
 
 def compare(
@@ -635,10 +630,12 @@ def _papa_setup(
 class ViewsAccumulator(passes.Accumulator):
     """The pass of :func:`compare` as an accumulator of :func:`attnlens.passes.run`.
 
-    For every layer it derives each view's pattern ``[batch, head, query, key]`` (standard, the
-    PAPA constant restricted to the batch's valid tokens, effective attention), updates the
-    view's :class:`attnlens.stats.AttentionStatistics` and its summed total-variation distance
-    from standard, and keeps the valid block of example ``example``'s patterns for the figures.
+    A composition of the methods' own accumulators, one of each per view, run in this one pass:
+    :class:`attnlens.methods.stats.Statistics`, :class:`attnlens.methods.patterns.counts.PatternTypes`
+    and (views other than standard) :class:`attnlens.methods.stats.Distance`; each reads its
+    view's maps as the :class:`attnlens.methods.views.View` says (PAPA: the constants restricted
+    to the batch's valid tokens, :meth:`View.read`). It computes no statistic itself: it only
+    keeps the valid block of example ``example``'s maps for the figures.
     With ``report_examples`` it also keeps, 8-bit and compressed (:mod:`attnlens.kept`), the maps
     of the first ``report_examples`` examples and of ``example`` (``kept_patterns``; the
     report's budget is applied afterwards, :meth:`attnlens.kept.KeptPatterns.select`).
@@ -652,11 +649,22 @@ class ViewsAccumulator(passes.Accumulator):
     ) -> None:
         n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
         self.model, self.names, self.constants = model, names, constants
-        self.example, self.causal, self.n_layers = example, causal, n_layers
-        self.needs_effective = "effective" in names
-        self.statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
-        self.distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
-        self.types = {view: torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64) for view in names}
+        self.example, self.causal, self.n_layers, self.n_heads = example, causal, n_layers, n_heads
+        self.views = {view: registry.get_view(view) for view in names}
+        self.needs_effective = any(value.needs_effective for value in self.views.values())
+        # the methods' own accumulators, one of each per view, updated in this one pass: the head
+        # statistics (attnlens.methods.stats.Statistics) and the pattern types
+        # (attnlens.methods.patterns.counts.PatternTypes); PAPA maps are the constants restricted
+        # to each batch (View.read), beside the model's own patterns
+        self.parts = {
+            view: (Statistics(n_layers, n_heads, view, constants=constants, causal=causal),
+                   PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal))
+            for view in names
+        }
+        self.statistics = {view: parts[0].statistics for view, parts in self.parts.items()}
+        # and each view's distance from standard (attnlens.methods.stats.Distance)
+        self.distances = {view: Distance(n_layers, n_heads, view, constants=constants, causal=causal)
+                          for view in names if view != "standard"}
         self.kept: dict[str, np.ndarray] = {}
         self.kept_tokens: list[str] = []
         self.row: int | None = None
@@ -685,41 +693,40 @@ class ViewsAccumulator(passes.Accumulator):
                 if start + row < self.report_examples or start + row == self.example:
                     self.report_rows.append(_ReportRow.of(batch, row, self.n_layers, self.names))
 
+    @property
+    def types(self) -> dict[str, Tensor]:
+        """``view -> [layer, head, type]`` counts of each pattern type (its PatternTypes)."""
+        return {view: parts[1].counts for view, parts in self.parts.items()}
+
     def update(self, layer: passes.LayerPatterns) -> None:
-        valid, classes, index = layer.key_mask, batch_classes(layer.batch), layer.layer
-        per_view = {"standard": layer.pattern.float()}
-        if "effective" in self.names:
-            per_view["effective"] = layer.effective.float()
-        if "papa" in self.names:
-            per_view["papa"] = self.constants.layer_pattern(
-                index, valid, dtype=torch.float32, causal=self.causal
-            )
-        positions = batch_positions(layer.batch)
+        index = layer.layer
+        for statistics, type_counter in self.parts.values():
+            statistics.update(layer)
+            type_counter.update(layer)
+        for distance in self.distances.values():
+            distance.update(layer)
+        if self.row is None and not self.report_rows:
+            return
+        per_view = {view: value.read(layer, self.constants, causal=self.causal).float()
+                    for view, value in self.views.items()}
         for view, pattern in per_view.items():
-            self.statistics[view].update(index, pattern, classes, valid)
-            labels = template_labels(pattern, positions, signed=view in SIGNED_VIEWS)
-            self._to_device(pattern.device)
-            self.types[view][index] += type_counts(labels)
-            if view != "standard":
-                self.distance[view][index] += _total_variation(pattern, per_view["standard"], valid)
             if self.row is not None:
                 keep = self.keep
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
             for kept in self.report_rows:
                 block = pattern[kept.row][:, kept.keep][:, :, kept.keep]
-                codes, scales = encode(block, signed=view in SIGNED_VIEWS)
+                codes, scales = encode(block, signed=self.views[view].signed)
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
 
     def _to_device(self, device: torch.device) -> None:
-        """Keep the running totals beside the patterns (no copy to the CPU per layer)."""
+        """Keep the count of long texts beside the patterns (no copy to the CPU per batch)."""
         if self.longer.device == device:
             return
-        total = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-        self.distance = {view: value.to(device, total) for view, value in self.distance.items()}
-        self.types = {view: value.to(device) for view, value in self.types.items()}
         self.longer = self.longer.to(device)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
+        for _, type_counter in self.parts.values():
+            type_counter.end_batch(batch)
         self._to_device(batch.key_mask.device)
         self.longer += (batch.key_mask.sum(-1) > self.d_head).sum()
         if self.row is not None:
@@ -733,11 +740,11 @@ class ViewsAccumulator(passes.Accumulator):
     def state_dict(self) -> dict[str, Tensor]:
         state: dict[str, Tensor] = {}
         for view in self.names:
-            for name, total in self.statistics[view].sums.items():
-                state[f"{view}.{name}"] = total
-            state[f"{view}.counts"] = self.statistics[view].counts
-            state[f"{view}.distance"] = self.distance[view]
-            state[f"{view}.types"] = self.types[view]
+            statistics, type_counter = self.parts[view]
+            state.update({f"{view}.{name}": total for name, total in statistics.state_dict().items()})
+            state.update({f"{view}.types.{name}": total for name, total in type_counter.state_dict().items()})
+            if view in self.distances:
+                state[f"{view}.distance"] = self.distances[view].total
         state["longer_than_d_head"] = self.longer
         return state
 
@@ -766,8 +773,10 @@ class ViewsAccumulator(passes.Accumulator):
             )
 
     def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
-        self.types = {view: value.cpu() for view, value in self.types.items()}
-        return self.statistics, {view: value.cpu().double() for view, value in self.distance.items()}
+        zeros = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # standard from itself
+        distance = {view: self.distances[view].result() if view in self.distances else zeros
+                    for view in self.names}
+        return self.statistics, distance
 
 
 @dataclass

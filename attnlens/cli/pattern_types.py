@@ -29,9 +29,11 @@ def add(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``attnlens types`` with the parsed ``args``; returns the exit status."""
     names = [name.strip() for name in args.views.split(",") if name.strip()]
-    unknown = [name for name in names if name not in ("standard", "effective", "papa")]
+    from attnlens.methods import views
+
+    unknown = [name for name in names if name not in views.REGISTRY]
     if not names or unknown:
-        raise cli.UsageError(f"--views {args.views}: choose among standard, effective, papa")
+        raise cli.UsageError(f"--views {args.views}: choose among {', '.join(views.names())}")
     cli._constants_for(args, "papa" in names)
     out, csv = cli._outputs(args, [cli._corpus_file(args), ("--constants", args.constants)])
     texts = cli._texts(args)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from attnlens import cli
+from attnlens.methods import views
 
 
 def add(commands: Any) -> None:
@@ -19,7 +20,7 @@ def add(commands: Any) -> None:
     )
     parser.add_argument("--conllu", required=True, help="a CoNLL-U treebank (e.g. UD English EWT dev)")
     cli._model_option(parser)
-    parser.add_argument("--view", choices=("standard", "effective", "papa"), default="standard",
+    parser.add_argument("--view", choices=views.names(), default="standard",
                         help="which attention (papa needs --constants; default standard)")
     parser.add_argument("--constants", default=None, help="PAPA constants for --view papa")
     parser.add_argument("--limit", type=cli._positive, default=None, help="read the first N sentences")

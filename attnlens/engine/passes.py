@@ -71,6 +71,7 @@ from attnlens.core.inputs import (
     whole_number,
 )
 from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
+from attnlens.engine.hooks import Hooks
 from attnlens.errors import (
     DamagedFileError,
     FileFormatError,
@@ -86,7 +87,9 @@ CHECKPOINT_EVERY = 20
 #: format of checkpoint files written by :func:`run`
 CHECKPOINT_FORMAT = "attnlens.pass/1"
 
-FwdHooks = Sequence[tuple[str | Callable, Callable]]
+#: what every ``hooks=`` accepts: a :class:`attnlens.engine.hooks.Hooks` (the one hook-list type,
+#: which every attnlens intervention returns) or any sequence of ``(hook_name, hook_fn)`` pairs
+FwdHooks = Hooks | Sequence[tuple[str | Callable, Callable]]
 
 
 # ------------------------------------------------------------------------------------------------

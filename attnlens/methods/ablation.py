@@ -47,6 +47,7 @@ from torch import Tensor
 from attnlens.core import checks, seam
 from attnlens.core.heads import HeadSet, n_selected
 from attnlens.engine import passes
+from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 
 __all__ = [
@@ -135,7 +136,7 @@ def _check_heads_in(z_or_pattern_heads: int, heads: HeadSet, what: str) -> None:
 # ablation hooks
 
 
-class AblationHooks(list):
+class AblationHooks(Hooks):
     """``(hook_name, hook_fn)`` pairs for ``run_with_hooks`` (and ``hooks=`` of
     :func:`attnlens.probing.run`, :func:`attnlens.lm.score`, :func:`attnlens.passes.run`) that
     ablate ``heads`` in ``mode`` (:data:`MODES`). Attributes: ``heads``, ``mode``, ``means``

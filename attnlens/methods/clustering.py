@@ -139,17 +139,16 @@ class HeadDistances(Accumulator):
     def __init__(
         self, n_layers: int, n_heads: int, view: str = "standard", *, chunk_bytes: int = CHUNK_BYTES
     ) -> None:
-        if view not in ("standard", "effective"):
-            raise InputError(
-                f"Unknown view {describe(view)} for HeadDistances; use 'standard' or 'effective' "
-                "(PAPA constants: run the pass with hooks=papa.hooks(constants) and view='standard')."
-            )
+        from attnlens.methods import views
+
+        self._view = views.get_view(view, among=views.NAMED, where=" for HeadDistances")
+        view = self._view.name
         self.n_layers = whole_number(n_layers, "n_layers", minimum=1)
         self.n_heads = whole_number(n_heads, "n_heads", minimum=1)
         self.chunk_bytes = whole_number(chunk_bytes, "chunk_bytes", " of bytes", minimum=1)
         self.view = view
         self.name = f"clustering.{view}"
-        self.needs_effective = view == "effective"
+        self.needs_effective = self._view.needs_effective
         n = self.n_layers * self.n_heads
         self.total = torch.zeros(n, n, dtype=torch.float64)
         self.tokens = torch.zeros(1, dtype=torch.float64)
@@ -161,7 +160,7 @@ class HeadDistances(Accumulator):
         self._rows = {}  # rows of a batch that was interrupted half-way
 
     def update(self, layer: LayerPatterns) -> None:
-        pattern = layer.effective if self.needs_effective else layer.pattern
+        pattern = self._view.maps(layer)
         self._rows[layer.layer] = pattern.detach()  # [batch, head, query, key], kept to end_batch
 
     def end_batch(self, batch: PassBatch) -> None:

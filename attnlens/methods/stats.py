@@ -206,16 +206,19 @@ class Statistics(Accumulator):
     ``{statistic: [layer, head]}``.
     """
 
-    def __init__(self, n_layers: int, n_heads: int, view: str = "standard") -> None:
-        if view not in ("standard", "effective"):
-            raise InputError(f"Unknown view {view!r}; use 'standard' or 'effective'.")
-        self.view = view
+    def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
+                 causal: bool | None = None) -> None:
+        from attnlens.methods import views
+
+        self.constants, self.causal = constants, causal
+        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        view = self.view = self._view.name
         self.name = f"statistics.{view}"
-        self.needs_effective = view == "effective"
+        self.needs_effective = self._view.needs_effective
         self.statistics = AttentionStatistics(n_layers, n_heads)
 
     def update(self, layer: Any) -> None:
-        pattern = layer.effective if self.view == "effective" else layer.pattern
+        pattern = self._view.read(layer, self.constants, causal=self.causal)
         self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask)
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -223,3 +226,52 @@ class Statistics(Accumulator):
 
     def result(self) -> dict[str, Float[Tensor, "layer head"]]:
         return self.statistics.means()
+
+
+def total_variation(
+    pattern: Float[Tensor, "batch head query key"],
+    standard: Float[Tensor, "batch head query key"],
+    valid: Bool[Tensor, "batch pos"],
+) -> Float[Tensor, "head"]:
+    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head: the
+    ``distance_from_standard`` of :func:`attnlens.compare` (divided by the tokens seen).
+
+    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
+    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
+    adds these batch sums into float64 totals, so the error does not grow with the corpus.
+    """
+    keys = valid[:, None, None, :].to(torch.float32)
+    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
+    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+
+
+class Distance(Accumulator):
+    """The summed :func:`total_variation` of ``view``'s maps from the standard pattern, per
+    ``[layer, head]``, as an accumulator of :func:`attnlens.passes.run` (``distance_from_standard``
+    of :func:`attnlens.compare` is ``result() / n_tokens``). ``constants``/``causal``: as in
+    :class:`Statistics` (PAPA maps from the constants, in the same pass). Totals stay beside the
+    patterns (float64; float32 on MPS, which has no float64)."""
+
+    def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
+                 causal: bool | None = None) -> None:
+        from attnlens.methods import views
+
+        self.constants, self.causal = constants, causal
+        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        self.view = self._view.name
+        self.name = f"distance.{self.view}"
+        self.needs_effective = self._view.needs_effective
+        self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+
+    def update(self, layer: Any) -> None:
+        pattern = self._view.read(layer, self.constants, causal=self.causal).float()
+        if self.total.device != pattern.device:
+            dtype = torch.float32 if pattern.device.type == "mps" else torch.float64
+            self.total = self.total.to(pattern.device, dtype)
+        self.total[layer.layer] += total_variation(pattern, layer.pattern.float(), layer.key_mask)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"total": self.total}
+
+    def result(self) -> Float[Tensor, "layer head"]:
+        return self.total.cpu().double()

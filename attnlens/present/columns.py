@@ -9,13 +9,14 @@ never imports the comparison (which imports it); :mod:`attnlens.compare` re-expo
 
 from __future__ import annotations
 
+from attnlens.methods import views
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import STATISTICS
 
 #: the views compare knows, in report order
-VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
-#: views whose values can leave [0, 1] (drawn on a diverging colour scale)
-SIGNED_VIEWS: frozenset[str] = frozenset({"effective"})
+VIEWS: tuple[str, ...] = views.names()
+#: views whose values can leave [0, 1] (drawn on a diverging colour scale): :attr:`View.signed`
+SIGNED_VIEWS: frozenset[str] = views.signed_names()
 #: the columns of :attr:`Comparison.table` with the share of each pattern type
 TYPE_COLUMNS: tuple[str, ...] = tuple(f"type_{name}" for name in TYPES)
 #: columns of :attr:`Comparison.table`

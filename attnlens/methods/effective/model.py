@@ -34,6 +34,7 @@ from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.effective import effective_attention, warn_if_short
+from attnlens.engine.hooks import Hooks
 from attnlens.engine.passes import device_of
 from attnlens.errors import InputError
 from attnlens.methods.stats import Statistics
@@ -168,7 +169,7 @@ def pattern_hooks(
     return passes.pattern_hooks(model, on_hook, layers=_layers(model, layers))
 
 
-class EffectiveHooks(list):
+class EffectiveHooks(Hooks):
     """The ``(hook_name, hook_fn)`` pairs of :func:`hooks`, with :meth:`key`: what they do, as a
     stable string (caches of what a model computes under hooks, e.g. probe features, use it)."""
 

@@ -39,6 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import seam
+from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.baselines import TrainableConstants
 from attnlens.methods.papa.constants import PapaConstants
@@ -55,7 +56,7 @@ LAM_EPS = 1e-7
 Constants = PapaConstants | TrainableConstants
 
 
-class PapaHooks(list):
+class PapaHooks(Hooks):
     """A list of ``(hook_name, hook_fn)`` pairs for ``run_with_hooks``, with the intervention's state.
 
     Attributes: ``constants``, ``heads`` (:class:`HeadSet`), ``mode``, ``theta`` (blend only:

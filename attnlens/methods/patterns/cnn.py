@@ -63,6 +63,7 @@ from attnlens.errors import (
     MissingFileError,
     NotFittedError,
 )
+from attnlens.methods import views
 from attnlens.methods.patterns.templates import TYPES
 
 #: File format of a saved :class:`PatternCNN` (``"attnlens.PatternCNN/<version>"``).
@@ -74,7 +75,7 @@ GROUPS = 4
 #: range of the length factor of the augmentation (each batch resampled to ``L · factor``)
 AUGMENT_RANGE: tuple[float, float] = (0.5, 2.0)
 #: views a map can come from (:func:`attnlens.patterns.classify`)
-VIEWS: tuple[str, ...] = ("standard", "effective", "papa")
+VIEWS: tuple[str, ...] = views.names()
 
 Maps = Float[Tensor, "n query key"] | Float[np.ndarray, "n query key"] | Sequence[Any]
 
@@ -338,8 +339,9 @@ class PatternCNN(Estimator):
         rows), so which view the CNN should label is the user's call: train it on labelled maps
         of that view. The CNN's classes must be names of ``TYPES``."""
         self._fitted()
-        if view not in VIEWS:
-            raise InputError(f"Unknown view {describe(view)}; use one of {', '.join(VIEWS)}.")
+        if not isinstance(view, str):
+            raise views.unknown_view(view)
+        view = views.get_view(view).name
         unknown = [name for name in self.settings.classes if name not in TYPES]
         if unknown:
             raise InputError(

@@ -51,25 +51,30 @@ class PatternTypes(Accumulator):
     ``[layer, head, type]`` and ``maps`` (examples seen).
     """
 
-    def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None) -> None:
+    def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
+                 constants: Any = None, causal: bool | None = None) -> None:
         from attnlens.core.heads import _sizes
 
         n_layers, n_heads = _sizes(n_layers, n_heads)
-        if view not in ("standard", "effective", "papa"):
-            raise InputError(f"Unknown view {view!r}; use 'standard', 'effective' or 'papa'.")
+        from attnlens.methods import views
+
+        if not isinstance(view, str):
+            raise views.unknown_view(view)
+        self._view = views.get_view(view)
+        view = self._view.name
         self.view = view
         self.name = f"patterns.types.{view}"
-        self.needs_effective = view == "effective"
-        self.classifier = classifier
+        self.needs_effective = self._view.needs_effective
+        self.classifier, self.constants, self.causal = classifier, constants, causal
         self.counts = torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64)
         self.maps = torch.zeros(1, dtype=torch.int64)
 
     def labels(self, layer: LayerPatterns) -> Int[Tensor, "batch head"]:
         """The type index of every (example, head) map of one layer."""
-        pattern = layer.effective if self.needs_effective else layer.pattern
+        pattern = self._view.read(layer, self.constants, causal=self.causal)
         if self.classifier is not None:
             return self.classifier.classify_batch(pattern.detach(), layer.key_mask, self.view)
-        return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self.needs_effective)
+        return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self._view.signed)
 
     def update(self, layer: LayerPatterns) -> None:
         self.counts[layer.layer] += type_counts(self.labels(layer)).cpu()

@@ -35,6 +35,7 @@ from torch import Tensor
 from attnlens.core.checks import describe, whole_number
 from attnlens.engine.passes import Accumulator
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
+from attnlens.methods import views
 from attnlens.methods.patterns.cnn import Maps, as_map_list
 from attnlens.methods.patterns.templates import TYPES
 
@@ -47,7 +48,7 @@ RESERVED: tuple[str, ...] = ("id", "row", "column", "suggested", "label")
 #: white pixels between two tiles of the grid
 GAP = 2
 #: views :func:`sample_maps` reads
-SAMPLE_VIEWS: tuple[str, ...] = ("standard", "effective")
+SAMPLE_VIEWS: tuple[str, ...] = views.NAMED
 
 
 def _pillow() -> Any:
@@ -73,8 +74,9 @@ class _Sampled(Accumulator):
 
     def __init__(self, wanted: dict[tuple[int, int], list[tuple[int, int]]], view: str) -> None:
         self.wanted = wanted  # (example of the pass, layer) -> [(slot, head)]
-        self.view = view
-        self.needs_effective = view == "effective"
+        self._view = views.get_view(view)
+        self.view = self._view.name
+        self.needs_effective = self._view.needs_effective
         self.maps: dict[int, Tensor] = {}
         self.tokens: dict[int, list[str]] = {}
 
@@ -84,7 +86,7 @@ class _Sampled(Accumulator):
             chosen = self.wanted.get((batch.start + index, layer.layer))
             if not chosen:
                 continue
-            source = layer.effective if self.view == "effective" else layer.pattern
+            source = self._view.maps(layer)
             valid = layer.key_mask[index].nonzero().flatten()
             ids = batch.batch.input_ids[index][valid].tolist()
             for slot, head in chosen:
@@ -141,11 +143,8 @@ def sample_maps(
     from attnlens.core.corpus import corpus_iterator
     from attnlens.engine.passes import run
 
-    if view not in SAMPLE_VIEWS:
-        raise InputError(
-            f"Unknown view {describe(view)}; sample_maps reads 'standard' or 'effective' maps "
-            "(PAPA maps are constant: read them from attnlens.papa)."
-        )
+    if not isinstance(view, str) or view not in SAMPLE_VIEWS:
+        raise views.unknown_view(view, among=SAMPLE_VIEWS, where=" for sample_maps")
     n = whole_number(n, "n", " of maps", minimum=1)
     seed = whole_number(seed, "seed", minimum=0)
     texts = list(corpus_iterator(corpus))
@@ -213,7 +212,7 @@ def _check_tokens(tokens: Any, maps: list[Tensor]) -> list[list[str]] | None:
 def _view_of(item: Tensor, frame: pd.DataFrame, index: int) -> str:
     """The view to classify a map in: the meta's ``view`` when it names one, else effective for
     a map with negative entries and standard otherwise."""
-    if "view" in frame.columns and frame["view"].iloc[index] in ("standard", "effective", "papa"):
+    if "view" in frame.columns and frame["view"].iloc[index] in views.REGISTRY:
         return str(frame["view"].iloc[index])
     return "effective" if bool((item < 0).any()) else "standard"
 

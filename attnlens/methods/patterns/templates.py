@@ -399,8 +399,11 @@ def classify(
     ``|a|``) or ``"papa"`` (constant maps: rows sum to 1 too). ``causal``: the maps are a
     decoder's (default: from the model of a PassBatch, else False).
     """
-    if view not in ("standard", "effective", "papa"):
-        raise InputError(f"Unknown view {describe(view)}; use 'standard', 'effective' or 'papa'.")
+    from attnlens.methods import views
+
+    if not isinstance(view, str):
+        raise views.unknown_view(view)
+    view = views.get_view(view).name
     pattern = _as_4d(pattern)
     given = [name for name, value in (("tokens", tokens), ("batch", batch), ("positions", positions))
              if value is not None]
