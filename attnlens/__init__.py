@@ -11,6 +11,26 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
 - :mod:`attnlens.tasks`, :mod:`attnlens.probing` and :mod:`attnlens.lm`: what an intervention
   costs (task probes, LM scores; :func:`attnlens.papa.curve`).
 
+The modules live in one-way layers, lowest first; a module imports only its own layer and lower
+ones, not even inside a function (``tests/test_layers.py``):
+
+- ``core`` (:mod:`attnlens.core`): ``inputs``, ``loading``, ``seam``, ``models``, ``checks``,
+  ``files``, ``corpus``, ``heads``, ``plots``, ``notebook``; and :mod:`attnlens.errors`;
+- ``engine`` (:mod:`attnlens.engine`): ``passes`` (accumulators, ``run``, checkpoints,
+  distributed, hooks) and ``effective`` (effective attention of a layer);
+- ``methods`` (:mod:`attnlens.methods`): ``papa``, ``effective``, ``stats``, ``patterns``,
+  ``clustering``, ``ablation``, ``syntax``, ``views``;
+- ``evaluation`` (:mod:`attnlens.evaluation`): ``tasks``, ``probing``, ``lm``, ``curve`` and
+  ``table`` (PAPA's), ``importance``;
+- ``present`` (:mod:`attnlens.present`): ``figures``, ``columns``, ``report``, ``explorer``,
+  ``kept``, ``display``, ``export``;
+- ``compare``: :mod:`attnlens.compare`;
+- ``cli`` (:mod:`attnlens.cli`): one module per command.
+
+The short names above (``attnlens.passes``, ``attnlens.probing.features``, ...) are the same
+module objects as their homes in the layers (:mod:`attnlens._aliases`); ``attnlens.papa`` and
+``attnlens.ablation`` gather the names of two layers each.
+
 ``attnlens.run_with_hooks(model, batch, hooks)`` runs a :class:`Batch` with its mask and
 positions (never forget ``**batch.model_kwargs()``).
 
@@ -29,18 +49,21 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is imported lazily
     from attnlens.compare import Comparison
-    from attnlens.effective import effective_attention
-    from attnlens.export import to_circuitsvis
-    from attnlens.inputs import Batch, Words, tokenize
-    from attnlens.loading import load
-    from attnlens.passes import model_inputs, run_with_hooks
+    from attnlens.core.inputs import Batch, Words, tokenize
+    from attnlens.core.loading import load
+    from attnlens.engine.passes import model_inputs, run_with_hooks
+    from attnlens.methods.effective import effective_attention
+    from attnlens.present.export import to_circuitsvis
 
+from attnlens import _aliases
 from attnlens.errors import AttnlensError  # a leaf module: every error attnlens raises on purpose
+
+_aliases.install()  # the module paths of before the layers (attnlens.passes, ...) keep importing
 
 __version__ = "0.1.0"
 
 if "ipykernel.zmqshell" in sys.modules:  # a Jupyter kernel: keep tqdm.auto (transformers and the
-    importlib.import_module("attnlens.display").quiet_tqdm_auto()  # hub use it) from warning
+    importlib.import_module("attnlens.core.notebook").quiet_tqdm_auto()  # hub use it) from warning
 
 #: submodules imported on first use (keeps ``import attnlens`` light: no torch, transformers,
 #: TransformerLens, plotly or pandas until a name that needs them is used; ``attnlens --help``
@@ -52,15 +75,15 @@ _SUBMODULES = (
 )
 #: names re-exported lazily from submodules
 _LAZY = {
-    "Batch": ("attnlens.inputs", "Batch"),
-    "Words": ("attnlens.inputs", "Words"),
-    "tokenize": ("attnlens.inputs", "tokenize"),
-    "load": ("attnlens.loading", "load"),
-    "effective_attention": ("attnlens.effective", "effective_attention"),
+    "Batch": ("attnlens.core.inputs", "Batch"),
+    "Words": ("attnlens.core.inputs", "Words"),
+    "tokenize": ("attnlens.core.inputs", "tokenize"),
+    "load": ("attnlens.core.loading", "load"),
+    "effective_attention": ("attnlens.methods.effective", "effective_attention"),
     "Comparison": ("attnlens.compare", "Comparison"),
-    "run_with_hooks": ("attnlens.passes", "run_with_hooks"),
-    "model_inputs": ("attnlens.passes", "model_inputs"),
-    "to_circuitsvis": ("attnlens.export", "to_circuitsvis"),
+    "run_with_hooks": ("attnlens.engine.passes", "run_with_hooks"),
+    "model_inputs": ("attnlens.engine.passes", "model_inputs"),
+    "to_circuitsvis": ("attnlens.present.export", "to_circuitsvis"),
 }
 
 __all__ = [

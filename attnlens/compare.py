@@ -20,7 +20,6 @@ This module is callable: ``attnlens.compare(...)`` is :func:`compare`.
 
 from __future__ import annotations
 
-import html
 import json
 import math
 import operator
@@ -36,68 +35,42 @@ from typing import Any, SupportsIndex
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
-from attnlens import passes
-from attnlens.corpus import resolve_corpus
-from attnlens.display import Figures
+from attnlens.core.corpus import resolve_corpus
+from attnlens.core.inputs import as_max_len, tokenize, whole_number
+from attnlens.engine import passes
 from attnlens.errors import FileFormatError, InputError, InputTypeError
-from attnlens.inputs import as_max_len, tokenize, whole_number
-from attnlens.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
-from attnlens.patterns.counts import batch_positions, type_counts
-from attnlens.patterns.templates import TYPES, template_labels
-from attnlens.stats import STATISTICS, AttentionStatistics, batch_classes, token_text
-
-#: the views compare knows, in report order
-VIEWS: tuple[str, ...] = ("standard", "papa", "effective")
-#: views whose values can leave [0, 1] (drawn on a diverging colour scale)
-SIGNED_VIEWS: frozenset[str] = frozenset({"effective"})
-#: the columns of :attr:`Comparison.table` with the share of each pattern type
-TYPE_COLUMNS: tuple[str, ...] = tuple(f"type_{name}" for name in TYPES)
-#: columns of :attr:`Comparison.table`
-COLUMNS: tuple[str, ...] = (
-    "view", "layer", "head", *STATISTICS, "distance_from_standard", *TYPE_COLUMNS, "pattern_type",
+from attnlens.methods import views as registry
+from attnlens.methods.patterns.counts import PatternTypes
+from attnlens.methods.patterns.templates import TYPES
+from attnlens.methods.stats import (
+    STATISTICS,
+    AttentionStatistics,
+    Distance,
+    Statistics,
+    batch_classes,
+    token_text,
+    total_variation,
 )
-#: one-line definitions of the table's columns (shown in the report and in ``to_json``)
-COLUMN_DOCS: dict[str, str] = {
-    "view": "which attention: standard (the model's), papa (constant), effective",
-    "layer": "layer index, from 0",
-    "head": "head index within the layer, from 0",
-    "to_cls": "mean attention on the start token ([CLS] / <s>)",
-    "to_sep": "mean attention on separator tokens ([SEP] / </s>)",
-    "to_punct": "mean attention on punctuation tokens",
-    "to_self": "mean attention on the query's own position (offset 0)",
-    "to_prev": "mean attention on the previous position (offset -1)",
-    "to_next": "mean attention on the next position (offset +1)",
-    "entropy": "mean entropy (nats) of attention rows; signed rows are normalised by |a| first",
-    "distance_from_standard": (
-        "mean over valid query rows of the total-variation distance "
-        "1/2 * sum_k |a_view(q, k) - a_standard(q, k)| over valid keys; 0 for standard"
-    ),
-    **{
-        f"type_{name}": f"share of the examples whose map of this head is of Kovaleva's {name} type "
-        "(attnlens.patterns.classify's template rules)"
-        for name in TYPES
-    },
-    "pattern_type": "the head's most frequent Kovaleva pattern type",
-}
-DISTANCE_DEFINITION = COLUMN_DOCS["distance_from_standard"]
-DEFAULT_MAX_LEN = 128
-#: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
-MAX_TILED_TOKENS = 64
+from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.compare.COLUMNS, ...)
+    BROAD_BELOW,
+    COLUMN_DOCS,
+    COLUMNS,
+    DISTANCE_DEFINITION,
+    SCORE_COLUMNS,
+    SIGNED_VIEWS,
+    TARGETS,
+    TYPE_COLUMNS,
+    VIEWS,
+)
+from attnlens.present.display import Figures
+from attnlens.present.figures import MAX_TILED_TOKENS, blank_later_keys, build_figures  # noqa: F401
+from attnlens.present.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
 
-#: targets of the "dominant target" head grid: table column -> label
-TARGETS: dict[str, str] = {
-    "to_cls": "[CLS]",
-    "to_sep": "[SEP]",
-    "to_punct": "punctuation",
-    "to_self": "self",
-    "to_prev": "previous",
-    "to_next": "next",
-}
-#: a head whose largest target share is below this is labelled "broad"
-BROAD_BELOW = 0.25
+DEFAULT_MAX_LEN = 128
+
 #: the report's explorer may show any of the first this many examples of the corpus
 #: (``compare(report_examples=)``), as far as :data:`REPORT_BUDGET` allows
 REPORT_EXAMPLES = 50
@@ -109,7 +82,7 @@ REPORT_BUDGET = 1_500_000
 
 def validate_views(views: Iterable[str]) -> tuple[str, ...]:
     """``("standard", *views)`` without duplicates; unknown names raise ``ValueError``."""
-    from attnlens.checks import describe
+    from attnlens.core.checks import describe
 
     names: list[str] = ["standard"]
     for view in views:
@@ -121,9 +94,7 @@ def validate_views(views: Iterable[str]) -> tuple[str, ...]:
                 f"{', '.join(repr(v) for v in VIEWS)}"
             )
         if view not in VIEWS:
-            raise InputError(
-                f"unknown view {view!r}; valid views are {', '.join(repr(v) for v in VIEWS)}"
-            )
+            raise registry.unknown_view(view, among=VIEWS)
         if view not in names:
             names.append(view)
     return tuple(names)
@@ -236,7 +207,7 @@ class Comparison:
 
     def to_html(self, *, full_html: bool = True) -> str:
         """The report as HTML (plotly.js embedded once; works offline)."""
-        from attnlens.report import render
+        from attnlens.present.report import render
 
         return render(self, full_html=full_html)
 
@@ -244,7 +215,7 @@ class Comparison:
         """Write the self-contained, offline HTML report to ``path`` atomically (through
         :func:`attnlens.files.write_atomic`: never half a file, never through a symlink, a
         read-only file replaced only with ``overwrite_read_only``); returns the path."""
-        from attnlens.files import write_atomic
+        from attnlens.core.files import write_atomic
 
         html = self.to_html(full_html=True).encode("utf-8")
         return write_atomic(Path(path), html, overwrite_read_only=overwrite_read_only)
@@ -252,7 +223,7 @@ class Comparison:
     def _repr_html_(self) -> str:
         """Jupyter's view: a small summary without plotly.js (:func:`attnlens.display.comparison_html`);
         show a figure with ``c.figures[name]``, the whole report with :meth:`save_html`."""
-        from attnlens.display import comparison_html
+        from attnlens.present.display import comparison_html
 
         return comparison_html(self)
 
@@ -272,15 +243,15 @@ class Comparison:
         query are blanked on a decoder, except for effective attention, which reaches them;
         signed views get a colour range symmetric about 0. Needs
         ``pip install "attnlens[circuitsvis]"``."""
-        from attnlens.export import comparison_maps, to_circuitsvis
+        from attnlens.present.export import comparison_maps, to_circuitsvis
 
         patterns, tokens = comparison_maps(self, example, view)
-        from attnlens.checks import index
+        from attnlens.core.checks import index
 
         layers = range(self.n_layers) if layer is None else [index(layer, "layer", self.n_layers, "layers")]
         return to_circuitsvis(
             patterns[list(layers)].reshape(-1, *patterns.shape[-2:]), tokens,
-            causal=_blank_later_keys(self, view), signed=view in SIGNED_VIEWS,
+            causal=blank_later_keys(self, view), signed=view in SIGNED_VIEWS,
             head_names=[f"L{index}H{head}" for index in layers for head in range(self.n_heads)],
         )
 
@@ -328,12 +299,12 @@ class Comparison:
     ) -> str:
         """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given
         (atomically, missing folders created, as :meth:`save_html` does)."""
-        from attnlens.checks import whole_number
+        from attnlens.core.checks import whole_number
 
         indent = None if indent is None else whole_number(indent, "indent", " of spaces", minimum=0)
         text = json.dumps(self.to_dict(), indent=indent)
         if path is not None:
-            from attnlens.files import write_atomic
+            from attnlens.core.files import write_atomic
 
             write_atomic(Path(path), text.encode("utf-8"), overwrite_read_only=overwrite_read_only)
         return text
@@ -344,7 +315,7 @@ class Comparison:
         text = str(text_or_path)
         source = "the JSON text given"
         if not text.lstrip().startswith("{"):
-            from attnlens.files import check_readable
+            from attnlens.core.files import check_readable
 
             source = f"comparison file {text_or_path}"
             text = check_readable(text_or_path, "comparison").read_text(encoding="utf-8")
@@ -391,76 +362,6 @@ class Comparison:
         )
 
 
-def build_figures(comparison: Comparison) -> dict[str, Any]:
-    """The figures of a comparison, by name, in report order."""
-    from attnlens import plots
-
-    c = comparison
-    others = [view for view in c.views if view != "standard"]
-    figures: dict[str, Any] = {}
-    if others:
-        figures["distance_from_standard"] = plots.head_grid(
-            {view: c.grid("distance_from_standard", view) for view in others},
-            title="Distance from standard attention (mean total variation per query row)",
-            name="distance",
-        )
-    layer, head = c.focus
-    figures["side_by_side"] = plots.side_by_side(
-        {view: array[layer, head] for view, array in c.example_patterns.items()},
-        c.example_tokens,
-        layer=layer,
-        head=head,
-        causal={view: _blank_later_keys(c, view) for view in c.views},
-        diverging={view: view in SIGNED_VIEWS for view in c.views},
-        title=f"Layer {layer}, head {head}: " + " vs ".join(c.views) + f" (example {c.example_index})",
-    )
-    figures["dominant_target"] = plots.head_grid(
-        {view: c.dominant_target(view) for view in c.views},
-        title=f"What each head attends to most (\"broad\": every target below {BROAD_BELOW:g})",
-        name="target",
-        categories=[*TARGETS.values(), "broad"],
-    )
-    if c.pattern_types is not None:
-        from attnlens import patterns
-
-        figures["pattern_type"] = plots.head_grid(
-            {view: c.pattern_type(view) for view in c.views},
-            title="Each head's most frequent pattern type (Kovaleva et al. 2019)",
-            name="pattern type",
-            categories=list(TYPES),
-        )
-        shares = c.pattern_types
-        figures["pattern_types"] = patterns.figure(
-            [shares[shares["view"] == view] for view in c.views],
-            title="Pattern types per layer (share of maps, mean over the layer's heads)",
-        )
-    for column in STATISTICS:
-        figures[column] = plots.head_grid(
-            {view: c.grid(column, view) for view in c.views},
-            title=f"{column}: {html.escape(COLUMN_DOCS[column])}",
-            name=column,
-        )
-    n_tokens = len(c.example_tokens)
-    shown = min(n_tokens, MAX_TILED_TOKENS)
-    crop = "" if shown == n_tokens else f" (first {shown} of {n_tokens} tokens)"
-    for view, array in c.example_patterns.items():
-        figures[f"patterns_{view}"] = plots.patterns(
-            array[..., :shown, :shown],
-            c.example_tokens[:shown],
-            causal=_blank_later_keys(c, view),
-            diverging=view in SIGNED_VIEWS,
-            title=f"{view} attention of every head, example {c.example_index}{crop}",
-            name=view,
-        )
-    return figures
-
-
-def _blank_later_keys(comparison: Comparison, view: str) -> bool:
-    """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view but
-    effective attention, which reaches later keys (``A⊥ = A P`` mixes all value vectors)."""
-    return comparison.causal and view not in SIGNED_VIEWS
-
-
 # ------------------------------------------------------------------------------------------------
 # the pass over the corpus
 
@@ -473,7 +374,7 @@ def _as_model(model: Any) -> Any:
         )
     if hasattr(model, "run_with_cache") and hasattr(model, "cfg"):
         return model
-    from attnlens.loading import load
+    from attnlens.core.loading import load
 
     return load(model)
 
@@ -494,20 +395,8 @@ def _default_example(
     return int(longer[0, 0]) if len(longer) else 0
 
 
-def _total_variation(
-    pattern: Float[Tensor, "batch head query key"],
-    standard: Float[Tensor, "batch head query key"],
-    valid: Bool[Tensor, "batch pos"],
-) -> Float[Tensor, "head"]:
-    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head.
-
-    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
-    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
-    adds these batch sums into float64 totals, so the error does not grow with the corpus.
-    """
-    keys = valid[:, None, None, :].to(torch.float32)
-    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
-    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+#: the distance column's statistic lives with the others (:func:`attnlens.methods.stats.total_variation`)
+_total_variation = total_variation
 
 
 def compare(
@@ -579,7 +468,7 @@ def compare(
         _as_model(model)  # the view given as the model: say the model goes first
     names = validate_views(views or VIEWS)
     if isinstance(constants, str | os.PathLike):  # a constants file: load it (checked below)
-        from attnlens.papa import PapaConstants
+        from attnlens.methods.papa import PapaConstants
 
         constants = PapaConstants.load(constants)
     texts = resolve_corpus(corpus)
@@ -592,10 +481,10 @@ def compare(
         max_len = as_max_len(max_len)
     if example is not None:
         example = _check_example(example, len(texts))
-    from attnlens.checks import whole_number
+    from attnlens.core.checks import whole_number
 
     batch_size = whole_number(batch_size, "batch_size", " of examples (e.g. 32)", minimum=1)
-    from attnlens.checks import optional_count
+    from attnlens.core.checks import optional_count
 
     train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
@@ -633,24 +522,14 @@ def compare(
         model.train(was_training)
 
 
-#: Columns of :attr:`Comparison.scores`.
-SCORE_COLUMNS = {
-    "view": "standard, papa (all heads), papa (half of the heads), effective",
-    "task": "task name, or 'lm' for the language-model score",
-    "metric": "the task's metric, or the LM score's kind (own head or MLM probe)",
-    "score": "on the evaluation split (LM: negative log-perplexity, nats per token)",
-    "majority": "score of always predicting the most frequent training label",
-    "relative": "score / the standard view's score",
-}
-
-
 def view_scores(
     model: Any, names: Sequence[str], constants: Any, *, tasks: Sequence[str],
     lm_texts: Sequence[str] | None, data_dir: Any, train_limit: Any, eval_limit: Any,
     max_len: int, layout: str, batch_size: int, progress: bool,
 ) -> pd.DataFrame:
     """Task and LM scores per view (:data:`SCORE_COLUMNS`); see :func:`compare`."""
-    from attnlens import effective, lm, papa, probing
+    from attnlens.evaluation import lm, probing
+    from attnlens.methods import effective, papa
 
     if isinstance(tasks, str):
         tasks = [tasks]
@@ -731,7 +610,7 @@ def _papa_setup(
     if "papa" not in names:
         return None, DEFAULT_MAX_LEN if max_len is None else max_len, "padded"
     if constants is None:
-        from attnlens.papa import fitting
+        from attnlens.methods.papa import fitting
 
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
         constants = fitting.fit(
@@ -751,10 +630,12 @@ def _papa_setup(
 class ViewsAccumulator(passes.Accumulator):
     """The pass of :func:`compare` as an accumulator of :func:`attnlens.passes.run`.
 
-    For every layer it derives each view's pattern ``[batch, head, query, key]`` (standard, the
-    PAPA constant restricted to the batch's valid tokens, effective attention), updates the
-    view's :class:`attnlens.stats.AttentionStatistics` and its summed total-variation distance
-    from standard, and keeps the valid block of example ``example``'s patterns for the figures.
+    A composition of the methods' own accumulators, one of each per view, run in this one pass:
+    :class:`attnlens.methods.stats.Statistics`, :class:`attnlens.methods.patterns.counts.PatternTypes`
+    and (views other than standard) :class:`attnlens.methods.stats.Distance`; each reads its
+    view's maps as the :class:`attnlens.methods.views.View` says (PAPA: the constants restricted
+    to the batch's valid tokens, :meth:`View.read`). It computes no statistic itself: it only
+    keeps the valid block of example ``example``'s maps for the figures.
     With ``report_examples`` it also keeps, 8-bit and compressed (:mod:`attnlens.kept`), the maps
     of the first ``report_examples`` examples and of ``example`` (``kept_patterns``; the
     report's budget is applied afterwards, :meth:`attnlens.kept.KeptPatterns.select`).
@@ -768,11 +649,22 @@ class ViewsAccumulator(passes.Accumulator):
     ) -> None:
         n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
         self.model, self.names, self.constants = model, names, constants
-        self.example, self.causal, self.n_layers = example, causal, n_layers
-        self.needs_effective = "effective" in names
-        self.statistics = {view: AttentionStatistics(n_layers, n_heads) for view in names}
-        self.distance = {view: torch.zeros(n_layers, n_heads, dtype=torch.float64) for view in names}
-        self.types = {view: torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64) for view in names}
+        self.example, self.causal, self.n_layers, self.n_heads = example, causal, n_layers, n_heads
+        self.views = {view: registry.get_view(view) for view in names}
+        self.needs_effective = any(value.needs_effective for value in self.views.values())
+        # the methods' own accumulators, one of each per view, updated in this one pass: the head
+        # statistics (attnlens.methods.stats.Statistics) and the pattern types
+        # (attnlens.methods.patterns.counts.PatternTypes); PAPA maps are the constants restricted
+        # to each batch (View.read), beside the model's own patterns
+        self.parts = {
+            view: (Statistics(n_layers, n_heads, view, constants=constants, causal=causal),
+                   PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal))
+            for view in names
+        }
+        self.statistics = {view: parts[0].statistics for view, parts in self.parts.items()}
+        # and each view's distance from standard (attnlens.methods.stats.Distance)
+        self.distances = {view: Distance(n_layers, n_heads, view, constants=constants, causal=causal)
+                          for view in names if view != "standard"}
         self.kept: dict[str, np.ndarray] = {}
         self.kept_tokens: list[str] = []
         self.row: int | None = None
@@ -801,41 +693,40 @@ class ViewsAccumulator(passes.Accumulator):
                 if start + row < self.report_examples or start + row == self.example:
                     self.report_rows.append(_ReportRow.of(batch, row, self.n_layers, self.names))
 
+    @property
+    def types(self) -> dict[str, Tensor]:
+        """``view -> [layer, head, type]`` counts of each pattern type (its PatternTypes)."""
+        return {view: parts[1].counts for view, parts in self.parts.items()}
+
     def update(self, layer: passes.LayerPatterns) -> None:
-        valid, classes, index = layer.key_mask, batch_classes(layer.batch), layer.layer
-        per_view = {"standard": layer.pattern.float()}
-        if "effective" in self.names:
-            per_view["effective"] = layer.effective.float()
-        if "papa" in self.names:
-            per_view["papa"] = self.constants.layer_pattern(
-                index, valid, dtype=torch.float32, causal=self.causal
-            )
-        positions = batch_positions(layer.batch)
+        index = layer.layer
+        for statistics, type_counter in self.parts.values():
+            statistics.update(layer)
+            type_counter.update(layer)
+        for distance in self.distances.values():
+            distance.update(layer)
+        if self.row is None and not self.report_rows:
+            return
+        per_view = {view: value.read(layer, self.constants, causal=self.causal).float()
+                    for view, value in self.views.items()}
         for view, pattern in per_view.items():
-            self.statistics[view].update(index, pattern, classes, valid)
-            labels = template_labels(pattern, positions, signed=view in SIGNED_VIEWS)
-            self._to_device(pattern.device)
-            self.types[view][index] += type_counts(labels)
-            if view != "standard":
-                self.distance[view][index] += _total_variation(pattern, per_view["standard"], valid)
             if self.row is not None:
                 keep = self.keep
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
             for kept in self.report_rows:
                 block = pattern[kept.row][:, kept.keep][:, :, kept.keep]
-                codes, scales = encode(block, signed=view in SIGNED_VIEWS)
+                codes, scales = encode(block, signed=self.views[view].signed)
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
 
     def _to_device(self, device: torch.device) -> None:
-        """Keep the running totals beside the patterns (no copy to the CPU per layer)."""
+        """Keep the count of long texts beside the patterns (no copy to the CPU per batch)."""
         if self.longer.device == device:
             return
-        total = torch.float32 if device.type == "mps" else torch.float64  # MPS has no float64
-        self.distance = {view: value.to(device, total) for view, value in self.distance.items()}
-        self.types = {view: value.to(device) for view, value in self.types.items()}
         self.longer = self.longer.to(device)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
+        for _, type_counter in self.parts.values():
+            type_counter.end_batch(batch)
         self._to_device(batch.key_mask.device)
         self.longer += (batch.key_mask.sum(-1) > self.d_head).sum()
         if self.row is not None:
@@ -849,11 +740,11 @@ class ViewsAccumulator(passes.Accumulator):
     def state_dict(self) -> dict[str, Tensor]:
         state: dict[str, Tensor] = {}
         for view in self.names:
-            for name, total in self.statistics[view].sums.items():
-                state[f"{view}.{name}"] = total
-            state[f"{view}.counts"] = self.statistics[view].counts
-            state[f"{view}.distance"] = self.distance[view]
-            state[f"{view}.types"] = self.types[view]
+            statistics, type_counter = self.parts[view]
+            state.update({f"{view}.{name}": total for name, total in statistics.state_dict().items()})
+            state.update({f"{view}.types.{name}": total for name, total in type_counter.state_dict().items()})
+            if view in self.distances:
+                state[f"{view}.distance"] = self.distances[view].total
         state["longer_than_d_head"] = self.longer
         return state
 
@@ -882,8 +773,10 @@ class ViewsAccumulator(passes.Accumulator):
             )
 
     def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
-        self.types = {view: value.cpu() for view, value in self.types.items()}
-        return self.statistics, {view: value.cpu().double() for view, value in self.distance.items()}
+        zeros = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # standard from itself
+        distance = {view: self.distances[view].result() if view in self.distances else zeros
+                    for view in self.names}
+        return self.statistics, distance
 
 
 @dataclass
@@ -936,7 +829,7 @@ def _compare(
     report_budget: int = 0,
 ) -> Comparison:
     """The pass over the corpus of :func:`compare`, its arguments checked and resolved."""
-    from attnlens.loading import is_causal
+    from attnlens.core.loading import is_causal
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     causal = is_causal(model)
@@ -951,7 +844,7 @@ def _compare(
     n_tokens = summary.n_tokens
     meta: dict[str, Any] = {}
     if "effective" in names:
-        from attnlens.effective.core import warn_if_short
+        from attnlens.engine.effective import warn_if_short
 
         d_head = int(model.cfg.d_head)
         meta.update(d_head=d_head, longer_than_d_head=int(views.longer))

@@ -49,8 +49,8 @@ from realdata import wikitext_paragraphs
 import attnlens
 from attnlens import passes
 from attnlens.effective import effective_attention, run
-from attnlens.effective.core import _cholesky_inverse_factor
 from attnlens.effective.reference import effective_attention_loop
+from attnlens.engine.effective import _cholesky_inverse_factor
 
 BATCH, LENGTH = 32, 128
 

@@ -5,11 +5,13 @@ examples (default 4,000, a seeded subset) and the full dev set, at the task's Ta
 (PAPA, Hassid et al. 2022, Appendix B), this prints and writes (``docs/probe_baselines.csv``,
 and its Markdown beside it):
 
-- ``probe``: attnlens's default probe (:func:`attnlens.probing.run`: Table 3's learning rate,
-  batch size and epochs; mean pooling and standardised inputs), the mean over ``--seeds`` seeds,
-  with its 95% bootstrap interval over the dev examples;
-- ``paper_probe``: the paper's probe exactly (``pooling="sum"``, ``standardize=False``), same
-  recipe and seeds;
+- ``probe``: attnlens's default probe (:func:`attnlens.probing.run`: Table 3's learning rate
+  and batch size, its epochs as the floor of the epochs chosen on a held-out tenth of the
+  training examples, :func:`attnlens.probing.choose_epochs`; mean pooling and standardised
+  inputs), the mean over ``--seeds`` seeds, with its 95% bootstrap interval over the dev
+  examples, and the epochs chosen;
+- ``paper_probe``: the paper's probe exactly (``pooling="sum"``, ``standardize=False``, Table 3's
+  epochs: ``select_epochs=False``), same seeds;
 - ``linear``: the linear baseline (:class:`attnlens.probing.LinearBaseline`, logistic regression
   on standardised mean-pooled features, ``C`` chosen on 20% of the training examples);
 - ``majority``: always the most frequent training label;
@@ -63,14 +65,15 @@ def main() -> None:
                                  seeds=args.seeds, progress=False)
             paper = None if args.no_paper_probe else probing.run(
                 model, task, data_dir=DATA, train_limit=args.train_limit, seeds=args.seeds,
-                progress=False, baseline=False, probe=dict(pooling="sum", standardize=False))
+                progress=False, baseline=False, select_epochs=False,
+                probe=dict(pooling="sum", standardize=False))
         versus = result.versus_baseline
         verdict = "beats" if versus.low > 0 else "below" if versus.high < 0 else "matches"
         row = dict(
             task=task, metric=result.metric, n_train=result.n_train, n_eval=result.n_eval,
             max_len=result.settings["max_len"], seeds=len(result.scores),
             probe=result.score, probe_low=result.interval.low, probe_high=result.interval.high,
-            probe_seed_std=result.seed_std,
+            probe_seed_std=result.seed_std, epochs=result.settings["epochs_chosen"],
             paper_probe=paper.score if paper else float("nan"),
             paper_probe_low=paper.interval.low if paper else float("nan"),
             paper_probe_high=paper.interval.high if paper else float("nan"),
@@ -84,6 +87,7 @@ def main() -> None:
         rows.append(row)
         lines.append(
             f"| {task} | {result.metric} | {_cell(result.interval)} ± {result.seed_std:.3f} | "
+            f"{result.settings['epochs_chosen']} | "
             + (f"{_cell(paper.interval)} | " if paper else "– | ")
             + f"{_cell(result.baseline_interval)} | {_cell(result.majority_interval)} | "
             f"{versus.difference:+.3f} [{versus.low:+.3f}, {versus.high:+.3f}] {verdict} |"
@@ -91,8 +95,8 @@ def main() -> None:
         print(lines[-1], f"({row['seconds']:.0f} s)", flush=True)
     import pandas as pd
 
-    header = ("| task | metric | probe (seed mean) [95%] ± seed std | paper's probe | linear baseline | "
-              "majority | probe − linear [paired 95%] |\n|---|---|---|---|---|---|---|")
+    header = ("| task | metric | probe (seed mean) [95%] ± seed std | epochs | paper's probe | linear baseline | "
+              "majority | probe − linear [paired 95%] |\n|---|---|---|---|---|---|---|---|")
     out = Path(args.out)
     write_atomic(out, pd.DataFrame(rows).to_csv(index=False).encode("utf-8"))
     write_atomic(out.with_suffix(".md"), ("\n".join([header, *lines]) + "\n").encode("utf-8"))

@@ -29,18 +29,39 @@ unlabeled corpus, with hooks on an unmodified model::
   heads replaced (:class:`Curve`: table and figure), with intervals and baselines;
 - :func:`table`: PAPA's Table 1 of a model (:class:`PapaTable`): original, average constants and
   data-free matrices in every head, per task.
+
+``attnlens.papa`` gathers names of two layers: the method, :mod:`attnlens.methods.papa`
+(constants, their hooks, head selection), and what replacing heads costs,
+:mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`. Its old submodules
+import as before (``attnlens.papa.fitting`` is :mod:`attnlens.methods.papa.fitting`;
+``attnlens.papa.curves`` and ``attnlens.papa.tables`` warn, see :mod:`attnlens._aliases`).
 """
 
-from attnlens.papa.baselines import TrainableConstants, identity, toeplitz, uniform, zeros
-from attnlens.papa.constants import PapaConstants
-from attnlens.papa.curves import Curve, curve
-from attnlens.papa.fitting import fit
-from attnlens.papa.intervene import PapaHooks, check_inputs, hooks, intervention
-from attnlens.papa.replace import constant_pattern, softmax_pattern
-from attnlens.papa.selection import STRATEGIES, HeadSet, learn_lambda, select_heads
-from attnlens.papa.tables import PapaTable, table
+import importlib
+from typing import Any
 
-load = PapaConstants.load
+from attnlens.evaluation.curve import Curve, curve
+from attnlens.evaluation.table import PapaTable, table
+from attnlens.methods.papa import (
+    STRATEGIES,
+    HeadSet,
+    PapaConstants,
+    PapaHooks,
+    TrainableConstants,
+    check_inputs,
+    constant_pattern,
+    fit,
+    hooks,
+    identity,
+    intervention,
+    learn_lambda,
+    load,
+    select_heads,
+    softmax_pattern,
+    toeplitz,
+    uniform,
+    zeros,
+)
 
 __all__ = [
     "Curve",
@@ -66,3 +87,15 @@ __all__ = [
     "uniform",
     "zeros",
 ]
+
+#: the submodules of ``attnlens.papa`` before the layers, still its attributes
+_SUBMODULES = ("baselines", "constants", "curves", "fitting", "intervene", "replace", "selection", "tables")
+
+
+def __getattr__(name: str) -> Any:
+    """``attnlens.papa.fitting`` and the other submodules of before, imported on first use
+    (PEP 562): :mod:`attnlens.methods.papa`'s, or for ``curves`` and ``tables`` (which warn)
+    :mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`."""
+    if name in _SUBMODULES:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

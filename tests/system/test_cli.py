@@ -81,7 +81,7 @@ def _one_line_error(process: subprocess.CompletedProcess) -> str:
 
 def test_unknown_view(tmp_path):
     line = _one_line_error(run("compare", "--views", "standard,attn", "--out", "r.html", cwd=tmp_path))
-    assert "unknown view 'attn'" in line and "'standard', 'papa', 'effective'" in line
+    assert "Unknown view 'attn'" in line and "'standard', 'papa', 'effective'" in line
     assert not (tmp_path / "r.html").exists()
 
 

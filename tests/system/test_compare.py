@@ -132,7 +132,7 @@ def test_effective_equals_standard_on_short_texts(minilm):
 
 
 def test_unknown_view_is_a_value_error_naming_valid_views(minilm):
-    with pytest.raises(ValueError, match=r"unknown view 'attn'.*'standard', 'papa', 'effective'"):
+    with pytest.raises(ValueError, match=r"Unknown view 'attn'.*'standard', 'papa', 'effective'"):
         attnlens.compare(minilm, "papa", "attn", corpus=SHORT)
     with pytest.raises(TypeError, match="first argument is the model"):
         attnlens.compare("papa", "effective", corpus=SHORT)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from attnlens import AttnlensError, lm, papa, probing, tasks
+from attnlens.errors import InputError, MismatchError
 from attnlens.papa.curves import DATA_FREE, Curve
 from attnlens.papa.tables import ROWS
 from tests.conftest import DATA, data_file
@@ -79,7 +80,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants):
     assert len(figure.data) == 2 and list(figure.data[0].x) == [0.0, 0.5, 1.0]
 
 
-def test_curve_arguments_are_checked(minilm, constants):
+def test_curve_arguments_are_checked(minilm, constants, monkeypatch):
     with pytest.raises(ValueError, match="Unknown baseline 'ones'"):
         papa.curve(minilm, constants, ["sst2"], baselines=("ones",), data_dir=DATA)
     with pytest.raises(ValueError, match=r"fractions\[1\] must lie in"):
@@ -88,6 +89,16 @@ def test_curve_arguments_are_checked(minilm, constants):
         papa.curve(minilm, constants, ["sst2"], fractions=(float("nan"),), data_dir=DATA)
     with pytest.raises(ValueError, match="Unknown strategy"):
         papa.curve(minilm, constants, ["sst2"], strategy="best", data_dir=DATA)
+    # constants are positional: sentence constants on a pair task are refused before any work,
+    # naming the fix (a mapping with pair constants for it)
+    def no_work(*args, **kwargs):
+        raise AssertionError("a task was probed before the constants were checked")
+
+    monkeypatch.setattr(probing, "run", no_work)
+    with pytest.raises(MismatchError, match=r"fitted on single sentences, and 'mrpc' has sentence pairs.*mapping"):
+        papa.curve(minilm, constants, ["sst2", "mrpc"], data_dir=DATA)
+    with pytest.raises(InputError, match="constants has no entry for 'mrpc'"):
+        papa.curve(minilm, {"sst2": constants}, ["sst2", "mrpc"], data_dir=DATA)
 
 
 def test_cli_compare_with_a_task_reports_scores_per_view(tmp_path, capsys):

@@ -120,7 +120,7 @@ def test_api_pages_show_jaxtyping_shapes_as_written(site):
     # the docstrings' reST roles became links or code, never raw roles
     for page in (site / "api").glob("*.html"):
         assert not re.search(r":(func|class|mod|meth|attr|data):`", page.read_text(encoding="utf-8")), page.name
-    assert 'href="#attnlens.effective.effective_attention"' in (site / "api" / "effective.html").read_text()
+    assert 'href="#attnlens.methods.effective.effective_attention"' in (site / "api" / "effective.html").read_text()
 
 
 def test_method_pages_carry_their_equations_for_the_bundled_mathjax(site):

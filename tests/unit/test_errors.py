@@ -49,9 +49,10 @@ def test_import_attnlens_then_attnlens_error():
 
 def test_every_error_class_attnlens_defines_derives_from_attnlens_error():
     classes = defined_exceptions()
-    assert {"attnlens.cli.UsageError", "attnlens.corpus.CorpusError", "attnlens.tasks.TaskError",
-            "attnlens.loading.ModelFilesError", "attnlens.models.UnsupportedArchitecture",
-            "attnlens.lm.UntrainedHead", "attnlens.inputs.BlankText", "attnlens.ablation.GatesUnused",
+    assert {"attnlens.cli.UsageError", "attnlens.core.corpus.CorpusError",
+            "attnlens.evaluation.tasks.TaskError", "attnlens.core.loading.ModelFilesError",
+            "attnlens.core.models.UnsupportedArchitecture", "attnlens.evaluation.lm.UntrainedHead",
+            "attnlens.core.inputs.BlankText", "attnlens.evaluation.importance.GatesUnused",
             "attnlens.errors.InputError"} <= set(classes)
     outside = [
         name for name, cls in classes.items()

@@ -98,9 +98,14 @@ def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", probing.ProbeWarning)  # below a baseline by chance or not
         noise = probing.run(minilm, "sst2", data_dir=_sst2_folder(tmp_path / "shuffled", shuffled, dev_rows),
-                            seeds=3, **options)
+                            seeds=3, select_epochs=False, **options)
     assert noise.score in noise.majority_interval and noise.baseline in noise.majority_interval
     assert len(noise.scores) == 3 and noise.seed_std > 0
+    # epochs: chosen on held-out training examples, from the recipe's 8 up to 3 × 8, and every
+    # seed trained that long; select_epochs=False trains exactly the recipe's
+    assert 8 <= plain.settings["epochs_chosen"] <= 24
+    assert plain.settings["probe"]["epochs"] == plain.settings["epochs_chosen"]
+    assert noise.settings["epochs_chosen"] is None and noise.settings["probe"]["epochs"] == 8
     # the paired test of probe − linear is computed on the same resamples: its point difference
     # is exactly the difference of the two point scores
     for result in (plain, noise):

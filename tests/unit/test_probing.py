@@ -316,3 +316,74 @@ def test_the_papers_sum_pooling_round_trips_with_its_settings(bert, tmp_path):
     with pytest.raises(ValueError, match="pooling"):
         probing.PapaProbe(pooling="max")
     assert set(load_file(str(path))) >= {"mean", "scale", "position_weights"}
+
+
+def test_early_stopping_keeps_the_best_held_out_epoch_and_never_sees_other_examples(bert):
+    """The scorer is called after every epoch from ``min_epochs`` on, with held-out indices only
+    (a tenth of the training examples, disjoint from the ones trained on); the probe keeps the
+    weights of the best epoch: equal to a probe stopped there by the same scorer."""
+    texts, labels = _separable(bert)
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    values = iter([0.1, 0.5, 0.3, 0.2, 0.1, 0.0, 0.0, 0.0])
+    seen: list = []
+
+    def scorer(indices, predicted):
+        seen.append(indices.tolist())
+        assert len(predicted) == len(indices)
+        return next(values)
+
+    probe = probing.PapaProbe(epochs=20, seed=1, early_stopping=True, min_epochs=2, n_iter_no_change=3)
+    probe.fit(features, labels, scorer=scorer)
+    # judged after epochs 2..6 (5 values: best 0.5 at the 2nd judged one, then 3 without a better)
+    assert probe.validation_scores_ == [0.1, 0.5, 0.3, 0.2, 0.1]
+    assert probe.epochs_ == 3
+    held = seen[0]
+    assert all(indices == held for indices in seen)
+    assert len(held) == round(0.1 * len(texts))
+    stopped = iter([0.1, 0.5])
+    short = probing.PapaProbe(epochs=3, seed=1, early_stopping=True, min_epochs=2)
+    short.fit(features, labels, scorer=lambda indices, predicted: next(stopped))
+    for name, value in probe.network.state_dict().items():
+        assert torch.equal(value, short.network.state_dict()[name]), name
+
+
+def test_choose_epochs_floors_at_the_recipe_and_run_trains_every_seed_that_long(bert, monkeypatch):
+    texts, labels = _separable(bert)
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    epochs, values = probing.choose_epochs(features, labels, {"epochs": 4, "lr": 1e-3}, factor=3)
+    assert 4 <= epochs <= 12
+    assert len(values) <= 12 - 4 + 1 and values  # judged from the floor (epoch 4) on
+    assert epochs - 4 == max(range(len(values)), key=values.__getitem__)
+
+
+def test_the_linear_baseline_is_scikit_learns_logistic_regression_with_c_chosen_on_held_out(bert):
+    """Reference: cold-started scikit-learn pipelines (StandardScaler, LogisticRegression) on the
+    mean-pooled rows, C chosen on the same held-out fifth by accuracy (ties: the smaller C), then
+    refitted on all. LinearBaseline warm-starts each fit from the previous solution: the same
+    strictly convex optimum, reached to lbfgs's tolerance (gradient ≤ 1e-4; the L2 term makes
+    the Hessian ≥ 1/C, so the solutions differ by at most C · 1e-4 per unit of gradient scale:
+    1e-3 is loose for C ≤ 0.1), so the coefficients agree to 1e-3 and the predictions exactly."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    from attnlens.probing.baseline import C_GRID, design
+
+    texts, labels = _separable(bert)
+    labels = [label if index % 7 else 1 - label for index, label in enumerate(labels)]  # not separable
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    baseline = probing.LinearBaseline(seed=0).fit(features, labels)
+    rows, targets = design(features), np.asarray(labels)
+    order = np.random.default_rng(0).permutation(len(labels))
+    cut = round(0.2 * len(labels))
+    held, kept = np.sort(order[:cut]), np.sort(order[cut:])
+    scores = {}
+    for C in C_GRID:
+        model = make_pipeline(StandardScaler(), LogisticRegression(C=C, max_iter=1000)).fit(rows[kept], targets[kept])
+        scores[C] = float((model.predict(rows[held]) == targets[held]).mean())
+    chosen = max(sorted(scores), key=scores.get)
+    assert baseline.held_out == pytest.approx(scores, abs=1e-12) and baseline.C == chosen
+    reference = make_pipeline(StandardScaler(), LogisticRegression(C=chosen, max_iter=1000)).fit(rows, targets)
+    np.testing.assert_allclose(baseline.model[-1].coef_, reference[-1].coef_, atol=1e-3)
+    assert baseline.predict(features) == reference.predict(rows).tolist()

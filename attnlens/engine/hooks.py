@@ -1,0 +1,91 @@
+"""The one hook-list type: :class:`Hooks`, a list of TransformerLens ``(hook_name, hook_fn)`` pairs.
+
+Every intervention of attnlens (:func:`attnlens.papa.hooks`, :func:`attnlens.effective.hooks`,
+:func:`attnlens.ablation.hooks`) returns a subclass of :class:`Hooks`, and everything that takes
+``hooks=`` (:func:`attnlens.passes.run_with_hooks`, :func:`attnlens.passes.run`,
+:func:`attnlens.probing.run`, ``lm.*``, ``ablation.*``, :func:`attnlens.compare`) accepts one, as
+it accepts any plain list of pairs: a :class:`Hooks` *is* a list, so
+``model.run_with_hooks(tokens, fwd_hooks=hooks)`` works as it always did.
+
+What a :class:`Hooks` adds to the list:
+
+- :meth:`Hooks.key`: a stable string naming what the hooks do (equal keys, equal interventions),
+  or ``None`` when they cannot be told apart from others (not cacheable). Caches of what a model
+  computes under hooks (probe features) are keyed by it;
+- ``a + b``: the hooks of ``a`` then those of ``b``, still a :class:`Hooks`, whose key joins
+  both keys (``None`` if either has none);
+- :meth:`Hooks.apply`: a context manager that installs the hooks on a model and removes them on
+  exit, like TransformerLens's ``HookedRootModule.hooks()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+
+class Hooks(list):
+    """``(hook_name, hook_fn)`` pairs for ``run_with_hooks``, with a :meth:`key` and :meth:`apply`.
+
+    ``key``: the key of a plain :class:`Hooks` (None: not cacheable, unless it is empty, which is
+    ``"none"``, the model itself). Subclasses override :meth:`key` with what they are made of.
+    """
+
+    def __init__(self, items: Iterable[tuple[Any, Callable]] = (), *, key: str | None = None) -> None:
+        super().__init__(items)
+        self._key = key
+
+    def key(self) -> str | None:
+        """A stable string for what these hooks do, or None when unknown (not cacheable)."""
+        if self._key is not None:
+            return self._key
+        return "none" if len(self) == 0 else None
+
+    @property
+    def hook_names(self) -> list[str]:
+        """The hook point of each pair, in order (a callable name filter shows as its repr)."""
+        return [name if isinstance(name, str) else repr(name) for name, _ in self]
+
+    def __add__(self, other: Iterable[tuple[Any, Callable]]) -> Hooks:  # type: ignore[override]
+        other_list = list(other)
+        mine, theirs = self.key(), _key_of(other)
+        if len(other_list) == 0:
+            key = mine
+        elif len(self) == 0:
+            key = theirs
+        else:
+            key = None if mine is None or theirs is None else f"{mine}+{theirs}"
+        return Hooks([*self, *other_list], key=key)
+
+    def __radd__(self, other: Iterable[tuple[Any, Callable]]) -> Hooks:
+        return Hooks(other) + self
+
+    def __iadd__(self, other: Iterable[tuple[Any, Callable]]) -> Hooks:  # type: ignore[override]
+        # in place would keep a subclass whose key no longer says what it holds
+        return self + other
+
+    @contextlib.contextmanager
+    def apply(self, model: Any) -> Iterator[Any]:
+        """Install the hooks on ``model`` (a TransformerLens ``HookedRootModule`` or bridge) for the
+        ``with`` block and remove them on exit, even on an error: ``with hooks.apply(model): ...``.
+        Hooks that were on the model before stay."""
+        with model.hooks(fwd_hooks=list(self)):
+            yield model
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({len(self)} hooks, key={self.key()!r})"
+
+
+def as_hooks(hooks: Any) -> Hooks:
+    """``hooks`` as a :class:`Hooks` (unchanged when it is one; None or ``()``: no hooks)."""
+    if isinstance(hooks, Hooks):
+        return hooks
+    return Hooks(() if hooks is None else hooks)
+
+
+def _key_of(hooks: Any) -> str | None:
+    if len(list(hooks)) == 0:
+        return "none"
+    key = getattr(hooks, "key", None)
+    return key() if callable(key) else None

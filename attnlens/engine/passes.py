@@ -1,0 +1,998 @@
+"""The pass engine: the one loop over a corpus in attnlens.
+
+Every analysis that reads a model over a corpus (PAPA constants, attention statistics, compare,
+and the feature extraction of probes) is an :class:`Accumulator`: a small object that reads some
+hook points, updates from each batch, merges with another of its kind, and gives a result, like
+torchmetrics' ``update`` / ``merge_state`` / ``compute``. :func:`run` owns everything else:
+
+- reading the corpus lazily (strings, ``(str, str)`` pairs, or a ``datasets`` column), batching
+  and tokenizing it in a layout, moving batches to the model's device;
+- one set of hooks per forward: each layer's ``hook_pattern`` is handed to every accumulator as a
+  :class:`LayerPatterns`, whose effective attention (:mod:`attnlens.effective.core`) is computed
+  once per layer if any accumulator reads it; interventions (``hooks=``) apply before reading;
+- stopping the forward after the last layer's pattern when nothing needs the output;
+- ``torch.inference_mode`` (or gradients, when an accumulator asks), eval mode;
+- the progress bar, checkpoint and resume (a checkpoint records a fingerprint of the corpus
+  consumed and of the settings, and refuses to resume anything else), SIGTERM saved like Ctrl-C;
+- multi-process runs under ``torch.distributed`` (``torchrun``): the corpus is sharded
+  contiguously and batch-aligned by rank, every accumulator is reduced with ``all_reduce`` (its
+  small metadata with ``all_gather_object``), and the settings are checked to be the same on
+  every rank.
+
+A minimal accumulator::
+
+    class MeanEntropy(passes.Accumulator):
+        name = "entropy"
+        def __init__(self, n_layers):
+            self.total, self.rows = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers)
+        def update(self, layer):            # a LayerPatterns: layer.pattern [batch, head, q, k]
+            p = layer.pattern.clamp_min(1e-30)
+            rows = layer.key_mask[:, None, :, None]
+            self.total[layer.layer] += float(-(p * p.log() * rows).sum())
+            self.rows[layer.layer] += float(rows.sum()) * p.shape[1]
+        def state_dict(self):
+            return {"total": self.total, "rows": self.rows}
+        def result(self):
+            return self.total / self.rows
+
+    summary = passes.run(model, texts, [MeanEntropy(model.cfg.n_layers)], max_len=64)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import math
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, SupportsIndex
+
+import einops
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from attnlens.core import models, seam
+from attnlens.core.corpus import corpus_iterator
+from attnlens.core.inputs import (
+    LAYOUTS,
+    Batch,
+    BlankText,
+    Words,
+    check_max_len,
+    default_layout,
+    tokenize,
+    whole_number,
+)
+from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
+from attnlens.engine.hooks import Hooks
+from attnlens.errors import (
+    DamagedFileError,
+    FileFormatError,
+    InputError,
+    InputTypeError,
+    MismatchError,
+    ModelBehaviourError,
+    UnavailableError,
+)
+
+#: batches between two checkpoint writes when ``checkpoint=`` is given
+CHECKPOINT_EVERY = 20
+#: format of checkpoint files written by :func:`run`
+CHECKPOINT_FORMAT = "attnlens.pass/1"
+
+#: what every ``hooks=`` accepts: a :class:`attnlens.engine.hooks.Hooks` (the one hook-list type,
+#: which every attnlens intervention returns) or any sequence of ``(hook_name, hook_fn)`` pairs
+FwdHooks = Hooks | Sequence[tuple[str | Callable, Callable]]
+
+
+# ------------------------------------------------------------------------------------------------
+# what accumulators see
+
+
+@dataclass
+class PassBatch:
+    """The batch being run: ``batch`` (on the model's device), ``start`` (corpus index of its
+    first example), ``key_mask`` (``[batch, key]``, True for real tokens), ``positions``
+    (``[batch, key]``, the layout position of every column: :attr:`attnlens.Batch.positions`,
+    which differ from the column index in a compact batch) and ``model``.
+
+    :meth:`shared` computes something once per batch for every accumulator that asks for it by
+    the same key (e.g. the token classes of :func:`attnlens.stats.token_classes`)."""
+
+    batch: Batch
+    start: int
+    model: Any
+    key_mask: Bool[Tensor, "batch key"] = field(init=False)
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.key_mask = self.batch.attention_mask.bool()
+
+    @property
+    def positions(self) -> Int[Tensor, "batch key"]:
+        return self.batch.positions
+
+    def shared(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per batch and key."""
+        if key not in self._shared:
+            self._shared[key] = compute()
+        return self._shared[key]
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+
+@dataclass
+class LayerPatterns:
+    """One layer's attention for the batch being run.
+
+    ``pattern``: ``[batch, head, query, key]``, the pattern after any intervention (``hooks=``);
+    ``effective``: its effective attention ``A⊥`` (:func:`attnlens.effective.effective_attention`),
+    computed on first access and shared by every accumulator; ``key_mask``: ``[batch, key]``,
+    True for real tokens (the batch's own mask).
+    """
+
+    layer: int
+    pattern: Float[Tensor, "batch head query key"]
+    batch: PassBatch
+    values: Float[Tensor, "batch head key d_head"] | None = None
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+    _effective: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def key_mask(self) -> Bool[Tensor, "batch key"]:
+        return self.batch.key_mask
+
+    @property
+    def effective(self) -> Float[Tensor, "batch head query key"]:
+        if self._effective is None:
+            if self.values is None:
+                raise ModelBehaviourError(
+                    "effective attention needs the layer's values: set needs_effective = True "
+                    "on the accumulator that reads LayerPatterns.effective."
+                )
+            from attnlens.engine.effective import effective_attention
+
+            self._effective = effective_attention(
+                self.pattern, self.values, key_mask=self.key_mask, **self.options
+            )
+        return self._effective
+
+
+class Accumulator:
+    """Streaming state over a corpus; subclass it and override what you need.
+
+    Class attributes:
+
+    - ``name``: a key unique among the accumulators of one :func:`run` (checkpoints use it);
+    - ``needs_effective``: :attr:`LayerPatterns.effective` is read (the engine then stashes V);
+    - ``needs_output``: the whole forward runs and :meth:`update_output` gets the model output
+      (otherwise the forward stops after the last layer's ``hook_pattern``);
+    - ``needs_residual``: the forward runs through the last block (its ``hook_out``, the
+      residual stream leaving it) and stops there, before the final norm and the LM head;
+    - ``needs_grad``: the forward runs with gradients (else under ``torch.inference_mode``);
+    - ``compact``: it reads token positions from :attr:`PassBatch.positions`, never from column
+      indices, so PAPA-layout batches may run compact (:func:`attnlens.inputs.compact_batch`).
+      A pass runs compact only when every accumulator says so.
+
+    Methods, called by :func:`run` in this order for each batch: :meth:`prepare`,
+    :meth:`start_batch`,
+    :meth:`update` for each layer, :meth:`update_output` (if ``needs_output``),
+    :meth:`end_batch`. A batch interrupted half-way is never checkpointed, so ``update`` may
+    write into the state directly.
+
+    Merging and saving: :meth:`state_dict` returns the tensors that add up over shards (sums,
+    counts), :meth:`metadata` small JSON-able facts. The default :meth:`merge`,
+    :meth:`all_reduce`, :meth:`load_state_dict` add, all-reduce and copy those tensors; override
+    them for state that does not add up.
+    """
+
+    name: str = "accumulator"
+    needs_effective: bool = False
+    needs_output: bool = False
+    needs_residual: bool = False
+    needs_grad: bool = False
+    compact: bool = False
+
+    def hooks(self, model: Any) -> list[tuple[str | Callable, Callable]]:
+        """Extra reading hooks (``fwd_hooks``) this accumulator needs; ``self.current`` is the
+        :class:`PassBatch` being run when they fire."""
+        return []
+
+    def prepare(self, batch: Batch) -> Batch:
+        """The inputs the forward runs on, made from the tokenized ``batch`` (default: it,
+        unchanged). An accumulator that feeds the model other inputs (masked tokens for an MLM
+        score, copies of each example with one token masked for a pseudo-log-likelihood) returns
+        them here; at most one accumulator of a pass may change the inputs. The engine's counts
+        (examples, tokens, truncated) are those of the tokenized batch."""
+        return batch
+
+    def start_batch(self, batch: PassBatch) -> None:
+        self.current = batch
+
+    def update(self, layer: LayerPatterns) -> None:
+        """Read one layer's patterns of the current batch."""
+
+    def update_output(self, batch: PassBatch, output: Any) -> None:
+        """Read the model's output for the current batch (``needs_output``)."""
+
+    def end_batch(self, batch: PassBatch) -> None:
+        """The batch is complete (every layer was seen)."""
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Tensors that add up over shards of a corpus."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Tensor], metadata: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (and :meth:`metadata`) saved by a checkpoint."""
+        own = self.state_dict()
+        for key, value in state.items():
+            if key not in own:
+                raise InputError(f"{self.name}: unexpected tensor {key!r} in the saved state.")
+            own[key].copy_(value)
+
+    def metadata(self) -> dict[str, Any]:
+        """Small JSON-able facts saved with :meth:`state_dict` (the same on every shard)."""
+        return {}
+
+    def merge(self, other: Accumulator) -> Accumulator:
+        """Add ``other``'s state (the same kind, over another part of a corpus) into this one."""
+        if type(other) is not type(self):
+            raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+        mine, theirs = self.state_dict(), other.state_dict()
+        for key, value in mine.items():
+            value += theirs[key].to(value.device)
+        return self
+
+    def all_reduce(self, group: Any = None) -> None:
+        """Sum :meth:`state_dict` over the ranks of ``torch.distributed`` (in place)."""
+        import torch.distributed as dist
+
+        for value in self.state_dict().values():
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
+
+    def result(self) -> Any:
+        """What the accumulator measured."""
+        raise NotImplementedError
+
+
+@dataclass
+class PassSummary:
+    """What :func:`run` read: ``n_examples``, real tokens (``n_tokens``), ``n_truncated``
+    examples (that lost tokens to ``max_len``), whether the corpus held sentence pairs
+    (``pairs``; None if empty), the ``layout`` and ``max_len``, the ``accumulators``, updated
+    (and reduced over ranks under ``torch.distributed``), the examples skipped because a
+    checkpoint had them (``resumed``) and the most real tokens in one example (``longest``)."""
+
+    n_examples: int
+    n_tokens: int
+    n_truncated: int
+    pairs: bool | None
+    layout: str
+    max_len: int
+    accumulators: list[Accumulator]
+    resumed: int = 0
+    longest: int = 0
+
+
+# ------------------------------------------------------------------------------------------------
+# the corpus
+
+
+def chunks(corpus: Iterable, size: int) -> Iterator[list]:
+    """Consecutive lists of ``size`` examples (the last one may be shorter), read lazily."""
+    if size < 1:
+        raise InputError(f"batch_size must be at least 1, got {size}")
+    chunk: list = []
+    for item in corpus_iterator(corpus):
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def progress_bar(
+    corpus: Any, description: str, enabled: bool, *, initial: int = 0, unit: str = "example"
+) -> Any:
+    """A tqdm bar counting examples of ``corpus`` (its length is the total when it has one, so
+    the bar shows a percentage and an ETA); ``enabled=False`` gives a silent bar.
+
+    In a Jupyter kernel with ``ipywidgets`` installed the bar is a widget (``tqdm.notebook``);
+    anywhere else, a notebook without ``ipywidgets`` included, it is tqdm's plain text bar on
+    stderr, never tqdm's "IProgress not found" warning (:func:`tqdm_class`).
+    """
+    total = len(corpus) if hasattr(corpus, "__len__") else None
+    return tqdm_class()(
+        total=total, initial=initial, desc=description, unit=unit, disable=not enabled,
+        dynamic_ncols=True,
+    )
+
+
+def tqdm_class() -> type:
+    """``tqdm.notebook.tqdm`` (a widget) in a Jupyter kernel where ``ipywidgets`` imports, else
+    ``tqdm.std.tqdm`` (text). Unlike ``tqdm.auto`` it never warns: without ``ipywidgets`` a
+    notebook simply gets the text bar."""
+    from attnlens.core.notebook import in_notebook
+
+    if in_notebook():
+        try:
+            import ipywidgets  # noqa: F401  (tqdm.notebook needs it for its widget)
+            from tqdm.notebook import IProgress
+            from tqdm.notebook import tqdm as notebook_tqdm
+        except ImportError:
+            pass
+        else:
+            if IProgress is not None:
+                return notebook_tqdm
+    from tqdm.std import tqdm
+
+    return tqdm
+
+
+def device_of(model: Any) -> torch.device:
+    """The device of the model's parameters (CPU for a model without any)."""
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+class _Fingerprint:
+    """A running SHA-256 of the examples of a corpus, in order."""
+
+    def __init__(self) -> None:
+        self.digest = hashlib.sha256()
+
+    def update(self, examples: Iterable) -> None:
+        for example in examples:
+            if isinstance(example, Words):
+                example = {"words": list(example.words)}
+            self.digest.update(json.dumps(example, ensure_ascii=False).encode())
+            self.digest.update(b"\n")
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()
+
+
+# ------------------------------------------------------------------------------------------------
+# running a batch
+
+
+class _Stop(Exception):
+    """Raised after the last layer's pattern hook: the rest of the forward is not needed."""
+
+
+def values_per_query_head(
+    model: Any, v: Tensor
+) -> Float[Tensor, "batch head key d_head"]:
+    """``hook_v``'s values (``[batch, key, kv_head, d_head]`` or ``[batch, key, kv_head*d_head]``)
+    as one ``[key, d_head]`` matrix per query head: with grouped key-value heads, query head ``h``
+    reads key-value head ``h // (n_heads / n_kv_heads)``, as Hugging Face's ``repeat_kv``."""
+    n_heads = int(model.cfg.n_heads)
+    architecture = models.find(model)
+    n_kv = architecture.kv_heads(model.original_model.config) if architecture else n_heads
+    if v.ndim == 3:
+        v = einops.rearrange(v, "b k (h d) -> b h k d", h=n_kv)
+    else:
+        v = einops.rearrange(v, "b k h d -> b h k d")
+    if v.shape[1] != n_heads:
+        if n_heads % v.shape[1]:
+            raise InputError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
+        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)
+    return v
+
+
+def value_hook(model: Any, layer: int) -> str:
+    """Name of the hook point carrying layer ``layer``'s value vectors (the architecture's
+    :attr:`~attnlens.models.Architecture.value_hook`)."""
+    architecture = models.find(model)
+    preferred = architecture.value_hook.format(layer=layer) if architecture else None
+    for name in (preferred, f"blocks.{layer}.attn.hook_v", f"blocks.{layer}.attn.v.hook_out"):
+        if name is not None and name in model.hook_dict:
+            return name
+    raise InputError(f"The model has no value hook for layer {layer} (blocks.{layer}.attn.hook_v).")
+
+
+def model_inputs(batch: Batch) -> tuple[Tensor, dict[str, Tensor | None]]:
+    """``(input_ids, kwargs)`` to run ``batch`` with: ``model(ids, **kwargs)``. Use it (or
+    :func:`run_with_hooks`) rather than ``batch.input_ids`` alone, which would drop the mask and
+    the model's positions (see :meth:`attnlens.Batch.model_kwargs`)."""
+    return batch.input_ids, batch.model_kwargs()
+
+
+def run_with_hooks(
+    model: Any, batch: Batch, hooks: FwdHooks = (), **kwargs: Any
+) -> Any:
+    """``model.run_with_hooks`` on a :class:`attnlens.Batch` with its mask and positions (the
+    common path made impossible to get wrong), moved to the model's device; inside, pattern
+    hooks' :func:`attnlens.seam.key_mask` is the batch's own mask and :func:`attnlens.seam.positions`
+    its layout positions (a compact batch). Returns the model's output."""
+    require_bridge(model, "attnlens.run_with_hooks")
+    if not isinstance(batch, Batch):
+        raise InputTypeError(
+            f"attnlens.run_with_hooks takes a Batch from attnlens.tokenize, got {type(batch).__name__}."
+        )
+    check_hooks(hooks, batch)
+    check_token_ids(model, batch)
+    batch = batch.to(device_of(model))
+    with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids):
+        return model.run_with_hooks(
+            batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(hooks), **kwargs
+        )
+
+
+def check_token_ids(model: Any, batch: Batch) -> None:
+    """:class:`~attnlens.errors.InputError` when a token id of ``batch`` is negative or beyond
+    the model's vocabulary (a batch not made by :func:`attnlens.tokenize` for this model)."""
+    vocab = getattr(model.cfg, "d_vocab", None)
+    ids = batch.input_ids
+    if not isinstance(vocab, int) or ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or high >= vocab:
+        bad = low if low < 0 else high
+        raise InputError(
+            f"batch.input_ids holds the token id {bad}, outside the model's vocabulary 0..{vocab - 1}; "
+            "tokenize with attnlens.tokenize(model, texts, ...) using this model's tokenizer."
+        )
+
+
+def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
+    """:class:`~attnlens.errors.MismatchError` when a hook of :func:`attnlens.papa.hooks` holds
+    constants fitted on sentence pairs and ``batch`` holds single sentences, or the reverse."""
+    for item in hooks:
+        constants = getattr(item[1], "constants", None) if isinstance(item, tuple | list) and len(item) == 2 else None
+        pairs = getattr(constants, "pairs", None)
+        if pairs is not None and bool(batch.is_pair) != bool(pairs):
+            fitted = "sentence pairs" if pairs else "single sentences"
+            given = "sentence pairs" if batch.is_pair else "single sentences"
+            raise MismatchError(
+                f"the PAPA hooks' constants were fitted on {fitted}; these inputs are {given}. "
+                f"Fit constants on {given} (papa.fit on such a corpus) to use them here."
+            )
+
+
+def pattern_hooks(
+    model: Any,
+    on_pattern: Callable[[int, Tensor, Tensor | None, Tensor], Tensor | None],
+    *,
+    layers: Iterable[int] | None = None,
+    values: bool = True,
+) -> list[tuple[str, Callable]]:
+    """``fwd_hooks`` calling ``on_pattern(layer, A, V, valid)`` at each layer's
+    ``hook_pattern``, with ``V`` the layer's values per query head (stashed at its value hook,
+    which fires first; ``None`` with ``values=False``) and ``valid`` the ``[batch, key]`` mask of
+    real tokens (:func:`attnlens.seam.key_mask`). Whatever ``on_pattern`` returns replaces the
+    pattern (``None`` leaves it)."""
+    n_layers = int(model.cfg.n_layers)
+    chosen = range(n_layers) if layers is None else sorted({int(layer) for layer in layers})
+    causal = is_causal(model)
+    stash: dict[int, Tensor] = {}
+    fwd_hooks: list[tuple[str, Callable]] = []
+    for layer in chosen:
+        if values:
+
+            def keep_v(v: Tensor, hook: Any, layer: int = layer) -> None:
+                stash[layer] = v
+
+            fwd_hooks.append((value_hook(model, layer), keep_v))
+
+        def on_hook(pattern: Tensor, hook: Any, layer: int = layer) -> Tensor | None:
+            v = None
+            if values:
+                if layer not in stash:
+                    raise ModelBehaviourError(f"the value hook of layer {layer} did not fire before its hook_pattern.")
+                v = values_per_query_head(model, stash.pop(layer))
+            return on_pattern(layer, pattern, v, seam.key_mask(pattern, causal=causal))
+
+        fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", on_hook))
+    return fwd_hooks
+
+
+def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | None = None) -> int:
+    """Run ``batch`` with ``fwd_hooks`` without gradients, stopping after the last layer's
+    ``hook_pattern`` hooks have run (or after the hook point ``until``, e.g. the last block's
+    ``hook_out``). Returns how many times that hook point fired (1 when the forward reached it)."""
+    last = until or f"blocks.{model.cfg.n_layers - 1}.attn.hook_pattern"
+    reached = 0
+
+    def stop(pattern: Any, hook: Any) -> None:
+        nonlocal reached
+        reached += 1
+        raise _Stop
+
+    try:
+        with torch.no_grad():
+            run_with_hooks(model, batch, [*fwd_hooks, (last, stop)])
+    except _Stop:
+        pass
+    return reached
+
+
+# ------------------------------------------------------------------------------------------------
+# torch.distributed
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a ``torch.distributed`` run (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    size: int = 1
+    group: Any = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+
+def world() -> World:
+    """The current ``torch.distributed`` world, or a single process."""
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover - torch without distributed
+        return World()
+    if not (dist.is_available() and dist.is_initialized()):
+        return World()
+    return World(rank=dist.get_rank(), size=dist.get_world_size())
+
+
+def shard(n_examples: int, batch_size: int, rank: int, size: int) -> tuple[int, int]:
+    """``(start, stop)`` of rank ``rank``'s contiguous, batch-aligned share of ``n_examples``:
+    the corpus's ``ceil(n / batch_size)`` batches are split as evenly as whole batches allow, so
+    every batch is the one a single process would run."""
+    n_batches = math.ceil(n_examples / batch_size)
+    first = rank * n_batches // size
+    last = (rank + 1) * n_batches // size
+    return min(first * batch_size, n_examples), min(last * batch_size, n_examples)
+
+
+def _collective(what: str, function: Callable[[], Any], current: World) -> Any:
+    """Run a collective; a failure (a rank that died) becomes one clear error."""
+    try:
+        return function()
+    except Exception as error:  # gloo/NCCL raise RuntimeError / DistBackendError
+        raise UnavailableError(
+            f"rank {current.rank} of {current.size}: {what} failed ({str(error).splitlines()[0][:200]}); "
+            "another rank probably died. Run the same command again: with --checkpoint each rank "
+            "resumes from its own checkpoint."
+        ) from None
+
+
+def _check_same_settings(settings: str, current: World) -> None:
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * current.size
+    _collective(
+        "comparing settings", lambda: dist.all_gather_object(gathered, settings), current
+    )
+    if len(set(gathered)) > 1:
+        differing = [rank for rank, value in enumerate(gathered) if value != gathered[0]]
+        raise InputError(
+            f"the ranks of this torchrun were given different corpora or settings (ranks "
+            f"{differing} differ from rank 0): give every rank the same command and files."
+        )
+
+
+def _reduce(accumulators: Sequence[Accumulator], counts: dict[str, Any], current: World) -> None:
+    import torch.distributed as dist
+
+    for accumulator in accumulators:
+        _collective(f"reducing {accumulator.name}", accumulator.all_reduce, current)
+    gathered: list[Any] = [None] * current.size
+    _collective("gathering counts", lambda: dist.all_gather_object(gathered, counts), current)
+    kinds = {part["pairs"] for part in gathered if part["pairs"] is not None}
+    if len(kinds) > 1:
+        raise InputError("The corpus mixes single sentences and sentence pairs across ranks.")
+    for key in ("examples", "tokens", "truncated"):
+        counts[key] = sum(part[key] for part in gathered)
+    counts["longest"] = max(part.get("longest", 0) for part in gathered)
+    counts["pairs"] = kinds.pop() if kinds else None
+
+
+# ------------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def checkpoint_path(checkpoint: str | os.PathLike, current: World) -> Path:
+    """Each rank's own checkpoint file: ``checkpoint`` itself for a single process, else
+    ``<stem>.rank<r>-of-<n><suffix>`` beside it."""
+    path = Path(checkpoint)
+    if not current.distributed:
+        return path
+    return path.with_name(f"{path.stem}.rank{current.rank}-of-{current.size}{path.suffix}")
+
+
+def check_world_size(checkpoint: str | os.PathLike, current: World) -> None:
+    """Refuse to start when ``checkpoint`` was written by a run of another number of processes
+    (its own file, or per-rank files of another world size, are there instead of this run's)."""
+    path = Path(checkpoint)
+    mine = checkpoint_path(path, current)
+    found = [path] if path.exists() and current.distributed else []
+    found += sorted(
+        other for other in path.parent.glob(f"{path.stem}.rank*-of-*{path.suffix}") if other.name != mine.name
+        and not other.name.endswith(f"-of-{current.size}{path.suffix}")
+    ) if path.parent.is_dir() else []
+    if found:
+        raise InputError(
+            f"checkpoint {found[0]} was written by a run of another number of processes than "
+            f"this one ({current.size}); resume it with the same torchrun --nproc_per_node and "
+            "--nnodes, or give another checkpoint path."
+        )
+
+
+def save_checkpoint(
+    path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any]
+) -> None:
+    """Write every accumulator's state and the pass's counts atomically to ``path``."""
+    from attnlens.core.files import safetensors_bytes, write_atomic
+
+    tensors: dict[str, Tensor] = {}
+    for accumulator in accumulators:
+        for key, value in accumulator.state_dict().items():
+            tensors[f"{accumulator.name}/{key}"] = value.detach().cpu().contiguous()
+    from attnlens.core.files import tensor_checksum
+
+    metadata = {
+        "checksum": tensor_checksum(tensors),
+        "format": CHECKPOINT_FORMAT,
+        "header": json.dumps(header, sort_keys=True),
+        "counts": json.dumps(counts, sort_keys=True),
+        "accumulators": json.dumps(
+            {a.name: a.metadata() for a in accumulators}, sort_keys=True
+        ),
+    }
+    write_atomic(path, safetensors_bytes(tensors, metadata))
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The metadata (``header``, ``counts``, ``accumulators``, parsed) and tensors of a
+    checkpoint written by :func:`run`; ``ValueError`` naming the file if it is not one."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            raw = handle.metadata() or {}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()}
+        from attnlens.core.files import check_sealed, verify_checksum
+
+        if raw.get("format") != CHECKPOINT_FORMAT:
+            check_sealed(path, raw, tensors)
+            raise InputError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
+        verify_checksum(path, raw, tensors)
+        meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
+    except DamagedFileError:
+        raise
+    except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as error:
+        raise FileFormatError(
+            f"{path} is not an attnlens checkpoint (one written by a pass with checkpoint=...): {error}"
+        ) from None
+    return meta, tensors
+
+
+def _restore(
+    path: Path, accumulators: Sequence[Accumulator], header: dict[str, Any]
+) -> dict[str, Any]:
+    """Load a checkpoint's states into ``accumulators``; its counts. Refuses another setting."""
+    meta, tensors = read_checkpoint(path)
+    saved = meta["header"]
+    differing = [
+        f"{key} {saved.get(key)!r} (now {value!r})"
+        for key, value in header.items()
+        if key not in ("corpus",) and saved.get(key) != value
+    ]
+    if differing:
+        raise InputError(
+            f"checkpoint {path} was written by another run: {'; '.join(differing)}. Resume it "
+            "with the same settings, or give another checkpoint path."
+        )
+    for accumulator in accumulators:
+        prefix = f"{accumulator.name}/"
+        state = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
+        accumulator.load_state_dict(state, meta["accumulators"].get(accumulator.name, {}))
+    return meta["counts"]
+
+
+class _Signals:
+    """Inside it, SIGTERM (what ``timeout``, Slurm and ``docker stop`` send) raises
+    ``KeyboardInterrupt`` like Ctrl-C, so an interrupted pass saves its checkpoint; a second
+    signal while the checkpoint is written waits for the write (:meth:`saving`)."""
+
+    def __init__(self) -> None:
+        self.previous: dict[int, Any] = {}
+        self.pending: int | None = None
+        self.deferring = False
+        self.batching = False
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGTERM, signal.SIGINT):
+                self.previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: Any) -> None:
+        if self.deferring or (self.batching and self.pending is None):
+            self.pending = number  # during a batch, the first signal waits for its end
+            return
+        raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
+
+    def end_batch(self) -> None:
+        """End of a batch (started by setting :attr:`batching`): a signal that came during it
+        interrupts now, when the batch is counted, so the checkpoint written on the way out
+        holds it (a second signal during a batch interrupts at once)."""
+        self.batching = False
+        if self.pending is not None:
+            number, self.pending = self.pending, None
+            raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
+
+    @contextlib.contextmanager
+    def saving(self) -> Iterator[None]:
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending is not None:
+            number, self.pending = self.pending, None
+            raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
+
+
+# ------------------------------------------------------------------------------------------------
+# the pass
+
+
+def run(
+    model: Any,
+    corpus: Any,
+    accumulators: Sequence[Accumulator],
+    *,
+    max_len: SupportsIndex = 128,
+    layout: str | None = None,
+    batch_size: SupportsIndex = 32,
+    hooks: FwdHooks = (),
+    progress: bool = True,
+    description: str = "pass",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
+    effective: Mapping[str, Any] | None = None,
+    settings: Mapping[str, Any] | None = None,
+    compact: bool = True,
+) -> PassSummary:
+    """Run ``model`` over ``corpus`` once, updating every accumulator; returns a
+    :class:`PassSummary`.
+
+    ``corpus``: strings or ``(str, str)`` pairs (a list, a generator, a ``datasets`` column),
+    tokenized ``batch_size`` at a time with ``max_len`` in ``layout`` (default: the
+    architecture's, :func:`attnlens.inputs.default_layout`). ``hooks``: interventions
+    (``fwd_hooks``) active during the pass; accumulators read the patterns they produce.
+    ``effective``: keyword arguments of :func:`attnlens.effective.effective_attention`
+    (``rtol``, ``padded``). ``settings``: anything else that changes the result (recorded in
+    checkpoints and compared across ranks). ``compact``: run PAPA-layout batches at the length
+    of their longest real text, with the layout's positions (:func:`attnlens.inputs.compact_batch`;
+    the same results up to float32 rounding, for the real tokens' share of the cost) when every
+    accumulator reads positions rather than columns (:attr:`Accumulator.compact`); ``False``
+    pads them to ``max_len``. Hooks (``hooks=``) must then read positions too, as PAPA's do.
+
+    ``checkpoint``: a file to which the state is written atomically every ``checkpoint_every``
+    batches, at an interrupt (Ctrl-C, SIGTERM) and at the end. Running again with the same
+    checkpoint resumes: it must be the same model, settings and world size, and the corpus's first
+    examples must be those consumed (their fingerprint is recorded); anything else is refused.
+    With the same ``batch_size`` the result is bit-identical to an uninterrupted pass.
+
+    Under ``torch.distributed`` each rank runs its contiguous, batch-aligned shard
+    (:func:`shard`), with its own checkpoint (:func:`checkpoint_path`); the accumulators are
+    then summed over ranks, so every rank holds the result.
+    """
+    require_bridge(model, description)
+    names = [a.name for a in accumulators]
+    if len(set(names)) != len(names):
+        raise InputError(f"accumulator names must be unique, got {names}")
+    layout = default_layout(model) if layout is None else layout
+    if layout not in LAYOUTS:
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
+    if not isinstance(compact, bool):
+        raise InputTypeError(f"compact must be True or False, got {compact!r}.")
+    compact = compact and layout == "papa" and all(a.compact for a in accumulators)
+    batch_size = _positive(batch_size, "batch_size", "examples per batch (e.g. batch_size=32)")
+    checkpoint_every = _positive(checkpoint_every, "checkpoint_every", "batches (e.g. 20)")
+    max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
+    current = world()
+    examples = corpus_iterator(corpus)
+    total: int | None = len(corpus) if hasattr(corpus, "__len__") else None
+    if current.distributed:
+        examples_list = list(examples)
+        total = len(examples_list)
+        start, stop = shard(total, batch_size, current.rank, current.size)
+        whole = _Fingerprint()
+        whole.update(examples_list)
+        examples = iter(examples_list[start:stop])
+        total = stop - start
+        offset = start
+    else:
+        offset = 0
+    header = {
+        "model": model_id(model),
+        "fingerprint": weights_fingerprint(model),
+        "layout": layout,
+        "max_len": max_len,
+        "batch_size": batch_size,
+        "accumulators": sorted(names),
+        "world_size": current.size,
+        "rank": current.rank,
+        "settings": json.loads(json.dumps(dict(settings or {}), sort_keys=True, default=str)),
+        "effective": json.loads(json.dumps(dict(effective or {}), sort_keys=True, default=str)),
+    }
+    if current.distributed:
+        _check_same_settings(
+            json.dumps({**header, "rank": None, "corpus": whole.hexdigest()}, sort_keys=True),
+            current,
+        )
+
+    counts: dict[str, Any] = {
+        "examples": 0, "tokens": 0, "truncated": 0, "pairs": None, "corpus": None, "longest": 0,
+    }
+    fingerprint = _Fingerprint()
+    path = checkpoint_path(checkpoint, current) if checkpoint is not None else None
+    if path is not None:
+        from attnlens.core.files import clean_temporaries
+
+        clean_temporaries(path)
+        check_world_size(checkpoint, current)
+        if path.exists():
+            counts = _restore(path, accumulators, header)
+    resumed = counts["examples"]
+    consumed = list(itertools.islice(examples, resumed))
+    fingerprint.update(consumed)
+    if len(consumed) < resumed:
+        raise InputError(
+            f"checkpoint {path} has consumed {resumed} examples but the corpus has only "
+            f"{len(consumed)}: it belongs to another corpus."
+        )
+    if resumed and fingerprint.hexdigest() != counts["corpus"]:
+        raise InputError(
+            f"checkpoint {path} was written for another corpus: the first {resumed} examples "
+            "given now differ from those it consumed. Resume it with the same corpus, or give "
+            "another checkpoint path."
+        )
+
+    device = device_of(model)
+    needs_effective = any(a.needs_effective for a in accumulators)
+    needs_output = any(a.needs_output for a in accumulators)
+    until = f"blocks.{int(model.cfg.n_layers) - 1}.hook_out" if any(
+        a.needs_residual for a in accumulators) else None
+    needs_grad = any(a.needs_grad for a in accumulators)
+    options = dict(effective or {})
+    state: dict[str, Any] = {}
+
+    def on_pattern(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> None:
+        patterns = LayerPatterns(layer, pattern, state["batch"], v, options)
+        for accumulator in accumulators:
+            accumulator.update(patterns)
+        state["layers"] += 1
+
+    reading = pattern_hooks(model, on_pattern, values=needs_effective)
+    extra = [hook for accumulator in accumulators for hook in accumulator.hooks(model)]
+    fwd_hooks = [*hooks, *extra, *reading]
+    n_layers = int(model.cfg.n_layers)
+
+    bar = progress_bar(
+        range(total) if total is not None else corpus, description,
+        progress and current.rank == 0, initial=resumed,
+    )
+    saved_at, since_save, consistent = counts["examples"], 0, True
+    was_training = model.training
+    model.eval()
+    signals = _Signals()
+
+    def save() -> None:
+        counts["corpus"] = fingerprint.hexdigest()
+        save_checkpoint(path, accumulators, counts, header)
+
+    with signals:
+        try:
+            for chunk in chunks(examples, batch_size):
+                signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
+                try:
+                    batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=compact).to(device)
+                except BlankText as blank:  # name the text by its index in the corpus
+                    raise blank.at(offset + counts["examples"] + blank.index) from None
+                inputs = _prepare(accumulators, batch)
+                check_hooks(hooks, batch)
+                pass_batch = PassBatch(inputs, offset + counts["examples"], model)
+                for accumulator in accumulators:  # may refuse the batch; changes no state
+                    accumulator.start_batch(pass_batch)
+                consistent = False
+                state.update(batch=pass_batch, layers=0)
+                grad = torch.enable_grad() if needs_grad else torch.inference_mode()
+                with grad:
+                    if needs_output:
+                        output = run_with_hooks(model, inputs, fwd_hooks)
+                        for accumulator in accumulators:
+                            accumulator.update_output(pass_batch, output)
+                    else:
+                        run_patterns(model, inputs, fwd_hooks, until=until)
+                if state["layers"] != n_layers:
+                    raise ModelBehaviourError(
+                        f"hook_pattern fired {state['layers']} times for {n_layers} layers; "
+                        f"{description} needs every layer's attention pattern."
+                    )
+                for accumulator in accumulators:
+                    accumulator.end_batch(pass_batch)
+                _count(counts, batch)
+                fingerprint.update(chunk)
+                consistent = True
+                bar.update(len(chunk))
+                since_save += 1
+                signals.end_batch()  # interrupted during the batch: stop now, saving it
+                if path is not None and since_save >= checkpoint_every:
+                    with signals.saving():
+                        save()
+                    saved_at, since_save = counts["examples"], 0
+        except BaseException:
+            # Keep what was done; a batch cut half-way leaves the last periodic checkpoint in place.
+            if path is not None and consistent and counts["examples"] > saved_at:
+                with signals.saving():
+                    save()
+            raise
+        finally:
+            bar.close()
+            model.train(was_training)
+        if path is not None and counts["examples"] > saved_at:
+            with signals.saving():
+                save()
+    if current.distributed:
+        _reduce(accumulators, counts, current)
+    if counts["examples"] == 0:
+        raise InputError(
+            f"corpus is empty: {description} needs at least one string or (str, str) pair "
+            f"(got {type(corpus).__name__})."
+        )
+    return PassSummary(
+        n_examples=counts["examples"],
+        n_tokens=counts["tokens"],
+        n_truncated=counts["truncated"],
+        pairs=counts["pairs"],
+        layout=layout,
+        max_len=max_len,
+        accumulators=list(accumulators),
+        resumed=resumed,
+        longest=counts.get("longest", 0),
+    )
+
+
+def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:
+    """The inputs of the forward: ``batch``, or what the one accumulator that changes it makes."""
+    changed = [(a, a.prepare(batch)) for a in accumulators]
+    changed = [(a, inputs) for a, inputs in changed if inputs is not batch]
+    if len(changed) > 1:
+        names = ", ".join(a.name for a, _ in changed)
+        raise InputError(f"accumulators {names} each change the model's inputs; run them in separate passes.")
+    return changed[0][1] if changed else batch
+
+
+def _count(counts: dict[str, Any], batch: Batch) -> None:
+    counts["examples"] += len(batch)
+    counts["tokens"] += int(batch.attention_mask.sum())
+    counts["truncated"] += int(batch.n_truncated)
+    counts["pairs"] = bool(batch.is_pair)
+    counts["longest"] = max(counts.get("longest", 0), int(batch.attention_mask.sum(-1).max()))
+
+
+def _positive(value: Any, name: str, unit: str) -> int:
+    number = whole_number(value, name, f" of {unit}")
+    if number < 1:
+        raise InputError(f"{name} must be at least 1, got {number}")
+    return number

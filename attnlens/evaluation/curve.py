@@ -1,0 +1,441 @@
+"""The PAPA curve: task scores as input-dependent heads are replaced by constants.
+
+Hassid et al. 2022 (Fig. 2, Table 1) replace a growing share of a frozen model's heads by their
+constant (corpus-mean) attention and probe what is left, at fractions {1, 1/2, 1/8, 1/16, 0} of
+the input-dependent heads *kept*: replaced fractions ``(0, 0.5, 0.875, 0.9375, 1)``. Data-free
+constants (identity, Toeplitz, zeros) replacing every head are the baselines.
+
+:func:`curve` probes every (task, fraction) with :func:`attnlens.probing.run` (features cached,
+so a repeated or interrupted curve reuses every finished point) and, with ``lm_texts``, adds the
+language-model score of each point (:func:`attnlens.lm.evaluate`: the model's own trained head,
+or the MLM probe when its head is untrained), named by its kind.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from attnlens.errors import InputError, InputTypeError, MismatchError
+
+#: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
+FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
+BASELINES: tuple[str, ...] = ("identity", "toeplitz", "zeros")
+#: Every data-free matrix a curve or a table can show (:mod:`attnlens.papa.baselines`).
+DATA_FREE: tuple[str, ...] = ("identity", "toeplitz", "zeros", "uniform")
+#: Probe seeds per point by default (PAPA §4.1: three seeds).
+SEEDS = 3
+
+#: Columns of :attr:`Curve.table`.
+COLUMNS = {
+    "task": "task name (or 'lm' for the language-model score)",
+    "strategy": "how heads were chosen (a select_heads strategy) or the data-free baseline",
+    "fraction_replaced": "share of all heads replaced by constants",
+    "fraction_kept": "share of input-dependent heads kept (1 - fraction_replaced)",
+    "heads": "number of heads replaced",
+    "score": "the task's metric on the evaluation split, mean over probe seeds (LM: negative log-perplexity)",
+    "low": "95% bootstrap interval of score over the evaluation examples: lower end",
+    "high": "95% bootstrap interval of score: upper end",
+    "seed_std": "standard deviation of the score over probe seeds",
+    "metric": "which metric (or LM score kind)",
+    "relative": "score / score with no head replaced (the same task and strategy)",
+    "difference": "score minus the score with no head replaced, on the same examples",
+    "difference_low": "95% paired bootstrap interval of difference: lower end",
+    "difference_high": "95% paired bootstrap interval of difference: upper end",
+    "p_value": "paired bootstrap: share of resamples where the difference is >= 0 (small: a real drop)",
+    "significant": "whether the interval of difference excludes 0",
+    "baseline": "linear baseline (logistic regression on the same features) under the same hooks",
+    "baseline_low": "95% bootstrap interval of baseline: lower end",
+    "baseline_high": "95% bootstrap interval of baseline: upper end",
+    "majority": "score of always predicting the most frequent training label",
+    "majority_low": "95% bootstrap interval of majority: lower end",
+    "majority_high": "95% bootstrap interval of majority: upper end",
+}
+
+
+@dataclass
+class Curve:
+    """The table of :data:`COLUMNS` (one row per task, strategy and fraction), the seconds spent
+    (``seconds``: total; ``forward_seconds``: extracting features, i.e. forward passes or cache
+    reads; ``probe_seconds``: training and running the probes and their linear baselines, whose
+    share of the total is :attr:`probe_share`), ``timings`` (per task point computed: ``task``,
+    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds; a point whose
+    hooks another point already ran is not computed again), and :meth:`figure`."""
+
+    table: pd.DataFrame
+    seconds: float = 0.0
+    forward_seconds: float = 0.0
+    settings: dict = field(default_factory=dict, repr=False)
+    timings: list = field(default_factory=list, repr=False)
+    probe_seconds: float = 0.0
+
+    @property
+    def probe_share(self) -> float:
+        """Probe (and linear baseline) training's share of :attr:`seconds` (0 when none)."""
+        return self.probe_seconds / self.seconds if self.seconds > 0 else 0.0
+
+    def figure(self) -> Any:
+        """Score against the share of input-dependent heads kept, one line per task and
+        strategy, the baselines as marks at 0 kept (:func:`attnlens.plots.papa_curve`)."""
+        from attnlens.core.plots import papa_curve
+
+        return papa_curve(self.table)
+
+    def __repr__(self) -> str:
+        tasks = ", ".join(dict.fromkeys(self.table["task"]))
+        return f"Curve({tasks}; {len(self.table)} points, {self.seconds:.0f} s)"
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: tasks, the first rows of the table (:func:`attnlens.display.curve_html`)."""
+        from attnlens.core.notebook import curve_html
+
+        return curve_html(self)
+
+    def to_csv(self, path: Any, *, overwrite_read_only: bool = False) -> Any:
+        """Write the table as CSV, atomically (:func:`attnlens.files.write_atomic`)."""
+        from attnlens.core.files import write_atomic
+
+        return write_atomic(path, self.table.to_csv(index=False).encode("utf-8"),
+                            overwrite_read_only=overwrite_read_only)
+
+
+def curve(
+    model: Any,
+    constants: Any,
+    tasks: Sequence[Any],
+    *,
+    fractions: Sequence[float | int] = FRACTIONS,
+    strategy: str = "input_dependence",
+    baselines: Sequence[str] = BASELINES,
+    lm_texts: Sequence[str] | None = None,
+    data_dir: Any = None,
+    train_limit: int | None = 4000,
+    eval_limit: int | None = None,
+    seed: int = 0,
+    seeds: int | Sequence[int] = SEEDS,
+    baseline: bool = True,
+    batch_size: int = 32,
+    probe: dict | None = None,
+    lambda_steps: int = 100,
+    lambda_examples: int = 512,
+    progress: bool = True,
+) -> Curve:
+    """Probe ``tasks`` with a growing share of heads replaced by ``constants`` (replace mode).
+
+    ``constants``: fitted :class:`PapaConstants` (their ``max_len`` and layout are used for
+    every pass), or a mapping from each task's name (and ``"lm"`` for ``lm_texts``) to its own
+    (PAPA §4 fits them on each task's unlabelled training inputs; a pair task needs constants
+    fitted on pairs: refused up front otherwise). ``fractions``: replaced shares of all heads. ``strategy``: the order heads are
+    replaced in (:func:`attnlens.papa.select_heads`; ``"input_dependence"``, label-free, by
+    default; ``"lambda"`` learns λ with the first task's probe loss, see :func:`lambda_order`;
+    its cost and the Spearman correlation of λ with the input dependence are in ``settings``).
+    ``baselines``: data-free constants replacing every head. ``lm_texts``: also score the
+    language model on these texts at every point. ``lambda_steps`` / ``lambda_examples``: the
+    recipe of ``strategy="lambda"``. ``seeds``: probe seeds per point (a count or a list; the
+    score is their mean, ``seed_std`` their spread). ``baseline``: fit the linear baseline at
+    every point. Every score carries its 95% bootstrap interval, and every point a paired
+    bootstrap test against the same task with no head replaced, on the same examples
+    (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
+
+    The probe's epochs are chosen once per task, on held-out training examples with no head
+    replaced (:func:`attnlens.probing.choose_epochs`), and every point of that task trains that
+    long: the points differ in their features only.
+
+    Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
+    head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
+    and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
+    feature cache after their first extraction. Features run in compact PAPA batches
+    (:func:`attnlens.inputs.compact_batch`).
+    """
+    from attnlens.core.checks import finite, optional_count, whole_number
+    from attnlens.evaluation import probing
+    from attnlens.evaluation.probing.features import hooks_key
+    from attnlens.methods.papa import baselines as data_free
+    from attnlens.methods.papa.intervene import hooks as papa_hooks
+    from attnlens.methods.papa.selection import STRATEGIES, select_heads
+
+    tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
+    tasks = list(tasks)
+    if not tasks and lm_texts is None:
+        raise InputError("tasks is empty (and no lm_texts): give at least one task, e.g. tasks=['sst2'].")
+    train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
+    eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
+    probing._as_seeds(seeds, seed)  # seed and seeds: whole numbers, refused here rather than after a task
+    batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
+    lambda_steps = whole_number(lambda_steps, "lambda_steps", " of λ training steps", minimum=1)
+    lambda_examples = whole_number(lambda_examples, "lambda_examples", " of λ training examples", minimum=1)
+    if isinstance(fractions, str | float | int):
+        raise InputTypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
+    fractions = [finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
+    if not fractions:
+        raise InputError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
+    # no head replaced comes first: every point is compared with it (added when not asked for)
+    fractions = [0.0, *(f for f in fractions if f != 0.0)]
+    unknown = [name for name in baselines if name not in DATA_FREE]
+    if unknown:
+        raise InputError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
+    if strategy not in STRATEGIES:
+        raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+    by_task = _constants_by_task(model, constants, tasks, lm_texts, data_dir)
+    constants = by_task[_task_name(tasks[0])] if tasks else by_task["lm"]  # the settings' and λ's
+    started = time.perf_counter()
+    forward = [0.0]
+    options = dict(data_dir=data_dir, train_limit=train_limit, eval_limit=eval_limit, seed=seed,
+                   max_len=constants.max_len, layout=constants.layout, batch_size=batch_size,
+                   probe=probe, progress=progress)
+    point_options = dict(seeds=seeds, baseline=baseline)
+    n_heads = constants.n_layers * constants.n_heads
+    lam, lambda_seconds = None, None
+    if strategy in ("lambda", "reversed_lambda"):
+        if not tasks:
+            raise InputError(f"strategy={strategy!r} learns λ with a task's probe: give at least one task.")
+        start = time.perf_counter()
+        lam = lambda_order(model, constants, tasks[0], steps=lambda_steps, examples=lambda_examples,
+                           **options)
+        lambda_seconds = time.perf_counter() - start
+
+    def points_of(fitted: Any) -> list[tuple[str, str, float, Any]]:
+        """The curve's points with ``fitted`` constants: the fractions, then the baselines."""
+        points: list[tuple[str, str, float, Any]] = []
+        for fraction in fractions:
+            heads = select_heads(strategy, fraction=fraction, constants=fitted, seed=seed, lam=lam)
+            replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
+            points.append((strategy, f"{fraction}", fraction, papa_hooks(fitted, heads=heads) if replaced else ()))
+        for name in baselines:
+            made = getattr(data_free, name)(fitted)
+            points.append((name, "1.0", 1.0, papa_hooks(made)))
+        return points
+
+    rows, timings, probe_seconds = [], [], 0.0
+    for task in tasks:
+        unchanged = None
+        computed: dict[str, Any] = {}  # hooks' key -> this task's result under them
+        fitted = by_task[_task_name(task)]
+        task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}
+        for label, _, fraction, hooks in points_of(fitted):
+            key = hooks_key(hooks)
+            result = computed.get(key)
+            if result is None:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
+                    result = probing.run(model, task, hooks=hooks, **task_options)
+                computed[key] = result
+                if unchanged is None and result.settings.get("epochs_chosen"):
+                    # the epochs chosen with no head replaced train every later point of this task
+                    task_options = {**task_options, "select_epochs": False,
+                                    "probe": {**(probe or {}), "epochs": result.settings["epochs_chosen"]}}
+                forward[0] += result.seconds.get("features", 0.0)
+                probe_seconds += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
+                timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
+            if unchanged is None:
+                unchanged = result  # the first point: no head replaced (fraction 0 comes first)
+            rows.append(dict(task=result.task, strategy=label, fraction_replaced=fraction,
+                             fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
+                             metric=result.metric, **_point_columns(result, unchanged, seed)))
+    if lm_texts is not None:
+        from attnlens.evaluation import lm
+
+        scores: dict[str, Any] = {}  # hooks' key -> the LM score under them
+        fitted = by_task["lm"]
+        points = points_of(fitted)
+        for label, _, fraction, hooks in points:
+            key = hooks_key(hooks)
+            if key not in scores:
+                scores[key] = _timed(forward, lm.evaluate, model, lm_texts, hooks=hooks,
+                                     max_len=fitted.max_len, layout=fitted.layout, seed=seed,
+                                     progress=progress)
+            score = scores[key]
+            rows.append(dict(task="lm", strategy=label, fraction_replaced=fraction,
+                             fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
+                             score=score.value, metric=score.name,
+                             **_lm_columns(score, scores[hooks_key(points[0][3])], seed)))
+    table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
+    table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
+    settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
+                    seeds=seeds, **{
+        key: value for key, value in options.items() if key != "data_dir"})
+    if lam is not None:
+        from scipy.stats import spearmanr
+
+        settings["lambda_seconds"] = lambda_seconds
+        settings["lambda_task"] = str(getattr(tasks[0], "name", tasks[0]))
+        # does the label-free order agree? low λ and low input dependence both come first
+        dependence = constants.input_dependence.flatten().double()
+        settings["lambda_vs_input_dependence_spearman"] = float(
+            spearmanr(lam.flatten().double().numpy(), dependence.numpy()).statistic)
+    return Curve(table, time.perf_counter() - started, forward[0], settings, timings, probe_seconds)
+
+
+def _task_name(task: Any) -> str:
+    return task if isinstance(task, str) else str(getattr(task, "name", task))
+
+
+def _constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], lm_texts: Any,
+                       data_dir: Any) -> dict[str, Any]:
+    """``{task name (and "lm"): constants}`` from one :class:`PapaConstants` or a mapping, each
+    checked against the model and against its task's inputs before any work: constants are
+    positional, and a sentence pair's layout puts its middle [SEP] at ``max_len // 2``, which
+    constants fitted on single sentences never saw (and the reverse)."""
+    from attnlens.evaluation import tasks as task_module
+
+    names = [_task_name(task) for task in tasks] + (["lm"] if lm_texts is not None else [])
+    if isinstance(constants, Mapping):
+        missing = [name for name in names if name not in constants]
+        if missing:
+            raise InputError(f"constants has no entry for {missing[0]!r}; give one PapaConstants per "
+                             f"task (keys {', '.join(map(repr, names))}; 'lm' for lm_texts).")
+        by_task = {name: constants[name] for name in names}
+    else:
+        by_task = dict.fromkeys(names, constants)
+    for name, fitted in by_task.items():
+        check = getattr(fitted, "check_compatible", None)
+        if check is None:
+            raise InputTypeError(f"constants for {name!r} must be PapaConstants (papa.fit(model, texts)), "
+                                 f"not {type(fitted).__name__}.")
+        check(model)
+        pairs = getattr(fitted, "pairs", None)
+        if name == "lm" or pairs is None:
+            continue
+        task = next(task for task in tasks if _task_name(task) == name)
+        kind = task_module._SPECS[name].kind if isinstance(task, str) and name in task_module._SPECS else (
+            getattr(task, "kind", None))
+        is_pair = kind == "pair"
+        if bool(pairs) != is_pair:
+            fitted_on = "sentence pairs" if pairs else "single sentences"
+            given = "sentence pairs" if is_pair else "single sentences"
+            raise MismatchError(
+                f"the constants for {name!r} were fitted on {fitted_on}, and {name!r} has {given}. "
+                f"Give constants as a mapping with constants fitted on {given} for it, e.g. "
+                f"constants={{..., {name!r}: papa.fit(model, <its training inputs>)}}."
+            )
+    return by_task
+
+
+def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
+    """A curve point's score columns: its interval, baselines, and the paired test against the
+    same task with no head replaced (``unchanged``), resampling the same examples."""
+    from attnlens.evaluation.probing import paired
+
+    versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
+                    resamples=result.settings["resamples"])
+    linear = result.baseline_interval
+    return dict(
+        score=result.score, low=result.interval.low, high=result.interval.high,
+        seed_std=result.seed_std, difference=versus.difference, difference_low=versus.low,
+        difference_high=versus.high, p_value=versus.p_value, significant=versus.significant,
+        baseline=result.baseline, baseline_low=linear.low if linear else float("nan"),
+        baseline_high=linear.high if linear else float("nan"), majority=result.majority,
+        majority_low=result.majority_interval.low, majority_high=result.majority_interval.high,
+    )
+
+
+def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
+    """An LM point's interval and paired test against no head replaced, where the score has
+    per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
+    if score.counts is None or unchanged.counts is None:
+        return {}
+    from attnlens.evaluation.probing.intervals import paired_counts
+
+    versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
+    return dict(low=score.interval.low, high=score.interval.high, difference=versus.difference,
+                difference_low=versus.low, difference_high=versus.high, p_value=versus.p_value,
+                significant=versus.significant)
+
+
+def _timed(total: list[float], function: Any, *args: Any, **kwargs: Any) -> Any:
+    start = time.perf_counter()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        total[0] += time.perf_counter() - start
+
+
+def _relative(table: pd.DataFrame, row: Any) -> float:
+    base = table[(table["task"] == row["task"]) & (table["fraction_replaced"] == 0.0)]
+    if base.empty or base["score"].iloc[0] == 0:
+        return float("nan")
+    return float(row["score"] / base["score"].iloc[0])
+
+
+#: The documented cheaper recipe of ``strategy="lambda"``: steps and training examples.
+LAMBDA_STEPS, LAMBDA_EXAMPLES, LAMBDA_BATCH = 100, 512, 16
+
+
+def lambda_order(
+    model: Any, constants: Any, task: Any, *, data_dir: Any = None, train_limit: Any = 4000,
+    seed: int = 0, max_len: int = 128, layout: str | None = None, batch_size: int = 32,
+    probe: dict | None = None, progress: bool = True, steps: int = LAMBDA_STEPS,
+    examples: int = LAMBDA_EXAMPLES, **_: Any,
+) -> Any:
+    """λ per head, for ``strategy="lambda"`` (Hassid et al. 2022, §3.2): every head blended,
+    ``B = λ·A + (1 − λ)·C``, and λ learned with the task probe's loss, jointly with the probe.
+
+    That needs a forward and a backward pass through the model per step, which the feature
+    cache cannot serve. attnlens's recipe, cheaper than the paper's full training: the probe is
+    first fitted on the unmodified model's cached features (``train_limit`` examples), then λ and
+    the probe are trained together (:func:`attnlens.papa.learn_lambda` with ``jointly=``) for
+    ``steps`` steps of ``LAMBDA_BATCH`` examples drawn from the first ``examples`` training
+    examples. Returns λ ``[layer, head]``; its cost is printed by benchmarks/curve.py.
+    """
+    import torch
+
+    from attnlens.core.inputs import tokenize
+    from attnlens.evaluation import probing
+    from attnlens.evaluation import tasks as task_module
+    from attnlens.methods.papa.selection import learn_lambda
+
+    train = task if not isinstance(task, str) else task_module.load(
+        task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
+    features = probing.extract(model, train.inputs(), max_len=max_len, layout=layout,
+                               batch_size=batch_size, progress=progress)
+    fitted = probing.PapaProbe(**{"seed": seed, **(probe or {})}).fit(features, train.labels())
+    inputs, labels = train.inputs()[:examples], train.labels()[:examples]
+    batches = []
+    for start in range(0, len(inputs), LAMBDA_BATCH):
+        batch = tokenize(model, inputs[start : start + LAMBDA_BATCH], max_len=max_len, layout=layout,
+                         compact=True)
+        batch.extra["labels"] = labels[start : start + LAMBDA_BATCH]
+        batches.append(batch)
+    n_layers = int(model.cfg.n_layers)
+    names = ["blocks.0.hook_in"] + [f"blocks.{layer}.hook_out" for layer in range(n_layers)]
+    captured: dict[int, Any] = {}
+
+    def keep(index: int):
+        def hook(residual: Any, hook: Any) -> None:
+            captured[index] = residual
+
+        return hook
+
+    network = fitted.network
+    loss_of = torch.nn.CrossEntropyLoss(ignore_index=-1)
+
+    def loss_fn(logits: Any, batch: Any) -> Any:
+        stacked = torch.stack([captured[index] for index in range(n_layers + 1)], dim=2)
+        words = batch.extra.get("word_index")
+        if words is None:
+            keep_mask = batch.attention_mask.bool()
+            positions = batch.positions[keep_mask]
+            targets = torch.as_tensor(batch.extra["labels"], dtype=torch.long)
+        else:
+            keep_mask = words >= 0
+            positions = words[keep_mask]
+            rows = keep_mask.nonzero()[:, 0]
+            targets = torch.as_tensor([batch.extra["labels"][row][word] for row, word in
+                                       zip(rows.tolist(), positions.tolist(), strict=True)], dtype=torch.long)
+        example = keep_mask.nonzero()[:, 0]
+        output = network(stacked[keep_mask], positions, example, keep_mask.shape[0])
+        return loss_of(output, targets)
+
+    network.train()
+    try:
+        with model.hooks(fwd_hooks=[(name, keep(index)) for index, name in enumerate(names)]):
+            lam = learn_lambda(model, constants, loss_fn=loss_fn, batches=batches, steps=steps,
+                               progress=progress, jointly=list(network.parameters()))
+    finally:
+        network.eval()
+    return lam

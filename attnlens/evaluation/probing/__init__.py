@@ -1,0 +1,300 @@
+"""Probing a frozen model under any hooks: how much of a task its layers still carry.
+
+::
+
+    from attnlens import probing
+    result = probing.run(model, "sst2", data_dir="../shared/data", hooks=papa.hooks(constants))
+    result.score, result.metric, result.predictions[:3]
+
+:func:`run` loads the task's train split (``train_limit`` examples, a seeded subset) and its dev
+split (or ``eval_split``), extracts every layer's vectors once per (model, hooks, examples,
+``max_len``, layout) through the pass engine (:func:`features.extract`, cached on disk, see
+:mod:`attnlens.probing.features`), trains the PAPA probe (:class:`PapaProbe`, Hassid et al. 2022)
+on the train features and scores its predictions on the evaluation split with the task's metric
+(:mod:`attnlens.tasks`). Seeds make a run reproducible: the same call twice gives the same score.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from attnlens.errors import AttnlensWarning, InputError
+from attnlens.evaluation.probing.baseline import LinearBaseline
+from attnlens.evaluation.probing.features import (
+    Features,
+    cache_dir,
+    clear_cache,
+    extract,
+    hooks_key,
+)
+from attnlens.evaluation.probing.intervals import Interval, Paired, bootstrap, paired
+from attnlens.evaluation.probing.probe import PapaProbe, ProbeSettings
+from attnlens.evaluation.probing.recipes import TABLE3, Recipe, recipe
+
+__all__ = [
+    "EPOCH_FACTOR", "Features", "Interval", "LinearBaseline", "Paired", "PapaProbe", "ProbeResult", "ProbeSettings",
+    "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "choose_epochs", "clear_cache", "extract",
+    "hooks_key", "paired", "recipe", "run",
+]
+
+#: Training examples a probe sees by default (PAPA's curve on 2 CPU cores fits in minutes).
+TRAIN_LIMIT = 4000
+
+
+class ProbeWarning(AttnlensWarning):
+    """A probe scored below one of its baselines (the majority class or the linear model)."""
+
+
+@dataclass
+class ProbeResult:
+    """A probe's score on a task, with its baselines and intervals.
+
+    ``score``: the task's metric of the probe's predictions, averaged over ``seeds`` (``scores``:
+    one per seed; ``seed_std``: their standard deviation, 0 for one seed). ``interval``: its 95%
+    bootstrap interval over the evaluation examples (:func:`attnlens.probing.bootstrap`).
+    ``baseline`` / ``baseline_interval``: the same for the linear baseline
+    (:class:`LinearBaseline`, on the same features; ``nan`` when ``baseline=False``).
+    ``versus_baseline``: the paired bootstrap of ``score − baseline`` on the same resamples
+    (:class:`Paired`; ``None`` without the baseline): the probe matches the baseline when its
+    interval holds 0, beats it when the interval is above 0.
+    ``majority`` / ``majority_interval``: always predicting the most frequent training label.
+    ``evaluation``: the evaluated :class:`attnlens.tasks.Task`.
+    ``predictions``: label names per evaluated example (tag strings per word for token tasks) of
+    the first seed; ``runs``: those of every seed. Aligned with ``tasks.load(task, split)``'s
+    examples. ``seconds``: time spent extracting features (``"features"``: forward passes, or
+    reading the cache), training and running the probe (``"probe"``) and the baseline
+    (``"baseline"``)."""
+
+    task: str
+    split: str
+    metric: str
+    score: float
+    majority: float
+    predictions: list = field(repr=False)
+    n_train: int = 0
+    n_eval: int = 0
+    settings: dict = field(default_factory=dict, repr=False)
+    seconds: dict = field(default_factory=dict, repr=False)
+    interval: Interval | None = None
+    scores: list = field(default_factory=list)
+    seed_std: float = 0.0
+    baseline: float = float("nan")
+    baseline_interval: Interval | None = None
+    majority_interval: Interval | None = None
+    runs: list = field(default_factory=list, repr=False)
+    baseline_predictions: list = field(default_factory=list, repr=False)
+    evaluation: Any = field(default=None, repr=False)
+    versus_baseline: Paired | None = None
+
+    def __repr__(self) -> str:
+        interval = f" [{self.interval.low:.4f}, {self.interval.high:.4f}]" if self.interval else ""
+        return (
+            f"ProbeResult({self.task} {self.split}: {self.metric} {self.score:.4f}{interval} "
+            f"(linear {self.baseline:.4f}, majority {self.majority:.4f}), trained on {self.n_train}, "
+            f"evaluated on {self.n_eval})"
+        )
+
+
+#: :func:`choose_epochs` tries up to this many times the recipe's epochs.
+EPOCH_FACTOR = 3
+#: :func:`choose_epochs` stops after this many epochs without a better held-out score.
+PATIENCE = 3
+
+
+def _as_seeds(seeds: Any, seed: int) -> list[int]:
+    from attnlens.core.checks import whole_number
+
+    seed = whole_number(seed, "seed")
+    if seeds is None:
+        return [seed]
+    if isinstance(seeds, str | bytes) or not isinstance(seeds, Sequence):  # a count (a float, a bool refused)
+        return [seed + offset for offset in range(whole_number(seeds, "seeds", " (a count) or a list of whole numbers", minimum=1))]
+    chosen = [whole_number(value, f"seeds[{i}]") for i, value in enumerate(seeds)]
+    if not chosen:
+        raise InputError("seeds is empty; give a number of seeds (e.g. 3) or a list (e.g. [0, 1, 2]).")
+    return chosen
+
+
+def run(
+    model: Any,
+    task: Any,
+    *,
+    data_dir: Any = None,
+    eval_split: str | None = None,
+    hooks: Any = (),
+    train_limit: int | None = TRAIN_LIMIT,
+    eval_limit: int | None = None,
+    seed: int = 0,
+    seeds: int | Sequence[int] | None = None,
+    max_len: int | None = None,
+    layout: str | None = None,
+    batch_size: int = 32,
+    probe: PapaProbe | dict | None = None,
+    baseline: bool = True,
+    select_epochs: bool = True,
+    resamples: int = 1000,
+    cache: bool = True,
+    cache_key: str | None = None,
+    progress: bool = True,
+) -> ProbeResult:
+    """Train the PAPA probe on ``task``'s train split under ``hooks`` and score it on the dev
+    split (or ``eval_split``, e.g. ``"test"`` where that file has labels), with the linear and
+    majority baselines and 95% bootstrap intervals.
+
+    ``task``: a name of :data:`attnlens.tasks.NAMES` or a task from :func:`attnlens.tasks.load`
+    (then its split is the training set, and the evaluation split is loaded beside it).
+    ``train_limit`` / ``eval_limit``: a seeded subset of that many examples (``None``: all).
+    ``max_len`` / ``layout``: how texts are tokenized (default ``max_len``: the task's row of
+    PAPA's Table 3, :data:`attnlens.probing.TABLE3`; default layout: the model's; PAPA
+    constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or keyword
+    arguments over the task's Table 3 recipe (its ``lr``, ``batch_size``, ``epochs``).
+    ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean.
+    ``baseline``: also fit :class:`LinearBaseline`. ``select_epochs``: choose the number of
+    epochs on a held-out tenth of the training examples, never on the evaluation split
+    (:func:`choose_epochs`: up to :data:`EPOCH_FACTOR` × the recipe's epochs, early stopping on
+    the held-out loss), then train every seed on all training examples for that many epochs;
+    ``False``: exactly the recipe's epochs (the paper's probe). ``resamples``: bootstrap resamples per
+    interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
+    A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
+    """
+    from attnlens.core.checks import optional_count, whole_number
+    from attnlens.core.inputs import default_layout
+    from attnlens.evaluation import tasks
+
+    train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
+    eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
+    chosen_seeds = _as_seeds(seeds, seed)
+    batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
+    resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
+    max_len = None if max_len is None else whole_number(max_len, "max_len", " of tokens (e.g. 128)", minimum=1)
+    if isinstance(task, str):
+        train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
+    else:
+        train = task
+    evaluation = tasks.load(train.name, eval_split or "dev", data_dir=data_dir, limit=eval_limit, seed=seed)
+    row = TABLE3.get(train.name, TABLE3["sst2"])
+    max_len = row.max_len if max_len is None else max_len
+    if isinstance(probe, PapaProbe):
+        if len(chosen_seeds) > 1:
+            raise InputError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")
+        probes = [probe]
+    else:
+        given = {**row.probe_settings(), "progress": progress, **(probe or {})}
+        probes = [PapaProbe(**{**given, "seed": value}) for value in chosen_seeds]
+    layout = default_layout(model) if layout is None else layout
+    options = dict(hooks=hooks, cache=cache, cache_key=cache_key, max_len=max_len, layout=layout,
+                   batch_size=batch_size, progress=progress)
+    started = time.perf_counter()
+    train_features = extract(model, train.inputs(), description=f"{train.name} train", **options)
+    eval_features = extract(model, evaluation.inputs(), description=f"{train.name} {evaluation.split}", **options)
+    extracted = time.perf_counter()
+    names = train.label_names
+
+    def named(predicted: list) -> list:
+        if train.kind == "token":
+            return [[names[label] for label in tags] for tags in predicted]
+        return [names[label] for label in predicted]
+
+    def held_out_score(indices: Any, predicted: list) -> float:
+        return train.select(indices.tolist()).score(predicted)
+
+    chosen_epochs, validation_scores = None, []
+    if select_epochs and not isinstance(probe, PapaProbe):
+        chosen_epochs, validation_scores = choose_epochs(
+            train_features, train.labels(), {**given, "seed": chosen_seeds[0]}, task=train.name,
+            scorer=held_out_score)
+        probes = [PapaProbe(**{**given, "epochs": chosen_epochs, "seed": value}) for value in chosen_seeds]
+    runs = [named(one.fit(train_features, train.labels(), task=train.name, label_names=names).predict(eval_features))
+            for one in probes]
+    fitted = time.perf_counter()
+    baseline_predictions: list = []
+    if baseline:
+        linear = LinearBaseline(seed=seed).fit(train_features, train.labels(), held_out_score)
+        baseline_predictions = named(linear.predict(eval_features))
+    seconds = {"features": extracted - started, "probe": fitted - extracted,
+               "baseline": time.perf_counter() - fitted}
+    interval = bootstrap(evaluation, runs, runs=True, resamples=resamples, seed=seed)
+    majority_label = train.majority_label()
+    majority_predictions = ([[majority_label] * len(tags) for tags in evaluation.labels()]
+                            if train.kind == "token" else [majority_label] * len(evaluation))
+    majority_interval = bootstrap(evaluation, majority_predictions, resamples=resamples, seed=seed)
+    baseline_interval = (bootstrap(evaluation, baseline_predictions, resamples=resamples, seed=seed)
+                         if baseline else None)
+    # probe − linear baseline on the same resamples: does the probe match it?
+    versus_baseline = (paired(evaluation, [baseline_predictions], runs, runs=True, resamples=resamples,
+                              seed=seed) if baseline else None)
+    scores = [float(evaluation.score(one)) for one in runs]
+    settings = {
+        "hooks": hooks_key(hooks) if cache_key is None else cache_key,
+        "train_limit": train_limit, "eval_limit": eval_limit, "seed": seed, "seeds": chosen_seeds,
+        "max_len": max_len, "layout": layout, "probe": vars(probes[0].settings).copy(),
+        "baseline_C": linear.C if baseline else None, "resamples": resamples,
+        "epochs_chosen": chosen_epochs, "validation_scores": validation_scores,
+    }
+    result = ProbeResult(
+        task=train.name, split=evaluation.split, metric=evaluation.metric,
+        score=float(sum(scores) / len(scores)), majority=float(evaluation.majority_score(train)),
+        predictions=runs[0], n_train=len(train), n_eval=len(evaluation), settings=settings,
+        seconds=seconds, interval=interval, scores=scores,
+        seed_std=float(_std(scores)), baseline=baseline_interval.score if baseline else float("nan"),
+        baseline_interval=baseline_interval, majority_interval=majority_interval, runs=runs,
+        baseline_predictions=baseline_predictions, evaluation=evaluation,
+        versus_baseline=versus_baseline,
+    )
+    _warn_if_below(result, stacklevel=3)
+    return result
+
+
+def choose_epochs(features: Features, labels: list, settings: dict, *, task: str | None = None,
+                  scorer: Any = None, factor: int | None = None) -> tuple[int, list[float]]:
+    """The number of epochs to train a probe of ``settings`` on ``features``, chosen on a
+    held-out tenth of them (never on the evaluation split). The recipe's ``settings["epochs"]``
+    is the floor: a probe trains on the other nine tenths for ``epochs`` to ``factor`` ×
+    ``epochs`` epochs (:data:`EPOCH_FACTOR`), judged after each from the floor on by
+    ``scorer(indices, predictions)`` (the task's metric; without one, the cross-entropy), and
+    stops after :data:`PATIENCE` epochs without a better one; the best epoch is chosen. Returns
+    it and the held-out values from the floor on.
+
+    Why a floor and a ceiling: PAPA's Table 3 gives epochs for probes trained on whole training
+    sets; on fewer examples an epoch is fewer optimisation steps (4,000 of CoNLL's 14,041
+    sentences: 4 epochs are 29% of the paper's steps), and MiniLM's NER probe at 4 epochs stays
+    below a linear model, while more steps overfit SST-2 and a held-out tenth of CoLA (400
+    sentences) is too noisy an MCC to cut its 15 epochs (measurements in ``docs/probing.md``)."""
+    factor = EPOCH_FACTOR if factor is None else factor
+    floor = int(settings.get("epochs", 10))
+    selector = PapaProbe(**{**settings, "epochs": floor * factor, "min_epochs": floor,
+                            "early_stopping": True, "n_iter_no_change": PATIENCE, "progress": False})
+    selector.fit(features, labels, task=task, scorer=scorer)
+    return selector.epochs_, list(selector.validation_scores_)
+
+
+def _std(values: list[float]) -> float:
+    import statistics
+
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _warn_if_below(result: ProbeResult, stacklevel: int = 2) -> None:
+    """One :class:`ProbeWarning` naming each baseline the probe's score falls below."""
+    below = []
+    if result.score < result.majority:
+        below.append(f"the majority class ({result.majority:.4f})")
+    if result.score < result.baseline:
+        versus = result.versus_baseline
+        significance = ("" if versus is None else
+                        f", significantly: paired 95% interval of the difference [{versus.low:.4f}, "
+                        f"{versus.high:.4f}]" if versus.significant else
+                        f", within noise: paired 95% interval of the difference [{versus.low:.4f}, "
+                        f"{versus.high:.4f}]")
+        below.append(f"the linear baseline ({result.baseline:.4f}{significance})")
+    if below:
+        warnings.warn(
+            f"the probe's {result.metric} on {result.task} {result.split}, {result.score:.4f}, is below "
+            f"{' and '.join(below)}: the probe, not the model, may limit this score. Use more "
+            "training examples (train_limit=), more seeds, or report the baseline beside it.",
+            ProbeWarning, stacklevel=stacklevel,
+        )

@@ -1,0 +1,406 @@
+"""Probe features: every layer's hidden vectors of each real token, extracted once and cached.
+
+A probe reads a frozen model (Hassid et al. 2022, §4 "probing"; Tenney et al. 2019): the
+residual stream entering the first layer (the embeddings) and leaving each of the ``L`` layers,
+``L + 1`` vectors of ``d_model`` per token. For BERT-style encoders these are Hugging Face's
+``output_hidden_states``; for decoders the last one is taken before the final norm.
+
+What is kept (``Features``):
+
+- sentence and pair examples: every real token (``attention_mask`` 1, special tokens included),
+  with its position in the layout (the PAPA probe learns one weight per layer and position);
+- token examples (:class:`attnlens.inputs.Words`): the *first* sub-token of each word only, with
+  its word index (the other sub-tokens are never labelled, as in PAPA and BERT's NER recipe).
+
+Vectors are stored in float16: a probe's score does not depend on the last bits of its input
+(float16 keeps 11 significant bits; the relative rounding error 2⁻¹¹ ≈ 5·10⁻⁴ is far below the
+spread of hidden vectors a probe separates), and it halves the cache.
+
+Under ``torchrun`` each rank extracts its shard of the examples (the engine shards them) and
+writes it to a file of the cache folder, never through a collective; every rank then reads the
+shards, and rank 0 writes the whole file.
+
+**The cache.** Features depend on the model's weights, the interventions (``hooks``), the
+examples, ``max_len`` and the layout (not whether batches ran compact, which gives the same
+features: :func:`attnlens.inputs.compact_batch`); their hash (with attnlens's version and the format) names a
+safetensors file in :func:`cache_dir` (``$ATTNLENS_CACHE/features``, else
+``~/.cache/attnlens/features``). A second extraction with the same key reads the file and runs no
+forward pass. Files are written atomically with a checksum (:mod:`attnlens.files`), verified on
+load; a damaged file is refused and recomputed. :func:`clear_cache` removes them all. Hooks are
+keyed by their ``key()`` (:meth:`attnlens.papa.PapaHooks.key`); other hooks cannot be told apart,
+so with them nothing is cached unless ``cache_key=`` names them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from attnlens.core.inputs import Words, default_layout
+from attnlens.core.loading import model_id, weights_fingerprint
+from attnlens.engine import passes
+from attnlens.errors import InputError, InputTypeError, MismatchError
+
+#: The file format of cached features (in their key: another format is never read).
+FORMAT = "attnlens.Features/1"
+
+
+@dataclass
+class Features:
+    """Hidden vectors of a corpus's kept tokens (see the module docstring).
+
+    ``vectors``: ``[token, layer, d_model]`` float16: token = every kept token of every example,
+    example after example; layer = 0 (embeddings) .. L (the last layer's output).
+    ``lengths``: ``[example]`` kept tokens per example (they add up to ``token``).
+    ``positions``: ``[token]`` a token's position in the layout (sentence and pair examples), its
+    word's index (token examples) or, for masked-LM features, the original token id at a masked
+    position. ``kind``: ``"sequence"``, ``"words"`` or ``"masked"``.
+    ``n_words``: ``[example]`` words per example (token examples; their words cut by ``max_len``
+    have no vector); empty otherwise.
+    """
+
+    vectors: Float[Tensor, "token layer d_model"]
+    lengths: Int[Tensor, " example"]
+    positions: Int[Tensor, " token"]
+    n_words: Int[Tensor, " example_or_none"]
+    kind: str
+    max_len: int
+    key: str = ""
+
+    def __len__(self) -> int:
+        return int(self.lengths.numel())
+
+    @property
+    def n_layers(self) -> int:
+        """Layers of vectors per token: the model's layers + 1 (the embeddings)."""
+        return int(self.vectors.shape[1])
+
+    @property
+    def d_model(self) -> int:
+        return int(self.vectors.shape[2])
+
+    @property
+    def offsets(self) -> Int[Tensor, " example_plus_one"]:
+        """``offsets[i] : offsets[i + 1]`` are example ``i``'s rows of :attr:`vectors`."""
+        return torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
+
+    def subset(self, indices: Sequence[int] | Tensor) -> Features:
+        """The features of the examples at ``indices`` (in that order)."""
+        from attnlens.core.checks import indices as checked
+
+        indices = torch.as_tensor(checked(indices, "indices", len(self)), dtype=torch.long)
+        offsets = self.offsets
+        rows = [torch.arange(offsets[i], offsets[i + 1]) for i in indices.tolist()]
+        rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
+        return Features(
+            self.vectors[rows], self.lengths[indices], self.positions[rows],
+            self.n_words[indices] if self.n_words.numel() else self.n_words,
+            self.kind, self.max_len, "",
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"Features({len(self)} examples, {int(self.lengths.sum())} {'words' if self.kind == 'words' else 'tokens'}, "
+            f"{self.n_layers} layers x {self.d_model}, {self.kind}, max_len {self.max_len})"
+        )
+
+    # ---- files ------------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write to one safetensors file atomically, with a checksum of the tensors."""
+        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
+
+        tensors = self._tensors()
+        metadata = {"format": FORMAT, "kind": self.kind, "max_len": str(self.max_len),
+                    "key": self.key, "checksum": tensor_checksum(tensors)}
+        return write_atomic(path, safetensors_bytes(tensors, metadata))
+
+    def _tensors(self) -> dict[str, Tensor]:
+        return {"vectors": self.vectors.contiguous(), "lengths": self.lengths, "positions": self.positions,
+                "n_words": self.n_words}
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> Features:
+        """Read a file written by :meth:`save`, refusing a damaged one (``ValueError`` naming
+        the file and what is wrong)."""
+        from attnlens.core.files import read_checked
+
+        metadata, tensors = read_checked(path, what="features", format=FORMAT)
+        if set(tensors) != {"vectors", "lengths", "positions", "n_words"}:
+            raise InputError(f"features file {path} is damaged: it lacks tensors; delete it.")
+        features = cls(tensors["vectors"], tensors["lengths"], tensors["positions"], tensors["n_words"],
+                       metadata["kind"], int(metadata["max_len"]), metadata.get("key", ""))
+        problem = _inconsistent(features)
+        if problem:
+            raise InputError(f"features file {path} is damaged: {problem}; delete it.")
+        return features
+
+
+def _inconsistent(features: Features) -> str | None:
+    if features.vectors.ndim != 3 or int(features.lengths.sum()) != features.vectors.shape[0]:
+        return "its lengths do not add up to its vectors"
+    if features.positions.shape != features.vectors.shape[:1]:
+        return "one position per vector is needed"
+    if (features.lengths < 0).any():
+        return "negative lengths"
+    if not torch.isfinite(features.vectors).all():
+        return "non-finite vectors"
+    return None
+
+
+class HiddenStates(passes.Accumulator):
+    """The pass-engine accumulator of :func:`extract`: reads ``blocks.0.hook_in`` and every
+    ``blocks.{l}.hook_out`` and keeps the vectors of the tokens described in the module
+    docstring. Its state is a list of batches (it concatenates; nothing adds up), so under
+    ``torch.distributed`` each rank keeps its own shard."""
+
+    name = "hidden_states"
+    needs_residual = True
+    compact = True
+
+    def __init__(self, n_layers: int, examples: Sequence = ()) -> None:
+        self.n_layers = n_layers
+        self.examples = examples  # the corpus, for the word counts of Words examples
+        self.parts: list[tuple[Tensor, Tensor, Tensor, Tensor]] = []
+        self.kind: str | None = None
+
+    def hooks(self, model: Any) -> list[tuple[str, Any]]:
+        def keep(layer: int):
+            def hook(residual: Tensor, hook: Any) -> None:
+                self.layers[layer] = residual.detach()
+
+            return hook
+
+        names = ["blocks.0.hook_in"] + [f"blocks.{layer}.hook_out" for layer in range(self.n_layers)]
+        return [(name, keep(index)) for index, name in enumerate(names)]
+
+    def start_batch(self, batch: passes.PassBatch) -> None:
+        super().start_batch(batch)
+        self.layers: dict[int, Tensor] = {}
+
+    def select(self, batch: passes.PassBatch) -> tuple[Tensor, Tensor, Tensor]:
+        """``(keep [batch, pos], positions [kept], n_words [batch or 0])``: which tokens of the
+        batch are kept, what :attr:`Features.positions` records for each, and word counts."""
+        words = batch.batch.extra.get("word_index")
+        if words is not None:
+            self.kind = "words"
+            keep = words >= 0
+            given = self.examples[batch.start : batch.start + len(batch)]
+            return keep, words[keep], torch.tensor([len(example) for example in given], dtype=torch.long)
+        self.kind = "sequence"
+        keep = batch.batch.attention_mask.bool()
+        positions = batch.positions[keep]
+        return keep, positions, torch.zeros(0, dtype=torch.long)
+
+    def end_batch(self, batch: passes.PassBatch) -> None:
+        stacked = torch.stack([self.layers[layer] for layer in range(self.n_layers + 1)], dim=2)
+        keep, positions, n_words = self.select(batch)
+        vectors = stacked[keep].to(torch.float16).cpu()
+        self.parts.append((vectors, keep.sum(1).cpu(), positions.cpu(), n_words))
+        self.layers = {}
+
+    def result(self, order: Sequence[int] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``(vectors, lengths, positions, n_words)`` of the examples in the order they ran, or,
+        when they ran in ``order`` (the ``j``-th example run is example ``order[j]`` of the
+        corpus), back in corpus order (one concatenation either way)."""
+        vectors, lengths, positions, n_words = (list(column) for column in zip(*self.parts, strict=True))
+        if order is None:
+            return torch.cat(vectors), torch.cat(lengths), torch.cat(positions), torch.cat(n_words)
+        counts = torch.cat(lengths)
+        each_vectors = [piece for part, n in zip(vectors, lengths, strict=True) for piece in part.split(n.tolist())]
+        each_positions = [piece for part, n in zip(positions, lengths, strict=True) for piece in part.split(n.tolist())]
+        back = torch.argsort(torch.as_tensor(list(order), dtype=torch.long)).tolist()
+        words = torch.cat(n_words)
+        return (
+            torch.cat([each_vectors[j] for j in back]), counts[back],
+            torch.cat([each_positions[j] for j in back]), words[back] if words.numel() else words,
+        )
+
+    def merge(self, other: passes.Accumulator) -> HiddenStates:
+        """Append ``other``'s batches (a later part of the corpus) after this one's."""
+        if type(other) is not type(self):
+            raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+        self.parts.extend(other.parts)
+        self.kind = self.kind or other.kind
+        return self
+
+    def all_reduce(self, group: Any = None) -> None:
+        """Nothing: features are never gathered through collectives. Each rank keeps its own
+        shard, and :func:`extract` writes it to a file (one per rank)."""
+
+
+def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
+    """Indices of ``examples`` from the fewest to the most tokens (``tokenizer``'s, without
+    special tokens; a stable order): :func:`extract` runs them so, so that each compact batch
+    (:func:`attnlens.inputs.compact_batch`) holds texts of similar lengths and computes little
+    padding, and puts the features back in the examples' order. An example's features do not
+    depend on its batch (up to float32 rounding), so the order changes no result."""
+    if not examples:
+        return []
+    options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
+    if isinstance(examples[0], Words):
+        encoded = tokenizer([list(example.words) for example in examples], is_split_into_words=True, **options)
+        sizes = [len(ids) for ids in encoded["input_ids"]]
+    elif isinstance(examples[0], tuple | list):
+        sizes = [0] * len(examples)
+        for part in range(2):
+            encoded = tokenizer([example[part] for example in examples], **options)
+            sizes = [size + len(ids) for size, ids in zip(sizes, encoded["input_ids"], strict=True)]
+    else:
+        sizes = [len(ids) for ids in tokenizer(list(examples), **options)["input_ids"]]
+    return sorted(range(len(examples)), key=sizes.__getitem__)
+
+
+def cache_dir() -> Path:
+    """Where cached features live: ``$ATTNLENS_CACHE/features``, else
+    ``~/.cache/attnlens/features``. Delete the folder (or call :func:`clear_cache`) to clear it."""
+    root = os.environ.get("ATTNLENS_CACHE")
+    return (Path(root) if root else Path.home() / ".cache" / "attnlens") / "features"
+
+
+def clear_cache() -> int:
+    """Remove every cached features file; returns how many were removed."""
+    folder = cache_dir()
+    removed = 0
+    if folder.is_dir():
+        for path in folder.glob("*.safetensors"):
+            path.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def hooks_key(hooks: Any) -> str | None:
+    """A stable description of ``hooks`` for the cache key: ``"none"`` for no hooks, their
+    ``key()`` when they have one (:class:`attnlens.papa.PapaHooks`), else ``None`` (unknown:
+    not cacheable)."""
+    if hooks is None or (isinstance(hooks, Sequence) and len(hooks) == 0):
+        return "none"
+    key = getattr(hooks, "key", None)
+    return key() if callable(key) else None
+
+
+def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, layout: str,
+                 variant: str = "") -> str:
+    """The hash naming a features file: attnlens's version, the format, the model (name and
+    weights fingerprint), the hooks' key, the examples, ``max_len``, the layout and ``variant``
+    (what else changes them: e.g. the masks of MLM-probe features)."""
+    from attnlens import __version__
+
+    digest = hashlib.sha256()
+    header = {"attnlens": __version__, "format": FORMAT, "model": model_id(model),
+              "weights": weights_fingerprint(model), "hooks": hooks, "max_len": max_len,
+              "layout": layout, "n": len(examples), "variant": variant}
+    digest.update(json.dumps(header, sort_keys=True).encode())
+    for example in examples:
+        value = {"words": list(example.words)} if isinstance(example, Words) else example
+        digest.update(json.dumps(value, ensure_ascii=False).encode() + b"\n")
+    return digest.hexdigest()[:32]
+
+
+def extract(
+    model: Any,
+    examples: Sequence,
+    *,
+    hooks: Any = (),
+    cache: bool = True,
+    cache_key: str | None = None,
+    max_len: int = 128,
+    layout: str | None = None,
+    batch_size: int = 32,
+    progress: bool = True,
+    description: str = "features",
+    states: HiddenStates | None = None,
+    variant: str = "",
+    compact: bool = True,
+) -> Features:
+    """Every layer's vectors of ``examples`` (strings, ``(str, str)`` pairs or
+    :class:`attnlens.inputs.Words`) under ``hooks``, from the cache when it holds them.
+
+    One pass of the engine (:func:`attnlens.passes.run`), stopped after the last layer. ``cache``:
+    read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
+    string that changes when they do). ``states``: the accumulator that keeps the vectors (a
+    :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
+    naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
+    of their longest real text (:func:`attnlens.passes.run`; the same features up to float32
+    rounding, so one cache entry serves both), the examples run from the shortest to the longest
+    (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`.
+    """
+    examples = list(examples)
+    layout = default_layout(model) if layout is None else layout
+    described = cache_key if cache_key is not None else hooks_key(hooks)
+    path = None
+    if cache and described is None:
+        warnings.warn(
+            "these hooks have no key(), so their features cannot be told apart from others' and "
+            "are not cached; pass cache_key='...' naming the intervention to cache them.",
+            stacklevel=2,
+        )
+    elif cache:
+        key = features_key(model, examples, hooks=described, max_len=max_len, layout=layout,
+                           variant=variant)
+        path = cache_dir() / f"{key}.safetensors"
+        if path.exists():
+            try:
+                loaded = Features.load(path)
+                if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
+                    raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
+                return loaded
+            except ValueError as error:
+                warnings.warn(f"{error} Recomputing it.", stacklevel=2)
+    accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)
+    order = None
+    if compact and layout == "papa" and accumulator.compact and not passes.world().distributed:
+        order = by_length(model.tokenizer, examples)  # compact batches of similar lengths: little padding left
+        accumulator.examples = [examples[index] for index in order]
+    passes.run(model, examples if order is None else accumulator.examples, [accumulator], max_len=max_len,
+               layout=layout, batch_size=batch_size, hooks=list(hooks), progress=progress,
+               description=description, compact=compact)
+    vectors, lengths, positions, n_words = accumulator.result(order)
+    features = Features(vectors, lengths, positions, n_words, accumulator.kind or "sequence", max_len,
+                        path.stem if path is not None else "")
+    current = passes.world()
+    if current.distributed:
+        return _gather_shards(features, path, current)
+    if path is not None:
+        features.save(path)
+    return features
+
+
+def _gather_shards(features: Features, path: Path | None, current: Any) -> Features:
+    """Under ``torch.distributed``: every rank writes its shard (``<key>.rank<r>-of-<n>``) to
+    the cache folder, which all ranks must share (one machine, or a shared file system); then
+    every rank reads the shards in rank order, so no big tensor goes through a collective.
+    Rank 0 writes the whole file and removes the shards."""
+    import torch.distributed as dist
+
+    if path is None:
+        raise InputError(
+            "under torch.distributed, features are exchanged through files: keep cache=True (with "
+            "hooks that have a key(), or cache_key=) and a cache folder every rank can read."
+        )
+    shards = [path.with_name(f"{path.stem}.rank{rank}-of-{current.size}{path.suffix}")
+              for rank in range(current.size)]
+    features.save(shards[current.rank])
+    dist.barrier()
+    parts = [Features.load(shard) for shard in shards]
+    whole = Features(
+        torch.cat([part.vectors for part in parts]), torch.cat([part.lengths for part in parts]),
+        torch.cat([part.positions for part in parts]), torch.cat([part.n_words for part in parts]),
+        features.kind, features.max_len, path.stem,
+    )
+    dist.barrier()
+    if current.rank == 0:
+        whole.save(path)
+        for shard in shards:
+            shard.unlink(missing_ok=True)
+    return whole

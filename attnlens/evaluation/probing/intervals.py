@@ -1,0 +1,199 @@
+"""Bootstrap intervals and paired bootstrap tests of task scores (Efron & Tibshirani 1993).
+
+A score on a dev set of ``n`` examples is one draw; PAPA (Hassid et al. 2022, §4.1) reports 95%
+intervals. Here every metric of :mod:`attnlens.tasks` is written as a function of *sums of
+per-example counts*, so one resample is a weighted sum, and 1,000 resamples are one matrix
+product:
+
+- ``accuracy``: per example ``[correct, total]`` (token tasks: over its words), score ``c / t``;
+- ``f1`` (the positive class): ``[tp, fp, fn]``, score ``2·tp / (2·tp + fp + fn)`` (0 when
+  undefined, as scikit-learn's ``zero_division``);
+- ``matthews_corrcoef``: ``[tp, tn, fp, fn]``, score
+  ``(tp·tn − fp·fn) / √((tp+fp)(tp+fn)(tn+fp)(tn+fn))`` (0 when undefined, as scikit-learn);
+- ``seqeval_f1`` (micro, seqeval's default mode): ``[correct entities, predicted, gold]``,
+  score ``2·c / (p + g)``; entities never cross sentences, so the per-sentence counts add up to
+  seqeval's.
+
+A resample draws ``n`` examples with replacement: multinomial weights ``w`` ``[resample, example]``,
+totals ``w @ counts``. The percentile interval is the ``(1 − level) / 2`` and ``(1 + level) / 2``
+quantiles of the resampled scores. Several predictions of the same examples (probe seeds) share
+each resample, and their scores are averaged: the interval of the seed-mean score. The paired
+test (:func:`paired`) resamples two systems' predictions with the same weights; the drop is
+significant at ``level`` when its interval excludes 0 (Koehn 2004, Berg-Kirkpatrick et al. 2012).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from jaxtyping import Float
+
+from attnlens.core.checks import finite, whole_number
+from attnlens.errors import InputError
+
+#: Resamples per interval by default (the percentile's Monte-Carlo error at 95%: about ±0.2
+#: percentile points, well inside the interval's own width).
+RESAMPLES = 1000
+LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A ``level`` bootstrap percentile interval ``[low, high]`` around ``score``."""
+
+    score: float
+    low: float
+    high: float
+    level: float = LEVEL
+
+    def __contains__(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+    @property
+    def width(self) -> float:
+        return self.high - self.low
+
+    def __repr__(self) -> str:
+        return f"{self.score:.4f} [{self.low:.4f}, {self.high:.4f}]"
+
+
+@dataclass(frozen=True)
+class Paired:
+    """A paired bootstrap comparison of ``score - base`` on the same examples: the
+    ``difference`` of the point scores, its interval, and the one-sided p-value of "no drop"
+    (the share of resamples where the difference is ≥ 0; small: a significant drop)."""
+
+    difference: float
+    low: float
+    high: float
+    p_value: float
+    level: float = LEVEL
+
+    @property
+    def significant(self) -> bool:
+        """Whether the interval of the difference excludes 0."""
+        return self.high < 0 or self.low > 0
+
+
+def counts(task: Any, predictions: Sequence[Any]) -> Float[np.ndarray, "example count"]:
+    """Per-example counts of ``task``'s metric (see the module docstring) for ``predictions``
+    (label indices or names, as :meth:`attnlens.tasks.Task.score` takes them)."""
+    gold = task.labels()
+    predicted = task._as_indices(predictions, gold)
+    metric = task.metric
+    if metric == "accuracy":
+        if task.kind == "token":
+            return np.array([[sum(p == g for p, g in zip(ps, gs, strict=True)), len(gs)]
+                             for ps, gs in zip(predicted, gold, strict=True)], dtype=np.float64)
+        return np.array([[float(p == g), 1.0] for p, g in zip(predicted, gold, strict=True)])
+    if metric in ("f1", "matthews_corrcoef"):
+        p, g = np.asarray(predicted) == 1, np.asarray(gold) == 1
+        columns = [p & g, ~p & ~g, p & ~g, ~p & g]  # tp, tn, fp, fn
+        return np.stack(columns, axis=1).astype(np.float64)
+    if metric == "seqeval_f1":
+        from seqeval.metrics.sequence_labeling import get_entities
+
+        names = task.label_names
+        rows = []
+        for ps, gs in zip(predicted, gold, strict=True):
+            found = set(get_entities([names[t] for t in ps]))
+            true = set(get_entities([names[t] for t in gs]))
+            rows.append([len(found & true), len(found), len(true)])
+        return np.array(rows, dtype=np.float64).reshape(-1, 3)
+    raise InputError(f"no bootstrap for metric {metric!r}")
+
+
+def from_counts(metric: str, totals: Float[np.ndarray, "*batch count"]) -> Float[np.ndarray, "*batch"]:
+    """The metric of summed counts ``totals`` (the last axis: the counts of :func:`counts`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if metric == "accuracy":
+            value = totals[..., 0] / totals[..., 1]
+        elif metric == "f1":
+            tp, fp, fn = totals[..., 0], totals[..., 2], totals[..., 3]
+            value = 2 * tp / (2 * tp + fp + fn)
+        elif metric == "matthews_corrcoef":
+            tp, tn, fp, fn = (totals[..., i] for i in range(4))
+            value = (tp * tn - fp * fn) / np.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+        elif metric == "seqeval_f1":
+            value = 2 * totals[..., 0] / (totals[..., 1] + totals[..., 2])
+        else:
+            raise InputError(f"no bootstrap for metric {metric!r}")
+    return np.asarray(np.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0))
+
+
+def weights(n: int, *, resamples: int = RESAMPLES, seed: int = 0) -> Float[np.ndarray, "resample example"]:
+    """How often each of ``n`` examples is drawn in each resample (multinomial, seeded)."""
+    resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
+    seed = whole_number(seed, "seed", minimum=0)
+    if n < 1:
+        raise InputError("a bootstrap needs at least one evaluated example.")
+    return np.random.default_rng(seed).multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)
+
+
+def _level(level: Any) -> float:
+    """``level`` as a number strictly between 0 and 1 (0.95: a 95% interval)."""
+    level = finite(level, "level", low=0.0, high=1.0)
+    if not 0 < level < 1:
+        raise InputError(f"level must lie strictly between 0 and 1 (e.g. 0.95), got {level}")
+    return level
+
+
+def _scores(task: Any, predictions: Sequence[Sequence[Any]], drawn: np.ndarray) -> tuple[float, np.ndarray]:
+    """The seed-mean point score and the seed-mean score of every resample."""
+    tables = [counts(task, one) for one in predictions]
+    point = float(np.mean([from_counts(task.metric, table.sum(0)) for table in tables]))
+    resampled = np.mean([from_counts(task.metric, drawn @ table) for table in tables], axis=0)
+    return point, resampled
+
+
+def bootstrap_counts(table: Float[np.ndarray, "example count"], metric: str, *, resamples: int = RESAMPLES,
+                     level: float = LEVEL, seed: int = 0) -> Interval:
+    """The ``level`` bootstrap interval of ``metric`` over per-example count rows ``table``
+    (:func:`from_counts`; e.g. ``"accuracy"``'s ``[sum, count]`` is any mean over the examples'
+    items, as the MLM probe's log-likelihood per masked token)."""
+    drawn = weights(len(table), resamples=resamples, seed=seed)
+    resampled = from_counts(metric, drawn @ table)
+    low, high = np.quantile(resampled, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(float(from_counts(metric, table.sum(0))), float(low), float(high), level)
+
+
+def paired_counts(base: Float[np.ndarray, "example count"], other: Float[np.ndarray, "example count"],
+                  metric: str, *, resamples: int = RESAMPLES, level: float = LEVEL, seed: int = 0) -> Paired:
+    """:func:`paired` on per-example count rows of the same examples (``base`` and ``other``)."""
+    if base.shape != other.shape:
+        raise InputError(f"paired counts need the same examples: {base.shape} and {other.shape}.")
+    drawn = weights(len(base), resamples=resamples, seed=seed)
+    differences = from_counts(metric, drawn @ other) - from_counts(metric, drawn @ base)
+    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
+    difference = float(from_counts(metric, other.sum(0)) - from_counts(metric, base.sum(0)))
+    return Paired(difference, float(low), float(high), float(np.mean(differences >= 0)), level)
+
+
+def bootstrap(task: Any, predictions: Sequence[Any], *, resamples: int = RESAMPLES, level: float = LEVEL,
+              seed: int = 0, runs: bool = False) -> Interval:
+    """The ``level`` bootstrap interval of ``task``'s score of ``predictions`` over its examples.
+
+    ``runs=True``: ``predictions`` is a list of runs (e.g. one per probe seed) of the same
+    examples; the score and each resample are averaged over them."""
+    level = _level(level)
+    predictions = list(predictions) if runs else [predictions]
+    point, resampled = _scores(task, predictions, weights(len(task), resamples=resamples, seed=seed))
+    low, high = np.quantile(resampled, [(1 - level) / 2, (1 + level) / 2])
+    return Interval(point, float(low), float(high), level)
+
+
+def paired(task: Any, base: Sequence[Any], other: Sequence[Any], *, resamples: int = RESAMPLES,
+           level: float = LEVEL, seed: int = 0, runs: bool = False) -> Paired:
+    """Paired bootstrap of ``score(other) − score(base)`` on ``task``'s examples: both resampled
+    with the same weights. ``runs=True``: both are lists of runs (seeds), averaged."""
+    level = _level(level)
+    base, other = (list(base), list(other)) if runs else ([base], [other])
+    drawn = weights(len(task), resamples=resamples, seed=seed)
+    base_point, base_resampled = _scores(task, base, drawn)
+    point, resampled = _scores(task, other, drawn)
+    differences = resampled - base_resampled
+    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
+    return Paired(point - base_point, float(low), float(high), float(np.mean(differences >= 0)), level)

@@ -1,0 +1,107 @@
+"""PAPA's Table 1 on any model: the probe's score with the original attention, with PAPA's
+average constants in every head, and with data-free matrices in every head.
+
+Hassid et al. 2022, Table 1 (RoBERTa-base, frozen, probed; regular attention): CoLA 0.47,
+MRPC 0.85, SST-2 0.91, MNLI 0.78, NER 0.92, POS 0.93. Its rows replace *all* heads by identity,
+Toeplitz or zeros matrices, or by PAPA's average (corpus-mean) constants.
+
+:func:`table` is :func:`attnlens.papa.curve` at fractions ``(0, 1)`` with every data-free
+matrix, read row by row: ``original`` (no head replaced), ``average`` (every head replaced by
+``constants``), then ``identity``, ``toeplitz``, ``zeros`` and ``uniform``. Each cell carries
+the seed-mean score, its 95% bootstrap interval, the relative score (over ``original``) and the
+paired bootstrap test of its drop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from attnlens.errors import InputError
+
+#: The rows of Table 1, in order.
+ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
+
+
+@dataclass
+class PapaTable:
+    """Table 1 of a model. ``long``: one row per (row, task) with the columns of
+    :data:`attnlens.papa.curves.COLUMNS` and ``row``; :meth:`frame`: the paper's layout (rows ×
+    tasks, ``score [low, high]``); :meth:`figure`: bars with their intervals."""
+
+    long: pd.DataFrame
+    seconds: float = 0.0
+    settings: dict = field(default_factory=dict, repr=False)
+
+    def frame(self, *, relative: bool = False) -> pd.DataFrame:
+        """Rows × tasks: ``"0.812 [0.785, 0.835]"`` (``relative=True``: score / original's,
+        with ``*`` where the paired bootstrap finds the drop significant)."""
+        cells = self.long.copy()
+        if relative:
+            cells["cell"] = [f"{r:.3f}{'*' if s else ''}" for r, s in
+                             zip(cells["relative"], cells["significant"].fillna(False), strict=True)]
+        else:
+            cells["cell"] = [_cell(row) for row in cells.itertuples()]
+        wide = cells.pivot(index="row", columns="task", values="cell")
+        order = [row for row in ROWS if row in wide.index]
+        return wide.loc[order, list(dict.fromkeys(cells["task"]))]
+
+    def figure(self) -> Any:
+        """One panel per task: a bar per row with its 95% interval (:func:`attnlens.plots.papa_table`)."""
+        from attnlens.core.plots import papa_table
+
+        return papa_table(self.long)
+
+    def __repr__(self) -> str:
+        return f"PapaTable({', '.join(dict.fromkeys(self.long['task']))}; {self.seconds:.0f} s)\n{self.frame()}"
+
+    def to_markdown(self) -> str:
+        """The paper's layout as a Markdown table (for docs and notes)."""
+        frame = self.frame()
+        lines = ["| | " + " | ".join(frame.columns) + " |", "|---" * (len(frame.columns) + 1) + "|"]
+        lines += [f"| {index} | " + " | ".join(frame.loc[index]) + " |" for index in frame.index]
+        return "\n".join(lines)
+
+    @classmethod
+    def from_curve(cls, measured: Any) -> PapaTable:
+        """Table 1 read from a :class:`attnlens.papa.Curve` that has the points it needs: no head
+        replaced (``original``), every head replaced by the constants (``average``), and any of the
+        data-free baselines it measured. One curve run with ``baselines=DATA_FREE`` gives both the
+        curve and the table."""
+        long = measured.table.copy()
+        strategy = measured.settings["strategy"]
+        fractions = long["fraction_replaced"]
+        if not ((fractions == 0.0).any() and ((long["strategy"] == strategy) & (fractions == 1.0)).any()):
+            raise InputError("Table 1 needs the curve's points at fraction 0 and 1 (no head and every "
+                             "head replaced); run papa.curve with fractions including 0.0 and 1.0.")
+        kept = (long["strategy"] != strategy) | fractions.isin([0.0, 1.0])
+        long = long[kept].copy()
+        long["row"] = [
+            ("original" if fraction == 0 else "average") if name == strategy else name
+            for name, fraction in zip(long["strategy"], long["fraction_replaced"], strict=True)
+        ]
+        return cls(long.reset_index(drop=True), measured.seconds, measured.settings)
+
+
+def _cell(row: Any) -> str:
+    if pd.isna(row.low):
+        return f"{row.score:.3f}"
+    return f"{row.score:.3f} [{row.low:.3f}, {row.high:.3f}]"
+
+
+def table(model: Any, constants: Any, tasks: Sequence[Any], *, lm_texts: Sequence[str] | None = None,
+          **options: Any) -> PapaTable:
+    """PAPA's Table 1 of ``model`` (see the module docstring): ``tasks`` (names or tasks),
+    ``lm_texts`` (also the LM score: the MLM probe for an encoder with an untrained head), the
+    other arguments as :func:`attnlens.papa.curve`'s (``seeds``, ``train_limit``, ...)."""
+    from attnlens.evaluation.curve import DATA_FREE, curve
+
+    options.pop("fractions", None)
+    measured = curve(model, constants, tasks, fractions=(0.0, 1.0), baselines=DATA_FREE,
+                     lm_texts=lm_texts, **options)
+    return PapaTable.from_curve(measured)
+
+

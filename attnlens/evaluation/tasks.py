@@ -1,0 +1,600 @@
+"""Labelled tasks to probe and score on: GLUE sentence and pair classification, CoNLL-2003 tagging.
+
+``tasks.load(name, split)`` returns a :class:`Task`: its examples as a ``datasets.Dataset``, its
+label names, its metric, and helpers to feed a model (:meth:`Task.inputs`) and score predictions
+(:meth:`Task.score`, :meth:`Task.majority_score`).
+
+=========  ========  =========================================================  ==================
+task       kind      source file (under ``data_dir``)                           metric
+=========  ========  =========================================================  ==================
+``sst2``   sentence  ``sst2/{train,dev}.tsv``: header ``sentence  label``       accuracy
+``cola``   sentence  ``cola/glue/{train,dev}.tsv``: no header, 4 columns         Matthews corr.
+                     ``source  label  author_mark  sentence``
+``mrpc``   pair      ``mrpc/msr_paraphrase_train.txt`` split by                  F1 of the
+                     ``mrpc/dev_ids.tsv`` (dev = the listed pairs, 408; train    positive class
+                     = the others, 3,668); test: ``mrpc/msr_paraphrase_test.txt``  (equivalent)
+``mnli``   pair      ``mnli/train.tsv``, ``mnli/dev_matched.tsv`` (GLUE columns  accuracy
+                     ``sentence1  sentence2  gold_label``)
+``ner``    token     ``conll2003/{train,valid,test}.txt``, 4th column (IOB2)    seqeval entity F1
+``pos``    token     ``conll2003/{train,valid,test}.txt``, 2nd column (PTB)     accuracy over words
+=========  ========  =========================================================  ==================
+
+- **SST-2** (Socher et al. 2013): movie-review sentences, negative / positive.
+- **CoLA** (Warstadt et al. 2019): is the sentence grammatically acceptable?
+- **MRPC** (Dolan & Brockett 2005): are the two sentences paraphrases? Built the way GLUE and
+  Hugging Face build it, since no faithful GLUE ``train.tsv`` is at hand.
+- **MNLI** (Williams et al. 2018): does the premise entail, contradict or leave open the
+  hypothesis? Labels in the hub's order: entailment, neutral, contradiction.
+- **NER**: CoNLL-2003 English named entities, IOB2 tags with the names (and order) of the Hugging
+  Face ``conll2003`` dataset; scored by ``seqeval``'s entity-level F1 (conlleval's rules).
+- **POS**: the Penn Treebank part-of-speech tags of CoNLL-2003's second column, as PAPA uses
+  them, with the names (and order) of Hugging Face ``conll2003``'s ``pos_tags``.
+
+GLUE is Wang et al. (2019), "GLUE: A Multi-Task Benchmark and Analysis Platform for Natural
+Language Understanding", ICLR. CoNLL-2003 is Tjong Kim Sang & De Meulder (2003), "Introduction to
+the CoNLL-2003 Shared Task: Language-Independent Named Entity Recognition", CoNLL.
+
+Token tasks give their inputs as :class:`attnlens.inputs.Words`: a probe labels the *first*
+sub-token of each word and ignores the others (and the special tokens), as PAPA (Hassid et al.
+2022) and BERT's NER fine-tuning do; predictions are therefore one label per word.
+
+With ``data_dir`` the files above are read (GLUE TSVs without quote handling, MRPC files as
+``utf-8-sig``); without it, the Hugging Face hub (``datasets.load_dataset``), mapped to the same
+columns. Metrics come from scikit-learn and seqeval. Every anticipated problem is one
+:class:`TaskError` line that names the problem and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+
+from attnlens.core.checks import whole_number
+from attnlens.core.inputs import Words
+from attnlens.errors import InputError
+
+#: the tasks :func:`load` knows
+NAMES: tuple[str, ...] = ("sst2", "cola", "mrpc", "mnli", "ner", "pos")
+#: the splits, in order; ``"validation"`` is accepted as an alias of ``"dev"``
+SPLITS: tuple[str, ...] = ("train", "dev", "test")
+#: kinds of task: one label per sentence, per sentence pair, or per word
+KINDS: tuple[str, ...] = ("sentence", "pair", "token")
+#: metrics :meth:`Task.score` computes
+METRICS: tuple[str, ...] = ("accuracy", "matthews_corrcoef", "f1", "seqeval_f1")
+
+#: NER tags (IOB2), the names and order of Hugging Face ``conll2003``'s ``ner_tags``
+NER_TAGS: tuple[str, ...] = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+#: Penn Treebank tags, the names and order of Hugging Face ``conll2003``'s ``pos_tags``
+POS_TAGS: tuple[str, ...] = (
+    '"', "''", "#", "$", "(", ")", ",", ".", ":", "``", "CC", "CD", "DT", "EX", "FW", "IN", "JJ",
+    "JJR", "JJS", "LS", "MD", "NN", "NNP", "NNPS", "NNS", "NN|SYM", "PDT", "POS", "PRP", "PRP$",
+    "RB", "RBR", "RBS", "RP", "SYM", "TO", "UH", "VB", "VBD", "VBG", "VBN", "VBP", "VBZ", "WDT",
+    "WP", "WP$", "WRB",
+)
+
+#: where :func:`load` looks on the hub when ``data_dir`` is None: repository, config, keyword
+#: arguments for ``datasets.load_dataset``, and the hub's name of each split. CoNLL-2003's hub
+#: copy is a loading script, which ``datasets`` >= 4 no longer runs: its Parquet export is read.
+HUB: dict[str, tuple[str, str | None, dict[str, str], dict[str, str]]] = {
+    "sst2": ("nyu-mll/glue", "sst2", {}, {"train": "train", "dev": "validation", "test": "test"}),
+    "cola": ("nyu-mll/glue", "cola", {}, {"train": "train", "dev": "validation", "test": "test"}),
+    "mrpc": ("nyu-mll/glue", "mrpc", {}, {"train": "train", "dev": "validation", "test": "test"}),
+    "mnli": (
+        "nyu-mll/glue", "mnli", {},
+        {"train": "train", "dev": "validation_matched", "test": "test_matched"},
+    ),
+    "ner": (
+        "eriktks/conll2003", "conll2003", {"revision": "refs/convert/parquet"},
+        {"train": "train", "dev": "validation", "test": "test"},
+    ),
+    "pos": (
+        "eriktks/conll2003", "conll2003", {"revision": "refs/convert/parquet"},
+        {"train": "train", "dev": "validation", "test": "test"},
+    ),
+}
+
+
+class TaskError(InputError):
+    """A task cannot be loaded or scored; the message names the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class _Spec:
+    kind: str
+    label_names: tuple[str, ...]
+    metric: str
+    files: dict[str, str]  # split -> the file looked for under data_dir (relative)
+    title: str  # the name in messages
+
+
+_SPECS: dict[str, _Spec] = {
+    "sst2": _Spec("sentence", ("negative", "positive"), "accuracy",
+                  {s: f"sst2/{s}.tsv" for s in SPLITS}, "SST-2"),
+    "cola": _Spec("sentence", ("unacceptable", "acceptable"), "matthews_corrcoef",
+                  {s: f"cola/glue/{s}.tsv" for s in SPLITS}, "CoLA"),
+    "mrpc": _Spec("pair", ("not_equivalent", "equivalent"), "f1",
+                  {"train": "mrpc/msr_paraphrase_train.txt", "dev": "mrpc/msr_paraphrase_train.txt",
+                   "test": "mrpc/msr_paraphrase_test.txt"}, "MRPC"),
+    "mnli": _Spec("pair", ("entailment", "neutral", "contradiction"), "accuracy",
+                  {"train": "mnli/train.tsv", "dev": "mnli/dev_matched.tsv",
+                   "test": "mnli/test_matched.tsv"}, "MNLI"),
+    "ner": _Spec("token", NER_TAGS, "seqeval_f1",
+                 {"train": "conll2003/train.txt", "dev": "conll2003/valid.txt",
+                  "test": "conll2003/test.txt"}, "CoNLL-2003 NER"),
+    "pos": _Spec("token", POS_TAGS, "accuracy",
+                 {"train": "conll2003/train.txt", "dev": "conll2003/valid.txt",
+                  "test": "conll2003/test.txt"}, "CoNLL-2003 POS"),
+}
+
+
+@dataclass(frozen=True, repr=False)
+class Task:
+    """One split of one task: its examples and how to score predictions on them.
+
+    ``examples`` columns: sentence tasks ``text`` (str) and ``label`` (int); pair tasks ``text``,
+    ``text_pair`` and ``label``; token tasks ``words`` (list of str) and ``tags`` (list of int).
+    Labels are indices into ``label_names``.
+    """
+
+    name: str
+    split: str
+    kind: str
+    label_names: tuple[str, ...]
+    metric: str
+    examples: datasets.Dataset
+
+    def __post_init__(self) -> None:
+        for field, value, allowed in (("name", self.name, NAMES), ("split", self.split, SPLITS),
+                                      ("kind", self.kind, KINDS), ("metric", self.metric, METRICS)):
+            if value not in allowed:
+                raise TaskError(f"Task {field} {value!r} is not one of {', '.join(allowed)}.")
+        columns = {"sentence": {"text", "label"}, "pair": {"text", "text_pair", "label"},
+                   "token": {"words", "tags"}}[self.kind]
+        if not columns <= set(self.examples.column_names):
+            raise TaskError(f"A {self.kind} task's examples need the columns {sorted(columns)}; "
+                            f"got {self.examples.column_names}.")
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __repr__(self) -> str:
+        labels = (f"labels {'/'.join(self.label_names)}" if self.n_labels <= 9
+                  else f"{self.n_labels} labels")
+        return (f"Task({self.name!r}, {self.split!r}, {self.kind}, {len(self)} examples, {labels}, "
+                f"metric {self.metric})")
+
+    @property
+    def n_labels(self) -> int:
+        """How many labels (classes, or tags for a token task) the task has."""
+        return len(self.label_names)
+
+    def inputs(self) -> list:
+        """What a model reads, one per example: a ``str`` (sentence tasks), a ``(str, str)`` pair
+        (pair tasks), or :class:`attnlens.inputs.Words` (token tasks)."""
+        if self.kind == "sentence":
+            return list(self.examples["text"])
+        if self.kind == "pair":
+            return list(zip(self.examples["text"], self.examples["text_pair"], strict=True))
+        return [Words(tuple(words)) for words in self.examples["words"]]
+
+    def labels(self) -> list:
+        """The gold labels: one int per example, or a list of ints (one per word) for token tasks."""
+        return list(self.examples["tags" if self.kind == "token" else "label"])
+
+    def score(self, predictions: Iterable[Any]) -> float:
+        """The task's metric of ``predictions`` against the gold labels.
+
+        ``predictions``: one label per example (an int index into ``label_names``, or the label's
+        name); for token tasks, one sequence of labels per example, one per word. A metric that
+        is undefined for these predictions (e.g. F1 when nothing is predicted positive) is 0.
+        """
+        gold = self.labels()
+        predicted = self._as_indices(predictions, gold)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # undefined metrics (a constant prediction) score 0
+            return float(_METRIC_FUNCTIONS[self.metric](self, gold, predicted))
+
+    def select(self, indices: Iterable[int]) -> Task:
+        """The task restricted to the examples at ``indices`` (in that order)."""
+        from attnlens.core.checks import indices as checked
+
+        return dataclasses.replace(self, examples=self.examples.select(checked(indices, "indices", len(self))))
+
+    def majority_label(self) -> int:
+        """The most frequent label of this split (for token tasks, of all words); ties go to the
+        label listed first in ``label_names``."""
+        labels = self.labels()
+        flat = [tag for tags in labels for tag in tags] if self.kind == "token" else labels
+        if not flat:
+            raise TaskError(f"The {self.split!r} split of {self.name!r} has no labels to count; "
+                            "pass a train task with examples.")
+        return int(np.bincount(np.asarray(flat, dtype=np.int64), minlength=self.n_labels).argmax())
+
+    def majority_score(self, train: Task | None = None) -> float:
+        """The score of always predicting the most frequent label of ``train`` (default: of this
+        task itself; :meth:`majority_label`)."""
+        source = self if train is None else train
+        if source.name != self.name:
+            raise TaskError(f"majority_score of {self.name!r} was given the {source.name!r} task as "
+                            f"train; pass a split of {self.name!r} (e.g. load({self.name!r}, 'train')).")
+        majority = source.majority_label()
+        if self.kind == "token":
+            return self.score([[majority] * len(tags) for tags in self.labels()])
+        return self.score([majority] * len(self))
+
+    def _as_indices(self, predictions: Iterable[Any], gold: list) -> list:
+        """``predictions`` as label indices, checked against the gold labels' shape."""
+        if isinstance(predictions, str):
+            raise TaskError("score takes one prediction per example (a list), got a single string; "
+                            "pass e.g. task.score(['positive', 'negative', ...]).")
+        predicted = list(predictions)
+        if len(predicted) != len(gold):
+            raise TaskError(f"{len(predicted)} predictions for the {len(gold)} examples of "
+                            f"{self.name!r} {self.split!r}; pass exactly one per example.")
+        index: dict[Any, int] = {name: i for i, name in enumerate(self.label_names)}
+        index.update({i: i for i in range(self.n_labels)})  # looked up for exact ints and strs only
+        if self.kind != "token":
+            return self._indices(predicted, index, None)
+        result = []
+        for i, (tags, words) in enumerate(zip(predicted, gold, strict=True)):
+            if isinstance(tags, str):
+                raise TaskError(f"prediction {i} of {self.name!r} is a single string; a token task "
+                                "takes one list of labels per example, one label per word.")
+            tags = list(tags)
+            if len(tags) != len(words):
+                raise TaskError(f"prediction {i} of {self.name!r} has {len(tags)} labels for "
+                                f"{len(words)} words; pass one label per word.")
+            result.append(self._indices(tags, index, i))
+        return result
+
+    def _indices(self, values: list, index: dict[Any, int], example: int | None) -> list[int]:
+        """``values`` as label indices; ``example``: the example they belong to (token tasks)."""
+        result = []
+        for i, value in enumerate(values):
+            kind = type(value)
+            number = index.get(value, -1) if kind is int or kind is str else -1
+            result.append(number if number >= 0 else self._index(value, index, i if example is None else example))
+        return result
+
+    def _index(self, value: Any, index: dict[Any, int], example: int) -> int:
+        if isinstance(value, str):
+            if value in index:
+                return index[value]
+        elif not isinstance(value, bool | float):
+            try:
+                number = int(value.__index__())
+            except (AttributeError, TypeError, ValueError, RuntimeError):
+                number = -1
+            if 0 <= number < self.n_labels:
+                return number
+        raise TaskError(f"prediction {example} of {self.name!r} is {value!r}, not a label: pass an "
+                        f"int in 0..{self.n_labels - 1} or one of {_shown(self.label_names)}.")
+
+
+def _shown(names: tuple[str, ...], most: int = 9) -> str:
+    shown = ", ".join(repr(name) for name in names[:most])
+    return shown + (f", ... ({len(names)} in all)" if len(names) > most else "")
+
+
+def _accuracy(task: Task, gold: list, predicted: list) -> float:
+    from sklearn.metrics import accuracy_score
+
+    if task.kind == "token":  # accuracy over all words
+        gold = [tag for tags in gold for tag in tags]
+        predicted = [tag for tags in predicted for tag in tags]
+    return float(accuracy_score(gold, predicted))
+
+
+def _matthews(task: Task, gold: list, predicted: list) -> float:
+    from sklearn.metrics import matthews_corrcoef
+
+    return float(matthews_corrcoef(gold, predicted))
+
+
+def _f1(task: Task, gold: list, predicted: list) -> float:
+    from sklearn.metrics import f1_score
+
+    return float(f1_score(gold, predicted, pos_label=1))
+
+
+def _seqeval_f1(task: Task, gold: list, predicted: list) -> float:
+    from seqeval.metrics import f1_score
+
+    names = task.label_names
+    return float(f1_score([[names[t] for t in tags] for tags in gold],
+                          [[names[t] for t in tags] for tags in predicted]))
+
+
+_METRIC_FUNCTIONS: dict[str, Callable[[Task, list, list], float]] = {
+    "accuracy": _accuracy,
+    "matthews_corrcoef": _matthews,
+    "f1": _f1,
+    "seqeval_f1": _seqeval_f1,
+}
+
+
+# -- loading ----------------------------------------------------------------------------------
+
+
+def load(
+    name: str,
+    split: str = "train",
+    *,
+    data_dir: str | os.PathLike[str] | None = None,
+    limit: int | None = None,
+    seed: int = 0,
+) -> Task:
+    """One split of a task: ``name`` in :data:`NAMES`, ``split`` in :data:`SPLITS` (or
+    ``"validation"`` for ``"dev"``).
+
+    ``data_dir``: a folder with the GLUE / CoNLL files (see the module docstring); None reads the
+    Hugging Face hub (or its local cache). ``limit``: keep a random subset of that many examples,
+    drawn with ``numpy.random.default_rng(seed)`` and kept in file order (all when ``limit`` is at
+    least the number of examples).
+    """
+    if not isinstance(name, str) or name.lower() not in NAMES:
+        raise TaskError(f"Unknown task {name!r}; pass one of {', '.join(NAMES)}.")
+    name = name.lower()
+    if not isinstance(split, str) or split.lower() not in (*SPLITS, "validation"):
+        raise TaskError(f"Unknown split {split!r} for {name!r}; pass one of {', '.join(SPLITS)} "
+                        "('validation' is accepted for 'dev').")
+    split = "dev" if split.lower() == "validation" else split.lower()
+    try:
+        limit = None if limit is None else whole_number(limit, "limit", minimum=1)
+        seed = whole_number(seed, "seed", minimum=0)
+    except (TypeError, ValueError) as error:
+        raise TaskError(f"{error}; pass a positive whole number of examples, or limit=None for all.") from None
+    spec = _SPECS[name]
+    if data_dir is None:
+        columns = _from_hub(name, split)
+    else:
+        columns = _from_files(name, split, Path(data_dir))
+    examples = datasets.Dataset.from_dict(columns, features=_features(spec))
+    if limit is not None and limit < len(examples):
+        chosen = np.random.default_rng(seed).choice(len(examples), size=limit, replace=False)
+        examples = examples.select(np.sort(chosen).tolist())
+    return Task(name, split, spec.kind, spec.label_names, spec.metric, examples)
+
+
+def _features(spec: _Spec) -> datasets.Features:
+    label = datasets.ClassLabel(names=list(spec.label_names))
+    if spec.kind == "token":
+        return datasets.Features({"words": datasets.Sequence(datasets.Value("string")),
+                                  "tags": datasets.Sequence(label)})
+    text = {"text": datasets.Value("string")}
+    if spec.kind == "pair":
+        text["text_pair"] = datasets.Value("string")
+    return datasets.Features({**text, "label": label})
+
+
+def _from_files(name: str, split: str, data_dir: Path) -> dict[str, list]:
+    spec = _SPECS[name]
+    path = data_dir / spec.files[split]
+    if not path.is_file():
+        hint = (" (the CoNLL-2003 test split may be held back; use split='dev')"
+                if spec.kind == "token" and split == "test" else "")
+        raise TaskError(f"{spec.title} {split} file not found: {path}{hint}; pass a data_dir that "
+                        f"holds {spec.files[split]} (or data_dir=None for the Hugging Face hub).")
+    if name == "sst2":
+        return _read_sst2(path, split)
+    if name == "cola":
+        return _read_cola(path, split)
+    if name == "mrpc":
+        return _read_mrpc(path, split, data_dir / "mrpc" / "dev_ids.tsv")
+    if name == "mnli":
+        return _read_mnli(path, split)
+    return _read_conll(path, column=3 if name == "ner" else 1, spec=spec)
+
+
+def _read_tsv(path: Path, encoding: str = "utf-8") -> tuple[list[str], list[list[str]]]:
+    """The header and rows of a GLUE TSV, read without quote handling. csv's cell limit (a
+    process-wide setting) is raised for this read only, then put back."""
+    previous = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    try:
+        with open(path, encoding=encoding, newline="") as handle:
+            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except (OSError, UnicodeDecodeError) as error:
+        raise TaskError(f"Cannot read {path}: {error}; pass a data_dir with the original files.") from None
+    finally:
+        csv.field_size_limit(previous)
+    if not rows:
+        raise TaskError(f"{path} is empty; pass a data_dir with the original files.")
+    return rows[0], rows[1:]
+
+
+#: GLUE's binary labels as written in its files
+_BINARY: dict[str, int] = {"0": 0, "1": 1}
+
+
+def _label(value: str, allowed: dict[str, int], path: Path, line: int, title: str) -> int:
+    if value not in allowed:
+        raise TaskError(f"{path} line {line}: label {value!r} is not a {title} label "
+                        f"({', '.join(allowed)}); pass a data_dir with the original files.")
+    return allowed[value]
+
+
+def _no_labels(path: Path, title: str) -> TaskError:
+    return TaskError(f"{path} has no label column ({title} test labels are not public); "
+                     f"use split='dev', or put a labelled file at {path}.")
+
+
+def _columns(
+    numbered: Iterable[tuple[int, list[str]]], path: Path, width: int, label: int,
+    texts: tuple[int, ...], allowed: dict[str, int], title: str,
+) -> dict[str, list]:
+    """The ``text`` (and ``text_pair``) and ``label`` columns of GLUE rows, given with their line
+    numbers; a row of another width or with a label outside ``allowed`` is a TaskError."""
+    columns: list[list[str]] = [[] for _ in texts]
+    labels: list[int] = []
+    for line, row in numbered:
+        if len(row) != width or row[label] not in allowed:  # checked inline: up to 67,349 rows
+            _width(row, width, path, line)
+            _label(row[label], allowed, path, line, title)
+        labels.append(allowed[row[label]])
+        for column, values in zip(texts, columns, strict=True):
+            values.append(row[column])
+    result = dict(zip(("text", "text_pair"), columns, strict=False))
+    return {**result, "label": labels}
+
+
+def _read_sst2(path: Path, split: str) -> dict[str, list]:
+    header, rows = _read_tsv(path)
+    if "label" not in header or "sentence" not in header:
+        if "sentence" in header:
+            raise _no_labels(path, "SST-2")
+        raise TaskError(f"{path} has header {header}, not 'sentence<TAB>label'; pass a data_dir "
+                        "with GLUE's SST-2 files.")
+    return _columns(enumerate(rows, start=2), path, len(header), header.index("label"),
+                    (header.index("sentence"),), _BINARY, "SST-2")
+
+
+def _width(row: list[str], width: int, path: Path, line: int) -> None:
+    if len(row) != width:
+        raise TaskError(f"{path} line {line} has {len(row)} tab-separated columns, not {width}; "
+                        "pass a data_dir with the original, unmodified files.")
+
+
+def _read_cola(path: Path, split: str) -> dict[str, list]:
+    first, rows = _read_tsv(path)  # no header: source, label, author_mark, sentence
+    if first == ["index", "sentence"]:
+        raise _no_labels(path, "CoLA")
+    return _columns(enumerate([first, *rows], start=1), path, 4, 1, (3,), _BINARY, "CoLA")
+
+
+def _read_mrpc(path: Path, split: str, dev_ids: Path) -> dict[str, list]:
+    """GLUE's MRPC: dev = the rows of msr_paraphrase_train.txt whose (#1 ID, #2 ID) is listed in
+    dev_ids.tsv, train = the others; test = msr_paraphrase_test.txt (which has labels)."""
+    header, rows = _read_tsv(path, encoding="utf-8-sig")
+    wanted = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
+    if header != wanted:
+        raise TaskError(f"{path} has header {header}, not {wanted}; pass a data_dir with the MRPC "
+                        "files GLUE uses (msr_paraphrase_train.txt / msr_paraphrase_test.txt).")
+    numbered = list(enumerate(rows, start=2))
+    if split != "test":
+        if not dev_ids.is_file():
+            raise TaskError(f"MRPC dev ids not found: {dev_ids}; pass a data_dir that holds "
+                            "mrpc/dev_ids.tsv (GLUE's mrpc_dev_ids.tsv), which splits train from dev.")
+        first, id_rows = _read_tsv(dev_ids, encoding="utf-8-sig")  # no header: first is a pair
+        dev = {(row[0], row[1]) for row in [first, *id_rows] if len(row) >= 2}
+        # malformed rows are kept, for _columns to report
+        numbered = [(line, row) for line, row in numbered
+                    if len(row) != 5 or ((row[1], row[2]) in dev) == (split == "dev")]
+    return _columns(numbered, path, 5, 0, (3, 4), _BINARY, "MRPC")
+
+
+def _read_mnli(path: Path, split: str) -> dict[str, list]:
+    header, rows = _read_tsv(path)
+    if "gold_label" not in header:
+        raise _no_labels(path, "MNLI")
+    for column in ("sentence1", "sentence2"):
+        if column not in header:
+            raise TaskError(f"{path} has no {column!r} column; pass a data_dir with GLUE's MNLI files.")
+    allowed = {label: i for i, label in enumerate(_SPECS["mnli"].label_names)}
+    return _columns(enumerate(rows, start=2), path, len(header), header.index("gold_label"),
+                    (header.index("sentence1"), header.index("sentence2")), allowed, "MNLI")
+
+
+def _read_conll(path: Path, column: int, spec: _Spec) -> dict[str, list]:
+    """Sentences of a CoNLL-2003 file: ``TOKEN POS CHUNK NER`` lines, a blank line between
+    sentences, ``-DOCSTART-`` lines skipped; ``column`` is the tag column read."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise TaskError(f"Cannot read {path}: {error}; pass a data_dir with the original files.") from None
+    allowed = {tag: i for i, tag in enumerate(spec.label_names)}
+    sentences: list[list[str]] = []
+    tags: list[list[int]] = []
+    words: list[str] = []
+    labels: list[int] = []
+    for number, line in enumerate([*lines, ""], start=1):
+        fields = line.split()
+        if not fields:
+            if words:
+                sentences.append(words)
+                tags.append(labels)
+                words, labels = [], []
+            continue
+        if fields[0] == "-DOCSTART-":
+            continue
+        if len(fields) != 4:
+            raise TaskError(f"{path} line {number} has {len(fields)} space-separated columns, not 4 "
+                            "(TOKEN POS CHUNK NER); pass a data_dir with the original CoNLL-2003 files.")
+        words.append(fields[0])
+        tag = allowed.get(fields[column])  # inline: _label runs per tag only to report a bad one
+        labels.append(tag if tag is not None else _label(fields[column], allowed, path, number, spec.title))
+    return {"words": sentences, "tags": tags}
+
+
+def _from_hub(name: str, split: str) -> dict[str, list]:
+    """The split from the Hugging Face hub (or its cache), as the columns of the file readers."""
+    spec = _SPECS[name]
+    repo, config, kwargs, splits = HUB[name]
+    try:
+        table = datasets.load_dataset(repo, config, split=splits[split], **kwargs)
+    except Exception as error:  # the hub's and datasets' errors are many; report one line
+        if getattr(datasets.config, "HF_HUB_OFFLINE", False):
+            why = "offline here: HF_HUB_OFFLINE is set and it is not cached"
+        else:
+            first = (str(error).strip().splitlines() or ["no message"])[0]
+            why = f"{type(error).__name__}: {first}"
+        raise TaskError(f"{spec.title} needs the Hugging Face hub ({repo}; {why}) or data_dir with "
+                        f"{spec.files[split]}; pass data_dir=...") from None
+    return _hub_columns(name, split, table)
+
+
+def _hub_columns(name: str, split: str, table: Any) -> dict[str, list]:
+    spec = _SPECS[name]
+    repo = HUB[name][0]
+    source = {"ner": "ner_tags", "pos": "pos_tags"}.get(name, "label")
+    wanted = {"sentence": ["sentence", "label"], "pair": ["sentence1", "sentence2", "label"],
+              "token": ["tokens", source]}[spec.kind]
+    if name == "mnli":
+        wanted = ["premise", "hypothesis", "label"]
+    missing = [column for column in wanted if column not in getattr(table, "column_names", ())]
+    if missing:
+        raise TaskError(f"{repo} ({split}) has no column {', '.join(missing)}; pass data_dir=... "
+                        "with the original files.")
+    features = getattr(table, "features", {}) or {}
+    hub_names = _class_names(features.get(source))
+    remap: dict[int, int] | None = None
+    if hub_names is not None:
+        if set(hub_names) != set(spec.label_names):
+            raise TaskError(f"{repo}'s {source} has labels {_shown(tuple(hub_names))}, not "
+                            f"{_shown(spec.label_names)}; pass data_dir=... with the original files.")
+        remap = {i: spec.label_names.index(label) for i, label in enumerate(hub_names)}
+
+    def mapped(value: int) -> int:
+        if value < 0:
+            raise TaskError(f"{spec.title} {split} on the hub has label {value} (no label: GLUE keeps "
+                            "test labels private); use split='dev', or pass data_dir=... with a "
+                            "labelled file.")
+        if value >= len(spec.label_names):
+            raise TaskError(f"{spec.title} {split} on the hub ({repo}) has label {value}, outside "
+                            f"0..{len(spec.label_names) - 1}; pass data_dir=... with the original files.")
+        return remap[value] if remap is not None else value
+
+    if spec.kind == "token":
+        return {"words": [list(words) for words in table["tokens"]],
+                "tags": [[mapped(int(t)) for t in tags] for tags in table[source]]}
+    result: dict[str, list] = {"text": list(table[wanted[0]])}
+    if spec.kind == "pair":
+        result["text_pair"] = list(table[wanted[1]])
+    result["label"] = [mapped(int(value)) for value in table["label"]]
+    return result
+
+
+def _class_names(feature: Any) -> list[str] | None:
+    """The names of a ``ClassLabel`` feature (or of a sequence of them), else None."""
+    while feature is not None and not isinstance(feature, datasets.ClassLabel):
+        feature = getattr(feature, "feature", None)
+    return list(feature.names) if feature is not None else None

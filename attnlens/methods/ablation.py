@@ -1,0 +1,585 @@
+"""Head ablation and head importance (Michel et al. 2019, "Are Sixteen Heads Really Better than
+One?", NeurIPS 2019), as hooks on an unmodified model.
+
+transformers 5 silently ignores ``head_mask``, so every ablation here is a TransformerLens hook:
+
+- :func:`hooks` returns ``fwd_hooks`` (:class:`AblationHooks`, with a stable :meth:`~AblationHooks.key`
+  so that probe features under them are cached) that ablate the heads of a :class:`HeadSet` in
+  one of four named modes (:data:`MODES`):
+
+  - ``"zero"``: the head's output ``z`` (``blocks.{l}.attn.hook_z``, ``[batch, pos, head,
+    d_head]``, the input of the output projection) is 0 at every position: Michel et al.'s
+    masking (their ``ξ_h = 0``); it equals giving the head an all-zero pattern;
+  - ``"uniform"``: the head's attention (``blocks.{l}.attn.hook_pattern``) becomes uniform over
+    the valid keys of each query: the real tokens (:func:`attnlens.seam.key_mask`), and on a
+    causal model (a decoder) only those at or before the query;
+  - ``"mean"``: the head's output ``z`` is replaced by its corpus mean, one ``d_head`` vector per
+    head (the mean over every real token of a corpus, the same at every position), from
+    :func:`head_means` (mean ablation);
+  - ``"papa"``: the head's attention is replaced by PAPA constants (Hassid et al. 2022),
+    delegating to :func:`attnlens.papa.hooks` (``constants=``).
+
+- :class:`Importance`: Michel et al.'s head importance (§4.1, eq. 2), ``I_h = E_x |∂L(x)/∂ξ_h|``,
+  normalised per layer by the ℓ2 norm (§4.2, :func:`normalize_by_layer`), and the heads it
+  ranks; computing it needs a loss, the model's own or a task probe's, so
+  :func:`attnlens.evaluation.importance.importance` is evaluation.
+- :func:`prune_curve`: prune heads least important first and score what is left at each
+  fraction (Michel et al.'s Fig. 3), as a table and a figure.
+
+``attnlens.ablation`` gathers the names of both modules::
+
+    from attnlens import ablation, probing
+    scores = ablation.importance(model, texts, loss=my_loss)     # Importance
+    table, figure = ablation.prune_curve(
+        model, scores, lambda hooks: probing.run(model, "sst2", hooks=hooks).score)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, SupportsIndex
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from attnlens.core import checks, seam
+from attnlens.core.heads import HeadSet, n_selected
+from attnlens.engine import passes
+from attnlens.engine.hooks import Hooks
+from attnlens.errors import InputError, InputTypeError
+
+__all__ = [
+    "COLUMNS",
+    "FRACTIONS",
+    "MODES",
+    "ORDERS",
+    "AblationHooks",
+    "HeadMeans",
+    "Importance",
+    "head_means",
+    "hooks",
+    "normalize_by_layer",
+    "output_hook",
+    "prune_curve",
+    "prune_figure",
+    "uniform_pattern",
+]
+
+#: The ablation modes of :func:`hooks`, and what each does to a selected head.
+MODES: dict[str, str] = {
+    "zero": "the head's output z (hook_z) is 0",
+    "uniform": "the head's attention is uniform over the valid keys (causal: keys <= query)",
+    "mean": "the head's output z is its corpus mean (per head, over real tokens; head_means)",
+    "papa": "the head's attention is replaced by PAPA constants (papa.hooks)",
+}
+#: Pruning orders of :func:`prune_curve`: least important first (Michel et al.) or most first.
+ORDERS: tuple[str, ...] = ("ascending", "descending")
+#: Fractions of heads pruned in :func:`prune_curve` by default (0, 10 %, ..., 90 %).
+FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
+
+
+# ------------------------------------------------------------------------------------------------
+# hook points and shapes
+
+
+def output_hook(model: Any, layer: int) -> str:
+    """The hook point carrying layer ``layer``'s per-head outputs ``z`` (``[batch, pos, head,
+    d_head]``): the architecture's :attr:`~attnlens.models.Architecture.output_hook`, by default
+    ``blocks.{layer}.attn.hook_z`` (it exists on every bridge, grouped-query models included)."""
+    from attnlens.core import models
+
+    architecture = models.find(model) if model is not None and hasattr(model, "original_model") else None
+    n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
+    layer = checks.whole_number(layer, "layer") if n_layers is None else checks.index(layer, "layer", n_layers, "layers")
+    template = architecture.output_hook if architecture is not None else "blocks.{layer}.attn.hook_z"
+    return template.format(layer=layer)
+
+
+def _as_headset(heads: Any) -> HeadSet:
+    if isinstance(heads, HeadSet):
+        return heads
+    if isinstance(heads, Tensor) and heads.dtype == torch.bool:
+        return HeadSet(heads)
+    raise InputTypeError(
+        f"heads must be a HeadSet (attnlens.heads.HeadSet, e.g. HeadSet.from_heads([(0, 3)], "
+        f"n_layers, n_heads) or Importance.heads(0.5)) or a boolean [layer, head] tensor; got "
+        f"{checks.describe(heads)}."
+    )
+
+
+def _model_shape(model: Any) -> tuple[int, int]:
+    return int(model.cfg.n_layers), int(model.cfg.n_heads)
+
+
+def _check_shape(heads: HeadSet, known: list[tuple[str, tuple[int, int]]]) -> None:
+    """``ValueError`` unless ``heads`` and every ``(source, (layers, heads))`` agree."""
+    for source, shape in known:
+        if tuple(heads.shape) != tuple(shape):
+            raise InputError(
+                f"the HeadSet is {list(heads.shape)} (layers x heads) but {source} has "
+                f"{list(shape)}: the heads belong to another model. Build them for this one, e.g. "
+                f"HeadSet.from_heads(pairs, {shape[0]}, {shape[1]})."
+            )
+
+
+def _check_heads_in(z_or_pattern_heads: int, heads: HeadSet, what: str) -> None:
+    if z_or_pattern_heads != heads.shape[1]:
+        raise InputError(
+            f"the HeadSet is {list(heads.shape)} (layers x heads) but the model's {what} has "
+            f"{z_or_pattern_heads} heads: the heads belong to another model."
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# ablation hooks
+
+
+class AblationHooks(Hooks):
+    """``(hook_name, hook_fn)`` pairs for ``run_with_hooks`` (and ``hooks=`` of
+    :func:`attnlens.probing.run`, :func:`attnlens.lm.score`, :func:`attnlens.passes.run`) that
+    ablate ``heads`` in ``mode`` (:data:`MODES`). Attributes: ``heads``, ``mode``, ``means``
+    (``"mean"``), ``constants`` and ``papa`` (the delegated :class:`attnlens.papa.PapaHooks`,
+    ``"papa"``), ``causal`` (``"uniform"``: True / False, or None when read off each pattern).
+    A HeadSet with no head gives an empty list: no hook, the model itself."""
+
+    def __init__(
+        self,
+        items: Iterable[tuple[str, Callable]],
+        *,
+        heads: HeadSet,
+        mode: str,
+        means: Tensor | None = None,
+        constants: Any = None,
+        papa: Any = None,
+        causal: bool | None = None,
+    ) -> None:
+        super().__init__(items)
+        self.heads, self.mode, self.means = heads, mode, means
+        self.constants, self.papa, self.causal = constants, papa, causal
+
+    def key(self) -> str:
+        """A stable hash of everything that makes these hooks what they are (mode, heads, hook
+        points, means, causality; for ``"papa"`` the key of the PAPA hooks): equal keys, equal
+        interventions. Probe features under these hooks are cached by it
+        (:func:`attnlens.probing.features.hooks_key`)."""
+        from attnlens.core.files import tensor_checksum
+
+        if self.papa is not None:
+            return f"ablation:papa:{self.papa.key()}"
+        tensors = {"heads": self.heads.mask.to(torch.uint8)}
+        if self.means is not None:
+            tensors["means"] = self.means.detach()
+        names = "|".join(name for name, _ in self)
+        return f"ablation:{self.mode}:{self.causal}:{names}:{tensor_checksum(tensors)}"
+
+    def __repr__(self) -> str:
+        return f"AblationHooks({self.mode!r}, {len(self.heads)} heads, {len(self)} hooks)"
+
+
+def hooks(
+    heads: HeadSet | Bool[Tensor, "layer head"],
+    mode: str = "zero",
+    *,
+    model: Any = None,
+    means: Float[Tensor, "layer head d_head"] | None = None,
+    constants: Any = None,
+) -> AblationHooks:
+    """Forward hooks that ablate ``heads`` (a :class:`HeadSet`) in ``mode`` (Michel et al. 2019
+    ablate by masking, ``"zero"``; the other modes are common alternatives):
+
+    - ``"zero"``: the head's output ``z`` (``blocks.{l}.attn.hook_z``) is exactly 0;
+    - ``"uniform"``: the head's attention (``hook_pattern``) is ``1 / n_valid`` on each valid key
+      of its query row (real tokens, :func:`attnlens.seam.key_mask`; on a causal model only keys
+      at or before the query) and 0 elsewhere. Causality comes from ``model``, else from each
+      pattern (no weight above the diagonal: causal). On BERT/RoBERTa the edit reaches the
+      output through attnlens's seam (load with :func:`attnlens.load`);
+    - ``"mean"``: ``z`` is the head's corpus mean ``means[l, h]`` at every position, ``means``
+      ``[layer, head, d_head]`` from :func:`head_means`;
+    - ``"papa"``: PAPA constants (``constants=``, :class:`attnlens.papa.PapaConstants` or data-free
+      ones) replace the head's attention: exactly ``papa.hooks(constants, heads=heads)``.
+
+    ``model`` (optional): checks that ``heads`` (and ``means`` / ``constants``) have its
+    ``[layers, heads]`` shape, names its output hook, and for ``"uniform"`` gives causality and
+    checks that pattern edits reach its output. Without it the shape is checked against
+    ``means`` / ``constants`` and, at run time, against the head count of each hooked tensor.
+    """
+    if not isinstance(mode, str) or mode not in MODES:
+        raise InputError(
+            f"Unknown ablation mode {checks.describe(mode)}; use one of "
+            + "; ".join(f"{name!r} ({what})" for name, what in MODES.items())
+            + "."
+        )
+    heads = _as_headset(heads)
+    if means is not None and mode != "mean":
+        raise InputError(f"means= is only used with mode='mean' (got mode={mode!r}).")
+    if constants is not None and mode != "papa":
+        raise InputError(f"constants= is only used with mode='papa' (got mode={mode!r}).")
+    known: list[tuple[str, tuple[int, int]]] = []
+    if model is not None:
+        from attnlens.core.loading import model_id, require_bridge
+
+        require_bridge(model, "ablation.hooks")
+        known.append((f"the model {model_id(model)}", _model_shape(model)))
+    if mode == "mean":
+        if means is None:
+            raise InputError(
+                "mode='mean' replaces each head's output by its corpus mean: pass "
+                "means=ablation.head_means(model, corpus), a [layer, head, d_head] tensor."
+            )
+        means = checks.shape(checks.tensor(means, "means"), "means", [None, None, None], "layer, head, d_head")
+        if not means.is_floating_point():
+            raise InputTypeError(f"means must be a float tensor, got {checks.describe(means)}.")
+        checks.finite_tensor(means, "means")
+        if model is not None and int(model.cfg.d_head) != means.shape[2]:
+            raise InputError(
+                f"means has d_head {means.shape[2]} but the model's heads have d_head "
+                f"{int(model.cfg.d_head)}: they were computed on another model."
+            )
+        known.append(("means", (int(means.shape[0]), int(means.shape[1]))))
+        means = means.detach()
+    if mode == "papa":
+        if constants is None:
+            raise InputError(
+                "mode='papa' replaces attention by PAPA constants: pass constants= "
+                "(papa.fit(model, texts), or a data-free papa.uniform / papa.identity ...)."
+            )
+        if not hasattr(constants, "n_layers") or not hasattr(constants, "n_heads"):
+            raise InputTypeError(
+                f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
+            )
+        known.append(("the PAPA constants", (int(constants.n_layers), int(constants.n_heads))))
+    _check_shape(heads, known)
+
+    if mode == "papa":
+        from attnlens.methods import papa
+
+        if model is not None:
+            constants.check_compatible(model)
+        delegated = papa.hooks(constants, heads=heads)
+        return AblationHooks(delegated, heads=heads, mode=mode, constants=constants, papa=delegated)
+
+    causal: bool | None = None
+    if mode == "uniform" and model is not None:
+        from attnlens.core.loading import is_causal
+
+        if not seam.is_installed(model):
+            raise InputError(
+                "mode='uniform' edits hook_pattern, and pattern edits do not reach this model's "
+                "output; load it with attnlens.load()."
+            )
+        causal = is_causal(model)
+    items: list[tuple[str, Callable]] = []
+    for layer in range(heads.shape[0]):
+        selected = heads.mask[layer]
+        if not bool(selected.any()):
+            continue
+        if mode == "uniform":
+            items.append((f"blocks.{layer}.attn.hook_pattern", _uniform_hook(heads, selected, causal)))
+        elif mode == "zero":
+            items.append((output_hook(model, layer), _zero_hook(heads, selected)))
+        else:
+            items.append((output_hook(model, layer), _mean_hook(heads, selected, means[layer])))
+    return AblationHooks(items, heads=heads, mode=mode, means=means, causal=causal)
+
+
+def _zero_hook(heads: HeadSet, selected: Tensor) -> Callable:
+    def zero(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> Tensor:
+        _check_heads_in(z.shape[2], heads, "hook_z")
+        return z.masked_fill(selected.to(z.device)[None, None, :, None], 0.0)
+
+    return zero
+
+
+def _mean_hook(heads: HeadSet, selected: Tensor, layer_means: Tensor) -> Callable:
+    def mean(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> Tensor:
+        _check_heads_in(z.shape[2], heads, "hook_z")
+        if z.shape[3] != layer_means.shape[1]:
+            raise InputError(
+                f"means has d_head {layer_means.shape[1]} but the model's heads have d_head "
+                f"{z.shape[3]}: they were computed on another model."
+            )
+        value = layer_means.to(device=z.device, dtype=z.dtype)[None, None]
+        return torch.where(selected.to(z.device)[None, None, :, None], value, z)
+
+    return mean
+
+
+def uniform_pattern(
+    valid: Bool[Tensor, "batch key"], n_queries: int, *, causal: bool, dtype: torch.dtype = torch.float32
+) -> Float[Tensor, "batch query key"]:
+    """Uniform attention over the valid keys of each query row: ``1 / n_valid`` on each key
+    that is a real token (``valid``) and, when ``causal``, at or before the query (queries are
+    the last ``n_queries`` positions); 0 elsewhere. A row with no valid key is all 0."""
+    n_keys = valid.shape[1]
+    n_queries = checks.whole_number(n_queries, "n_queries", " of query positions", minimum=1)
+    allowed = valid[:, None, :].expand(valid.shape[0], n_queries, n_keys)
+    if causal:
+        allowed = allowed & torch.ones(n_queries, n_keys, dtype=torch.bool, device=valid.device).tril(
+            n_keys - n_queries
+        )
+    rows = allowed.to(dtype)
+    return rows / rows.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def _uniform_hook(heads: HeadSet, selected: Tensor, causal: bool | None) -> Callable:
+    from attnlens.methods.papa.intervene import looks_causal
+
+    def uniform(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
+        _check_heads_in(pattern.shape[1], heads, "hook_pattern")
+        is_causal = looks_causal(pattern) if causal is None else causal
+        valid = seam.key_mask(pattern, causal=is_causal)
+        flat = uniform_pattern(valid, pattern.shape[2], causal=is_causal, dtype=pattern.dtype)
+        return torch.where(selected.to(pattern.device)[None, :, None, None], flat[:, None], pattern)
+
+    return uniform
+
+
+# ------------------------------------------------------------------------------------------------
+# corpus means of z ("mean" mode)
+
+
+class HeadMeans(passes.Accumulator):
+    """Sum of every head's output ``z`` over the real tokens of a corpus (float64) and the
+    number of real tokens: the accumulator of :func:`head_means`."""
+
+    name = "head_means"
+    needs_residual = True  # the last layer's hook_z fires after its hook_pattern
+    compact = True  # a sum over real tokens: where they sit does not matter
+
+    def __init__(self, model: Any) -> None:
+        n_layers, n_heads = _model_shape(model)
+        d_head = int(model.cfg.d_head)
+        self.sums = torch.zeros(n_layers, n_heads, d_head, dtype=torch.float64)
+        self.tokens = torch.zeros((), dtype=torch.float64)
+
+    def hooks(self, model: Any) -> list[tuple[str, Any]]:
+        def keep(layer: int) -> Callable:
+            def hook(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> None:
+                real = self.current.key_mask.to(z.device)
+                self.sums[layer] += z.detach()[real].double().sum(0).cpu()
+
+            return hook
+
+        return [(output_hook(model, layer), keep(layer)) for layer in range(self.sums.shape[0])]
+
+    def end_batch(self, batch: passes.PassBatch) -> None:
+        self.tokens += float(batch.key_mask.sum())
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"sums": self.sums, "tokens": self.tokens}
+
+    def result(self) -> Float[Tensor, "layer head d_head"]:
+        if float(self.tokens) == 0:
+            raise InputError("the corpus has no real token: head_means needs at least one.")
+        return (self.sums / self.tokens).float()
+
+
+def head_means(
+    model: Any,
+    corpus: Any,
+    *,
+    max_len: SupportsIndex = 128,
+    layout: str | None = None,
+    batch_size: SupportsIndex = 32,
+    hooks: passes.FwdHooks = (),
+    progress: bool = True,
+) -> Float[Tensor, "layer head d_head"]:
+    """Each head's mean output ``z`` (``blocks.{l}.attn.hook_z``) over every real token of
+    ``corpus`` (padding excluded), ``[layer, head, d_head]`` float32 on the CPU: the values of
+    mean ablation (``hooks(heads, "mean", means=...)``). One pass of
+    :func:`attnlens.passes.run` (summed in float64); ``hooks`` are active during it."""
+    from attnlens.core.loading import require_bridge
+
+    require_bridge(model, "ablation.head_means")
+    accumulator = HeadMeans(model)
+    passes.run(model, corpus, [accumulator], max_len=max_len, layout=layout, batch_size=batch_size,
+               hooks=hooks, progress=progress, description="ablation.head_means")
+    return accumulator.result()
+
+
+# ------------------------------------------------------------------------------------------------
+# importance (Michel et al. 2019, §4.1-4.2)
+
+
+@dataclass
+class Importance:
+    """Head importance of :func:`importance` (Michel et al. 2019, eq. 2).
+
+    ``scores``: ``[layer, head]``, ``raw`` divided by its layer's ℓ2 norm (Michel et al. §4.2;
+    what pruning ranks by); ``raw``: ``I_h = E_x |∂L(x)/∂ξ_h|`` before normalising;
+    ``n_examples``: examples the expectation is over; ``per``: ``"example"`` when the loss gave
+    one value per example (the exact ``E_x``), ``"batch"`` when it gave one per batch (then
+    ``raw`` is the mean over batches of ``|∂L(batch)/∂ξ_h|``, as in Michel et al.'s code).
+    """
+
+    scores: Float[Tensor, "layer head"]
+    raw: Float[Tensor, "layer head"]
+    n_examples: int = 0
+    per: str = "example"
+    settings: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.scores.shape)
+
+    def heads_ranked(self, order: str = "ascending") -> list[tuple[int, int]]:
+        """Every head as ``(layer, head)``, by normalised score: ``"ascending"`` (least important
+        first, the order Michel et al. prune in) or ``"descending"``; ties by layer, then head."""
+        _check_order(order)
+        flat = self.scores.flatten()
+        ranking = torch.argsort(flat if order == "ascending" else -flat, stable=True).tolist()
+        n_heads = self.scores.shape[1]
+        return [divmod(index, n_heads) for index in ranking]
+
+    def heads(self, fraction: float | None = None, *, n: int | None = None, order: str = "ascending") -> HeadSet:
+        """The first ``round(fraction · heads)`` (or ``n``) heads of :meth:`heads_ranked`: with
+        ``order="ascending"`` the least important ones, those to prune first. The
+        :class:`HeadSet` carries the pruning order and the scores."""
+        n_layers, n_heads = self.shape
+        count = _count(fraction, n, n_layers * n_heads, n_layers, n_heads)
+        selected = HeadSet.from_heads(self.heads_ranked(order)[:count], n_layers, n_heads)
+        selected.scores, selected.strategy = self.scores.clone(), f"importance ({order})"
+        return selected
+
+    def __repr__(self) -> str:
+        return f"Importance({self.shape[0]} layers x {self.shape[1]} heads, {self.n_examples} examples, per {self.per})"
+
+
+def _check_order(order: Any) -> None:
+    if not isinstance(order, str) or order not in ORDERS:
+        raise InputError(
+            f"Unknown order {checks.describe(order)}; use 'ascending' (least important first, "
+            "Michel et al.) or 'descending' (most important first)."
+        )
+
+
+def _count(fraction: Any, n: Any, total: int, n_layers: int, n_heads: int) -> int:
+    if (fraction is None) == (n is None):
+        raise InputError("Pass exactly one of fraction= (a float in [0, 1]) and n= (a number of heads).")
+    if n is not None:
+        count = checks.whole_number(n, "n", " of heads", minimum=0)
+        if count > total:
+            raise InputError(f"n must lie in [0, {total}], got {count}.")
+        return count
+    if isinstance(fraction, int) and not isinstance(fraction, bool):
+        raise InputTypeError(
+            f"fraction={fraction} is ambiguous (a count, or the fraction {float(fraction)}?): pass "
+            f"a fraction as a float (fraction={float(fraction)}) or a count as n={fraction}."
+        )
+    return n_selected(checks.finite(fraction, "fraction", low=0.0, high=1.0), n_layers, n_heads)
+
+
+def normalize_by_layer(raw: Float[Tensor, "layer head"]) -> Float[Tensor, "layer head"]:
+    """``raw`` divided by each layer's ℓ2 norm over its heads (Michel et al. 2019, §4.2); a layer
+    whose scores are all 0 stays 0."""
+    raw = checks.finite_tensor(checks.shape(checks.tensor(raw, "raw"), "raw", [None, None], "layer, head"), "raw")
+    norms = raw.norm(dim=1, keepdim=True)
+    return torch.where(norms > 0, raw / norms.clamp_min(torch.finfo(raw.dtype).tiny), torch.zeros_like(raw))
+
+
+# ------------------------------------------------------------------------------------------------
+# the pruning curve (Michel et al. 2019, Fig. 3)
+
+
+#: Columns of :func:`prune_curve`'s table.
+COLUMNS = {
+    "fraction_pruned": "share of all heads pruned",
+    "heads_pruned": "number of heads pruned",
+    "score": "score_fn(hooks) with those heads ablated",
+    "order": "'ascending' (least important pruned first) or 'descending'",
+}
+
+
+def prune_curve(
+    model: Any,
+    importance: Importance | Float[Tensor, "layer head"],
+    score_fn: Callable[[AblationHooks], float],
+    *,
+    fractions: Sequence[float | int] = FRACTIONS,
+    mode: str = "zero",
+    order: str | Sequence[str] = "ascending",
+    means: Float[Tensor, "layer head d_head"] | None = None,
+    constants: Any = None,
+) -> tuple[Any, Any]:
+    """Prune heads by importance and score what is left (Michel et al. 2019, §4.2 and Fig. 3).
+
+    At each fraction of ``fractions`` the ``round(fraction · heads)`` first heads of
+    ``importance`` (an :class:`Importance`, ranked by its layer-normalised ``scores``, or any
+    ``[layer, head]`` tensor of scores) in ``order`` (``"ascending"``: least important first, as
+    Michel et al. prune; ``"descending"``: most important first; or a list of both) are ablated
+    with :func:`hooks` in ``mode`` (``"zero"``, ``"uniform"``, ``"mean"`` with ``means=``,
+    ``"papa"`` with ``constants=``), and ``score_fn(hooks)`` gives the score, e.g.
+    ``lambda hooks: probing.run(model, "sst2", hooks=hooks).score``. A set of heads already
+    scored (fraction 0 in each order) is not scored again.
+
+    Returns ``(table, figure)``: a ``pandas.DataFrame`` with the columns of :data:`COLUMNS`
+    (``fraction_pruned``, ``heads_pruned``, ``score``, ``order``) and a plotly figure of score
+    against the percentage of heads pruned, one line per order.
+    """
+    import pandas as pd
+
+    from attnlens.core.loading import require_bridge
+
+    require_bridge(model, "ablation.prune_curve")
+    if not callable(score_fn):
+        raise InputTypeError(f"score_fn must be a callable score_fn(hooks) -> float; got {checks.describe(score_fn)}.")
+    n_layers, n_heads = _model_shape(model)
+    if not isinstance(importance, Importance):
+        scores = checks.shape(checks.tensor(importance, "importance"), "importance", [n_layers, n_heads],
+                              "layer, head: one score per head")
+        checks.finite_tensor(scores.float(), "importance")
+        importance = Importance(scores=scores.detach().float().cpu(), raw=scores.detach().float().cpu())
+    elif importance.shape != (n_layers, n_heads):
+        raise InputError(
+            f"importance is {list(importance.shape)} (layers x heads) but the model has "
+            f"[{n_layers}, {n_heads}]: it was computed on another model."
+        )
+    orders = [order] if isinstance(order, str) else list(order)
+    if not orders:
+        raise InputError("order must name at least one order: 'ascending' and/or 'descending'.")
+    for name in orders:
+        _check_order(name)
+    if isinstance(fractions, str | bytes) or not isinstance(fractions, Iterable):
+        raise InputTypeError(f"fractions must be a list of floats in [0, 1]; got {checks.describe(fractions)}.")
+    fractions = [checks.finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
+    if not fractions:
+        raise InputError("fractions must hold at least one fraction in [0, 1].")
+    hooks(HeadSet.none(n_layers, n_heads), mode, model=model, means=means, constants=constants)  # arguments
+    scored: dict[bytes, float] = {}
+    rows = []
+    for name in orders:
+        for fraction in fractions:
+            pruned = importance.heads(fraction, order=name)
+            signature = pruned.mask.numpy().tobytes()
+            if signature not in scored:
+                value = score_fn(hooks(pruned, mode, model=model, means=means, constants=constants))
+                scored[signature] = checks.finite(value, "score_fn's score")
+            rows.append(dict(fraction_pruned=fraction, heads_pruned=len(pruned), score=scored[signature],
+                             order=name))
+    table = pd.DataFrame(rows, columns=list(COLUMNS))
+    return table, prune_figure(table, mode=mode)
+
+
+def prune_figure(table: Any, *, mode: str = "zero") -> Any:
+    """Score against the percentage of heads pruned, one line per order (Michel et al. 2019,
+    Fig. 3), from the table of :func:`prune_curve`."""
+    import plotly.graph_objects as go
+
+    figure = go.Figure()
+    names = {"ascending": "least important first", "descending": "most important first"}
+    for name in dict.fromkeys(table["order"]):
+        points = table[table["order"] == name].sort_values("fraction_pruned")
+        figure.add_trace(go.Scatter(
+            x=points["fraction_pruned"] * 100, y=points["score"], mode="lines+markers",
+            name=names.get(name, name), customdata=points["heads_pruned"],
+            hovertemplate="pruned %{x:.0f}% (%{customdata} heads)<br>score %{y:.4f}<extra></extra>",
+        ))
+    figure.update_layout(
+        title=f"Pruning heads by importance (Michel et al. 2019), mode={mode!r}",
+        xaxis_title="percentage of heads pruned", yaxis_title="score", height=380, width=560,
+        margin={"t": 50, "b": 40},
+    )
+    figure.update_xaxes(range=[-2, 102])
+    return figure

@@ -1,0 +1,329 @@
+"""Effective attention on a whole model, through TransformerLens hooks.
+
+Every layer's value vectors are read at ``blocks.{l}.attn.hook_v`` (``[batch, key, head,
+d_head]``), which fires just before ``blocks.{l}.attn.hook_pattern`` in the same layer; the pattern
+hook then computes :func:`~attnlens.effective.core.effective_attention` on the valid keys given by
+:func:`attnlens.seam.key_mask`.
+
+- :func:`run`: one forward pass; standard and effective patterns of every layer.
+- :func:`hooks` / :func:`hooked`: replace each pattern at run time by its effective attention
+  (``mode="effective"``, as Sun & Marasović do; the output is unchanged since ``A⊥ V = A V``) or
+  by its null-space part ``A - A⊥`` (``mode="null"``; the heads' outputs ``z`` become ~0).
+- :func:`statistics`: per-head mean attention to [CLS], [SEP] and punctuation (and the other
+  :data:`attnlens.stats.STATISTICS`) for standard and effective attention, streamed over a corpus.
+
+Works on every model :func:`attnlens.load` supports (BERT, RoBERTa, GPT-2). On a causal decoder
+the projector spans all of a sequence's value vectors, so ``A⊥`` is in general not causal: it can
+put (positive or negative) weight on later tokens, while ``A⊥ V = A V`` still holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, SupportsIndex
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from attnlens.core import seam
+from attnlens.core.checks import finite, index, items
+from attnlens.core.inputs import Batch, as_max_len, tokenize
+from attnlens.core.loading import require_bridge
+from attnlens.engine import passes
+from attnlens.engine.effective import effective_attention, warn_if_short
+from attnlens.engine.hooks import Hooks
+from attnlens.engine.passes import device_of
+from attnlens.errors import InputError
+from attnlens.methods.stats import Statistics
+
+Mode = Literal["effective", "null"]
+MODES: tuple[str, ...] = ("effective", "null")
+Tokens = Batch | Int[Tensor, "batch pos"] | str | Sequence[str] | Sequence[tuple[str, str]]
+
+
+@dataclass
+class EffectiveRun:
+    """Standard and effective attention of every layer for one batch.
+
+    ``standard`` and ``effective`` are ``[layer, batch, head, query, key]``; ``valid`` is
+    ``[batch, key]`` (True for real tokens); ``logits`` are the model's unchanged output.
+    """
+
+    standard: Float[Tensor, "layer batch head query key"]
+    effective: Float[Tensor, "layer batch head query key"]
+    valid: Bool[Tensor, "batch key"]
+    logits: Tensor
+    batch: Batch | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"EffectiveRun(standard, effective: [layer, batch, head, query, key] = "
+            f"{list(self.standard.shape)}, {self.standard.dtype}, {self.standard.device}; "
+            f"{int(self.valid.sum())} real tokens)"
+        )
+
+    @property
+    def key_mask(self) -> Bool[Tensor, "batch key"]:
+        """``[batch, key]``, True for real tokens (the one name; ``valid`` is kept as a field)."""
+        return self.valid
+
+    @property
+    def null(self) -> Float[Tensor, "layer batch head query key"]:
+        """The part of each pattern that never reaches the output, ``standard - effective``."""
+        return self.standard - self.effective
+
+
+@dataclass
+class EffectiveStatistics:
+    """Per-head corpus means for standard and effective attention.
+
+    ``standard[name]`` / ``effective[name]`` are ``[layer, head]`` for each name in
+    :data:`attnlens.stats.STATISTICS` (``to_cls``, ``to_sep``, ``to_punct``, ...): the mean over
+    every valid query token of the corpus.
+    """
+
+    standard: dict[str, Float[Tensor, "layer head"]]
+    effective: dict[str, Float[Tensor, "layer head"]]
+    n_examples: int
+    n_tokens: int
+    n_truncated: int
+
+    @property
+    def n_sequences(self) -> int:
+        """Deprecated name of :attr:`n_examples`."""
+        return self.n_examples
+
+    def __repr__(self) -> str:
+        shape = list(next(iter(self.standard.values())).shape) if self.standard else []
+        return (
+            f"EffectiveStatistics({self.n_examples} examples, {self.n_tokens} tokens, "
+            f"{self.n_truncated} truncated; {', '.join(self.standard)} per [layer, head] = {shape} "
+            "for standard and effective; .to_frame() for a table)"
+        )
+
+    def to_frame(self) -> Any:
+        """Long ``pandas.DataFrame``: columns attention, statistic, layer, head, value."""
+        import pandas as pd
+
+        records = []
+        for attention, means in (("standard", self.standard), ("effective", self.effective)):
+            for name, values in means.items():
+                for layer, row in enumerate(values.tolist()):
+                    for head, value in enumerate(row):
+                        records.append((attention, name, layer, head, value))
+        return pd.DataFrame(records, columns=["attention", "statistic", "layer", "head", "value"])
+
+
+def kv_heads(model: Any) -> int:
+    """Key-value heads per layer of a bridge (its architecture's fact; ``n_heads`` without one)."""
+    from attnlens.core import models
+
+    architecture = models.find(model)
+    if architecture is None:
+        return int(model.cfg.n_heads)
+    return architecture.kv_heads(model.original_model.config)
+
+
+def v_hook_name(model: Any, layer: int) -> str:
+    """Name of the hook point carrying layer ``layer``'s value vectors."""
+    return passes.value_hook(model, layer)
+
+
+def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
+    n_layers = model.cfg.n_layers
+    if layers is None:
+        return list(range(n_layers))
+    listed = items(layers, "layers", "[0, 1]")
+    return sorted({index(layer, f"layers[{i}]", n_layers, "layers") for i, layer in enumerate(listed)})
+
+
+def _require_bridge(model: Any) -> None:
+    require_bridge(model, "attnlens.effective")
+
+
+def pattern_hooks(
+    model: Any,
+    on_pattern: Callable[[int, Tensor, Tensor, Tensor], Tensor | None],
+    *,
+    layers: Iterable[int] | None = None,
+    rtol: float | None = None,
+    padded: bool = False,
+) -> list[tuple[str, Callable]]:
+    """``fwd_hooks`` calling ``on_pattern(layer, A, A⊥, valid)`` at each layer's ``hook_pattern``.
+
+    ``A`` and ``A⊥`` are ``[batch, head, query, key]``, ``valid`` the ``[batch, key]`` mask of real
+    tokens. V is stashed at the layer's ``hook_v``, which fires first. Whatever ``on_pattern``
+    returns replaces the pattern (``None`` leaves it unchanged): :func:`hooks`, :func:`run`,
+    :func:`statistics` and :func:`attnlens.compare` are all built on this.
+    """
+    _require_bridge(model)
+    rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
+
+    def on_hook(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> Tensor | None:
+        effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
+        return on_pattern(layer, pattern, effective, valid)
+
+    return passes.pattern_hooks(model, on_hook, layers=_layers(model, layers))
+
+
+class EffectiveHooks(Hooks):
+    """The ``(hook_name, hook_fn)`` pairs of :func:`hooks`, with :meth:`key`: what they do, as a
+    stable string (caches of what a model computes under hooks, e.g. probe features, use it)."""
+
+    def __init__(self, items: list, description: str) -> None:
+        super().__init__(items)
+        self.description = description
+
+    def key(self) -> str:
+        return self.description
+
+
+def hooks(
+    model: Any,
+    mode: Mode = "effective",
+    *,
+    layers: Iterable[int] | None = None,
+    rtol: float | None = None,
+    padded: bool = False,
+) -> EffectiveHooks:
+    """``fwd_hooks`` that replace each pattern ``A`` ``[batch, head, query, key]`` at run time.
+
+    ``mode="effective"``: ``A`` becomes its effective attention ``A⊥`` (Sun & Marasović's test-time
+    replacement). Since ``A⊥ V = A V`` the model's output does not change (up to float error).
+    ``mode="null"``: ``A`` becomes ``A - A⊥``, its component in the left null space of ``V``;
+    every head's output ``z = (A - A⊥) V`` is then ~0.
+
+    ``layers``: which layers to hook (default all). ``rtol``/``padded``: as in
+    :func:`~attnlens.effective.core.effective_attention`. Use with
+    ``model.run_with_hooks(..., fwd_hooks=hooks(model))`` or the :func:`hooked` context manager.
+    """
+    if mode not in MODES:
+        raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
+    _require_bridge(model)
+    if not seam.is_installed(model):
+        raise InputError(
+            "hook_pattern edits do not reach this model's output, so replacing patterns would "
+            "change nothing; load the model with attnlens.load()."
+        )
+
+    def replace(layer: int, pattern: Tensor, effective: Tensor, valid: Tensor) -> Tensor:
+        return effective if mode == "effective" else pattern - effective
+
+    chosen = "all" if layers is None else _layers(model, layers)
+    return EffectiveHooks(
+        pattern_hooks(model, replace, layers=layers, rtol=rtol, padded=padded),
+        f"effective:{mode}:layers={chosen}:rtol={rtol}:padded={padded}",
+    )
+
+
+@contextlib.contextmanager
+def hooked(
+    model: Any,
+    mode: Mode = "effective",
+    *,
+    layers: Iterable[int] | None = None,
+    rtol: float | None = None,
+    padded: bool = False,
+) -> Iterator[Any]:
+    """Context manager: inside it, every forward of ``model`` runs with :func:`hooks` added."""
+    _require_bridge(model)
+    with model.hooks(fwd_hooks=hooks(model, mode, layers=layers, rtol=rtol, padded=padded)):
+        yield model
+
+
+def _as_batch(model: Any, tokens: Tokens, max_len: int, layout: str) -> Batch:
+    if isinstance(tokens, Batch):
+        return tokens
+    if isinstance(tokens, Tensor):
+        ids = tokens if tokens.ndim == 2 else tokens[None]
+        ones = torch.ones_like(ids)
+        # no padding: the model's default token types and positions are the right ones
+        return Batch(ids, ones, torch.zeros_like(ids), 0, "ids", ids.shape[1], token_types=False)
+    return tokenize(model, tokens, max_len=max_len, layout=layout)  # type: ignore[arg-type]
+
+
+def run(
+    model: Any,
+    tokens: Tokens,
+    *,
+    max_len: SupportsIndex = 128,
+    layout: str = "padded",
+    rtol: float | None = None,
+    padded: bool = False,
+) -> EffectiveRun:
+    """One forward pass; returns the standard and effective patterns of every layer.
+
+    ``tokens``: a :class:`attnlens.Batch`, an ``input_ids`` tensor ``[batch, pos]`` (no padding),
+    or text(s) tokenized with ``max_len``/``layout``. The forward itself is unchanged (hooks only
+    read). Patterns are ``[layer, batch, head, query, key]``; effective attention as in
+    :func:`~attnlens.effective.core.effective_attention` (``rtol``, ``padded``).
+    """
+    _require_bridge(model)
+    batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
+    n_layers = model.cfg.n_layers
+    maps: dict[str, Tensor] = {}
+
+    def record(layer: int, pattern: Tensor, eff: Tensor, valid: Tensor) -> None:
+        # written into [layer, ...] buffers as the forward goes, so each layer's effective map is
+        # freed (and its memory reused) at once instead of all of them waiting for a final stack
+        if not maps:
+            maps["standard"] = pattern.new_empty((n_layers, *pattern.shape))
+            maps["effective"] = eff.new_empty((n_layers, *eff.shape))
+        maps["standard"][layer].copy_(pattern)
+        maps["effective"][layer].copy_(eff)
+
+    longest = int(batch.attention_mask.sum(-1).max())
+    warn_if_short(int(longest > model.cfg.d_head), int(model.cfg.d_head))
+    fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
+    with torch.no_grad():
+        logits = passes.run_with_hooks(model, batch, fwd_hooks)
+    return EffectiveRun(
+        standard=maps["standard"],
+        effective=maps["effective"],
+        valid=batch.attention_mask.bool(),
+        logits=logits,
+        batch=batch,
+    )
+
+
+def statistics(
+    model: Any,
+    corpus: Iterable[str] | Iterable[tuple[str, str]],
+    *,
+    max_len: SupportsIndex = 128,
+    layout: str = "padded",
+    batch_size: SupportsIndex = 32,
+    progress: bool = True,
+    rtol: float | None = None,
+    padded: bool = False,
+) -> EffectiveStatistics:
+    """Stream ``corpus`` through ``model``; per-head means for standard and effective attention.
+
+    Texts (or pairs) are tokenized ``batch_size`` at a time with ``max_len``/``layout``. For every
+    layer the standard pattern and its effective attention update two
+    :class:`attnlens.stats.AttentionStatistics` accumulators, so no attention map outlives its
+    batch. Means are over every valid query token; attention to [CLS] / [SEP] / punctuation is
+    the mass on those key positions (:func:`attnlens.stats.token_classes`). The forward stops
+    after the last layer's pattern hook (the rest of the model is not needed).
+    """
+    _require_bridge(model)
+    max_len = as_max_len(max_len)
+    n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
+    standard = Statistics(n_layers, n_heads, "standard")
+    effective = Statistics(n_layers, n_heads, "effective")
+    summary = passes.run(
+        model, corpus, [standard, effective], max_len=max_len, layout=layout,
+        batch_size=batch_size, progress=progress, description="effective attention statistics",
+        effective={"rtol": rtol, "padded": padded},
+    )
+    warn_if_short(int(summary.longest > model.cfg.d_head), int(model.cfg.d_head))
+    return EffectiveStatistics(
+        standard=standard.result(),
+        effective=effective.result(),
+        n_examples=summary.n_examples,
+        n_tokens=summary.n_tokens,
+        n_truncated=summary.n_truncated,
+    )

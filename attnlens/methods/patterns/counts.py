@@ -1,0 +1,235 @@
+"""How often each head's map is of each of Kovaleva et al.'s types, over a corpus.
+
+:func:`types` streams a corpus through :func:`attnlens.passes.run` with a :class:`PatternTypes`
+accumulator: every (example, layer, head) map is classified (by the template rules of
+:mod:`attnlens.patterns.templates`, or by a fitted :class:`~attnlens.patterns.PatternCNN`) and
+counted; the result is the share of each type per (layer, head). Views: standard, effective
+(Sun & Marasović 2021 find it has fewer vertical maps: less mass on [SEP] and punctuation) or
+PAPA constants (:mod:`attnlens.views`). :func:`figure` draws the shares per layer, one panel
+per view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, SupportsIndex
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
+from attnlens.errors import InputError, InputTypeError
+from attnlens.methods.patterns.templates import TYPES, Positions, template_labels
+
+#: colours of the types in figures (one per :data:`TYPES`, Plotly's qualitative "Set2")
+COLOURS: dict[str, str] = dict(zip(TYPES, ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#b3b3b3"), strict=True))
+#: columns of :func:`types`' table
+COLUMNS: tuple[str, ...] = ("view", "layer", "head", *TYPES, "type", "maps")
+
+
+def type_counts(labels: Int[Tensor, "batch head"]) -> Int[Tensor, "head type"]:
+    """How many maps of each head have each type (labels: indices into :data:`TYPES`)."""
+    return torch.nn.functional.one_hot(labels, len(TYPES)).sum(0)
+
+
+def batch_positions(batch: PassBatch) -> Positions:
+    """:meth:`Positions.from_batch` of a pass batch, computed once per batch."""
+    return batch.shared("patterns.positions", lambda: Positions.from_batch(batch))
+
+
+class PatternTypes(Accumulator):
+    """Counts of each type per (layer, head) (:func:`types`), streamed by
+    :func:`attnlens.passes.run`.
+
+    ``view``: ``"standard"`` or ``"papa"`` (read the patterns, after the pass's hooks) or
+    ``"effective"`` (read effective attention); ``classifier``: None for the template rules, or
+    an object with ``classify_batch(pattern, key_mask, view) -> [batch, head]`` type indices
+    (a fitted :class:`~attnlens.patterns.PatternCNN`). State (adds up over shards): ``counts``
+    ``[layer, head, type]`` and ``maps`` (examples seen).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
+                 constants: Any = None, causal: bool | None = None) -> None:
+        from attnlens.core.heads import _sizes
+
+        n_layers, n_heads = _sizes(n_layers, n_heads)
+        from attnlens.methods import views
+
+        if not isinstance(view, str):
+            raise views.unknown_view(view)
+        self._view = views.get_view(view)
+        view = self._view.name
+        self.view = view
+        self.name = f"patterns.types.{view}"
+        self.needs_effective = self._view.needs_effective
+        self.classifier, self.constants, self.causal = classifier, constants, causal
+        self.counts = torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64)
+        self.maps = torch.zeros(1, dtype=torch.int64)
+
+    def labels(self, layer: LayerPatterns) -> Int[Tensor, "batch head"]:
+        """The type index of every (example, head) map of one layer."""
+        pattern = self._view.read(layer, self.constants, causal=self.causal)
+        if self.classifier is not None:
+            return self.classifier.classify_batch(pattern.detach(), layer.key_mask, self.view)
+        return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self._view.signed)
+
+    def update(self, layer: LayerPatterns) -> None:
+        self.counts[layer.layer] += type_counts(self.labels(layer)).cpu()
+
+    def end_batch(self, batch: PassBatch) -> None:
+        self.maps += len(batch)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"counts": self.counts, "maps": self.maps}
+
+    def shares(self) -> Float[Tensor, "layer head type"]:
+        """The share of each type per (layer, head)."""
+        if int(self.maps) == 0:
+            raise InputError("PatternTypes saw no example; run it over a non-empty corpus.")
+        return self.counts.double() / float(self.maps)
+
+    def result(self) -> pd.DataFrame:
+        return table(self.shares(), self.view, int(self.maps))
+
+
+def table(shares: Float[Tensor, "layer head type"], view: str, maps: int) -> pd.DataFrame:
+    """One row per (layer, head): :data:`COLUMNS` (``type``: the most frequent type)."""
+    n_layers, n_heads, _ = shares.shape
+    layer, head = np.divmod(np.arange(n_layers * n_heads), n_heads)
+    flat = shares.reshape(n_layers * n_heads, len(TYPES)).numpy()
+    columns: dict[str, Any] = {"view": view, "layer": layer, "head": head}
+    columns.update({name: flat[:, i] for i, name in enumerate(TYPES)})
+    columns["type"] = np.asarray(TYPES, dtype=object)[flat.argmax(1)]
+    columns["maps"] = maps
+    return pd.DataFrame(columns, columns=list(COLUMNS))
+
+
+def types(
+    model: Any,
+    corpus: Any = None,
+    *,
+    view: Any = "standard",
+    classifier: Any = None,
+    max_len: SupportsIndex | None = None,
+    layout: str | None = None,
+    batch_size: SupportsIndex = 32,
+    hooks: FwdHooks = (),
+    progress: bool = True,
+    checkpoint: Any = None,
+) -> pd.DataFrame:
+    """The share of each of Kovaleva et al.'s pattern types (:data:`TYPES`) per (layer, head),
+    over the maps of a corpus (one map per example, layer and head).
+
+    ``corpus``: texts or sentence pairs, or a file of them (as :func:`attnlens.compare` takes
+    it; default: its default corpus). ``view``: ``"standard"``, ``"effective"`` or PAPA
+    constants (:mod:`attnlens.views`), or a list of them: standard and effective attention are
+    then classified in one pass (PAPA constants, which change the forward, in one pass each)
+    and the table has rows for every view. ``classifier``: None for the template rules
+    (:func:`attnlens.patterns.classify`), or a fitted :class:`~attnlens.patterns.PatternCNN`.
+    ``hooks``: further interventions during the pass. ``checkpoint``: a file to resume from
+    (:func:`attnlens.passes.run`).
+
+    Returns a DataFrame with :data:`COLUMNS`: ``view``, ``layer``, ``head``, one share column
+    per type (they sum to 1 per head), ``type`` (the most frequent) and ``maps`` (examples
+    classified); ``attrs``: ``view`` (a tuple for several views), ``n_examples``, ``n_tokens``, ``max_len``, ``layout``,
+    ``n_truncated``.
+    """
+    from attnlens.core.corpus import resolve_corpus
+    from attnlens.core.loading import require_bridge
+    from attnlens.engine import passes
+    from attnlens.methods import views
+
+    require_bridge(model, "patterns.types")
+    if classifier is not None and not callable(getattr(classifier, "classify_batch", None)):
+        raise InputTypeError(
+            f"classifier must be None (the template rules) or a fitted PatternCNN, got "
+            f"{classifier!r}; fit one with PatternCNN().fit(maps, labels) or load it with "
+            "PatternCNN.load(path)." if isinstance(classifier, str) else
+            f"classifier must be None (the template rules) or a fitted PatternCNN, got a "
+            f"{type(classifier).__name__}."
+        )
+    asked = list(view) if isinstance(view, list | tuple) else [view]
+    if not asked:
+        raise InputError("view= is an empty list; give 'standard', 'effective' or PAPA constants.")
+    chosen = [views.setup(model, one, max_len=max_len, layout=layout, hooks=hooks) for one in asked]
+    # the named views read the same forward: one pass for them, one per set of PAPA constants
+    groups = [[c for c in chosen if c.constants is None]] + [[c] for c in chosen if c.constants is not None]
+    groups = [group for group in groups if group]
+    if checkpoint is not None and len(groups) > 1:
+        raise InputError(
+            "checkpoint= resumes one pass, but these views need several (PAPA constants run "
+            "apart from standard and effective attention); call types once per pass."
+        )
+    texts = resolve_corpus(corpus)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    tables, summaries = {}, []
+    for group in groups:
+        counters = [PatternTypes(n_layers, n_heads, view=c.name, classifier=classifier) for c in group]
+        names = [c.name for c in group]
+        summaries.append(passes.run(
+            model, texts, counters, max_len=group[0].max_len, layout=group[0].layout,
+            batch_size=batch_size, hooks=group[0].hooks, progress=progress,
+            description=f"pattern types ({', '.join(names)})", checkpoint=checkpoint,
+            settings={"views": names, "classifier": type(classifier).__name__},
+        ))
+        for c, counter in zip(group, counters, strict=True):
+            tables[id(c)] = counter.result()
+    result = pd.concat([tables[id(c)] for c in chosen], ignore_index=True)
+    summary = summaries[0]
+    names = [c.name for c in chosen]
+    result.attrs.update(
+        view=names[0] if len(names) == 1 else tuple(names), n_examples=summary.n_examples,
+        n_tokens=summary.n_tokens, max_len=summary.max_len, layout=summary.layout,
+        n_truncated=summary.n_truncated,
+    )
+    return result
+
+
+def layer_shares(table_: pd.DataFrame) -> pd.DataFrame:
+    """Mean share of each type over the heads of each layer: one row per layer."""
+    return table_.groupby("layer")[list(TYPES)].mean()
+
+
+def figure(*tables: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = None) -> Any:
+    """Type shares per layer (stacked bars, mean over the layer's heads), one panel per view,
+    side by side (e.g. ``figure(types(m, texts, view=["standard", "effective"]))``, or several
+    tables)."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    given: list[pd.DataFrame] = []
+    for item in tables:
+        given.extend([item] if isinstance(item, pd.DataFrame) else list(item))
+    if not given:
+        raise InputError("figure needs at least one table of patterns.types(...).")
+    flat: list[pd.DataFrame] = []
+    for item in given:
+        missing = [c for c in ("layer", "view", *TYPES) if c not in item.columns]
+        if missing:
+            raise InputError(f"not a table of patterns.types(...): it lacks columns {missing}.")
+        flat.extend(rows for _, rows in item.groupby("view", sort=False))  # a panel per view
+    names = [str(item["view"].iloc[0]) for item in flat]
+    fig = make_subplots(rows=1, cols=len(flat), shared_yaxes=True, subplot_titles=names,
+                        horizontal_spacing=0.04)
+    for column, (item, view) in enumerate(zip(flat, names, strict=True), start=1):
+        shares = layer_shares(item)
+        for name in TYPES:
+            fig.add_trace(
+                go.Bar(
+                    x=shares.index.to_numpy(), y=shares[name].to_numpy(), name=name,
+                    marker_color=COLOURS[name], legendgroup=name, showlegend=column == 1,
+                    hovertemplate=f"{view}<br>layer %{{x}}<br>{name}: %{{y:.1%}}<extra></extra>",
+                ),
+                row=1, col=column,
+            )
+        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=column)
+    fig.update_yaxes(title_text="share of maps", tickformat=".0%", range=[0, 1], row=1, col=1)
+    fig.update_layout(
+        barmode="stack", title=title or "Kovaleva pattern types per layer",
+        legend_title_text="type", height=380, width=max(420, 360 * len(flat)),
+        margin=dict(l=60, r=20, t=70, b=50),
+    )
+    return fig

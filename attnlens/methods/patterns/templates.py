@@ -1,0 +1,473 @@
+"""The template classifier of attention-map types (Kovaleva et al. 2019, §4.1, Fig. 1).
+
+Kovaleva et al. sort BERT's self-attention maps into five types:
+
+- **vertical**: most of every row on the same few columns, the special tokens ([CLS], [SEP]);
+- **diagonal**: attention to the previous, the same or the next token;
+- **vertical+diagonal**: both at once;
+- **block**: for sentence pairs, each token attends within its own sentence;
+- **heterogeneous**: anything else (input-dependent, no fixed template).
+
+Their labels came from a CNN trained on about 400 maps they labelled by hand; those labels were
+never published (:class:`attnlens.patterns.PatternCNN` reproduces the CNN for maps you label,
+:func:`attnlens.patterns.export_for_labelling` writes maps to label). The default classifier here
+is transparent instead: every row of a map is split into disjoint template regions of keys,
+
+- ``special``: the special-token columns ([CLS]/[SEP], <s>/</s>, a decoder's BOS);
+- ``diagonal``: the band of offsets −1, 0, +1 from the query, special columns excluded;
+- ``block``: for a sentence pair, the rest of the query's own segment (neither special nor in the
+  band); empty for a single sentence;
+
+and the map's share of attention in each region, averaged over its valid query rows, is
+corrected for chance, the share uniform attention over the same visible keys would put there
+(Cohen's κ form):
+
+.. math:: \\hat s_R = \\frac{s_R - c_R}{1 - c_R},\\qquad
+          s_R = \\frac{1}{|Q|}\\sum_{q\\in Q}\\sum_{k\\in R(q)} a_{qk},\\quad
+          c_R = \\frac{1}{|Q|}\\sum_{q\\in Q}\\frac{|R(q)|}{n_q}
+
+(``n_q``: the keys query ``q`` can see: the valid keys, those ``≤ q`` for a decoder). A uniform
+map scores 0 in every region whatever its length, a map with all its mass in a region scores 1.
+Signed maps (effective attention) are made distributions by ``|a| / Σ|a|`` per row first, as
+:mod:`attnlens.stats` does for entropy. The rules, in order (:data:`THRESHOLDS`):
+
+1. **vertical+diagonal** if ``ŝ_special ≥ 0.2`` and ``ŝ_diagonal ≥ 0.2`` and their sum ``≥ 0.5``:
+   both templates clearly present (0.2 each), and together they hold most of the mass
+   above chance;
+2. **vertical** if ``ŝ_special ≥ 0.5``; **diagonal** if ``ŝ_diagonal ≥ 0.5``: the region holds more
+   than half of the mass above chance, more than all other keys together;
+3. **block** if the example is a pair and ``ŝ_block ≥ 0.5``, for the same reason;
+4. **heterogeneous** otherwise.
+
+The scores of :class:`Classification` are these template features (``heterogeneous``: one minus
+the largest of ``ŝ_special + ŝ_diagonal`` and ``ŝ_block``, clipped to [0, 1]); they are evidence
+for each type, not probabilities.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from attnlens.core.checks import describe, whole_number
+from attnlens.errors import InputError
+from attnlens.methods.stats import _diagonal
+
+#: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
+TYPES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
+#: the template regions of a row, in the order of :func:`features`' shares
+REGIONS: tuple[str, ...] = ("special", "diagonal", "block")
+#: the rules' thresholds on chance-corrected shares (see the module docstring for the reasons)
+THRESHOLDS: dict[str, float] = {
+    "both_each": 0.2,  # vertical+diagonal: each of the two at least this
+    "both_sum": 0.5,  # vertical+diagonal: the two together at least this
+    "single": 0.5,  # vertical, diagonal or block alone: more than half the mass above chance
+}
+#: offsets of the diagonal band
+BAND: tuple[int, ...] = (-1, 0, 1)
+#: rows of a standard map must sum to 1 within this (float32 softmax rows sum to 1 within
+#: n·2⁻²⁴ ≈ 3e-5 for n = 512; half precision rounds each entry to 2⁻¹¹ relative, hence 1e-2)
+ROW_SUM_TOLERANCE: dict[torch.dtype, float] = {
+    torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2,
+}
+#: token strings read as special by :meth:`Positions.from_tokens`
+_SPECIAL = re.compile(r"^(\[[A-Z]+\]|</?s>|<\|[^|]*\|>|<bos>|<eos>)$")
+_SEPARATORS = frozenset({"[SEP]", "</s>"})
+
+
+@dataclass
+class Positions:
+    """What the classifier must know of each example's positions.
+
+    ``key_mask``: ``[batch, key]``, True for real tokens; ``special``: ``[batch, key]``, True for
+    special tokens ([CLS]/[SEP], <s>/</s>, BOS); ``segment``: ``[batch, key]``, the segment of
+    each position (the number of separators before it, so a pair's second sentence has another
+    segment than its first); ``causal``: a decoder's map (query ``q`` sees keys ``≤ q``).
+    """
+
+    key_mask: Bool[Tensor, "batch key"]
+    special: Bool[Tensor, "batch key"]
+    segment: Int[Tensor, "batch key"]
+    causal: bool = False
+    _terms: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[str] | Sequence[Sequence[str]], *, causal: bool = False,
+                    length: int | None = None) -> Positions:
+        """From token strings, one list per example (or one list for one example). Special:
+        ``[CLS]``-like (``[A-Z]+`` in brackets), ``<s>``, ``</s>``, ``<|...|>``, ``<bos>``,
+        ``<eos>``; separators: ``[SEP]`` and ``</s>``. Examples shorter than ``length`` (default:
+        the longest) are padded."""
+        if isinstance(tokens, str) or not isinstance(tokens, Sequence) or not tokens:
+            raise InputError(
+                f"tokens must be a list of token strings (one example) or a list of such lists, "
+                f"got {describe(tokens)}."
+            )
+        examples = [tokens] if isinstance(tokens[0], str) else list(tokens)
+        for i, example in enumerate(examples):
+            if isinstance(example, str) or not all(isinstance(t, str) for t in example):
+                raise InputError(f"tokens[{i}] must be a list of token strings, got {describe(example)}.")
+        width = max(len(e) for e in examples) if length is None else whole_number(length, "length", " of positions", minimum=1)
+        mask = torch.zeros(len(examples), width, dtype=torch.bool)
+        special = torch.zeros_like(mask)
+        separator = torch.zeros_like(mask)
+        for i, example in enumerate(examples):
+            if len(example) > width:
+                raise InputError(f"example {i} has {len(example)} tokens, more than the map's {width} positions.")
+            mask[i, : len(example)] = True
+            special[i, : len(example)] = torch.tensor([bool(_SPECIAL.match(t)) for t in example])
+            separator[i, : len(example)] = torch.tensor([t in _SEPARATORS for t in example])
+        return cls(mask, special, _segments(separator), causal)
+
+    @classmethod
+    def from_batch(cls, batch: Any, tokenizer: Any = None, *, causal: bool | None = None) -> Positions:
+        """From a :class:`attnlens.inputs.Batch` and its tokenizer, or a
+        :class:`attnlens.passes.PassBatch` (which knows its model). Special: the start and
+        separator tokens of :func:`attnlens.stats.token_classes`."""
+        from attnlens.methods.stats import token_classes
+
+        model = getattr(batch, "model", None)
+        inputs = getattr(batch, "batch", batch)
+        if tokenizer is None:
+            tokenizer = getattr(model, "tokenizer", None)
+        if tokenizer is None or not hasattr(inputs, "input_ids"):
+            raise InputError(
+                "classify(batch=...) needs an attnlens Batch with its tokenizer (tokenizer=...) "
+                "or a PassBatch; or give tokens= (the token strings) instead."
+            )
+        key_mask = inputs.attention_mask.bool()
+        if hasattr(batch, "shared"):
+            from attnlens.methods.stats import batch_classes
+
+            classes = batch_classes(batch)
+        else:
+            classes = token_classes(tokenizer, inputs.input_ids, key_mask)
+        if causal is None:
+            causal = _causal(model)
+        special = (classes["cls"] | classes["sep"]) & key_mask
+        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal))
+
+
+def _causal(model: Any) -> bool:
+    if model is None:
+        return False
+    from attnlens.core import models
+
+    architecture = models.find(model)
+    return bool(architecture.causal) if architecture is not None else False
+
+
+def _segments(separator: Bool[Tensor, "batch key"]) -> Int[Tensor, "batch key"]:
+    """Separators strictly before each position: a separator closes its own segment."""
+    before = separator.long().cumsum(-1) - separator.long()
+    return before
+
+
+@dataclass
+class Classification:
+    """Labels and template scores of maps (:func:`classify`).
+
+    ``labels``: ``[batch, head]``, indices into :data:`TYPES`; ``scores``: ``[batch, head, type]``,
+    the template features behind each type (see the module docstring); ``features``: the
+    chance-corrected shares ``ŝ`` of each region of :data:`REGIONS` and the mean normalised
+    entropy of the rows (``entropy``, in [0, 1]), each ``[batch, head]``; ``pairs``: ``[batch]``,
+    whether the example is a sentence pair (block is possible)."""
+
+    labels: Int[Tensor, "batch head"]
+    scores: Float[Tensor, "batch head type"]
+    features: dict[str, Float[Tensor, "batch head"]]
+    pairs: Bool[Tensor, "batch"]
+
+    @property
+    def names(self) -> np.ndarray:
+        """``[batch, head]`` array of type names."""
+        return np.asarray(TYPES, dtype=object)[self.labels.cpu().numpy()]
+
+    def table(self) -> pd.DataFrame:
+        """One row per (example, head): ``example``, ``head``, ``type``, a score per type and
+        the features."""
+        n_examples, n_heads = self.labels.shape
+        example, head = np.divmod(np.arange(n_examples * n_heads), n_heads)
+        columns: dict[str, Any] = {"example": example, "head": head, "type": self.names.reshape(-1)}
+        for i, name in enumerate(TYPES):
+            columns[f"score_{name}"] = self.scores[..., i].reshape(-1).cpu().numpy()
+        for name, value in self.features.items():
+            columns[name] = value.reshape(-1).cpu().numpy()
+        return pd.DataFrame(columns)
+
+    def __repr__(self) -> str:
+        counts = np.bincount(self.labels.reshape(-1).cpu().numpy(), minlength=len(TYPES))
+        shares = ", ".join(f"{name} {count}" for name, count in zip(TYPES, counts, strict=True) if count)
+        return f"Classification({tuple(self.labels.shape)} maps: {shares})"
+
+
+def _as_4d(pattern: Any) -> Tensor:
+    if not isinstance(pattern, Tensor):
+        try:
+            pattern = torch.as_tensor(np.asarray(pattern))
+        except (TypeError, ValueError) as error:
+            raise InputError(f"pattern must be a tensor or an array, got {describe(pattern)}.") from error
+    if pattern.ndim not in (2, 3, 4) or pattern.shape[-1] != pattern.shape[-2]:
+        raise InputError(
+            f"pattern must be [query, key], [head, query, key] or [batch, head, query, key] with "
+            f"as many keys as queries, got shape {tuple(pattern.shape)}."
+        )
+    if not pattern.is_floating_point():
+        raise InputError(f"pattern must hold floats (attention weights), got {pattern.dtype}.")
+    while pattern.ndim < 4:
+        pattern = pattern.unsqueeze(0)
+    return pattern
+
+
+def visible_keys(positions: Positions) -> Bool[Tensor, "batch query key"]:
+    """Which keys each query can see: valid keys (and ``k ≤ q`` for a decoder), for valid
+    queries; all False for padded queries."""
+    mask = positions.key_mask
+    visible = mask[:, None, :] & mask[:, :, None]
+    if positions.causal:
+        n = mask.shape[-1]
+        visible = visible & torch.ones(n, n, dtype=torch.bool, device=mask.device).tril()
+    return visible
+
+
+def regions(positions: Positions) -> dict[str, Bool[Tensor, "batch query key"]]:
+    """The disjoint template regions of :data:`REGIONS` for every (example, query, key), within
+    the visible keys (:func:`visible_keys`)."""
+    visible = visible_keys(positions)
+    n = visible.shape[-1]
+    index = torch.arange(n, device=visible.device)
+    offset = index[None, :] - index[:, None]  # [query, key]: key - query
+    band = torch.zeros(n, n, dtype=torch.bool, device=visible.device)
+    for step in BAND:
+        band |= offset == step
+    special = visible & positions.special[:, None, :]
+    diagonal = visible & band[None] & ~special
+    same = positions.segment[:, :, None] == positions.segment[:, None, :]
+    block = visible & same & ~special & ~diagonal & is_pair(positions)[:, None, None]
+    return {"special": special, "diagonal": diagonal, "block": block}
+
+
+def is_pair(positions: Positions) -> Bool[Tensor, "batch"]:
+    """Examples whose non-special tokens lie in two segments or more (sentence pairs)."""
+    words = positions.key_mask & ~positions.special
+    segment = positions.segment.masked_fill(~words, -1)
+    first = segment.masked_fill(~words, torch.iinfo(segment.dtype).max).min(-1).values
+    return (segment > first[:, None]).any(-1)
+
+
+def _terms(positions: Positions) -> dict[str, Any]:
+    """What :func:`features` needs of the positions alone, computed once per :class:`Positions`
+    (a pass shares one per batch across layers and views): the key weights of the special
+    region and of each segment's non-special keys, each query's segment, the band keys, and the
+    chance share of every region."""
+    if positions._terms:
+        return positions._terms
+    mask = positions.key_mask
+    special = positions.special & mask
+    plain = mask & ~special
+    n_segments = int(positions.segment.masked_fill(~mask, 0).max()) + 1
+    segment = positions.segment.clamp(0, n_segments - 1)
+    weights = torch.cat(
+        [special[..., None], torch.nn.functional.one_hot(segment, n_segments).bool() & plain[..., None]], dim=-1
+    )  # [batch, key, 1 + segment]
+    n = mask.shape[-1]
+    band = []
+    for offset in BAND:
+        key = torch.arange(n, device=mask.device) + offset  # [query]
+        inside = (key >= 0) & (key < n)
+        safe = key.clamp(0, n - 1)
+        usable = inside & (offset <= 0 or not positions.causal)
+        keyed = plain[:, safe] & usable  # the band key exists, is visible and not special
+        same = segment[:, safe] == segment  # ... and is in the query's segment
+        band.append((offset, keyed, keyed & same))
+    visible = visible_keys(positions)
+    query = mask.double()
+    n_queries = query.sum(-1).clamp_min(1.0)
+    seen = visible.sum(-1).clamp_min(1).double()
+    chance = {
+        name: (region.sum(-1) / seen * query).sum(-1) / n_queries
+        for name, region in regions(positions).items()
+    }
+    positions._terms.update(
+        weights=weights, segment=segment, band=band, chance=chance, pairs=is_pair(positions),
+        visible=visible, seen=seen,
+    )
+    return positions._terms
+
+
+def features(
+    pattern: Float[Tensor, "batch head query key"],
+    positions: Positions,
+    *,
+    signed: bool = False,
+    entropy: bool = True,
+) -> dict[str, Float[Tensor, "batch head"]]:
+    """Chance-corrected shares ``ŝ_R`` of each region of :data:`REGIONS` (module docstring) and
+    (``entropy``) the mean normalised entropy of the rows, per (example, head); axes: examples,
+    heads. ``signed``: rows are ``|a| / Σ|a|`` over the visible keys first (effective
+    attention); else they are used as they are (keys a query cannot see must hold 0, as a
+    masked softmax gives).
+
+    One read of the maps: a matrix product with the key weights of the special region and of
+    each segment, and the three band diagonals; the block share is the query's own segment
+    minus its band keys."""
+    terms = _terms(positions)
+    rows = pattern.to(torch.promote_types(pattern.dtype, torch.float32))
+    if signed or entropy:
+        rows = rows.masked_fill(~terms["visible"][:, None], 0.0)
+    if signed:
+        rows = rows.abs()
+        rows = rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
+    n_batch, n_heads, n, _ = rows.shape
+    weights = terms["weights"].to(rows.dtype)
+    sums = torch.matmul(rows.reshape(n_batch, n_heads * n, n), weights).reshape(n_batch, n_heads, n, -1)
+    special = sums[..., 0]
+    index = terms["segment"][:, None, :, None].expand(n_batch, n_heads, n, 1)
+    own = sums[..., 1:].gather(-1, index).squeeze(-1)  # the query's own segment, special keys excluded
+    diagonal = torch.zeros_like(special)
+    same = torch.zeros_like(special)
+    for offset, keyed, keyed_same in terms["band"]:
+        values = _diagonal(rows, offset)  # [batch, head, query]
+        diagonal += values * keyed[:, None].to(rows.dtype)
+        same += values * keyed_same[:, None].to(rows.dtype)
+    block = (own - same) * terms["pairs"][:, None, None].to(rows.dtype)
+    query = positions.key_mask.to(rows.dtype)[:, None]  # [batch, 1, query]
+    n_queries = query.sum(-1).clamp_min(1.0)
+    out: dict[str, Tensor] = {}
+    for name, share in (("special", special), ("diagonal", diagonal), ("block", block)):
+        mean = (share * query).sum(-1) / n_queries
+        chance = terms["chance"][name].to(rows.dtype)[:, None]
+        out[name] = (mean - chance) / (1.0 - chance).clamp_min(1e-6)
+    if not entropy:
+        return out
+    seen = terms["seen"].to(rows.dtype)
+    probs = rows.clamp_min(0)
+    row_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [batch, head, query]
+    most = seen.log().clamp_min(1e-12)[:, None]
+    out["entropy"] = (row_entropy / most * (seen[:, None] > 1)).mul(query).sum(-1) / n_queries
+    return out
+
+
+def check_rows(pattern: Tensor, positions: Positions) -> None:
+    """A standard map's visible part of every valid row sums to 1 (:data:`ROW_SUM_TOLERANCE`)."""
+    visible = visible_keys(positions)
+    sums = pattern.double().masked_fill(~visible[:, None], 0.0).sum(-1)  # [batch, head, query]
+    valid = positions.key_mask[:, None, :].expand_as(sums)
+    if not valid.any():
+        raise InputError("the maps have no valid query row (key_mask / tokens are all padding).")
+    error = (sums - 1.0).abs().masked_fill(~valid, 0.0)
+    tolerance = ROW_SUM_TOLERANCE.get(pattern.dtype, 1e-4)
+    if not bool(torch.isfinite(pattern).all()):
+        raise InputError("pattern: the maps hold NaN or infinite values.")
+    if float(error.max()) > tolerance:
+        b, h, q = np.unravel_index(int(error.argmax()), tuple(error.shape))
+        raise InputError(
+            f"row {q} of head {h} of example {b} sums to {float(sums[b, h, q]):.6g} over its visible "
+            f"keys, not 1 (tolerance {tolerance:g}): a standard attention map's rows are "
+            "distributions. For signed maps (effective attention) pass view='effective'; check "
+            "that tokens / key_mask match the map (padding, causal)."
+        )
+
+
+def classify(
+    pattern: Float[Tensor, "batch head query key"] | Float[Tensor, "head query key"] | Float[Tensor, "query key"],
+    *,
+    tokens: Sequence[str] | Sequence[Sequence[str]] | None = None,
+    batch: Any = None,
+    tokenizer: Any = None,
+    positions: Positions | None = None,
+    view: str = "standard",
+    causal: bool | None = None,
+) -> Classification:
+    """Label each (example, head) map with one of Kovaleva et al.'s five types (:data:`TYPES`)
+    by the template rules of this module's docstring.
+
+    ``pattern``: ``[batch, head, query, key]`` (or ``[head, query, key]`` / ``[query, key]`` for
+    one example); axes: examples, heads, query positions, key positions. Where the maps' tokens
+    are, give one of: ``tokens`` (the token strings, :meth:`Positions.from_tokens`), ``batch``
+    (an :class:`attnlens.inputs.Batch` with ``tokenizer=``, or a
+    :class:`attnlens.passes.PassBatch`), or ``positions``. ``view``: ``"standard"`` (rows must sum
+    to 1 over their visible keys, else ``ValueError``), ``"effective"`` (signed, normalised by
+    ``|a|``) or ``"papa"`` (constant maps: rows sum to 1 too). ``causal``: the maps are a
+    decoder's (default: from the model of a PassBatch, else False).
+    """
+    from attnlens.methods import views
+
+    if not isinstance(view, str):
+        raise views.unknown_view(view)
+    view = views.get_view(view).name
+    pattern = _as_4d(pattern)
+    given = [name for name, value in (("tokens", tokens), ("batch", batch), ("positions", positions))
+             if value is not None]
+    if len(given) != 1:
+        raise InputError(
+            "classify needs where the maps' tokens are: exactly one of tokens= (token strings), "
+            f"batch= (a Batch with tokenizer=, or a PassBatch) or positions=; got {given or 'none'}."
+        )
+    if tokens is not None:
+        positions = Positions.from_tokens(tokens, causal=bool(causal), length=pattern.shape[-1])
+    elif batch is not None:
+        positions = Positions.from_batch(batch, tokenizer, causal=causal)
+    assert positions is not None
+    if tuple(positions.key_mask.shape) != (pattern.shape[0], pattern.shape[-1]):
+        raise InputError(
+            f"the maps are {pattern.shape[0]} examples × {pattern.shape[-1]} positions but the "
+            f"tokens / batch describe {tuple(positions.key_mask.shape)}; give one token list per example."
+        )
+    positions = Positions(
+        positions.key_mask.to(pattern.device), positions.special.to(pattern.device),
+        positions.segment.to(pattern.device), positions.causal,
+    )
+    if view != "effective":
+        check_rows(pattern, positions)
+    elif not bool(torch.isfinite(pattern).all()):
+        raise InputError("pattern: the maps hold NaN or infinite values.")
+    shares = features(pattern, positions, signed=view == "effective")
+    return label(shares, is_pair(positions))
+
+
+def template_labels(
+    pattern: Float[Tensor, "batch head query key"], positions: Positions, *, signed: bool = False
+) -> Int[Tensor, "batch head"]:
+    """The type index (into :data:`TYPES`) of every (example, head) map by the template rules,
+    without :func:`classify`'s checks (for maps a pass reads from the model); ``signed`` as for
+    :func:`features`."""
+    shares = features(pattern, positions, signed=signed, entropy=False)
+    return label(shares, _terms(positions)["pairs"]).labels
+
+
+def label(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "batch"]) -> Classification:
+    """Apply the rules of the module docstring to :func:`features`' shares."""
+    special, diagonal, block = shares["special"], shares["diagonal"], shares["block"]
+    pair = pairs[:, None].expand_as(special)
+    t = THRESHOLDS
+    both = (special >= t["both_each"]) & (diagonal >= t["both_each"]) & (special + diagonal >= t["both_sum"])
+    labels = torch.full_like(special, TYPES.index("heterogeneous"), dtype=torch.long)
+    rules = [
+        (pair & (block >= t["single"]), "block"),
+        (diagonal >= t["single"], "diagonal"),
+        (special >= t["single"], "vertical"),
+        (both, "vertical+diagonal"),
+    ]  # applied last to first, so the first rule of the docstring wins
+    for condition, name in rules:
+        labels = torch.where(condition, torch.tensor(TYPES.index(name)), labels)
+    block_score = torch.where(pair, block, torch.zeros_like(block))
+    scores = torch.stack(
+        [
+            special,
+            diagonal,
+            torch.minimum(special, diagonal),
+            block_score,
+            (1 - torch.maximum(special + diagonal, block_score)).clamp(0, 1),
+        ],
+        dim=-1,
+    )
+    return Classification(labels, scores, shares, pairs)

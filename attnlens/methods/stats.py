@@ -1,0 +1,277 @@
+"""Per-head attention statistics (Clark et al. 2019), streamed over a corpus.
+
+For every valid query token of every example, a head's attention row is summarised by:
+
+- ``to_cls``, ``to_sep``, ``to_punct``: attention mass on the start token, on separator tokens,
+  and on punctuation tokens (tokens made only of punctuation characters);
+- ``to_self``: attention on the query's own position (offset 0);
+- ``to_prev`` / ``to_next``: attention on the position at offset -1 / +1 (0 for the first /
+  last position, where that neighbour does not exist or is padding);
+- ``entropy``: Shannon entropy in nats of the row over the valid keys. Signed attention
+  (effective attention can be negative) is made a distribution by ``|a| / sum |a|`` first.
+
+Each statistic is the mean over all valid query tokens seen, per (layer, head).
+"""
+
+from __future__ import annotations
+
+import string
+import unicodedata
+import weakref
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from attnlens.engine.passes import Accumulator
+from attnlens.errors import InputError
+
+STATISTICS: tuple[str, ...] = (
+    "to_cls",
+    "to_sep",
+    "to_punct",
+    "to_self",
+    "to_prev",
+    "to_next",
+    "entropy",
+)
+#: offset of the key from the query for each positional statistic
+OFFSETS: dict[str, int] = {"to_self": 0, "to_prev": -1, "to_next": +1}
+
+#: dtype of one batch's sums (see :class:`AttentionStatistics`)
+BATCH_DTYPE = torch.float32
+#: dtype of the running totals over a corpus (float32 on devices without float64: Apple's MPS)
+TOTAL_DTYPE = torch.float64
+
+#: one table per tokenizer, dropped with it (an ``id()`` key could be reused by a new tokenizer)
+_PUNCT_TABLES: weakref.WeakKeyDictionary[Any, Tensor] = weakref.WeakKeyDictionary()
+
+
+def _is_punctuation(text: str) -> bool:
+    text = text.strip().removeprefix("##").removeprefix("▁")
+    return bool(text) and all(
+        ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text
+    )
+
+
+def token_text(tokenizer: Any, token: str | None) -> str:
+    """The text a vocabulary entry stands for: byte-level BPE entries (RoBERTa, GPT-2: ``'ĠâĢĶ'``
+    is ``' —'``, a lone piece of a character ``'�'``) decoded, as TransformerLens'
+    ``to_str_tokens`` shows them; WordPiece entries as they are (``'##s'``)."""
+    if token is None:
+        return ""
+    try:
+        return tokenizer.convert_tokens_to_string([token])
+    except Exception:  # a tokenizer that cannot decode a lone entry: its raw form
+        return token.replace("Ġ", " ")
+
+
+def punctuation_table(tokenizer: Any) -> Bool[Tensor, "vocab"]:
+    """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached."""
+    if tokenizer not in _PUNCT_TABLES:
+        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        special = set(tokenizer.all_special_ids)
+        _PUNCT_TABLES[tokenizer] = torch.tensor(
+            [i not in special and _is_punctuation(token_text(tokenizer, t)) for i, t in enumerate(tokens)],
+            dtype=torch.bool,
+        )
+    return _PUNCT_TABLES[tokenizer]
+
+
+def token_classes(
+    tokenizer: Any, input_ids: Int[Tensor, "batch pos"], valid: Bool[Tensor, "batch pos"] | None = None
+) -> dict[str, Bool[Tensor, "batch pos"]]:
+    """Masks of the start ([CLS] / <s>), separator ([SEP] / </s>) and punctuation positions.
+
+    A tokenizer without [CLS]/[SEP] (GPT-2) has bos and eos instead, often one token
+    (``<|endoftext|>``): then only its first occurrence among each example's real tokens
+    (``valid``; by default position 0) is the start, and the others are separators.
+    """
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
+    table = punctuation_table(tokenizer).to(input_ids.device)
+    clipped = input_ids.clamp(max=table.shape[0] - 1)
+    none = torch.zeros_like(input_ids, dtype=torch.bool)
+    cls = input_ids == start if start is not None else none
+    if start is not None and start == sep:
+        if valid is None:
+            valid = torch.ones_like(input_ids, dtype=torch.bool)
+        first_real = valid & (valid.long().cumsum(-1) == 1)
+        cls = cls & first_real
+    return {
+        "cls": cls,
+        "sep": (input_ids == sep) & ~cls if sep is not None else none,
+        "punct": table[clipped],
+    }
+
+
+def row_statistics(
+    pattern: Float[Tensor, "batch head query key"],
+    classes: dict[str, Bool[Tensor, "batch key"]],
+    valid: Bool[Tensor, "batch pos"],
+) -> dict[str, Float[Tensor, "batch head query"]]:
+    """Each statistic of :data:`STATISTICS` for every (example, head, query) row."""
+    pattern = pattern.to(BATCH_DTYPE) * valid[:, None, None, :]
+    names = list(classes)
+    masks = torch.stack([classes[name] for name in names], dim=-1).to(pattern.dtype)  # [b, k, c]
+    targets = torch.matmul(pattern, masks[:, None])  # one pass over the pattern for every class
+    out = {f"to_{name}": targets[..., i] for i, name in enumerate(names)}
+    for name, offset in OFFSETS.items():
+        out[name] = _diagonal(pattern, offset)
+    # H = -Σ p log p with p = w / S, w = |a|, S = Σ w:  H = log S − (Σ w log w) / S (0 if S = 0)
+    weights = pattern.abs()
+    total = weights.sum(-1)
+    w_log_w = torch.special.xlogy(weights, weights).sum(-1)  # 0 · log 0 = 0
+    safe = total.clamp_min(torch.finfo(total.dtype).tiny)
+    out["entropy"] = torch.where(total > 0, safe.log() - w_log_w / safe, torch.zeros_like(total))
+    return out
+
+
+def _diagonal(pattern: Tensor, offset: int) -> Tensor:
+    """``pattern[b, h, i, i + offset]``, 0 where ``i + offset`` is outside the sequence."""
+    diagonal = torch.diagonal(pattern, offset=offset, dim1=-2, dim2=-1)
+    out = pattern.new_zeros(pattern.shape[:-1])
+    if offset >= 0:
+        out[..., : diagonal.shape[-1]] = diagonal
+    else:
+        out[..., -offset : -offset + diagonal.shape[-1]] = diagonal
+    return out
+
+
+class AttentionStatistics:
+    """Streaming means of :data:`STATISTICS` per (layer, head); holds no attention maps.
+
+    Call :meth:`update` with each layer's pattern for a batch, then read :meth:`means`.
+
+    Precision: a batch's rows are summed in float32 (:data:`BATCH_DTYPE`, on the pattern's
+    device, with no copy to the CPU), and those per-batch sums are added into float64 running
+    totals (:data:`TOTAL_DTYPE`, ``[layer, head]``, on the same device), so the error does not
+    grow with the corpus: only with the ``n = batch · query`` terms of one batch sum, at most
+    ``n · 2⁻²⁴`` relative (about ``√n · 2⁻²⁴`` typically; ``tests/test_stats.py`` derives the
+    test's tolerance from it). The totals move to the pattern's device on the first update.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int) -> None:
+        from attnlens.core.heads import _sizes
+
+        self.n_layers, self.n_heads = n_layers, n_heads = _sizes(n_layers, n_heads)
+        self.sums = {name: torch.zeros(n_layers, n_heads, dtype=TOTAL_DTYPE) for name in STATISTICS}
+        self.counts = torch.zeros(n_layers, dtype=TOTAL_DTYPE)
+
+    def update(
+        self,
+        layer: int,
+        pattern: Float[Tensor, "batch head query key"],
+        classes: dict[str, Bool[Tensor, "batch key"]],
+        valid: Bool[Tensor, "batch pos"],
+    ) -> None:
+        device = pattern.device
+        if self.counts.device != device:
+            self.sums = {name: total.to(device, _total_dtype(device)) for name, total in self.sums.items()}
+            self.counts = self.counts.to(device, _total_dtype(device))
+        rows = row_statistics(pattern.detach(), classes, valid)
+        query_valid = valid[:, None, :].to(BATCH_DTYPE)
+        for name, values in rows.items():
+            self.sums[name][layer] += (values * query_valid).sum(dim=(0, 2))
+        self.counts[layer] += valid.sum()
+
+    def means(self) -> dict[str, Float[Tensor, "layer head"]]:
+        """Mean of each statistic over every valid query token seen, ``[layer, head]`` (float32,
+        on the CPU)."""
+        counts = self.counts.cpu()
+        if not bool((counts > 0).all()):
+            raise InputError("No tokens were seen for some layer; update() with at least one batch.")
+        return {name: (total.cpu() / counts[:, None]).float() for name, total in self.sums.items()}
+
+
+def _total_dtype(device: torch.device) -> torch.dtype:
+    return torch.float32 if device.type == "mps" else TOTAL_DTYPE
+
+
+def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
+    """:func:`token_classes` of a :class:`attnlens.passes.PassBatch`, computed once per batch
+    for every accumulator that asks."""
+    return batch.shared(
+        "token_classes",
+        lambda: token_classes(batch.model.tokenizer, batch.batch.input_ids, batch.key_mask),
+    )
+
+
+class Statistics(Accumulator):
+    """:class:`AttentionStatistics` as an accumulator of :func:`attnlens.passes.run`.
+
+    ``view="standard"`` reads each layer's pattern, ``"effective"`` its effective attention
+    (computed once per layer by the engine). ``result()`` is :meth:`AttentionStatistics.means`:
+    ``{statistic: [layer, head]}``.
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
+                 causal: bool | None = None) -> None:
+        from attnlens.methods import views
+
+        self.constants, self.causal = constants, causal
+        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        view = self.view = self._view.name
+        self.name = f"statistics.{view}"
+        self.needs_effective = self._view.needs_effective
+        self.statistics = AttentionStatistics(n_layers, n_heads)
+
+    def update(self, layer: Any) -> None:
+        pattern = self._view.read(layer, self.constants, causal=self.causal)
+        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {**{f"sums.{k}": v for k, v in self.statistics.sums.items()}, "counts": self.statistics.counts}
+
+    def result(self) -> dict[str, Float[Tensor, "layer head"]]:
+        return self.statistics.means()
+
+
+def total_variation(
+    pattern: Float[Tensor, "batch head query key"],
+    standard: Float[Tensor, "batch head query key"],
+    valid: Bool[Tensor, "batch pos"],
+) -> Float[Tensor, "head"]:
+    """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head: the
+    ``distance_from_standard`` of :func:`attnlens.compare` (divided by the tokens seen).
+
+    In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
+    is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
+    adds these batch sums into float64 totals, so the error does not grow with the corpus.
+    """
+    keys = valid[:, None, None, :].to(torch.float32)
+    rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
+    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+
+
+class Distance(Accumulator):
+    """The summed :func:`total_variation` of ``view``'s maps from the standard pattern, per
+    ``[layer, head]``, as an accumulator of :func:`attnlens.passes.run` (``distance_from_standard``
+    of :func:`attnlens.compare` is ``result() / n_tokens``). ``constants``/``causal``: as in
+    :class:`Statistics` (PAPA maps from the constants, in the same pass). Totals stay beside the
+    patterns (float64; float32 on MPS, which has no float64)."""
+
+    def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
+                 causal: bool | None = None) -> None:
+        from attnlens.methods import views
+
+        self.constants, self.causal = constants, causal
+        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        self.view = self._view.name
+        self.name = f"distance.{self.view}"
+        self.needs_effective = self._view.needs_effective
+        self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
+
+    def update(self, layer: Any) -> None:
+        pattern = self._view.read(layer, self.constants, causal=self.causal).float()
+        if self.total.device != pattern.device:
+            dtype = torch.float32 if pattern.device.type == "mps" else torch.float64
+            self.total = self.total.to(pattern.device, dtype)
+        self.total[layer.layer] += total_variation(pattern, layer.pattern.float(), layer.key_mask)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"total": self.total}
+
+    def result(self) -> Float[Tensor, "layer head"]:
+        return self.total.cpu().double()

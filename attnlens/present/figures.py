@@ -1,0 +1,89 @@
+"""The figures of a comparison (:attr:`attnlens.compare.Comparison.figures`): head grids of its
+statistics, the example's patterns tiled, and the views side by side, by name in report order.
+
+A comparison arrives as an argument (read through its ``table``, ``grid``, ``pattern_type``,
+``dominant_target``, ``pattern_types``, ``example_patterns``...): this module never imports
+:mod:`attnlens.compare`, which imports it.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from attnlens.methods.patterns.templates import TYPES
+from attnlens.methods.stats import STATISTICS
+from attnlens.present.columns import BROAD_BELOW, COLUMN_DOCS, SIGNED_VIEWS, TARGETS
+
+#: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
+MAX_TILED_TOKENS = 64
+
+
+def build_figures(comparison: Any) -> dict[str, Any]:
+    """The figures of a comparison, by name, in report order."""
+    from attnlens.core import plots
+
+    c = comparison
+    others = [view for view in c.views if view != "standard"]
+    figures: dict[str, Any] = {}
+    if others:
+        figures["distance_from_standard"] = plots.head_grid(
+            {view: c.grid("distance_from_standard", view) for view in others},
+            title="Distance from standard attention (mean total variation per query row)",
+            name="distance",
+        )
+    layer, head = c.focus
+    figures["side_by_side"] = plots.side_by_side(
+        {view: array[layer, head] for view, array in c.example_patterns.items()},
+        c.example_tokens,
+        layer=layer,
+        head=head,
+        causal={view: blank_later_keys(c, view) for view in c.views},
+        diverging={view: view in SIGNED_VIEWS for view in c.views},
+        title=f"Layer {layer}, head {head}: " + " vs ".join(c.views) + f" (example {c.example_index})",
+    )
+    figures["dominant_target"] = plots.head_grid(
+        {view: c.dominant_target(view) for view in c.views},
+        title=f"What each head attends to most (\"broad\": every target below {BROAD_BELOW:g})",
+        name="target",
+        categories=[*TARGETS.values(), "broad"],
+    )
+    if c.pattern_types is not None:
+        from attnlens.methods import patterns
+
+        figures["pattern_type"] = plots.head_grid(
+            {view: c.pattern_type(view) for view in c.views},
+            title="Each head's most frequent pattern type (Kovaleva et al. 2019)",
+            name="pattern type",
+            categories=list(TYPES),
+        )
+        shares = c.pattern_types
+        figures["pattern_types"] = patterns.figure(
+            [shares[shares["view"] == view] for view in c.views],
+            title="Pattern types per layer (share of maps, mean over the layer's heads)",
+        )
+    for column in STATISTICS:
+        figures[column] = plots.head_grid(
+            {view: c.grid(column, view) for view in c.views},
+            title=f"{column}: {html.escape(COLUMN_DOCS[column])}",
+            name=column,
+        )
+    n_tokens = len(c.example_tokens)
+    shown = min(n_tokens, MAX_TILED_TOKENS)
+    crop = "" if shown == n_tokens else f" (first {shown} of {n_tokens} tokens)"
+    for view, array in c.example_patterns.items():
+        figures[f"patterns_{view}"] = plots.patterns(
+            array[..., :shown, :shown],
+            c.example_tokens[:shown],
+            causal=blank_later_keys(c, view),
+            diverging=view in SIGNED_VIEWS,
+            title=f"{view} attention of every head, example {c.example_index}{crop}",
+            name=view,
+        )
+    return figures
+
+
+def blank_later_keys(comparison: Any, view: str) -> bool:
+    """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view but
+    effective attention, which reaches later keys (``A⊥ = A P`` mixes all value vectors)."""
+    return comparison.causal and view not in SIGNED_VIEWS

@@ -1,0 +1,503 @@
+"""attnlens' package tree is one-way layers, and the paths of before the layers still work.
+
+Layers, lowest first (:data:`LAYERS`): ``core`` (inputs, loading, seam, models, checks, files,
+heads, plots), ``engine`` (the pass: accumulators, ``run``, checkpoints, distributed, hooks),
+``methods`` (papa, effective, stats, patterns, clustering, ablation, syntax), ``evaluation``
+(tasks, probing, lm, the PAPA curve and table, head importance), ``present`` (figures, report,
+explorer, export), ``compare`` (:mod:`attnlens.compare`), ``cli``, and ``api`` (the package's
+facade: ``attnlens/__init__.py``, the alias finder, and the public modules ``attnlens.papa`` and
+``attnlens.ablation`` that gather names of several layers). A module's layer is its folder
+(``attnlens/<layer>/...``), or :data:`OUTSIDE` for the modules at the package's root.
+
+The check is an AST walk over every module of ``attnlens/``: every ``import`` and ``from ...
+import`` (at the top of the file, inside a function, under ``if TYPE_CHECKING``, relative or
+not) and every ``importlib.import_module("attnlens....")`` with a literal name. Each import is
+resolved to the module it loads (old paths through :mod:`attnlens._aliases`, ``from attnlens
+import x`` to ``attnlens.x``, the package's lazy names to their module); a module may import
+its own layer and lower ones only. An ``import_module`` whose name is not a literal is refused
+below ``api``: the check could not see where it goes.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import attnlens
+from attnlens import _aliases
+from attnlens.errors import AttnlensDeprecationWarning
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "attnlens"
+
+#: the layers, lowest first
+LAYERS = ("core", "engine", "methods", "evaluation", "present", "compare", "cli", "api")
+#: the layer of each module outside the layer folders
+OUTSIDE = {
+    "attnlens.errors": "core",  # the error family: a leaf every layer imports
+    "attnlens.compare": "compare",  # attnlens.compare(model, "papa", "effective") and Comparison
+    "attnlens": "api",  # the package: lazy names and submodules
+    "attnlens.__main__": "api",
+    "attnlens._aliases": "api",
+    "attnlens.papa": "api",  # PAPA's public names: methods.papa, evaluation.curve and .table
+    "attnlens.ablation": "api",  # methods.ablation and evaluation.importance
+}
+#: the layer folders are the layers below api
+FOLDERS = LAYERS[:-1]
+
+
+@dataclass(frozen=True)
+class Import:
+    path: str  # the file, relative to the repository
+    line: int
+    source: str  # the importing module
+    target: str  # the module it loads
+    local: bool  # inside a function
+
+    def __str__(self) -> str:
+        where = "inside a function " if self.local else ""
+        return (f"{self.path}:{self.line} {where}imports {self.target} ({layer_of(self.target)}) "
+                f"from {layer_of(self.source)}")
+
+
+def module_name(file: Path, package: Path) -> str:
+    parts = list(file.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules_of(package: Path) -> dict[str, Path]:
+    return {module_name(file, package): file for file in sorted(package.rglob("*.py"))}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) > 1 and parts[1] in FOLDERS:
+        return parts[1]
+    if module in OUTSIDE:
+        return OUTSIDE[module]
+    raise KeyError(f"{module} has no layer: put it in a layer folder or in OUTSIDE")
+
+
+def follow(name: str) -> str:
+    """``name``, or the new path of the old path ``name`` (:func:`attnlens._aliases.resolve`)."""
+    for _ in range(5):
+        found = _aliases.resolve(name)
+        if found is None:
+            break
+        name = found[0]
+    return name
+
+
+def canonical(name: str, modules: set[str]) -> str | None:
+    """The module ``name`` loads: an old path followed to its new one, then the longest prefix
+    that is a module of the tree (``attnlens.core.inputs.Batch`` -> ``attnlens.core.inputs``)."""
+    name = follow(name)
+    while name:
+        if name in modules:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _is_package(file: Path) -> bool:
+    return file.name == "__init__.py"
+
+
+def imports_of(source: str, module: str, path: str, modules: set[str], *,
+               is_package: bool = False) -> tuple[list[Import], list[str]]:
+    """Every import of attnlens in ``source`` (module ``module``), resolved; and the problems
+    the walk could not resolve (a dynamic ``import_module``, a path that names no module)."""
+    tree = ast.parse(source)
+    local: set[int] = set()
+    for function in ast.walk(tree):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            local.update(id(node) for node in ast.walk(function) if node is not function)
+    found: list[Import] = []
+    problems: list[str] = []
+    lazy = getattr(attnlens, "_LAZY", {})
+
+    def add(node: ast.AST, name: str) -> None:
+        target = canonical(name, modules)
+        if target is None:
+            problems.append(f"{path}:{node.lineno} imports {name}, which is no module of attnlens")
+        else:
+            item = Import(path, node.lineno, module, target, id(node) in local)
+            if item not in found:
+                found.append(item)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "attnlens":
+                    add(node, alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                origin = ".".join(base + ([node.module] if node.module else []))
+            else:
+                origin = node.module or ""
+            if origin.split(".")[0] != "attnlens":
+                continue
+            for alias in node.names:
+                name = f"{origin}.{alias.name}"
+                if origin == "attnlens" and alias.name in lazy:
+                    add(node, lazy[alias.name][0])
+                elif origin == "attnlens" and alias.name.startswith("__"):
+                    continue  # the package's own metadata (__version__): no module
+                elif follow(name) in modules:
+                    add(node, name)  # a submodule (or an old path of one)
+                else:
+                    add(node, origin)  # a name defined in ``origin``
+        elif isinstance(node, ast.Call):
+            function = node.func
+            called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+            if called not in ("import_module", "__import__") or not node.args:
+                continue
+            argument = node.args[0]
+            if isinstance(argument, ast.Constant) and isinstance(argument.value, str):
+                if argument.value.split(".")[0] == "attnlens":
+                    add(node, argument.value)
+            elif layer_of(module) != "api":
+                problems.append(f"{path}:{node.lineno} calls {called} with a name the check cannot read")
+    return found, problems
+
+
+def all_imports(package: Path = PACKAGE) -> tuple[list[Import], list[str]]:
+    modules = modules_of(package)
+    found: list[Import] = []
+    problems: list[str] = []
+    for module, file in modules.items():
+        path = str(file.relative_to(package.parent))
+        more, trouble = imports_of(file.read_text(encoding="utf-8"), module, path, set(modules),
+                                   is_package=_is_package(file))
+        found += more
+        problems += trouble
+    return found, problems
+
+
+def upward(imports: list[Import]) -> list[Import]:
+    return [item for item in imports
+            if LAYERS.index(layer_of(item.target)) > LAYERS.index(layer_of(item.source))]
+
+
+def violations(package: Path = PACKAGE) -> list[str]:
+    imports, problems = all_imports(package)
+    return problems + [str(item) for item in upward(imports)]
+
+
+# -- the layers -----------------------------------------------------------------------------------
+
+
+def test_every_module_has_a_layer():
+    missing = []
+    for module in modules_of(PACKAGE):
+        try:
+            layer_of(module)
+        except KeyError as error:
+            missing.append(str(error))
+    assert not missing, "\n".join(missing)
+
+
+def test_no_module_imports_a_higher_layer():
+    found = violations()
+    assert not found, "imports of a higher layer:\n" + "\n".join(found)
+
+
+def test_the_check_reads_every_kind_of_import():
+    imports, _ = all_imports()
+    assert len(imports) > 300
+    assert any(item.local for item in imports) and any(not item.local for item in imports)
+    assert any(item.source == "attnlens" and item.target == "attnlens.core.notebook" for item in imports)
+
+
+#: the one import cycle left, inside PAPA and inside functions: ``intervention(heads=0.5)``
+#: selects heads (``selection.select_heads``), and selecting heads by a learned blend trains
+#: interventions (``selection.learn_lambda`` imports ``intervene`` when it runs)
+KNOWN_CYCLES = [{"attnlens.methods.papa.intervene", "attnlens.methods.papa.selection"}]
+
+
+def cycles(imports: list[Import], *, top_level_only: bool) -> list[set[str]]:
+    """The strongly connected components (of two modules or more) of the import graph. A module
+    that imports its own package (``attnlens.cli.compare`` reading ``attnlens.cli``) closes no
+    cycle: Python imports the package before the module."""
+    edges: dict[str, set[str]] = {}
+    for item in imports:
+        if item.source == item.target or item.source.startswith(item.target + "."):
+            continue
+        if not (top_level_only and item.local):
+            edges.setdefault(item.source, set()).add(item.target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(edges.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = set()
+            while True:
+                other = stack.pop()
+                component.add(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycles():
+    imports, _ = all_imports()
+    assert cycles(imports, top_level_only=True) == []
+    assert cycles(imports, top_level_only=False) == KNOWN_CYCLES
+
+
+# -- the check itself fails ---------------------------------------------------------------------------
+
+
+PLANTED = '''
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from attnlens.core import checks                 # down: fine
+from attnlens.present import report              # up: present
+from ..evaluation import tasks                   # up: evaluation (relative)
+import attnlens.probing.features                 # up: evaluation, through an old path
+from attnlens import __version__, compare        # __version__ is no module; compare is up
+
+if TYPE_CHECKING:
+    from attnlens.cli import main                # up: cli, even for type checkers
+
+
+def later(name):
+    from attnlens import plots                   # down (core), through an old path
+    from attnlens.methods.papa import fitting    # up: methods, inside a function
+    importlib.import_module("attnlens.lm")       # up: evaluation, by name
+    return importlib.import_module(name)         # unreadable
+'''
+
+
+def test_the_check_catches_planted_upward_imports():
+    modules = set(modules_of(PACKAGE))
+    found, problems = imports_of(PLANTED, "attnlens.engine.planted", "attnlens/engine/planted.py", modules)
+    caught = {(item.line, item.target, item.local) for item in upward(found)}
+    assert caught == {
+        (8, "attnlens.present.report", False),
+        (9, "attnlens.evaluation.tasks", False),
+        (10, "attnlens.evaluation.probing.features", False),
+        (11, "attnlens.compare", False),
+        (14, "attnlens.cli", False),
+        (19, "attnlens.methods.papa.fitting", True),
+        (20, "attnlens.evaluation.lm", True),
+    }
+    assert {item.target for item in found} >= {"attnlens.core.checks", "attnlens.core.plots"}
+    assert problems == ["attnlens/engine/planted.py:21 calls import_module with a name the check cannot read"]
+    message = str(next(item for item in upward(found) if item.line == 19))
+    assert message == ("attnlens/engine/planted.py:19 inside a function imports "
+                       "attnlens.methods.papa.fitting (methods) from engine")
+
+
+def test_the_check_fails_on_a_tree_with_an_upward_import(tmp_path):
+    """A copy of the package with one import planted inside a function of a core module."""
+    copy = tmp_path / "attnlens"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert violations(copy) == []
+    checks = copy / "core" / "checks.py"
+    lines = checks.read_text(encoding="utf-8").splitlines()
+    lines += ["", "", "def _planted():", "    from attnlens.present.report import render", "    return render"]
+    checks.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert violations(copy) == [
+        f"attnlens/core/checks.py:{len(lines) - 1} inside a function imports attnlens.present.report "
+        "(present) from core"
+    ]
+
+
+# -- the paths of before the layers ---------------------------------------------------------------------
+
+#: every module path of attnlens before the layers
+OLD_MODULES = (
+    "attnlens.ablation", "attnlens.checks", "attnlens.cli", "attnlens.clustering",
+    "attnlens.compare", "attnlens.corpus", "attnlens.display", "attnlens.effective",
+    "attnlens.effective.core", "attnlens.effective.model", "attnlens.effective.reference",
+    "attnlens.errors", "attnlens.explorer", "attnlens.export", "attnlens.files", "attnlens.heads",
+    "attnlens.inputs", "attnlens.kept", "attnlens.lm", "attnlens.loading", "attnlens.models",
+    "attnlens.models.base", "attnlens.models.bert", "attnlens.models.gguf", "attnlens.models.gpt2",
+    "attnlens.models.llama", "attnlens.models.roberta", "attnlens.papa", "attnlens.papa.baselines",
+    "attnlens.papa.constants", "attnlens.papa.curves", "attnlens.papa.fitting",
+    "attnlens.papa.intervene", "attnlens.papa.replace", "attnlens.papa.selection",
+    "attnlens.papa.tables", "attnlens.passes", "attnlens.patterns", "attnlens.patterns.cnn",
+    "attnlens.patterns.counts", "attnlens.patterns.labelling", "attnlens.patterns.synthetic",
+    "attnlens.patterns.templates", "attnlens.plots", "attnlens.probing", "attnlens.probing.baseline",
+    "attnlens.probing.features", "attnlens.probing.intervals", "attnlens.probing.probe",
+    "attnlens.probing.recipes", "attnlens.report", "attnlens.seam", "attnlens.stats",
+    "attnlens.streaming", "attnlens.syntax", "attnlens.tasks", "attnlens.views",
+)
+#: some old paths and the new module each is
+SAME = {
+    "attnlens.passes": "attnlens.engine.passes",
+    "attnlens.seam": "attnlens.core.seam",
+    "attnlens.models.gguf": "attnlens.core.models.gguf",
+    "attnlens.probing.features": "attnlens.evaluation.probing.features",
+    "attnlens.papa.fitting": "attnlens.methods.papa.fitting",
+    "attnlens.papa.curves": "attnlens.evaluation.curve",
+    "attnlens.papa.tables": "attnlens.evaluation.table",
+    "attnlens.effective.core": "attnlens.engine.effective",
+    "attnlens.streaming": "attnlens.engine.passes",
+    "attnlens.display": "attnlens.present.display",
+}
+
+
+#: the ``__all__`` of every module that had one before the layers
+OLD_ALL = {
+    "attnlens": (
+        "AttnlensError Batch Comparison Words ablation checks cli clustering compare corpus display "
+        "effective effective_attention errors export files heads inputs lm load loading "
+        "model_inputs models papa passes patterns plots probing run_with_hooks seam stats syntax "
+        "tasks to_circuitsvis tokenize views "
+    ),
+    "attnlens.ablation": (
+        "AblationHooks COLUMNS FRACTIONS Gates GatesUnused HeadMeans Importance MODES ORDERS "
+        "head_means hooks importance normalize_by_layer output_hook prune_curve prune_figure "
+        "uniform_pattern "
+    ),
+    "attnlens.effective": (
+        "EffectiveRun EffectiveStatistics MODES effective_attention hooked hooks pattern_hooks run "
+        "statistics "
+    ),
+    "attnlens.errors": (
+        "AttnlensError AttnlensWarning DamagedFileError FileFormatError InputError InputTypeError "
+        "MismatchError MissingFileError ModelBehaviourError NotFittedError UnavailableError "
+    ),
+    "attnlens.lm": (
+        "KINDS LMScore LMScorer UntrainedHead candidates evaluate mlm_masks pll_copies probe score "
+    ),
+    "attnlens.models": (
+        "ARCHITECTURES Architecture Seam UnsupportedArchitecture of resolve_alias "
+    ),
+    "attnlens.papa": (
+        "Curve HeadSet PapaConstants PapaHooks PapaTable STRATEGIES TrainableConstants check_inputs "
+        "constant_pattern curve fit hooks identity intervention learn_lambda load select_heads "
+        "softmax_pattern table toeplitz uniform zeros "
+    ),
+    "attnlens.papa.fitting": (
+        "CHECKPOINT_EVERY PatternSums default_layout fit "
+    ),
+    "attnlens.patterns": (
+        "Classification PatternCNN PatternTypes Positions REGIONS SyntheticMaps THRESHOLDS TYPES "
+        "classify export_for_labelling features figure layer_shares read_labelled sample_maps "
+        "synthetic types "
+    ),
+    "attnlens.probing": (
+        "Features Interval LinearBaseline Paired PapaProbe ProbeResult ProbeSettings ProbeWarning "
+        "Recipe TABLE3 bootstrap cache_dir clear_cache extract hooks_key paired recipe run "
+    ),
+    "attnlens.streaming": (
+        "chunks corpus_iterator device_of progress_bar run_patterns "
+    ),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_ALL))
+def test_every_public_name_of_before_is_still_there(old):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
+        module = importlib.import_module(old)
+        missing = [name for name in OLD_ALL[old].split() if not hasattr(module, name)]
+    assert not missing, f"{old} lost {missing}"
+
+
+def test_old_submodules_are_attributes_of_their_package():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
+        assert attnlens.papa.fitting is importlib.import_module("attnlens.methods.papa.fitting")
+        assert attnlens.papa.curves is importlib.import_module("attnlens.evaluation.curve")
+        assert attnlens.effective.core is importlib.import_module("attnlens.engine.effective")
+        assert attnlens.probing.probe.PapaProbe is importlib.import_module("attnlens.evaluation.probing.probe").PapaProbe
+
+
+def test_an_old_submodule_path_leaves_its_package_names_alone():
+    """``attnlens.patterns`` exports the function ``synthetic`` beside its submodule of that name:
+    importing the submodule by its old path must not put the module in the function's place."""
+    code = ("import importlib, attnlens; importlib.import_module('attnlens.patterns.synthetic'); "
+            "from attnlens import patterns; import attnlens.methods.patterns as new; "
+            "assert callable(patterns.synthetic) and callable(new.synthetic), patterns.synthetic")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def _fresh_import(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
+    """Import ``name`` through the import system again (its module stays the one loaded)."""
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return importlib.import_module(name)
+
+
+@pytest.mark.parametrize("old", OLD_MODULES)
+def test_every_old_path_imports_as_the_new_module(old):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
+        module = importlib.import_module(old)
+    found = _aliases.resolve(old)
+    if found is None:  # still where it was
+        assert module.__name__ == old
+    else:
+        assert module is importlib.import_module(found[0])
+        assert module.__name__ == found[0] and module.__spec__.name == found[0]
+    if old in SAME:
+        assert module is importlib.import_module(SAME[old])
+
+
+def test_old_paths_are_attributes_too():
+    import attnlens.probing.features  # noqa: F401
+
+    assert attnlens.passes is importlib.import_module("attnlens.engine.passes")
+    assert attnlens.probing.features is importlib.import_module("attnlens.evaluation.probing.features")
+    assert attnlens.compare.Comparison is attnlens.Comparison
+
+
+@pytest.mark.parametrize("old", sorted(_aliases.MOVED))
+def test_a_moved_module_warns_with_its_new_path(old, monkeypatch):
+    new = _aliases.MOVED[old]
+    with pytest.warns(AttnlensDeprecationWarning, match=rf"{old} is deprecated .* import {new} instead") as caught:
+        module = _fresh_import(old, monkeypatch)
+    assert module is importlib.import_module(new)
+    assert caught[0].filename == __file__  # the warning points at the line that imported it
+
+
+@pytest.mark.parametrize("old", [*sorted(_aliases.PACKAGES), "attnlens.probing.features", "attnlens.papa.fitting"])
+def test_a_public_path_imports_without_a_warning(old, monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _fresh_import(old, monkeypatch)
+
+
+def test_from_package_import_of_a_moved_submodule_warns(monkeypatch):
+    """``from attnlens.effective import core``: the import system asks for the submodule under
+    the package's real name, ``attnlens.methods.effective.core``."""
+    monkeypatch.delitem(sys.modules, "attnlens.methods.effective.core", raising=False)
+    monkeypatch.delitem(sys.modules, "attnlens.effective.core", raising=False)
+    monkeypatch.delattr(importlib.import_module("attnlens.methods.effective"), "core", raising=False)
+    with pytest.warns(AttnlensDeprecationWarning, match="import attnlens.engine.effective instead"):
+        from attnlens.effective import core
+    assert core is importlib.import_module("attnlens.engine.effective")
