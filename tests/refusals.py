@@ -1,4 +1,4 @@
-"""The one check of the per-surface refusal tables (tests/test_refusals_*.py)."""
+"""The one check of the per-surface refusal tables (tests/unit/test_refusals_*.py)."""
 
 from __future__ import annotations
 

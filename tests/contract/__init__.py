@@ -1,10 +1,11 @@
-"""Contract tests: one property, run over every object of a kind (torchmetrics' ``MetricTester``).
+"""Contract tests: one property, run over every object of a kind (torchmetrics' ``MetricTester``);
+each enumerates its kind from attnlens (a registry, or a walk over the package) and fails when
+one has no case.
 
-- ``test_accumulators.py``: every accumulator of :func:`attnlens.passes.run` (found by a walk over
-  attnlens; a class with ``update``/``merge``/``result`` and no case fails the suite).
-- Views and interventions: their contracts go here, as ``test_views.py`` and
-  ``test_interventions.py``, enumerated from attnlens' registries of views and interventions once
-  those exist (a view's pattern rows over valid keys, an intervention's identity setting leaving
-  the logits unchanged, ...), in the same form: a table of cases, one parametrized property each,
-  and a test that fails when the registry holds something without a case.
+- ``test_accumulators.py``: every accumulator of :func:`attnlens.passes.run` (a walk: classes
+  with ``update``/``merge``/``result``): split and merge equals the whole, merge order, state
+  round trip;
+- ``test_views.py``: every registered view (``attnlens.methods.views``);
+- ``test_interventions.py``: every registered intervention (``attnlens.methods.interventions``);
+- ``test_estimators.py``: every learner (scikit-learn's estimator contract).
 """

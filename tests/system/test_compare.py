@@ -231,7 +231,7 @@ def test_save_html_is_self_contained(comparison, tmp_path):
     assert not re.search(r"<script[^>]+src=", text)  # nothing to fetch: works offline
     assert text.count("Plotly.newPlot") == len(comparison.figures)
     assert "distance_from_standard" in text and "<table" in text
-    fragment = comparison._repr_html_()  # Jupyter's view: a summary (tests/test_reprs.py)
+    fragment = comparison._repr_html_()  # Jupyter's view: a summary (tests/unit/test_reprs.py)
     assert "<html" not in fragment and "<script" not in fragment
 
 

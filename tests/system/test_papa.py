@@ -40,7 +40,7 @@ def plain_loop(model, hf, examples, *, max_len, layout, batch_size):
     shapes, so the same float32 kernels: seam.attention_forward is eager attention line for
     line). One example per forward would compare float32 forwards of other shapes, whose last
     bits may differ with BLAS blocking and the thread count: noise of the forward, not of the fit
-    (compact against padded forwards: tests/test_compact_layout.py). Everything after the forward
+    (compact against padded forwards: tests/unit/test_compact_layout.py). Everything after the forward
     is float64, each example's valid block added at its layout positions. Also returns
     max|attention| over valid pairs, for the tolerance.
     """

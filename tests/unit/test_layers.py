@@ -35,7 +35,7 @@ import attnlens
 from attnlens import _aliases
 from attnlens.errors import AttnlensDeprecationWarning
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnlens"
 
 #: the layers, lowest first

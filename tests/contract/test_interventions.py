@@ -61,7 +61,7 @@ CASES = ("papa", "papa.blend", "effective", "effective.null", "ablation.zero", "
 
 def test_every_registered_intervention_has_a_case():
     assert set(interventions.REGISTRY) == set(CASES), (
-        "every registered intervention needs a contract case in tests/test_interventions_contract.py"
+        "every registered intervention needs a contract case in tests/contract/test_interventions.py"
     )
 
 

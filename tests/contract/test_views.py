@@ -16,7 +16,7 @@ from attnlens.methods import views
 from attnlens.methods.views import View
 from tests import tiny
 
-PACKAGE = Path(__file__).resolve().parents[1] / "attnlens"
+PACKAGE = Path(__file__).resolve().parents[2] / "attnlens"
 MAX_LEN = 24
 
 
