@@ -1,37 +1,7 @@
-"""Head ablation and head importance (Michel et al. 2019, "Are Sixteen Heads Really Better than
-One?", NeurIPS 2019), as hooks on an unmodified model.
+"""Head ablation (Michel et al. 2019): ablation hooks in four modes, head means, pruning curves.
 
-transformers 5 silently ignores ``head_mask``, so every ablation here is a TransformerLens hook:
-
-- :func:`hooks` returns ``fwd_hooks`` (:class:`AblationHooks`, with a stable :meth:`~AblationHooks.key`
-  so that probe features under them are cached) that ablate the heads of a :class:`HeadSet` in
-  one of four named modes (:data:`MODES`):
-
-  - ``"zero"``: the head's output ``z`` (``blocks.{l}.attn.hook_z``, ``[batch, pos, head,
-    d_head]``, the input of the output projection) is 0 at every position: Michel et al.'s
-    masking (their ``ξ_h = 0``); it equals giving the head an all-zero pattern;
-  - ``"uniform"``: the head's attention (``blocks.{l}.attn.hook_pattern``) becomes uniform over
-    the valid keys of each query: the real tokens (:func:`attnlens.seam.key_mask`), and on a
-    causal model (a decoder) only those at or before the query;
-  - ``"mean"``: the head's output ``z`` is replaced by its corpus mean, one ``d_head`` vector per
-    head (the mean over every real token of a corpus, the same at every position), from
-    :func:`head_means` (mean ablation);
-  - ``"papa"``: the head's attention is replaced by PAPA constants (Hassid et al. 2022),
-    delegating to :func:`attnlens.papa.hooks` (``constants=``).
-
-- :class:`Importance`: Michel et al.'s head importance (§4.1, eq. 2), ``I_h = E_x |∂L(x)/∂ξ_h|``,
-  normalised per layer by the ℓ2 norm (§4.2, :func:`normalize_by_layer`), and the heads it
-  ranks; computing it needs a loss, the model's own or a task probe's, so
-  :func:`attnlens.evaluation.importance.importance` is evaluation.
-- :func:`prune_curve`: prune heads least important first and score what is left at each
-  fraction (Michel et al.'s Fig. 3), as a table and a figure.
-
-``attnlens.ablation`` gathers the names of both modules::
-
-    from attnlens import ablation, probing
-    scores = ablation.importance(model, texts, loss=my_loss)     # Importance
-    table, figure = ablation.prune_curve(
-        model, scores, lambda hooks: probing.run(model, "sst2", hooks=hooks).score)
+The guide with examples is the public module's docstring, :mod:`attnlens.ablation`, which gathers
+these names with head importance's (:mod:`attnlens.evaluation.importance`).
 """
 
 from __future__ import annotations
