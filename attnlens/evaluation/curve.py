@@ -142,9 +142,10 @@ def curve(
     bootstrap test against the same task with no head replaced, on the same examples
     (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
 
-    The probe's epochs are chosen once per task, on held-out training examples with no head
-    replaced (:func:`attnlens.probing.choose_epochs`), and every point of that task trains that
-    long: the points differ in their features only.
+    The probe's epochs and the linear baseline's ``C`` are chosen once per task, on held-out
+    training examples with no head replaced (:func:`attnlens.probing.choose_epochs`,
+    :class:`attnlens.probing.LinearBaseline`), and every point of that task trains that long
+    with that ``C``: the points differ in their features only.
 
     Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
@@ -229,6 +230,9 @@ def curve(
                     # the epochs chosen with no head replaced train every later point of this task
                     task_options = {**task_options, "select_epochs": False,
                                     "probe": {**(probe or {}), "epochs": result.settings["epochs_chosen"]}}
+                if unchanged is None and result.settings.get("baseline_C") is not None:
+                    # and the linear baseline's C, chosen there on held-out training examples
+                    task_options = {**task_options, "baseline_C": result.settings["baseline_C"]}
                 forward[0] += result.seconds.get("features", 0.0)
                 probe_seconds += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
                 timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))

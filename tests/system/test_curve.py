@@ -62,11 +62,26 @@ def test_the_mlm_probe_beats_the_unigram_distribution(minilm, paragraphs):
     assert again.kind == "probe" and again.value == result.value  # cached features, same seed
 
 
-def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants):
+def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, monkeypatch):
     """Fraction 0 equals probing.run with no hooks (the same call); replacing heads changes the
-    score; every fraction and baseline has its row; the figure has a trace per line."""
+    score; every fraction and baseline has its row; the figure has a trace per line. The epochs
+    and the linear baseline's C chosen at fraction 0 are reused by every later point."""
+    calls, real_run = [], probing.run
+
+    def spy(*args, **kwargs):
+        result = real_run(*args, **kwargs)
+        calls.append((kwargs, result.settings))
+        return result
+
+    monkeypatch.setattr(probing, "run", spy)
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=("zeros",),
                        data_dir=DATA, train_limit=400, eval_limit=200, seeds=1, progress=False)
+    monkeypatch.setattr(probing, "run", real_run)
+    first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
+    assert len(calls) == 3 and first is not None and chosen in probing.LinearBaseline().grid
+    for kwargs, settings in calls[1:]:
+        assert kwargs["select_epochs"] is False and kwargs["probe"]["epochs"] == first
+        assert kwargs["baseline_C"] == chosen and settings["baseline_C"] == chosen
     table = curve.table
     assert list(table["strategy"]) == ["input_dependence"] * 3 + ["zeros"]
     assert list(table["heads"]) == [0, 36, 72, 72]

@@ -92,6 +92,13 @@ def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
         one, two = getattr(plain, name), getattr(doubled, name)
         assert two.score == pytest.approx(one.score, abs=1e-12) and two.width < one.width, name
     assert plain.interval.low > plain.majority_interval.high  # real labels: above the majority
+    # a given C skips the held-out search and fits that C on all training examples: the same
+    # optimum as the search's final fit (lbfgs from another start: predictions may differ on
+    # an example that sits on the boundary, at most one of 120 here)
+    fixed = probing.run(minilm, "sst2", data_dir=plain_dir, baseline_C=plain.settings["baseline_C"],
+                        **{**options, "probe": dict(epochs=1)}, select_epochs=False)
+    assert fixed.settings["baseline_C"] == plain.settings["baseline_C"]
+    assert fixed.baseline == pytest.approx(plain.baseline, abs=1 / 120 + 1e-12)
     labels = [label for _, label in train_rows]
     random.Random(0).shuffle(labels)
     shuffled = [(text, label) for (text, _), label in zip(train_rows, labels, strict=True)]

@@ -126,6 +126,8 @@ ROWS = [
     (lambda v: probe_run(batch_size=v), "batch_size", 0, InputError, "batch_size must be at least 1"),
     (lambda v: probe_run(resamples=v), "resamples", NAN, InputTypeError, "resamples must be a whole number"),
     (lambda v: probe_run(max_len=v), "max_len", "64", InputTypeError, "max_len must be a whole number"),
+    (lambda v: probe_run(baseline_C=v), "baseline_C", 0.0, InputError, "baseline_C must be above 0"),
+    (lambda v: probe_run(baseline_C=v), "baseline_C", NAN, InputError, "baseline_C must be"),
     (lambda v: word_features().subset(v), "indices", [6], InputError, "indices[0] must be in 0..5"),
     (lambda v: word_features().subset(v), "indices", [-1], InputError, "indices[0] must be in 0..5"),
     (lambda v: word_features().subset(v), "indices", [0.5], InputTypeError, "indices[0] must be a whole number"),

@@ -135,6 +135,7 @@ def run(
     batch_size: int = 32,
     probe: PapaProbe | dict | None = None,
     baseline: bool = True,
+    baseline_C: float | None = None,
     select_epochs: bool = True,
     resamples: int = 1000,
     cache: bool = True,
@@ -153,7 +154,9 @@ def run(
     constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or keyword
     arguments over the task's Table 3 recipe (its ``lr``, ``batch_size``, ``epochs``).
     ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean.
-    ``baseline``: also fit :class:`LinearBaseline`. ``select_epochs``: choose the number of
+    ``baseline``: also fit :class:`LinearBaseline`; ``baseline_C``: its ``C`` (no held-out
+    search; :func:`attnlens.papa.curve` passes the ``C`` chosen with no head replaced to every
+    later point of a task, as it does the epochs). ``select_epochs``: choose the number of
     epochs on a held-out tenth of the training examples, never on the evaluation split
     (:func:`choose_epochs`: up to :data:`EPOCH_FACTOR` × the recipe's epochs, early stopping on
     the held-out loss), then train every seed on all training examples for that many epochs;
@@ -161,7 +164,7 @@ def run(
     interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
-    from attnlens.core.checks import optional_count, whole_number
+    from attnlens.core.checks import finite, optional_count, whole_number
     from attnlens.core.inputs import default_layout
     from attnlens.evaluation import tasks
 
@@ -171,6 +174,8 @@ def run(
     batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
     resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
     max_len = None if max_len is None else whole_number(max_len, "max_len", " of tokens (e.g. 128)", minimum=1)
+    if baseline_C is not None and not (finite(baseline_C, "baseline_C", low=0.0) > 0):
+        raise InputError(f"baseline_C must be above 0 (the inverse regularisation), not {baseline_C!r}.")
     if isinstance(task, str):
         train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
     else:
@@ -213,7 +218,8 @@ def run(
     fitted = time.perf_counter()
     baseline_predictions: list = []
     if baseline:
-        linear = LinearBaseline(seed=seed).fit(train_features, train.labels(), held_out_score)
+        linear = (LinearBaseline(seed=seed) if baseline_C is None else
+                  LinearBaseline(seed=seed, grid=(baseline_C,))).fit(train_features, train.labels(), held_out_score)
         baseline_predictions = named(linear.predict(eval_features))
     seconds = {"features": extracted - started, "probe": fitted - extracted,
                "baseline": time.perf_counter() - fitted}
