@@ -10,7 +10,7 @@ uniform; ``--baselines``) unless ``--no-baselines``. Every score has its linear 
 baselines, its 95% bootstrap interval and a paired test against no head replaced. The feature
 cache starts empty (a fresh folder), so every feature pass runs.
 
-Printed: the fit time, the curve's cold wall time against the 30-minute target and against the
+Printed: the fit time, the curve's cold wall time against the 20-minute target and against the
 forward passes it needs (the time of one plain forward over each task's train and dev examples,
 in the same compact PAPA batches and to the same stop point as the feature passes, measured in
 the same run, times the number of distinct interventions: the curve's floor if probes cost
@@ -20,7 +20,10 @@ and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA
 ``docs/papa_table.csv`` and ``docs/papa_table.md`` (beside ``--out``).
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--threads 2]`` (``make bench``;
-about half an hour).
+about two hours on 2 CPU cores). Tasks are independent, so the run may be split, one process per
+task (``--tasks sst2 --lm 0 --out sst2.csv`` ...), and the tables joined afterwards with
+``--combine sst2.csv cola.csv ...`` (the same table and Table 1 as one run; the cold time is then
+the sum of the runs').
 """
 
 from __future__ import annotations
@@ -92,7 +95,12 @@ def main() -> None:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "papa_curve.csv"))
     parser.add_argument("--device", default=None, help="torch device (default: attnlens.load's)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--combine", nargs="+", default=None, metavar="CSV",
+                        help="join the tables of runs split by task into --out and Table 1 (runs nothing)")
     args = parser.parse_args()
+    if args.combine:
+        combine([Path(path) for path in args.combine], Path(args.out))
+        return
     if args.threads:
         torch.set_num_threads(args.threads)
     os.environ["ATTNLENS_CACHE"] = args.cache or tempfile.mkdtemp(prefix="attnlens-curve-")
@@ -155,13 +163,37 @@ def main() -> None:
     curve.to_csv(args.out)
     print(f"wrote {args.out}")
     if baselines:
-        table = papa.PapaTable.from_curve(curve)
-        out = Path(args.out).with_name("papa_table.csv")
-        write_atomic(out, table.long.to_csv(index=False).encode("utf-8"))
-        write_atomic(out.with_suffix(".md"), (table.to_markdown() + "\n").encode("utf-8"))
-        print(table.frame().to_string())
-        print(table.frame(relative=True).to_string())
-        print(f"wrote {out} and {out.with_suffix('.md')}")
+        write_table(curve, Path(args.out))
+
+
+def write_table(curve: papa.Curve, out: Path) -> None:
+    """PAPA's Table 1 read from ``curve``, as ``papa_table.csv`` and ``.md`` beside ``out``."""
+    table = papa.PapaTable.from_curve(curve)
+    out = out.with_name("papa_table.csv")
+    write_atomic(out, table.long.to_csv(index=False).encode("utf-8"))
+    write_atomic(out.with_suffix(".md"), (table.to_markdown() + "\n").encode("utf-8"))
+    print(table.frame().to_string())
+    print(table.frame(relative=True).to_string())
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+def combine(paths: list[Path], out: Path) -> None:
+    """One curve table (``out``) and Table 1 from the tables of runs split by task (each task's
+    rows are independent of the others': its own probes, its own relative scores)."""
+    import pandas as pd
+
+    tables = [pd.read_csv(path) for path in paths]
+    joined = pd.concat(tables, ignore_index=True)
+    tasks = list(joined["task"])
+    repeated = sorted({task for task in tasks if sum(task in set(t["task"]) for t in tables) > 1})
+    if repeated:
+        raise SystemExit(f"--combine: task {repeated[0]!r} is in more than one table; give each task once.")
+    strategy = str(joined["strategy"].iloc[0])  # every run's first row: fraction 0 of its strategy
+    curve = papa.Curve(joined, settings={"strategy": strategy})
+    curve.to_csv(out)
+    print(f"wrote {out} ({len(joined)} rows: {', '.join(dict.fromkeys(tasks))})")
+    if (joined["strategy"] != strategy).any():
+        write_table(curve, out)
 
 
 if __name__ == "__main__":

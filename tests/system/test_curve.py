@@ -192,14 +192,15 @@ def test_the_lambda_strategy_learns_lambda_with_the_probe_and_reports_its_cost(m
 def test_the_probe_beats_the_majority_on_pos_and_identity_hooks_change_nothing(minilm):
     """POS with 200 training sentences: far above always predicting the most frequent tag;
     identity pattern hooks give the very same features, hence the very same score."""
-    plain = probing.run(minilm, "pos", data_dir=DATA, train_limit=200, eval_limit=100, max_len=64,
-                        progress=False)
+    # the probe alone (no linear baseline, the recipe's epochs): what this test is about
+    options = dict(data_dir=DATA, train_limit=200, eval_limit=100, max_len=64, baseline=False,
+                   select_epochs=False, progress=False)
+    plain = probing.run(minilm, "pos", **options)
     assert plain.score > plain.majority + 0.4, plain
     evaluated = tasks.load("pos", "dev", data_dir=DATA, limit=100)
     assert [len(tags) for tags in plain.predictions] == [len(words) for words in evaluated.examples["words"]]
     identity = [(f"blocks.{layer}.attn.hook_pattern", lambda pattern, hook: pattern) for layer in range(6)]
-    same = probing.run(minilm, "pos", data_dir=DATA, train_limit=200, eval_limit=100, max_len=64,
-                       hooks=identity, cache_key="identity", progress=False)
+    same = probing.run(minilm, "pos", hooks=identity, cache_key="identity", **options)
     assert same.score == plain.score and same.predictions == plain.predictions
 
 
