@@ -78,7 +78,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
                        data_dir=DATA, train_limit=400, eval_limit=200, seeds=1, progress=False)
     monkeypatch.setattr(probing, "run", real_run)
     first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
-    assert len(calls) == 3 and first is not None and chosen in probing.LinearBaseline().grid
+    assert len(calls) == 4 and first is not None and chosen in probing.LinearBaseline().grid
     for kwargs, settings in calls[1:]:
         assert kwargs["select_epochs"] is False and kwargs["probe"]["epochs"] == first
         assert kwargs["baseline_C"] == chosen and settings["baseline_C"] == chosen
