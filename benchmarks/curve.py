@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import record
 from realdata import DATA
 
 import attnlens
@@ -155,6 +156,15 @@ def main() -> None:
     print(f"COLD wall time {curve.seconds:.0f} s = {curve.seconds / needed:.2f}x the forward passes it needs "
           f"({forward:.1f} s for one plain forward over every task's train + dev examples x "
           f"{interventions:.0f} interventions = {needed:.0f} s)")
+    name = "curve" if tasks == list(TASKS) else f"curve-{'-'.join(tasks)}"
+    record(name, [{
+        "job": f"papa.curve ({', '.join(tasks)}{' + lm' if args.lm else ''}; {len(curve.settings['fractions'])} "
+               f"fractions + {len(baselines)} baselines, {args.seeds} seeds)",
+        "seconds": curve.seconds, "forward_ratio": curve.seconds / needed, "limit_ratio": 1.0,
+        "note": f"ratio to the {needed:.0f} s of forward passes it needs; probes {curve.probe_share:.0%}; "
+                f"target <= {TARGET_MINUTES} min",
+    }], train_limit=args.train_limit, eval_limit=args.eval_limit, seeds=args.seeds, lm=args.lm,
+        device=str(args.device or "default"), threads=torch.get_num_threads())
     for timing in curve.timings:
         if timing["fraction"] == 0.0:
             print(f"  {timing['task']}: features {timing['features']:.1f} s (train + dev, forward), "
