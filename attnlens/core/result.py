@@ -156,27 +156,42 @@ def plain(value: Any) -> Any:
 
 
 def frame_to_json(table: pd.DataFrame) -> dict[str, Any]:
-    """A table as JSON-ready ``{"columns", "dtypes", "rows", "attrs"}``: every float as Python
-    writes it (exact), NaN as ``None``; :func:`frame_from_json` reads it back equal."""
+    """A table as JSON-ready ``{"columns", "dtypes", "rows", "nans", "attrs"}``: every float as
+    Python writes it (exact), NaN as ``None`` (``nans``: where a column of objects held NaN
+    rather than ``None``); :func:`frame_from_json` reads it back equal."""
+    nans = {}
+    for column, dtype in zip(table.columns, table.dtypes, strict=True):
+        if dtype == np.dtype(object):
+            rows = [i for i, value in enumerate(table[column]) if isinstance(value, float) and math.isnan(value)]
+            if rows:
+                nans[str(column)] = rows
     return {
         "columns": [str(column) for column in table.columns],
         "dtypes": [str(dtype) for dtype in table.dtypes],
         "rows": [[plain(value) for value in row] for row in table.itertuples(index=False, name=None)],
+        "nans": nans,
         "attrs": plain(dict(table.attrs)),
     }
 
 
 def frame_from_json(data: dict[str, Any]) -> pd.DataFrame:
-    """The table of :func:`frame_to_json` (missing values of a column of objects as NaN)."""
+    """The table of :func:`frame_to_json`."""
     columns, dtypes = list(data["columns"]), list(data["dtypes"])
     if len(columns) != len(dtypes):
         raise ValueError(f"the table has {len(columns)} columns but {len(dtypes)} dtypes")
-    table = pd.DataFrame([list(row) for row in data["rows"]], columns=columns)
+    rows = [list(row) for row in data["rows"]]
+    if any(len(row) != len(columns) for row in rows):
+        raise ValueError(f"a row of the table does not have its {len(columns)} columns")
+    table = pd.DataFrame({column: pd.Series([row[i] for row in rows], dtype=object)
+                          for i, column in enumerate(columns)}, columns=columns)
     for column, dtype in zip(columns, dtypes, strict=True):
         if dtype == "object":
-            table[column] = table[column].astype(object).where(table[column].notna(), np.nan)
+            values = table[column].copy()
+            for row in data.get("nans", {}).get(column, []):
+                values.iloc[row] = math.nan
+            table[column] = values
         else:
-            table[column] = table[column].astype(dtype)
+            table[column] = table[column].astype("float64" if dtype.startswith("float") else object).astype(dtype)
     table.attrs.update(data.get("attrs") or {})
     return table
 
