@@ -157,7 +157,7 @@ def main() -> None:
     if baselines:
         table = papa.PapaTable.from_curve(curve)
         out = Path(args.out).with_name("papa_table.csv")
-        write_atomic(out, table.long.to_csv(index=False).encode("utf-8"))
+        write_atomic(out, table.table.to_csv(index=False).encode("utf-8"))
         write_atomic(out.with_suffix(".md"), (table.to_markdown() + "\n").encode("utf-8"))
         print(table.frame().to_string())
         print(table.frame(relative=True).to_string())
