@@ -91,7 +91,8 @@ class Result:
     def from_json(cls, text_or_path: str | os.PathLike) -> Any:
         """The result of :meth:`to_json`'s text, or of the file at ``text_or_path``.
         :class:`~attnlens.errors.FileFormatError` names what is wrong with a file that is not
-        valid JSON, is of another format, or lacks or mangles a field."""
+        valid JSON, is of another format, or lacks or mangles a field (an object without
+        ``"format"``, hand-written or older, is read by its fields)."""
         text = str(text_or_path)
         name = cls.__name__
         noun = re.sub(r"(?<=[a-z])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", " ", name).lower()
