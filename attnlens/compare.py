@@ -20,7 +20,6 @@ This module is callable: ``attnlens.compare(...)`` is :func:`compare`.
 
 from __future__ import annotations
 
-import json
 import math
 import operator
 import os
@@ -30,7 +29,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, SupportsIndex
+from typing import Any, ClassVar, SupportsIndex
 
 import numpy as np
 import pandas as pd
@@ -40,8 +39,9 @@ from torch import Tensor
 
 from attnlens.core.corpus import resolve_corpus
 from attnlens.core.inputs import as_max_len, tokenize, whole_number
+from attnlens.core.result import Result
 from attnlens.engine import passes
-from attnlens.errors import FileFormatError, InputError, InputTypeError
+from attnlens.errors import InputError, InputTypeError
 from attnlens.methods import views as registry
 from attnlens.methods.patterns.counts import PatternTypes
 from attnlens.methods.patterns.templates import TYPES
@@ -101,11 +101,15 @@ def validate_views(views: Iterable[str]) -> tuple[str, ...]:
 
 
 @dataclass
-class Comparison:
+class Comparison(Result):
     """How views of attention differ, head by head, over a corpus (see :func:`compare`).
 
-    - ``table``: one row per (view, layer, head) with :data:`COLUMNS` (see :data:`COLUMN_DOCS`);
+    A :class:`~attnlens.core.result.Result`:
+
+    - ``table``: one row per (view, layer, head) with :data:`COLUMNS` (see :data:`COLUMN_DOCS`;
+      both together: :attr:`Comparison.COLUMNS`);
     - ``figures``: plotly figures by name (head grids, tiled patterns, views side by side);
+      :meth:`figure` is one of them;
     - ``example_patterns``: ``view -> [layer, head, query, key]`` for the shown example, valid
       tokens only (``example_tokens``);
     - ``scores``: with ``tasks=`` or ``lm_texts=``, what each view costs: one row per (view,
@@ -113,8 +117,12 @@ class Comparison:
     - ``kept_patterns``: every head's map of several examples under each view, 8-bit and
       compressed (:class:`attnlens.kept.KeptPatterns`), for the report's explorer; read one with
       :meth:`patterns_of`; ``None`` with ``report_examples=0`` (and in older JSON);
-    - ``save_html(path)``, ``to_json()``, and Jupyter display via ``_repr_html_``.
+    - ``save_html(path)``, ``to_json()`` / ``from_json()``, and Jupyter display via ``_repr_html_``.
     """
+
+    COLUMNS: ClassVar[dict[str, str]] = {name: COLUMN_DOCS[name] for name in COLUMNS}
+    FORMAT: ClassVar[str] = "attnlens.Comparison/1"
+    WRITTEN_BY: ClassVar[str] = "attnlens compare --json (or Comparison.to_json)"
 
     table: pd.DataFrame
     views: tuple[str, ...]
@@ -203,6 +211,14 @@ class Comparison:
         (:class:`attnlens.display.Figures`)."""
         return Figures(build_figures(self))
 
+    def figure(self, name: str | None = None) -> Any:
+        """The figure ``name`` of :attr:`figures` (default: the first, in report order)."""
+        if name is None:
+            return self.figures[next(iter(self.figures))]
+        if name not in self.figures:
+            raise InputError(f"no figure {name!r}; the figures are {', '.join(map(repr, self.figures))}")
+        return self.figures[name]
+
     # -- output -----------------------------------------------------------------------------
 
     def to_html(self, *, full_html: bool = True) -> str:
@@ -259,7 +275,7 @@ class Comparison:
         """A JSON-ready dict: metadata, column definitions, table records (exact: every float as
         Python writes it, NaN as ``None``) and the example (patterns rounded to 6 decimals)."""
         return {
-            "format": "attnlens.Comparison/1",
+            "format": self.FORMAT,
             "model": self.model_name,
             "views": list(self.views),
             "n_layers": self.n_layers,
@@ -292,45 +308,6 @@ class Comparison:
             ],
             "kept_patterns": None if self.kept_patterns is None else self.kept_patterns.to_dict(),
         }
-
-    def to_json(
-        self, path: str | os.PathLike | None = None, *, indent: int | None = None,
-        overwrite_read_only: bool = False,
-    ) -> str:
-        """The comparison as JSON (see :meth:`to_dict`); also written to ``path`` if given
-        (atomically, missing folders created, as :meth:`save_html` does)."""
-        from attnlens.core.checks import whole_number
-
-        indent = None if indent is None else whole_number(indent, "indent", " of spaces", minimum=0)
-        text = json.dumps(self.to_dict(), indent=indent)
-        if path is not None:
-            from attnlens.core.files import write_atomic
-
-            write_atomic(Path(path), text.encode("utf-8"), overwrite_read_only=overwrite_read_only)
-        return text
-
-    @classmethod
-    def from_json(cls, text_or_path: str | os.PathLike) -> Comparison:
-        """Rebuild a comparison (table, example, figures) from :meth:`to_json` output."""
-        text = str(text_or_path)
-        source = "the JSON text given"
-        if not text.lstrip().startswith("{"):
-            from attnlens.core.files import check_readable
-
-            source = f"comparison file {text_or_path}"
-            text = check_readable(text_or_path, "comparison").read_text(encoding="utf-8")
-        try:
-            data = json.loads(text)
-            return cls._from_dict(data)
-        except (ValueError, KeyError, TypeError, AttributeError) as error:
-            problem = (f"it is not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}: "
-                       "truncated or edited?)" if isinstance(error, json.JSONDecodeError)
-                       else f"it lacks or mangles the field {error}" if isinstance(error, KeyError)
-                       else f"a field has the wrong form ({error})")
-            raise FileFormatError(
-                f"{source} is not a Comparison written by Comparison.to_json: {problem}; "
-                "write it again with attnlens compare --json (or Comparison.to_json)."
-            ) from None
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> Comparison:

@@ -180,7 +180,7 @@ def write_table(curve: papa.Curve, out: Path) -> None:
     """PAPA's Table 1 read from ``curve``, as ``papa_table.csv`` and ``.md`` beside ``out``."""
     table = papa.PapaTable.from_curve(curve)
     out = out.with_name("papa_table.csv")
-    write_atomic(out, table.long.to_csv(index=False).encode("utf-8"))
+    write_atomic(out, table.table.to_csv(index=False).encode("utf-8"))
     write_atomic(out.with_suffix(".md"), (table.to_markdown() + "\n").encode("utf-8"))
     print(table.frame().to_string())
     print(table.frame(relative=True).to_string())

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     constants = PapaConstants.load(args.constants, model)
     result = table(model, constants, measures.pop("tasks"), batch_size=args.batch_size, seeds=args.seeds,
                    progress=not args.quiet, **measures)
-    cli._write_table_and_figure(result.long, result.figure(), csv, out, args.force)
+    cli._write_table_and_figure(result.table, result.figure(), csv, out, args.force)
     write_atomic(markdown, (result.to_markdown() + "\n").encode("utf-8"), overwrite_read_only=args.force)
     print(result.frame().to_string())
     print(f"wrote {csv}, {markdown} and {out} ({result.seconds:.0f} s)")

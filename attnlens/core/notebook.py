@@ -97,10 +97,10 @@ def constants_html(constants: Any) -> str:
     they come from and their shape, not their values."""
     shape = f"{constants.n_layers} layers × {constants.n_heads} heads × {constants.max_len} × {constants.max_len}"
     rows = [("model", constants.model_id), ("shape", shape), ("layout", constants.layout)]
-    if hasattr(constants, "examples"):  # fitted / data-free PapaConstants
+    if hasattr(constants, "n_examples"):  # fitted / data-free PapaConstants
         rows.insert(0, ("kind", constants.kind))
-        rows.append(("fitted on", f"{constants.examples} examples, {constants.tokens} tokens "
-                                  f"({constants.truncated} truncated)"))
+        rows.append(("fitted on", f"{constants.n_examples} examples, {constants.n_tokens} tokens "
+                                  f"({constants.n_truncated} truncated)"))
         title = "PAPA constants"
     else:
         rows.insert(0, ("init", constants.init))

@@ -470,6 +470,27 @@ def _interval_bars(points: Any) -> dict | None:
             "arrayminus": (points["score"] - points["low"]).tolist(), "thickness": 1}
 
 
+def score_bars(
+    names: Sequence[str], scores: Sequence[float], lows: Sequence[float] | None = None,
+    highs: Sequence[float] | None = None, *, title: str | None = None, yaxis: str = "score",
+) -> go.Figure:
+    """One bar per name with its interval (``lows`` / ``highs``; NaN: no error bar) as an
+    asymmetric error bar, e.g. a probe beside its linear and majority baselines."""
+    import pandas as pd
+
+    points = pd.DataFrame({"score": list(map(float, scores)),
+                           "low": [math.nan] * len(scores) if lows is None else list(map(float, lows)),
+                           "high": [math.nan] * len(scores) if highs is None else list(map(float, highs))})
+    figure = go.Figure(go.Bar(
+        x=list(names), y=points["score"], error_y=_interval_bars(points),
+        marker_color=[CATEGORICAL_COLOURS[i % len(CATEGORICAL_COLOURS)] for i in range(len(points))],
+        hovertemplate="%{x}<br>" + yaxis + " %{y:.4f}<extra></extra>",
+    ))
+    figure.update_layout(title=title, yaxis_title=yaxis, height=360, width=max(320, 110 * len(points) + 160),
+                         margin={"t": 50, "b": 40}, plot_bgcolor="white")
+    return figure
+
+
 def papa_table(long: Any) -> go.Figure:
     """PAPA's Table 1 (:func:`attnlens.papa.table`): one panel per task, a bar per row
     (original, average constants, data-free matrices) with its 95% bootstrap interval, the

@@ -17,10 +17,11 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError, InputTypeError, MismatchError
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
@@ -59,13 +60,18 @@ COLUMNS = {
 
 
 @dataclass
-class Curve:
+class Curve(Result):
     """The table of :data:`COLUMNS` (one row per task, strategy and fraction), the seconds spent
     (``seconds``: total; ``forward_seconds``: extracting features, i.e. forward passes or cache
     reads; ``probe_seconds``: training and running the probes and their linear baselines, whose
     share of the total is :attr:`probe_share`), ``timings`` (per task point computed: ``task``,
     ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds; a point whose
-    hooks another point already ran is not computed again), and :meth:`figure`."""
+    hooks another point already ran is not computed again), and :meth:`figure`. A
+    :class:`~attnlens.core.result.Result`: :meth:`to_json` / :meth:`from_json` keep all of it
+    (``settings`` values that are not JSON as their ``str``), :meth:`to_csv` the table."""
+
+    COLUMNS: ClassVar[dict[str, str]] = COLUMNS
+    FORMAT: ClassVar[str] = "attnlens.Curve/1"
 
     table: pd.DataFrame
     seconds: float = 0.0
@@ -102,6 +108,17 @@ class Curve:
 
         return write_atomic(path, self.table.to_csv(index=False).encode("utf-8"),
                             overwrite_read_only=overwrite_read_only)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": frame_to_json(self.table), "seconds": self.seconds,
+                "forward_seconds": self.forward_seconds, "probe_seconds": self.probe_seconds,
+                "settings": plain(self.settings), "timings": plain(self.timings)}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Curve:
+        return cls(frame_from_json(data["table"]), float(data["seconds"]), float(data["forward_seconds"]),
+                   dict(data.get("settings") or {}), list(data.get("timings") or []),
+                   float(data.get("probe_seconds", 0.0)))
 
 
 def curve(

@@ -34,7 +34,7 @@ import hashlib
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, SupportsIndex
+from typing import Any, ClassVar, SupportsIndex
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -44,6 +44,7 @@ from attnlens.core import checks
 from attnlens.core.estimator import Estimator
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
+from attnlens.core.result import Result, frame, plain
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, NotFittedError
 from attnlens.evaluation.probing.features import Features, HiddenStates, extract
@@ -84,7 +85,7 @@ class UntrainedHead(InputError):
 
 
 @dataclass(frozen=True)
-class LMScore:
+class LMScore(Result):
     """A score of the model's own LM head over a corpus.
 
     ``value``: minus the mean negative log-likelihood per predicted token (nats; higher is
@@ -98,7 +99,24 @@ class LMScore:
     also gives ``counts``, ``[text, 2]`` (the summed log-likelihood of each evaluation text's
     masked tokens, and how many), and ``interval``, the 95% bootstrap interval of ``value`` over
     the evaluation texts (:func:`attnlens.probing.intervals.bootstrap_counts`).
+
+    A :class:`~attnlens.core.result.Result`: :attr:`table` is the score in one row
+    (:attr:`COLUMNS`), :meth:`figure` a bar with its interval, :meth:`to_json` all of it.
     """
+
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "kind": "causal, mlm, pll (the model's own head) or probe (the MLM probe)",
+        "name": "the kind in words, as every view of the score names it",
+        "value": "minus the mean negative log-likelihood per predicted token (nats; higher is better)",
+        "low": "95% bootstrap interval of value over the evaluation texts: lower end (the MLM probe only)",
+        "high": "95% bootstrap interval of value: upper end",
+        "perplexity": "exp(-value) (a pseudo-perplexity for pll)",
+        "n_tokens": "predicted tokens",
+        "n_examples": "texts",
+        "n_truncated": "texts cut by max_len",
+        "model_id": "the model scored",
+    }
+    FORMAT: ClassVar[str] = "attnlens.LMScore/1"
 
     value: float
     kind: str
@@ -135,6 +153,49 @@ class LMScore:
 
     def __repr__(self) -> str:
         return f"LMScore({self})"
+
+    @property
+    def n_truncated(self) -> int:
+        """Texts cut by ``max_len`` (``settings["n_truncated"]``; 0 where not recorded)."""
+        return int(self.settings.get("n_truncated", 0))
+
+    @property
+    def table(self) -> Any:
+        """The score as one row of :attr:`COLUMNS`."""
+        nan = float("nan")
+        return frame([{
+            "kind": self.kind, "name": self.name, "value": self.value,
+            "low": self.interval.low if self.interval else nan, "high": self.interval.high if self.interval else nan,
+            "perplexity": self.perplexity, "n_tokens": self.n_tokens, "n_examples": self.n_examples,
+            "n_truncated": self.n_truncated, "model_id": self.model_id,
+        }], self.COLUMNS)
+
+    def figure(self) -> Any:
+        """The score as a bar with its 95% interval, where it has one (:func:`attnlens.plots.score_bars`)."""
+        from attnlens.core.plots import score_bars
+
+        row = self.table.iloc[0]
+        return score_bars([self.name], [self.value], [row["low"]], [row["high"]], yaxis="nats per token",
+                          title=f"{self.name} score of {self.model_id} ({self.n_tokens} tokens)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"value": self.value, "kind": self.kind, "n_tokens": self.n_tokens, "n_examples": self.n_examples,
+                "perplexity": self.perplexity, "model_id": self.model_id, "settings": plain(self.settings),
+                "interval": None if self.interval is None else plain(vars(self.interval)),
+                "counts": None if self.counts is None else plain(self.counts)}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> LMScore:
+        import numpy as np
+
+        interval, counts = data.get("interval"), data.get("counts")
+        if data["kind"] not in NAMES:
+            raise ValueError(f"kind {data['kind']!r} is none of {', '.join(NAMES)}")
+        return cls(value=float(data["value"]), kind=data["kind"], n_tokens=int(data["n_tokens"]),
+                   n_examples=int(data["n_examples"]), perplexity=float(data["perplexity"]),
+                   model_id=str(data["model_id"]), settings=dict(data.get("settings") or {}),
+                   interval=None if interval is None else Interval(**interval),
+                   counts=None if counts is None else np.asarray(counts, dtype=np.float64).reshape(-1, 2))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,30 +16,43 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnlens.core.deprecation import renamed_fields
+from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
+from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
 
 #: The rows of Table 1, in order.
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
 
 
+@renamed_fields(long="table")
 @dataclass
-class PapaTable:
-    """Table 1 of a model. ``long``: one row per (row, task) with the columns of
-    :data:`attnlens.papa.curves.COLUMNS` and ``row``; :meth:`frame`: the paper's layout (rows ×
-    tasks, ``score [low, high]``); :meth:`figure`: bars with their intervals."""
+class PapaTable(Result):
+    """Table 1 of a model. ``table``: one row per (row, task) with :attr:`COLUMNS` (those of
+    :data:`attnlens.papa.curves.COLUMNS`, then ``row``; its older name ``long`` is deprecated);
+    :meth:`frame`: the paper's layout (rows × tasks, ``score [low, high]``); :meth:`figure`:
+    bars with their intervals; :meth:`to_json` / :meth:`from_json` (a
+    :class:`~attnlens.core.result.Result`)."""
 
-    long: pd.DataFrame
+    COLUMNS: ClassVar[dict[str, str]] = {
+        **CURVE_COLUMNS,
+        "row": "the row of Table 1: original (no head replaced), average (every head replaced by "
+               "the constants), or the data-free matrix replacing every head",
+    }
+    FORMAT: ClassVar[str] = "attnlens.PapaTable/1"
+
+    table: pd.DataFrame
     seconds: float = 0.0
     settings: dict = field(default_factory=dict, repr=False)
 
     def frame(self, *, relative: bool = False) -> pd.DataFrame:
         """Rows × tasks: ``"0.812 [0.785, 0.835]"`` (``relative=True``: score / original's,
         with ``*`` where the paired bootstrap finds the drop significant)."""
-        cells = self.long.copy()
+        cells = self.table.copy()
         if relative:
             cells["cell"] = [f"{r:.3f}{'*' if s else ''}" for r, s in
                              zip(cells["relative"], cells["significant"].fillna(False), strict=True)]
@@ -53,10 +66,10 @@ class PapaTable:
         """One panel per task: a bar per row with its 95% interval (:func:`attnlens.plots.papa_table`)."""
         from attnlens.core.plots import papa_table
 
-        return papa_table(self.long)
+        return papa_table(self.table)
 
     def __repr__(self) -> str:
-        return f"PapaTable({', '.join(dict.fromkeys(self.long['task']))}; {self.seconds:.0f} s)\n{self.frame()}"
+        return f"PapaTable({', '.join(dict.fromkeys(self.table['task']))}; {self.seconds:.0f} s)\n{self.frame()}"
 
     def to_markdown(self) -> str:
         """The paper's layout as a Markdown table (for docs and notes)."""
@@ -64,6 +77,13 @@ class PapaTable:
         lines = ["| | " + " | ".join(frame.columns) + " |", "|---" * (len(frame.columns) + 1) + "|"]
         lines += [f"| {index} | " + " | ".join(frame.loc[index]) + " |" for index in frame.index]
         return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"table": frame_to_json(self.table), "seconds": self.seconds, "settings": plain(self.settings)}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> PapaTable:
+        return cls(frame_from_json(data["table"]), float(data["seconds"]), dict(data.get("settings") or {}))
 
     @classmethod
     def from_curve(cls, measured: Any) -> PapaTable:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, SupportsIndex
+from typing import Any, ClassVar, SupportsIndex
 
 import torch
 from jaxtyping import Bool, Float
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from attnlens.core import checks, seam
 from attnlens.core.heads import HeadSet, n_selected
+from attnlens.core.result import Result, frame, plain
 from attnlens.engine import passes
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
@@ -374,7 +375,7 @@ def head_means(
 
 
 @dataclass
-class Importance:
+class Importance(Result):
     """Head importance of :func:`importance` (Michel et al. 2019, eq. 2).
 
     ``scores``: ``[layer, head]``, ``raw`` divided by its layer's ℓ2 norm (Michel et al. §4.2;
@@ -382,7 +383,20 @@ class Importance:
     ``n_examples``: examples the expectation is over; ``per``: ``"example"`` when the loss gave
     one value per example (the exact ``E_x``), ``"batch"`` when it gave one per batch (then
     ``raw`` is the mean over batches of ``|∂L(batch)/∂ξ_h|``, as in Michel et al.'s code).
+
+    A :class:`~attnlens.core.result.Result`: :attr:`table` has one row per head
+    (:attr:`COLUMNS`), :meth:`figure` is the ``[layer, head]`` grid of ``scores``,
+    :meth:`to_json` keeps all of it.
     """
+
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "layer": "layer index, from 0",
+        "head": "head index within the layer, from 0",
+        "score": "importance divided by its layer's l2 norm (what pruning ranks by)",
+        "raw": "importance E_x |dL(x)/d xi_h| before normalising",
+        "rank": "place in heads_ranked('ascending'): 0 is the least important head, pruned first",
+    }
+    FORMAT: ClassVar[str] = "attnlens.Importance/1"
 
     scores: Float[Tensor, "layer head"]
     raw: Float[Tensor, "layer head"]
@@ -415,6 +429,42 @@ class Importance:
 
     def __repr__(self) -> str:
         return f"Importance({self.shape[0]} layers x {self.shape[1]} heads, {self.n_examples} examples, per {self.per})"
+
+    @property
+    def table(self) -> Any:
+        """One row per head, layer by layer: :attr:`COLUMNS`."""
+        n_layers, n_heads = self.shape
+        rank = {head: place for place, head in enumerate(self.heads_ranked("ascending"))}
+        return frame({
+            "layer": [layer for layer in range(n_layers) for _ in range(n_heads)],
+            "head": [head for _ in range(n_layers) for head in range(n_heads)],
+            "score": self.scores.double().flatten().tolist(), "raw": self.raw.double().flatten().tolist(),
+            "rank": [rank[(layer, head)] for layer in range(n_layers) for head in range(n_heads)],
+        }, self.COLUMNS)
+
+    def figure(self, *, normalised: bool = True) -> Any:
+        """The ``[layer, head]`` grid of ``scores`` (``normalised=False``: of ``raw``)
+        (:func:`attnlens.plots.head_grid`)."""
+        from attnlens.core.plots import head_grid
+
+        values = self.scores if normalised else self.raw
+        return head_grid(values, name="importance", title=f"Head importance (Michel et al. 2019), "
+                         f"{'normalised by layer' if normalised else 'raw'}, {self.n_examples} examples")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"scores": plain(self.scores.double()), "raw": plain(self.raw.double()),
+                "dtype": str(self.scores.dtype).removeprefix("torch."), "n_examples": self.n_examples,
+                "per": self.per, "settings": plain(self.settings)}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Importance:
+        dtype = {"float32": torch.float32, "float64": torch.float64}[data.get("dtype", "float32")]
+        scores = torch.tensor(data["scores"], dtype=torch.float64).to(dtype)
+        raw = torch.tensor(data["raw"], dtype=torch.float64).to(dtype)
+        if scores.ndim != 2 or scores.shape != raw.shape:
+            raise ValueError(f"scores {list(scores.shape)} and raw {list(raw.shape)} must be one [layer, head] shape")
+        return cls(scores=scores, raw=raw, n_examples=int(data["n_examples"]), per=str(data["per"]),
+                   settings=dict(data.get("settings") or {}))
 
 
 def _check_order(order: Any) -> None:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, SupportsIndex
+from typing import Any, ClassVar, SupportsIndex
 
 import numpy as np
 import pandas as pd
@@ -54,12 +54,14 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.checks import describe, whole_number
+from attnlens.core.result import Result, frame_from_json, frame_to_json
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 
 #: the rows of one chunk of :class:`HeadDistances` take about this many bytes of temporaries
 CHUNK_BYTES = 200 * 2**20
-#: columns of :attr:`HeadClustering.table` (``type`` only when types are given)
+#: the columns of :attr:`HeadClustering.table` before its ``type`` (all of them, with their
+#: meanings: :attr:`HeadClustering.COLUMNS`)
 COLUMNS: tuple[str, ...] = ("layer", "head", "x", "y")
 #: marker symbols of pattern types, in order of first appearance
 SYMBOLS: tuple[str, ...] = (
@@ -227,17 +229,28 @@ class HeadDistances(Accumulator):
 
 
 @dataclass
-class HeadClustering:
+class HeadClustering(Result):
     """Heads embedded in 2-D by their mean Jensen-Shannon distances (:func:`cluster`).
 
     ``distances``: ``[n, n]`` mean distance between heads (head ``layer * n_heads + head``);
-    ``coords``: ``[n, 2]``, the MDS embedding; ``table``: one row per head with ``layer``,
-    ``head``, ``x``, ``y`` (and ``type`` when pattern types were given); ``view``:
+    ``coords``: ``[n, 2]``, the MDS embedding; ``table``: one row per head with
+    :attr:`COLUMNS` (``type`` is ``None`` where no pattern types were given); ``view``:
     ``"standard"``, ``"effective"`` or ``"papa"``; ``stress``: Kruskal's Stress-1 of the
     embedding, ``sqrt(Σ_{i<j} (‖x_i − x_j‖ − d_ij)² / Σ_{i<j} d_ij²)`` (0: the 2-D distances
-    are the head distances; about 0.1 fair, 0.2 poor); ``n_examples`` and ``n_tokens`` of the
-    corpus read.
+    are the head distances; about 0.1 fair, 0.2 poor); ``n_examples``, ``n_tokens`` and
+    ``n_truncated`` of the corpus read. A :class:`~attnlens.core.result.Result`:
+    :meth:`figure`, :meth:`to_json` / :meth:`from_json` (all of it).
     """
+
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "layer": "layer index, from 0",
+        "head": "head index within the layer, from 0",
+        "x": "first MDS coordinate",
+        "y": "second MDS coordinate",
+        "type": "the head's pattern type (cluster(types=)); 'unknown' for a head types does not "
+                "name, None without types",
+    }
+    FORMAT: ClassVar[str] = "attnlens.HeadClustering/1"
 
     distances: Float[np.ndarray, "heads heads"]
     coords: Float[np.ndarray, "heads 2"]
@@ -248,6 +261,7 @@ class HeadClustering:
     n_heads: int
     n_examples: int = 0
     n_tokens: int = 0
+    n_truncated: int = 0
 
     def __repr__(self) -> str:
         return (
@@ -259,6 +273,22 @@ class HeadClustering:
     def figure(self) -> go.Figure:
         """The embedding as a plotly scatter (:func:`figure` with this one view)."""
         return _figure([self])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"distances": self.distances.tolist(), "coords": self.coords.tolist(),
+                "table": frame_to_json(self.table), "view": self.view, "stress": self.stress,
+                "n_layers": self.n_layers, "n_heads": self.n_heads, "n_examples": self.n_examples,
+                "n_tokens": self.n_tokens, "n_truncated": self.n_truncated}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> HeadClustering:
+        n = int(data["n_layers"]) * int(data["n_heads"])
+        distances = np.asarray(data["distances"], dtype=np.float64).reshape(n, n)
+        coords = np.asarray(data["coords"], dtype=np.float64).reshape(n, 2)
+        return cls(distances=distances, coords=coords, table=frame_from_json(data["table"]),
+                   view=str(data["view"]), stress=float(data["stress"]), n_layers=int(data["n_layers"]),
+                   n_heads=int(data["n_heads"]), n_examples=int(data.get("n_examples", 0)),
+                   n_tokens=int(data.get("n_tokens", 0)), n_truncated=int(data.get("n_truncated", 0)))
 
 
 def stress1(
@@ -385,10 +415,13 @@ def cluster(
     if checked_types is not None:
         table = table.merge(checked_types, on=["layer", "head"], how="left")
         table["type"] = table["type"].fillna(UNKNOWN)
+    else:
+        table["type"] = pd.Series([None] * len(table), dtype=object)
     table.attrs.update(view=name, layout=layout, max_len=max_len)
     return HeadClustering(
         distances=matrix, coords=coords, table=table, view=name, stress=stress1(coords, matrix),
         n_layers=n_layers, n_heads=n_heads, n_examples=summary.n_examples, n_tokens=summary.n_tokens,
+        n_truncated=summary.n_truncated,
     )
 
 
@@ -404,6 +437,13 @@ def figure(*clusterings: HeadClustering, titles: Sequence[str] | None = None) ->
     the view and its stress).
     """
     return _figure(list(clusterings), titles)
+
+
+def _types(table: pd.DataFrame) -> list[str | None]:
+    """Each head's pattern type, None where it has none (no ``type`` column, or not a name)."""
+    if "type" not in table:
+        return [None] * len(table)
+    return [kind if isinstance(kind, str) else None for kind in table["type"]]
 
 
 def _figure(clusterings: list[HeadClustering], titles: Sequence[str] | None = None) -> go.Figure:
@@ -426,7 +466,7 @@ def _figure(clusterings: list[HeadClustering], titles: Sequence[str] | None = No
         raise InputError(f"give one title per clustering: {len(titles)} titles for {len(clusterings)}.")
     n_layers = clusterings[0].n_layers
     colours = sample_colorscale("Viridis", [i / max(1, n_layers - 1) for i in range(n_layers)])
-    types = [t for c in clusterings if "type" in c.table for t in c.table["type"]]
+    types = [t for c in clusterings for t in _types(c.table) if t is not None]
     symbols = {t: SYMBOLS[i % len(SYMBOLS)] for i, t in enumerate(dict.fromkeys(types))}
 
     fig = make_subplots(rows=1, cols=len(clusterings), subplot_titles=titles, horizontal_spacing=0.06)
@@ -439,7 +479,7 @@ def _figure(clusterings: list[HeadClustering], titles: Sequence[str] | None = No
         table = item.table
         n = len(table)
         mean_distance = item.distances.sum(1) / max(1, n - 1)
-        kinds = table["type"].tolist() if "type" in table else [None] * n
+        kinds = _types(table)
         for layer in range(n_layers):
             rows = np.flatnonzero(table["layer"].to_numpy() == layer)
             text = [

@@ -18,12 +18,13 @@ from __future__ import annotations
 import string
 import unicodedata
 import weakref
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.core.result import Result, frame
 from attnlens.engine.passes import Accumulator
 from attnlens.errors import InputError
 
@@ -139,10 +140,12 @@ def _diagonal(pattern: Tensor, offset: int) -> Tensor:
     return out
 
 
-class AttentionStatistics:
+class AttentionStatistics(Result):
     """Streaming means of :data:`STATISTICS` per (layer, head); holds no attention maps.
 
-    Call :meth:`update` with each layer's pattern for a batch, then read :meth:`means`.
+    Call :meth:`update` with each layer's pattern for a batch, then read :meth:`means`, or
+    :attr:`table` and :meth:`figure` (a :class:`~attnlens.core.result.Result`; :meth:`to_json`
+    keeps the running totals, so :meth:`from_json` can go on updating).
 
     Precision: a batch's rows are summed in float32 (:data:`BATCH_DTYPE`, on the pattern's
     device, with no copy to the CPU), and those per-batch sums are added into float64 running
@@ -151,6 +154,15 @@ class AttentionStatistics:
     ``n · 2⁻²⁴`` relative (about ``√n · 2⁻²⁴`` typically; ``tests/test_stats.py`` derives the
     test's tolerance from it). The totals move to the pattern's device on the first update.
     """
+
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "statistic": "a name of STATISTICS (to_cls, to_sep, to_punct, to_self, to_prev, to_next, entropy)",
+        "layer": "layer index, from 0",
+        "head": "head index within the layer, from 0",
+        "value": "the statistic's mean over every valid query token seen",
+        "n_tokens": "valid query tokens seen in the layer (the mean's count)",
+    }
+    FORMAT: ClassVar[str] = "attnlens.AttentionStatistics/1"
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
         from attnlens.core.heads import _sizes
@@ -183,6 +195,39 @@ class AttentionStatistics:
         if not bool((counts > 0).all()):
             raise InputError("No tokens were seen for some layer; update() with at least one batch.")
         return {name: (total.cpu() / counts[:, None]).float() for name, total in self.sums.items()}
+
+    @property
+    def table(self) -> Any:
+        """One row per statistic, layer and head: :attr:`COLUMNS` (the :meth:`means`)."""
+        counts = [int(count) for count in self.counts.cpu().tolist()]
+        return frame([
+            {"statistic": name, "layer": layer, "head": head, "value": value, "n_tokens": counts[layer]}
+            for name, means in self.means().items()
+            for layer, row in enumerate(means.tolist()) for head, value in enumerate(row)
+        ], self.COLUMNS)
+
+    def figure(self, statistic: str = "to_cls") -> Any:
+        """One statistic's ``[layer, head]`` grid (:func:`attnlens.plots.head_grid`)."""
+        from attnlens.core.plots import head_grid
+
+        if statistic not in STATISTICS:
+            raise InputError(f"unknown statistic {statistic!r}; use one of {', '.join(STATISTICS)}.")
+        return head_grid(self.means()[statistic], name=statistic, title=f"{statistic} per head")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n_layers": self.n_layers, "n_heads": self.n_heads,
+                "sums": {name: total.cpu().double().tolist() for name, total in self.sums.items()},
+                "counts": self.counts.cpu().double().tolist()}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> AttentionStatistics:
+        made = cls(int(data["n_layers"]), int(data["n_heads"]))
+        sums = {name: torch.tensor(data["sums"][name], dtype=TOTAL_DTYPE) for name in STATISTICS}
+        counts = torch.tensor(data["counts"], dtype=TOTAL_DTYPE)
+        if any(total.shape != made.sums[name].shape for name, total in sums.items()) or counts.shape != made.counts.shape:
+            raise ValueError(f"sums must be [{made.n_layers}, {made.n_heads}] and counts [{made.n_layers}]")
+        made.sums, made.counts = sums, counts
+        return made
 
 
 def _total_dtype(device: torch.device) -> torch.dtype:

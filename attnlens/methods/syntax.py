@@ -530,7 +530,8 @@ def dependency_heads(
     the dependent for ``dependent->head``, from the head word for ``head->dependent``),
     ``beats_baseline`` (``accuracy > baseline_accuracy``); plus one ``"all relations"`` row per
     direction (the one head best over all arcs pooled, and the best offset pooled). Sorted by
-    count, largest first. ``attrs``: ``sentences`` (sentences run), ``skipped``, ``blank``,
+    count, largest first. ``attrs``: ``n_examples`` (sentences run; also ``sentences``, its older
+    name), ``skipped``, ``blank``,
     ``dropped`` (arcs with a word that got no sub-token, not counted), ``view`` (``"standard"``,
     ``"effective"`` or ``"papa"``), ``layout`` and ``max_len``.
     """
@@ -576,7 +577,7 @@ def dependency_heads(
     )
     table = counts.table()
     table.attrs.update(
-        sentences=len(kept), skipped=skipped, blank=blank, dropped=int(counts.dropped),
+        n_examples=len(kept), sentences=len(kept), skipped=skipped, blank=blank, dropped=int(counts.dropped),
         view=name, layout=layout, max_len=max_len,
     )
     return table

@@ -351,13 +351,13 @@ def test_fit_papa_checkpoint_resumes_an_interrupted_fit(
         "attnlens: error: interrupted; run the same command again to resume from "
         f"--checkpoint {checkpoint}"
     )
-    assert papa.load(checkpoint).examples == 8 and not resumed.exists()
+    assert papa.load(checkpoint).n_examples == 8 and not resumed.exists()
 
     batches.clear()
     assert main(argv) == 0
     assert len(batches) == 4  # the 8 examples in the checkpoint are skipped
     expected, got = papa.load(whole), papa.load(resumed)
-    assert (got.examples, got.tokens) == (expected.examples, expected.tokens) == (16, got.tokens)
+    assert (got.n_examples, got.n_tokens) == (expected.n_examples, expected.n_tokens) == (16, got.n_tokens)
     for name in ("sums", "squares", "pair_counts"):
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
 

@@ -245,9 +245,9 @@ def test_table_1_read_from_a_curve_equals_papa_table(minilm, constants):
     measured = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=DATA_FREE, **options)
     read = papa.PapaTable.from_curve(measured)
     direct = papa.table(minilm, constants, ["sst2"], **options)
-    assert list(read.long["row"]) == list(ROWS) == list(direct.long["row"])
+    assert list(read.table["row"]) == list(ROWS) == list(direct.table["row"])
     columns = ["row", "score", "low", "high", "difference", "baseline", "majority"]
-    pd.testing.assert_frame_equal(read.long[columns], direct.long[columns])
+    pd.testing.assert_frame_equal(read.table[columns], direct.table[columns])
     half = measured.table[measured.table["fraction_replaced"] == 0.5]
     with pytest.raises(AttnlensError, match="fraction 0 and 1"):
         papa.PapaTable.from_curve(Curve(half, settings=measured.settings))

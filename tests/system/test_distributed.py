@@ -87,14 +87,14 @@ def test_torchrun_fit_equals_the_single_process_fit(tmp_path, bert_folder, corpu
     assert done.returncode == 0, done.stderr[-3000:]
     one, two = papa.load(single), papa.load(merged)
     assert torch.equal(one.pair_counts, two.pair_counts)
-    assert (one.examples, one.tokens, one.truncated, one.pairs) == (
-        two.examples, two.tokens, two.truncated, two.pairs,
+    assert (one.n_examples, one.n_tokens, one.n_truncated, one.pairs) == (
+        two.n_examples, two.n_tokens, two.n_truncated, two.pairs,
     )
     torch.testing.assert_close(two.sums, one.sums, rtol=0, atol=1e-12)
     torch.testing.assert_close(two.squares, one.squares, rtol=0, atol=1e-12)
     ranks = sorted(path.name for path in checkpoint.parent.iterdir())
     assert ranks == ["fit.rank0-of-2.safetensors", "fit.rank1-of-2.safetensors"]
-    assert [papa.load(checkpoint.parent / name).examples for name in ranks] == [10, 11]
+    assert [papa.load(checkpoint.parent / name).n_examples for name in ranks] == [10, 11]
 
     # a checkpoint of two processes cannot be resumed by one
     with pytest.raises(SystemExit) as exit_info:
@@ -170,7 +170,7 @@ def test_merge_adds_up_constants_fitted_apart(tmp_path, bert_folder, corpus_file
     merged = tmp_path / "merged.safetensors"
     assert main(["merge", str(outs[1]), str(outs[2]), "--out", str(merged)]) == 0
     whole, got = papa.load(outs[0]), papa.load(merged)
-    assert torch.equal(whole.pair_counts, got.pair_counts) and whole.examples == got.examples
+    assert torch.equal(whole.pair_counts, got.pair_counts) and whole.n_examples == got.n_examples
     torch.testing.assert_close(got.sums, whole.sums, rtol=0, atol=1e-12)
 
     other = tmp_path / "other.safetensors"

@@ -39,7 +39,7 @@ def test_effective_page(tmp_path, monkeypatch):
     assert torch.equal(a_perp[0], pattern[0]) and (a_perp[1] - pattern[1]).abs().max() > 0.1
     torch.testing.assert_close(a_perp @ v, pattern @ v, atol=1e-5, rtol=1e-4)
     assert names["run"].effective.shape[0] == names["model"].cfg.n_layers
-    assert set(names["stats"].to_frame()["attention"]) == {"standard", "effective"}
+    assert set(names["stats"].table["attention"]) == {"standard", "effective"}
 
 
 @pytest.mark.slow

@@ -162,14 +162,14 @@ def test_statistics_stream_over_a_corpus(minilm, sst2_sentences, wikitext_paragr
     for layer in range(6):
         expected["standard"].update(layer, full.standard[layer], classes, full.valid)
         expected["effective"].update(layer, full.effective[layer], classes, full.valid)
-    assert streamed.n_examples == streamed.n_sequences == len(corpus) and streamed.n_tokens == int(batch.attention_mask.sum())
+    assert streamed.n_examples == len(corpus) and streamed.n_tokens == int(batch.attention_mask.sum())
     for kind in ("standard", "effective"):
         means = getattr(streamed, kind)
         for name in ("to_cls", "to_sep", "to_punct"):
             assert means[name].shape == (6, 12)
             torch.testing.assert_close(means[name], expected[kind].means()[name], atol=1e-5, rtol=0)
     assert (streamed.effective["to_sep"] - streamed.standard["to_sep"]).abs().max() > 1e-3
-    frame = streamed.to_frame()
+    frame = streamed.table
     assert set(frame["attention"]) == {"standard", "effective"} and len(frame) == 2 * 7 * 72
 
 

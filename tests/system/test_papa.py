@@ -111,11 +111,11 @@ def test_fit_equals_plain_loop_over_hf_eager_attentions(
     np.testing.assert_allclose(constants.mean.numpy(), mean, atol=mean_atol, rtol=0)
     np.testing.assert_allclose(constants.input_dependence.numpy(), dependence, atol=dependence_atol, rtol=0)
     assert constants.sums.dtype == torch.float64 and constants.pair_counts.dtype == torch.int64
-    assert (constants.examples, constants.tokens) == (len(corpus), tokens)
+    assert (constants.n_examples, constants.n_tokens) == (len(corpus), tokens)
     assert constants.pairs is (kind == "pairs")
     assert constants.model_id == "sentence-transformers/all-MiniLM-L6-v2"
     assert (constants.layout, constants.max_len) == (layout, max_len)
-    assert constants.truncated == attnlens.tokenize(minilm, corpus, max_len=max_len, layout=layout).n_truncated
+    assert constants.n_truncated == attnlens.tokenize(minilm, corpus, max_len=max_len, layout=layout).n_truncated
     # never-seen pairs are 0; every head has some input dependence
     assert torch.all(constants.mean[:, :, counts == 0] == 0)
     assert torch.all(constants.input_dependence > 0)
@@ -211,7 +211,7 @@ def test_interrupted_fit_resumes_to_the_uninterrupted_result(minilm, texts, tmp_
     with pytest.raises(KeyboardInterrupt):
         papa.fit(minilm, interrupted(corpus, 21), checkpoint=checkpoint, checkpoint_every=every, **kwargs)
     saved = papa.load(checkpoint)
-    assert saved.examples == 16, "two full batches were consumed before the interrupt"
+    assert saved.n_examples == 16, "two full batches were consumed before the interrupt"
 
     resumed = papa.fit(minilm, corpus, checkpoint=checkpoint, checkpoint_every=every, **kwargs)
     for name in ("sums", "squares", "pair_counts"):

@@ -92,12 +92,12 @@ def test_a_signal_mid_batch_writes_the_checkpoint_it_promises_and_resumes_bit_id
     assert interrupted.returncode == 130, interrupted.stderr
     assert "run the same command again to resume" in interrupted.stderr
     assert checkpoint.is_file() and not resumed.exists()  # the promise holds
-    assert papa.load(checkpoint).examples == 6  # the batch the signal came in is kept
+    assert papa.load(checkpoint).n_examples == 6  # the batch the signal came in is kept
 
     again = cli(argv)
     assert again.returncode == 0, again.stderr
     expected, got = papa.load(whole), papa.load(resumed)
-    assert (got.examples, got.tokens) == (expected.examples, expected.tokens)
+    assert (got.n_examples, got.n_tokens) == (expected.n_examples, expected.n_tokens)
     for name in ("sums", "squares", "pair_counts"):
         assert torch.equal(getattr(got, name), getattr(expected, name)), name
 

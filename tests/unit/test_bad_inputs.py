@@ -103,7 +103,7 @@ def test_metadata_of_the_wrong_type_is_refused(fitted, tmp_path):
 
 def test_counts_that_disagree_with_the_metadata_are_refused(fitted, tmp_path):
     path = fitted.save(tmp_path / "c.safetensors")
-    bad = rewrite(path, tmp_path / "bad.safetensors", metadata={"tokens": fitted.tokens + 1})
+    bad = rewrite(path, tmp_path / "bad.safetensors", metadata={"tokens": fitted.n_tokens + 1})
     with pytest.raises(ValueError, match="diagonal of pair_counts adds up to .* the metadata says"):
         papa.load(bad)
 

@@ -93,7 +93,7 @@ def assert_same_fit_and_hooks(model, examples, max_len):
                          compact=False)
     fitted = papa.fit(model, examples, max_len=max_len, layout="papa", batch_size=4, progress=False)
     assert torch.equal(fitted.pair_counts, reference.pair_counts)
-    assert (fitted.examples, fitted.tokens) == (reference.examples, reference.tokens)
+    assert (fitted.n_examples, fitted.n_tokens) == (reference.n_examples, reference.n_tokens)
     torch.testing.assert_close(fitted.mean, reference.mean, rtol=0, atol=CONSTANTS_ATOL)
     torch.testing.assert_close(fitted.input_dependence, reference.input_dependence, rtol=1e-4, atol=1e-7)
     for heads in ("all", 0.5):

@@ -66,7 +66,7 @@ def test_a_checkpoint_refuses_another_corpus(bert, tmp_path):
     # a finished checkpoint resumed with a longer corpus that starts the same continues it
     longer = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
     whole = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False)
-    assert longer.examples == 12 and torch.equal(longer.sums, whole.sums)
+    assert longer.n_examples == 12 and torch.equal(longer.sums, whole.sums)
 
 
 def test_a_checkpoint_refuses_other_settings(bert, tmp_path):
@@ -92,7 +92,7 @@ def test_sigterm_saves_the_checkpoint_like_ctrl_c(bert, tmp_path):
         papa.fit(bert, terminated(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,
                  checkpoint=checkpoint, checkpoint_every=100)
     assert signal.getsignal(signal.SIGTERM) is before, "the handler is put back"
-    assert papa.load(checkpoint).examples == 8
+    assert papa.load(checkpoint).n_examples == 8
     resumed = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
     whole = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False)
     assert torch.equal(resumed.sums, whole.sums) and resumed.metadata == whole.metadata
@@ -122,7 +122,7 @@ def test_a_second_signal_during_the_save_waits_for_it(bert, tmp_path, monkeypatc
         papa.fit(bert, interrupted(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,
                  checkpoint=checkpoint, checkpoint_every=100)
     monkeypatch.setattr(passes, "save_checkpoint", original)
-    assert calls == [1] and papa.load(checkpoint).examples == 8
+    assert calls == [1] and papa.load(checkpoint).n_examples == 8
     resumed = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
     whole = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False)
     assert torch.equal(resumed.sums, whole.sums)

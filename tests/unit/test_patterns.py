@@ -149,7 +149,7 @@ def test_decoder_maps_use_visible_keys():
 def test_classification_table_and_repr():
     maps = patterns.synthetic("all", 2, 32, seed=5)
     result = patterns.classify(maps.maps[:, None], tokens=maps.tokens)
-    table = result.table()
+    table = result.table
     assert len(table) == 10 and list(table["type"]) == maps.labels
     assert {f"score_{t}" for t in patterns.TYPES} <= set(table.columns)
     assert "vertical 2" in repr(result)

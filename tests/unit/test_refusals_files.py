@@ -171,7 +171,7 @@ def test_an_old_file_with_a_checksum_of_its_tensors_only_still_loads_with_a_warn
     rewrite_header(path, header)
     with pytest.warns(AttnlensWarning, match="older attnlens.*save it again"):
         again = papa.load(path)
-    assert again.examples == constants.examples
+    assert again.n_examples == constants.n_examples
     again.save(path)  # saving it again covers its metadata
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -108,7 +108,7 @@ def test_constants_headset_and_curve_displays(bert):
         for f in (0.0, 0.5, 1.0)
     ]), seconds=3.0)
     for obj, facts in [
-        (constants, ["PAPA constants", "2 layers × 4 heads × 16 × 16", f"{constants.examples} examples",
+        (constants, ["PAPA constants", "2 layers × 4 heads × 16 × 16", f"{constants.n_examples} examples",
                      constants.model_id, "single sentences", "encoder"]),
         (trainable, ["trainable PAPA constants", "average", "2 layers × 4 heads × 16 × 16"]),
         (heads, ["2 of 8 heads", "L1H2, L0H3"]),

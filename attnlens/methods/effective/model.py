@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, SupportsIndex
+from typing import Any, ClassVar, Literal, SupportsIndex
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -30,8 +30,10 @@ from torch import Tensor
 
 from attnlens.core import seam
 from attnlens.core.checks import finite, index, items
+from attnlens.core.deprecation import warn_renamed
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
+from attnlens.core.result import Result, frame
 from attnlens.engine import passes
 from attnlens.engine.effective import effective_attention, warn_if_short
 from attnlens.engine.hooks import Hooks
@@ -77,13 +79,25 @@ class EffectiveRun:
 
 
 @dataclass
-class EffectiveStatistics:
+class EffectiveStatistics(Result):
     """Per-head corpus means for standard and effective attention.
 
     ``standard[name]`` / ``effective[name]`` are ``[layer, head]`` for each name in
     :data:`attnlens.stats.STATISTICS` (``to_cls``, ``to_sep``, ``to_punct``, ...): the mean over
-    every valid query token of the corpus.
+    every valid query token of the corpus; ``n_examples``, ``n_tokens``, ``n_truncated``: the
+    corpus read. A :class:`~attnlens.core.result.Result`: :attr:`table` (long, one row per
+    attention, statistic and head; ``to_frame()`` is its deprecated older name),
+    :meth:`figure` (one statistic's head grids), :meth:`to_json` / :meth:`from_json`.
     """
+
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "attention": "standard (the model's pattern) or effective (effective attention)",
+        "statistic": "a name of attnlens.stats.STATISTICS (to_cls, to_sep, ..., entropy)",
+        "layer": "layer index, from 0",
+        "head": "head index within the layer, from 0",
+        "value": "the statistic's mean over every valid query token of the corpus",
+    }
+    FORMAT: ClassVar[str] = "attnlens.EffectiveStatistics/1"
 
     standard: dict[str, Float[Tensor, "layer head"]]
     effective: dict[str, Float[Tensor, "layer head"]]
@@ -94,6 +108,7 @@ class EffectiveStatistics:
     @property
     def n_sequences(self) -> int:
         """Deprecated name of :attr:`n_examples`."""
+        warn_renamed("EffectiveStatistics.n_sequences", "EffectiveStatistics.n_examples")
         return self.n_examples
 
     def __repr__(self) -> str:
@@ -101,20 +116,50 @@ class EffectiveStatistics:
         return (
             f"EffectiveStatistics({self.n_examples} examples, {self.n_tokens} tokens, "
             f"{self.n_truncated} truncated; {', '.join(self.standard)} per [layer, head] = {shape} "
-            "for standard and effective; .to_frame() for a table)"
+            "for standard and effective; .table for a table)"
         )
 
-    def to_frame(self) -> Any:
-        """Long ``pandas.DataFrame``: columns attention, statistic, layer, head, value."""
-        import pandas as pd
-
+    @property
+    def table(self) -> Any:
+        """Long ``pandas.DataFrame``: :attr:`COLUMNS` (attention, statistic, layer, head, value)."""
         records = []
         for attention, means in (("standard", self.standard), ("effective", self.effective)):
             for name, values in means.items():
                 for layer, row in enumerate(values.tolist()):
                     for head, value in enumerate(row):
                         records.append((attention, name, layer, head, value))
-        return pd.DataFrame(records, columns=["attention", "statistic", "layer", "head", "value"])
+        return frame([dict(zip(self.COLUMNS, record, strict=True)) for record in records], self.COLUMNS)
+
+    def to_frame(self) -> Any:
+        """Deprecated: :attr:`table`."""
+        warn_renamed("EffectiveStatistics.to_frame()", "EffectiveStatistics.table")
+        return self.table
+
+    def figure(self, statistic: str = "to_cls") -> Any:
+        """One statistic's ``[layer, head]`` grids, standard beside effective
+        (:func:`attnlens.plots.head_grid`)."""
+        from attnlens.core.plots import head_grid
+
+        if statistic not in self.standard:
+            raise InputError(f"unknown statistic {statistic!r}; use one of {', '.join(self.standard)}.")
+        panels = dict(standard=self.standard[statistic], effective=self.effective[statistic])  # the fields
+        return head_grid(panels, name=statistic, title=f"{statistic}: standard and effective attention "
+                         f"({self.n_examples} examples)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"standard": {name: value.double().tolist() for name, value in self.standard.items()},
+                "effective": {name: value.double().tolist() for name, value in self.effective.items()},
+                "n_examples": self.n_examples, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> EffectiveStatistics:
+        def means(values: dict[str, Any]) -> dict[str, Tensor]:
+            return {name: torch.tensor(value, dtype=torch.float64).float().reshape(len(value), -1)
+                    for name, value in values.items()}
+
+        return cls(standard=means(data["standard"]), effective=means(data["effective"]),
+                   n_examples=int(data["n_examples"]), n_tokens=int(data["n_tokens"]),
+                   n_truncated=int(data["n_truncated"]))
 
 
 def kv_heads(model: Any) -> int:

@@ -28,6 +28,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core.checks import index, whole_number
+from attnlens.core.deprecation import renamed_fields
 from attnlens.core.files import verify_checksum
 from attnlens.core.inputs import LAYOUTS
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
@@ -64,6 +65,17 @@ def model_fingerprint(model: Any) -> str:
 IDENTITY: tuple[str, ...] = ("model_id", "layout", "max_len", "n_layers", "n_heads")
 
 
+#: the metadata keys of a constants file (and of a fit's checkpoint) that hold the counts, and
+#: the field each is (:attr:`PapaConstants.metadata` writes these keys, as every file has)
+FILE_COUNTS: dict[str, str] = {"examples": "n_examples", "tokens": "n_tokens", "truncated": "n_truncated"}
+
+
+def fields_of(metadata: dict[str, Any]) -> dict[str, Any]:
+    """A file's metadata (:attr:`PapaConstants.metadata`'s keys) as constructor arguments."""
+    return {FILE_COUNTS.get(key, key): value for key, value in metadata.items()}
+
+
+@renamed_fields(**FILE_COUNTS)
 @dataclass(eq=False)
 class PapaConstants:
     """Per-head constant attention matrices and how they were obtained.
@@ -71,9 +83,10 @@ class PapaConstants:
     Axes: ``layer`` and ``head`` index attention heads; ``query`` and ``key`` are token positions
     ``0 .. max_len-1`` of inputs tokenized with ``layout`` (see :mod:`attnlens.inputs`).
 
-    Metadata: ``model_id``, ``layout``, ``max_len``, ``examples`` (examples seen), ``tokens``
-    (real tokens seen, i.e. valid query rows), ``truncated`` (examples that lost tokens to
-    ``max_len``), ``kind`` (one of :data:`KINDS`), ``pairs`` (True if fitted on sentence
+    Metadata: ``model_id``, ``layout``, ``max_len``, ``n_examples`` (examples seen), ``n_tokens``
+    (real tokens seen, i.e. valid query rows), ``n_truncated`` (examples that lost tokens to
+    ``max_len``; the three were named ``examples``, ``tokens`` and ``truncated``, still read,
+    deprecated, and still the keys of the file's metadata), ``kind`` (one of :data:`KINDS`), ``pairs`` (True if fitted on sentence
     pairs, False on single sentences, None for data-free constants), ``causal`` (True for a
     decoder: replacement then keeps keys after the query at 0; None when unknown, as in files
     saved before it was recorded) and ``fingerprint`` (the fitted model's
@@ -87,9 +100,9 @@ class PapaConstants:
     model_id: str
     layout: str
     max_len: int
-    examples: int = 0
-    tokens: int = 0
-    truncated: int = 0
+    n_examples: int = 0
+    n_tokens: int = 0
+    n_truncated: int = 0
     kind: str = "average"
     pairs: bool | None = None
     causal: bool | None = None
@@ -137,21 +150,6 @@ class PapaConstants:
     # ---- views --------------------------------------------------------------------------
 
     @property
-    def n_examples(self) -> int:
-        """Examples seen (the one name for counts across attnlens; stored as ``examples``)."""
-        return self.examples
-
-    @property
-    def n_tokens(self) -> int:
-        """Real tokens seen (stored as ``tokens``)."""
-        return self.tokens
-
-    @property
-    def n_truncated(self) -> int:
-        """Examples that lost tokens to ``max_len`` (stored as ``truncated``)."""
-        return self.truncated
-
-    @property
     def n_layers(self) -> int:
         return int(self.sums.shape[0])
 
@@ -189,20 +187,20 @@ class PapaConstants:
         0 means the head's attention is the same on every input; larger means more input
         dependent. Only fitted averages have it.
         """
-        if self.kind != "average" or self.tokens == 0:
+        if self.kind != "average" or self.n_tokens == 0:
             raise InputError(
                 f"input_dependence is measured during papa.fit; these constants are "
-                f"{self.kind!r} with {self.tokens} tokens seen."
+                f"{self.kind!r} with {self.n_tokens} tokens seen."
             )
         tensors = (self.sums, self.squares, self.pair_counts)
-        source = (*tensors, *(t._version for t in tensors), self.tokens)
+        source = (*tensors, *(t._version for t in tensors), self.n_tokens)
         cached = self._cache.get("input_dependence")
         if cached is None or not _same_source(cached[0], source):  # cached: heads=k selects by it
             seen = self.pair_counts > 0
             spread = torch.where(
                 seen, self.squares - self.sums.square() / self.pair_counts.clamp_min(1), 0.0
             ).clamp_min(0.0)
-            cached = (source, spread.sum(dim=(-2, -1)) / self.tokens)
+            cached = (source, spread.sum(dim=(-2, -1)) / self.n_tokens)
             self._cache["input_dependence"] = cached
         return cached[1].clone()
 
@@ -215,9 +213,9 @@ class PapaConstants:
             "n_heads": self.n_heads,
             "max_len": self.max_len,
             "layout": self.layout,
-            "examples": self.examples,
-            "tokens": self.tokens,
-            "truncated": self.truncated,
+            "examples": self.n_examples,
+            "tokens": self.n_tokens,
+            "truncated": self.n_truncated,
             "kind": self.kind,
             "pairs": self.pairs,
             "causal": self.causal,
@@ -283,8 +281,8 @@ class PapaConstants:
         return (
             f"PapaConstants(kind={self.kind!r}, model_id={self.model_id!r}, "
             f"shape=[{self.n_layers}, {self.n_heads}, {self.max_len}, {self.max_len}], "
-            f"layout={self.layout!r}, examples={self.examples}, tokens={self.tokens}, "
-            f"truncated={self.truncated})"
+            f"layout={self.layout!r}, n_examples={self.n_examples}, n_tokens={self.n_tokens}, "
+            f"n_truncated={self.n_truncated})"
         )
 
     def _repr_html_(self) -> str:
@@ -315,8 +313,8 @@ class PapaConstants:
                 if mine[name] != theirs[name]
             )
             raise InputError(f"Cannot merge constants fitted differently: {diff}.")
-        pairs = self.pairs if self.examples else other.pairs
-        if self.examples and other.examples and self.pairs != other.pairs:
+        pairs = self.pairs if self.n_examples else other.pairs
+        if self.n_examples and other.n_examples and self.pairs != other.pairs:
             raise InputError(
                 "Cannot merge constants fitted on single sentences with constants fitted on pairs."
             )
@@ -332,9 +330,9 @@ class PapaConstants:
             model_id=self.model_id,
             layout=self.layout,
             max_len=self.max_len,
-            examples=self.examples + other.examples,
-            tokens=self.tokens + other.tokens,
-            truncated=self.truncated + other.truncated,
+            n_examples=self.n_examples + other.n_examples,
+            n_tokens=self.n_tokens + other.n_tokens,
+            n_truncated=self.n_truncated + other.n_truncated,
             kind="average",
             pairs=pairs,
             causal=self.causal if self.causal is not None else other.causal,
@@ -410,7 +408,7 @@ class PapaConstants:
             extra = meta.pop("extra", {})
             n_layers, n_heads = meta.pop("n_layers"), meta.pop("n_heads")
             _check_metadata({**meta, "n_layers": n_layers, "n_heads": n_heads})
-            constants = cls(**tensors, **meta)
+            constants = cls(**tensors, **fields_of(meta))
             if (constants.n_layers, constants.n_heads) != (n_layers, n_heads):
                 raise InputError("its tensor shapes do not match the recorded layers and heads")
         except (ValueError, TypeError, KeyError) as error:
@@ -443,13 +441,13 @@ class PapaConstants:
         finite_tensor(self.sums.abs() * unseen, "sums where no pair was seen", high=0.0)
         finite_tensor(self.squares, "squares", low=-slack)
         finite_tensor(self.squares - self.sums * (1 + slack), "squares minus sums (a² above a)", high=slack)
-        if self.kind == "average" and self.examples:
-            if int(counts.max()) > self.examples:
-                raise InputError(f"pair_counts reach {int(counts.max())}, more than the {self.examples} examples seen")
-            if int(counts.diagonal().sum()) != self.tokens:
+        if self.kind == "average" and self.n_examples:
+            if int(counts.max()) > self.n_examples:
+                raise InputError(f"pair_counts reach {int(counts.max())}, more than the {self.n_examples} examples seen")
+            if int(counts.diagonal().sum()) != self.n_tokens:
                 raise InputError(
                     f"the diagonal of pair_counts adds up to {int(counts.diagonal().sum())} tokens, "
-                    f"the metadata says {self.tokens}"
+                    f"the metadata says {self.n_tokens}"
                 )
 
     def replace(self, **changes: Any) -> PapaConstants:

@@ -31,7 +31,7 @@ from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.passes import CHECKPOINT_EVERY
 from attnlens.errors import InputError, InputTypeError
-from attnlens.methods.papa.constants import PapaConstants, check_model
+from attnlens.methods.papa.constants import PapaConstants, check_model, fields_of
 
 __all__ = ["CHECKPOINT_EVERY", "PatternSums", "default_layout", "fit"]
 
@@ -78,7 +78,7 @@ def fit(
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
     constants = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
     examples = passes.corpus_iterator(corpus)
-    if constants.examples:  # resuming: the checkpoint's kind of inputs must be this corpus's
+    if constants.n_examples:  # resuming: the checkpoint's kind of inputs must be this corpus's
         first = next(examples, None)
         if first is not None:
             is_pair = isinstance(first, tuple | list)
@@ -126,11 +126,11 @@ class PatternSums(passes.Accumulator):
         self.second: list[Tensor | None] = [None] * n_layers
         self.weights: Tensor | None = None
         self.ones: Tensor | None = None
-        self.resumed = constants.examples
+        self.resumed = constants.n_examples
 
     def start_batch(self, batch: passes.PassBatch) -> None:
         state = self.constants
-        if state.examples and state.pairs != batch.batch.is_pair:
+        if state.n_examples and state.pairs != batch.batch.is_pair:
             raise InputError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
         valid = batch.key_mask
         self.pairs = valid[:, :, None] & valid[:, None, :]
@@ -189,9 +189,9 @@ class PatternSums(passes.Accumulator):
             state.sums[layer, :, :n, :n] += total.to(state.sums.device)
             state.squares[layer, :, :n, :n] += squares.to(state.squares.device)
         state.pair_counts[:n, :n] += counts
-        state.examples += len(batch)
-        state.tokens += int(batch.key_mask.sum())
-        state.truncated += int(batch.batch.n_truncated)
+        state.n_examples += len(batch)
+        state.n_tokens += int(batch.key_mask.sum())
+        state.n_truncated += int(batch.batch.n_truncated)
         state.pairs = bool(batch.batch.is_pair)
         self.first = [None] * len(self.first)
         self.second = [None] * len(self.second)
@@ -205,10 +205,10 @@ class PatternSums(passes.Accumulator):
 
     def load_state_dict(self, state: Mapping[str, Tensor], metadata: Mapping[str, Any]) -> None:
         restored = PapaConstants(
-            **state, **{k: v for k, v in metadata.items() if k not in ("n_layers", "n_heads")}
+            **state, **fields_of({k: v for k, v in metadata.items() if k not in ("n_layers", "n_heads")})
         )
         self.constants = restored
-        self.resumed = restored.examples
+        self.resumed = restored.n_examples
 
     def merge(self, other: passes.Accumulator) -> PatternSums:
         if not isinstance(other, PatternSums):
@@ -222,14 +222,14 @@ class PatternSums(passes.Accumulator):
         state = self.constants
         for value in self.state_dict().values():
             dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
-        numbers = torch.tensor([state.examples, state.tokens, state.truncated], dtype=torch.int64)
+        numbers = torch.tensor([state.n_examples, state.n_tokens, state.n_truncated], dtype=torch.int64)
         dist.all_reduce(numbers, op=dist.ReduceOp.SUM, group=group)
         kinds: list[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(kinds, state.pairs if state.examples else None, group=group)
+        dist.all_gather_object(kinds, state.pairs if state.n_examples else None, group=group)
         found = {kind for kind in kinds if kind is not None}
         if len(found) > 1:
             raise InputError("The corpus mixes single sentences and sentence pairs across ranks.")
-        state.examples, state.tokens, state.truncated = (int(x) for x in numbers)
+        state.n_examples, state.n_tokens, state.n_truncated = (int(x) for x in numbers)
         state.pairs = found.pop() if found else None
 
     def result(self) -> PapaConstants:
@@ -266,6 +266,6 @@ def _mixed_inputs(state: PapaConstants, is_pair: bool, checkpoint: Any, *, resum
             "with the corpus it was fitted on, or start a new fit with another checkpoint path."
         )
     return (
-        f"The corpus mixes single sentences and sentence pairs: {state.examples} examples of "
+        f"The corpus mixes single sentences and sentence pairs: {state.n_examples} examples of "
         f"{fitted}, then {given}."
     )

@@ -49,15 +49,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
-import pandas as pd
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core.checks import describe, whole_number
+from attnlens.core.result import CallableTable, Result, frame
 from attnlens.errors import InputError
 from attnlens.methods.stats import _diagonal
 
@@ -172,14 +172,30 @@ def _segments(separator: Bool[Tensor, "batch key"]) -> Int[Tensor, "batch key"]:
 
 
 @dataclass
-class Classification:
+class Classification(Result):
     """Labels and template scores of maps (:func:`classify`).
 
     ``labels``: ``[batch, head]``, indices into :data:`TYPES`; ``scores``: ``[batch, head, type]``,
     the template features behind each type (see the module docstring); ``features``: the
     chance-corrected shares ``ŝ`` of each region of :data:`REGIONS` and the mean normalised
     entropy of the rows (``entropy``, in [0, 1]), each ``[batch, head]``; ``pairs``: ``[batch]``,
-    whether the example is a sentence pair (block is possible)."""
+    whether the example is a sentence pair (block is possible).
+
+    A :class:`~attnlens.core.result.Result`: :attr:`table` (a property; calling it as the method
+    it was, ``table()``, still works and warns), :meth:`figure` (each head's share of each
+    type), :meth:`to_json` / :meth:`from_json`."""
+
+    COLUMNS: ClassVar[dict[str, str]] = {
+        "example": "the map's example (first axis of the maps), from 0",
+        "head": "the map's head (second axis), from 0",
+        "type": "the map's type, one of TYPES",
+        **{f"score_{name}": f"the template score behind {name}" for name in TYPES},
+        "special": "chance-corrected share of attention on special tokens",
+        "diagonal": "chance-corrected share of attention on the diagonal band (offsets -1, 0, 1)",
+        "block": "chance-corrected share of attention on the query's own segment (pairs; 0 otherwise)",
+        "entropy": "mean normalised entropy of the rows, in [0, 1] (NaN where not computed)",
+    }
+    FORMAT: ClassVar[str] = "attnlens.Classification/1"
 
     labels: Int[Tensor, "batch head"]
     scores: Float[Tensor, "batch head type"]
@@ -191,9 +207,10 @@ class Classification:
         """``[batch, head]`` array of type names."""
         return np.asarray(TYPES, dtype=object)[self.labels.cpu().numpy()]
 
-    def table(self) -> pd.DataFrame:
-        """One row per (example, head): ``example``, ``head``, ``type``, a score per type and
-        the features."""
+    @property
+    def table(self) -> CallableTable:
+        """One row per (example, head): :attr:`COLUMNS` (``example``, ``head``, ``type``, a score
+        per type and the features)."""
         n_examples, n_heads = self.labels.shape
         example, head = np.divmod(np.arange(n_examples * n_heads), n_heads)
         columns: dict[str, Any] = {"example": example, "head": head, "type": self.names.reshape(-1)}
@@ -201,7 +218,43 @@ class Classification:
             columns[f"score_{name}"] = self.scores[..., i].reshape(-1).cpu().numpy()
         for name, value in self.features.items():
             columns[name] = value.reshape(-1).cpu().numpy()
-        return pd.DataFrame(columns)
+        return CallableTable.of(frame(columns, self.COLUMNS), "Classification")
+
+    def figure(self) -> Any:
+        """Each head's share of maps of each type, as stacked bars (one colour per type)."""
+        import plotly.graph_objects as go
+
+        from attnlens.core.plots import CATEGORICAL_COLOURS
+
+        n_heads = self.labels.shape[1]
+        counts = torch.nn.functional.one_hot(self.labels.cpu().long(), len(TYPES)).sum(0).double()
+        shares = (counts / max(1, self.labels.shape[0])).numpy()
+        fig = go.Figure([
+            go.Bar(x=[f"H{head}" for head in range(n_heads)], y=shares[:, i], name=name,
+                   marker_color=CATEGORICAL_COLOURS[i % len(CATEGORICAL_COLOURS)],
+                   hovertemplate=f"%{{x}}: {name} %{{y:.2f}}<extra></extra>")
+            for i, name in enumerate(TYPES)
+        ])
+        fig.update_layout(barmode="stack", title=f"Pattern types of {self.labels.shape[0]} maps per head",
+                          xaxis_title="head", yaxis_title="share of maps", height=380, plot_bgcolor="white")
+        return fig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"labels": self.labels.cpu().tolist(), "scores": self.scores.cpu().double().tolist(),
+                "dtype": str(self.scores.dtype).removeprefix("torch."),
+                "features": {name: value.cpu().double().tolist() for name, value in self.features.items()},
+                "pairs": self.pairs.cpu().tolist()}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> Classification:
+        dtype = {"float32": torch.float32, "float64": torch.float64}[data.get("dtype", "float32")]
+        labels = torch.tensor(data["labels"], dtype=torch.long).reshape(len(data["labels"]), -1)
+        scores = torch.tensor(data["scores"], dtype=torch.float64).to(dtype).reshape(*labels.shape, len(TYPES))
+        features = {name: torch.tensor(value, dtype=torch.float64).to(dtype).reshape(labels.shape)
+                    for name, value in data["features"].items()}
+        if bool(((labels < 0) | (labels >= len(TYPES))).any()):
+            raise ValueError(f"labels must be indices into the {len(TYPES)} TYPES")
+        return cls(labels, scores, features, torch.tensor(data["pairs"], dtype=torch.bool).reshape(len(labels)))
 
     def __repr__(self) -> str:
         counts = np.bincount(self.labels.reshape(-1).cpu().numpy(), minlength=len(TYPES))
