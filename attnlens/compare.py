@@ -619,6 +619,9 @@ class ViewsAccumulator(passes.Accumulator):
     """
 
     name = "compare"
+    #: runs compact PAPA batches (no compute on padding): every part reads positions, not
+    #: columns, and the kept maps are each example's valid block
+    compact = True
 
     def __init__(
         self, model: Any, names: tuple[str, ...], constants: Any, *, example: int, causal: bool,

@@ -111,8 +111,16 @@ def row_statistics(
     pattern: Float[Tensor, "batch head query key"],
     classes: dict[str, Bool[Tensor, "batch key"]],
     valid: Bool[Tensor, "batch pos"],
+    positions: Int[Tensor, "batch pos"] | None = None,
 ) -> dict[str, Float[Tensor, "batch head query"]]:
-    """Each statistic of :data:`STATISTICS` for every (example, head, query) row."""
+    """Each statistic of :data:`STATISTICS` for every (example, head, query) row.
+
+    ``positions``: the layout position of every column (a compact batch,
+    :attr:`attnlens.inputs.Batch.positions`); the offsets of ``to_prev`` / ``to_next`` are then
+    counted in positions, not columns, so a compact batch gives what its padded layout gives
+    (where two neighbouring columns are not neighbouring positions, e.g. the last word and the
+    final [SEP] of the PAPA layout, the neighbour is padding there: 0). ``None``: the columns are
+    the positions."""
     pattern = pattern.to(BATCH_DTYPE) * valid[:, None, None, :]
     names = list(classes)
     masks = torch.stack([classes[name] for name in names], dim=-1).to(pattern.dtype)  # [b, k, c]
@@ -120,12 +128,32 @@ def row_statistics(
     out = {f"to_{name}": targets[..., i] for i, name in enumerate(names)}
     for name, offset in OFFSETS.items():
         out[name] = _diagonal(pattern, offset)
+        if positions is not None and offset != 0:
+            out[name] = out[name] * adjacent(positions, offset)[:, None, :].to(pattern.dtype)
     # H = -Σ p log p with p = w / S, w = |a|, S = Σ w:  H = log S − (Σ w log w) / S (0 if S = 0)
     weights = pattern.abs()
     total = weights.sum(-1)
     w_log_w = torch.special.xlogy(weights, weights).sum(-1)  # 0 · log 0 = 0
     safe = total.clamp_min(torch.finfo(total.dtype).tiny)
     out["entropy"] = torch.where(total > 0, safe.log() - w_log_w / safe, torch.zeros_like(total))
+    return out
+
+
+def adjacent(positions: Int[Tensor, "batch pos"], offset: int) -> Bool[Tensor, "batch pos"]:
+    """For every (example, column ``i``): does column ``i + offset`` hold position
+    ``positions[i] + offset``? False where that column does not exist. Axes: examples, columns
+    (the queries of a ``[batch, head, query, key]`` pattern's diagonal at ``offset``)."""
+    out = torch.zeros(positions.shape, dtype=torch.bool, device=positions.device)
+    if offset == 0:
+        return out.fill_(True)
+    step = abs(offset)
+    if step >= positions.shape[-1]:
+        return out
+    ahead = (positions[:, step:] - positions[:, :-step]) == step  # column j + step is position p_j + step
+    if offset > 0:
+        out[:, :-step] = ahead
+    else:
+        out[:, step:] = ahead
     return out
 
 
@@ -177,12 +205,13 @@ class AttentionStatistics(Result):
         pattern: Float[Tensor, "batch head query key"],
         classes: dict[str, Bool[Tensor, "batch key"]],
         valid: Bool[Tensor, "batch pos"],
+        positions: Int[Tensor, "batch pos"] | None = None,
     ) -> None:
         device = pattern.device
         if self.counts.device != device:
             self.sums = {name: total.to(device, _total_dtype(device)) for name, total in self.sums.items()}
             self.counts = self.counts.to(device, _total_dtype(device))
-        rows = row_statistics(pattern.detach(), classes, valid)
+        rows = row_statistics(pattern.detach(), classes, valid, positions)
         query_valid = valid[:, None, :].to(BATCH_DTYPE)
         for name, values in rows.items():
             self.sums[name][layer] += (values * query_valid).sum(dim=(0, 2))
@@ -234,6 +263,12 @@ def _total_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else TOTAL_DTYPE
 
 
+def compact_positions(batch: Any) -> Int[Tensor, "batch pos"] | None:
+    """The layout positions of a compact :class:`attnlens.passes.PassBatch`'s columns, or
+    ``None`` when its columns are its positions."""
+    return batch.positions if getattr(batch.batch, "compact", False) else None
+
+
 def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
     """:func:`token_classes` of a :class:`attnlens.passes.PassBatch`, computed once per batch
     for every accumulator that asks."""
@@ -251,6 +286,8 @@ class Statistics(Accumulator):
     ``{statistic: [layer, head]}``.
     """
 
+    compact = True  # offsets read from the batch's positions (compact_positions), never its columns
+
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
                  causal: bool | None = None) -> None:
         from attnlens.methods import views
@@ -264,7 +301,8 @@ class Statistics(Accumulator):
 
     def update(self, layer: Any) -> None:
         pattern = self._view.read(layer, self.constants, causal=self.causal)
-        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask)
+        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask,
+                               compact_positions(layer.batch))
 
     def state_dict(self) -> dict[str, Tensor]:
         return {**{f"sums.{k}": v for k, v in self.statistics.sums.items()}, "counts": self.statistics.counts}
@@ -296,6 +334,8 @@ class Distance(Accumulator):
     of :func:`attnlens.compare` is ``result() / n_tokens``). ``constants``/``causal``: as in
     :class:`Statistics` (PAPA maps from the constants, in the same pass). Totals stay beside the
     patterns (float64; float32 on MPS, which has no float64)."""
+
+    compact = True  # a sum over valid (query, key) pairs; PAPA maps are gathered by position (View.read)
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
                  causal: bool | None = None) -> None:

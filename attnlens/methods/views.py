@@ -68,7 +68,9 @@ class View:
         if self.takes_constants and constants is not None:
             import torch
 
-            return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal)
+            compact = getattr(layer.batch.batch, "compact", False)  # columns are not positions
+            return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
+                                           positions=layer.batch.positions if compact else None)
         return self.maps(layer)
 
     def layout(self, model: Any) -> str:

@@ -233,3 +233,78 @@ def test_word_features_come_back_in_the_examples_order(bert):
     assert_same_features(bert, words, 32)
     features = probing.extract(bert, words, max_len=32, layout="papa", cache=False, progress=False)
     assert features.n_words.tolist() == [len(example) for example in words]
+
+
+@pytest.mark.parametrize("examples", [SENTENCES, PAIRS], ids=["sentences", "pairs"])
+@pytest.mark.parametrize("name", ["bert", "gpt2"])
+def test_compares_accumulators_run_compact_and_equal_the_padded_ones(request, name, examples):
+    """What `attnlens.compare` computes in its pass, standard, PAPA and effective: the head
+    statistics (their to_prev / to_next read neighbours by position: the last word and the final
+    [SEP] are neighbouring columns of a compact batch, not neighbouring positions), the pattern
+    types (the diagonal band by position) and the distances from standard. Tolerances as for
+    logits (module docstring); the type counts must be equal (a share that sits on a threshold
+    within 1e-6 would flip one: none does here)."""
+    from attnlens.compare import ViewsAccumulator
+    from attnlens.core.loading import is_causal
+    from attnlens.methods.patterns import templates
+    from attnlens.methods.patterns.counts import PatternTypes
+    from attnlens.methods.stats import Distance, Statistics
+
+    model = request.getfixturevalue(name)
+    constants = papa.fit(model, examples, max_len=32, layout="papa", batch_size=4, progress=False)
+    causal = is_causal(model)
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    widths = []
+
+    class Widths(passes.Accumulator):
+        name, compact = "widths", True
+
+        def update(self, layer):
+            widths.append(layer.pattern.shape[-1])
+
+    class Shares(passes.Accumulator):
+        """The pattern-type classifier's chance-corrected shares of every (example, head),
+        summed per layer and region (the type counts alone hide small differences)."""
+
+        name, compact = "shares", True
+
+        def __init__(self):
+            self.sums = {}
+
+        def update(self, layer):
+            found = templates.features(layer.pattern, templates.Positions.from_batch(layer.batch))
+            for region, values in found.items():
+                key = (layer.layer, region)
+                self.sums[key] = self.sums.get(key, 0.0) + values.double().sum(0)
+
+        def result(self):
+            return {f"{layer}.{region}": value for (layer, region), value in self.sums.items()}
+
+    def parts():
+        views = ("standard", "papa", "effective")
+        return [Widths(), Shares(),
+                *(Statistics(n_layers, n_heads, view, constants=constants, causal=causal) for view in views),
+                *(PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal) for view in views),
+                *(Distance(n_layers, n_heads, view, constants=constants, causal=causal) for view in views[1:])]
+
+    results = {}
+    for compact in (False, True):
+        accumulators = parts()
+        passes.run(model, examples, accumulators, max_len=32, layout="papa", batch_size=4, progress=False,
+                   compact=compact)
+        results[compact] = [accumulator.counts if isinstance(accumulator, PatternTypes) else accumulator.result()
+                            for accumulator in accumulators[1:]]
+    assert min(widths) < 32 and 32 in widths  # the first run was padded, the second compact
+    assert ViewsAccumulator.compact  # compare's own pass runs compact
+    for padded, compact in zip(results[False], results[True], strict=True):
+        if isinstance(padded, dict):  # statistics, shares: {name: [layer, head] or [head]}
+            assert padded.keys() == compact.keys()
+            for key in padded:
+                if "." in key:  # shares: chance-corrected, near 0, each of order 1 per example
+                    torch.testing.assert_close(compact[key], padded[key], rtol=RTOL, atol=ATOL * len(examples))
+                else:
+                    close(compact[key], padded[key])
+        elif padded.dtype in (torch.float32, torch.float64):  # a distance
+            close(compact.double(), padded.double())
+        else:  # type counts
+            assert torch.equal(compact, padded)

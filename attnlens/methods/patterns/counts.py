@@ -51,6 +51,8 @@ class PatternTypes(Accumulator):
     ``[layer, head, type]`` and ``maps`` (examples seen).
     """
 
+    compact = True  # the band is read from the batch's positions (Positions.position), never its columns
+
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
                  constants: Any = None, causal: bool | None = None) -> None:
         from attnlens.core.heads import _sizes

@@ -59,7 +59,7 @@ from torch import Tensor
 from attnlens.core.checks import describe, whole_number
 from attnlens.core.result import CallableTable, Result, frame
 from attnlens.errors import InputError
-from attnlens.methods.stats import _diagonal
+from attnlens.methods.stats import _diagonal, adjacent
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
 TYPES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -98,6 +98,11 @@ class Positions:
     segment: Int[Tensor, "batch key"]
     causal: bool = False
     _terms: dict = field(default_factory=dict, repr=False, compare=False)
+    #: ``[batch, key]``: the layout position of every column of a compact batch
+    #: (:attr:`attnlens.inputs.Batch.positions`); ``None``: the columns are the positions. The
+    #: diagonal band is ``|position(key) − position(query)| ≤ 1``, so a compact batch is
+    #: classified as its padded layout is.
+    position: Int[Tensor, "batch key"] | None = None
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[str] | Sequence[Sequence[str]], *, causal: bool = False,
@@ -153,7 +158,8 @@ class Positions:
         if causal is None:
             causal = _causal(model)
         special = (classes["cls"] | classes["sep"]) & key_mask
-        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal))
+        position = inputs.positions if getattr(inputs, "compact", False) else None
+        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal), position=position)
 
 
 def _causal(model: Any) -> bool:
@@ -298,11 +304,13 @@ def regions(positions: Positions) -> dict[str, Bool[Tensor, "batch query key"]]:
     n = visible.shape[-1]
     index = torch.arange(n, device=visible.device)
     offset = index[None, :] - index[:, None]  # [query, key]: key - query
-    band = torch.zeros(n, n, dtype=torch.bool, device=visible.device)
+    if positions.position is not None:  # a compact batch: offsets between layout positions
+        offset = positions.position[:, None, :] - positions.position[:, :, None]
+    band = torch.zeros(offset.shape, dtype=torch.bool, device=visible.device)
     for step in BAND:
         band |= offset == step
     special = visible & positions.special[:, None, :]
-    diagonal = visible & band[None] & ~special
+    diagonal = visible & (band if band.dim() == 3 else band[None]) & ~special
     same = positions.segment[:, :, None] == positions.segment[:, None, :]
     block = visible & same & ~special & ~diagonal & is_pair(positions)[:, None, None]
     return {"special": special, "diagonal": diagonal, "block": block}
@@ -339,6 +347,8 @@ def _terms(positions: Positions) -> dict[str, Any]:
         safe = key.clamp(0, n - 1)
         usable = inside & (offset <= 0 or not positions.causal)
         keyed = plain[:, safe] & usable  # the band key exists, is visible and not special
+        if positions.position is not None:  # ... and sits at that offset in the layout (compact)
+            keyed = keyed & adjacent(positions.position, offset)
         same = segment[:, safe] == segment  # ... and is in the query's segment
         band.append((offset, keyed, keyed & same))
     visible = visible_keys(positions)
@@ -478,6 +488,7 @@ def classify(
     positions = Positions(
         positions.key_mask.to(pattern.device), positions.special.to(pattern.device),
         positions.segment.to(pattern.device), positions.causal,
+        position=None if positions.position is None else positions.position.to(pattern.device),
     )
     if view != "effective":
         check_rows(pattern, positions)
