@@ -119,6 +119,12 @@ class PassBatch:
     def positions(self) -> Int[Tensor, "batch key"]:
         return self.batch.positions
 
+    @property
+    def compact_positions(self) -> Int[Tensor, "batch key"] | None:
+        """:attr:`positions` when the batch is compact (its columns are not its positions),
+        else ``None``: what readers that count offsets or gather constants by position take."""
+        return self.batch.positions if self.batch.compact else None
+
     def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per batch and key."""
         if key not in self._shared:

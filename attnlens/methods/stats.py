@@ -263,12 +263,6 @@ def _total_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else TOTAL_DTYPE
 
 
-def compact_positions(batch: Any) -> Int[Tensor, "batch pos"] | None:
-    """The layout positions of a compact :class:`attnlens.passes.PassBatch`'s columns, or
-    ``None`` when its columns are its positions."""
-    return batch.positions if getattr(batch.batch, "compact", False) else None
-
-
 def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
     """:func:`token_classes` of a :class:`attnlens.passes.PassBatch`, computed once per batch
     for every accumulator that asks."""
@@ -286,7 +280,7 @@ class Statistics(Accumulator):
     ``{statistic: [layer, head]}``.
     """
 
-    compact = True  # offsets read from the batch's positions (compact_positions), never its columns
+    compact = True  # offsets read from the batch's positions (PassBatch.compact_positions), never its columns
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
                  causal: bool | None = None) -> None:
@@ -302,7 +296,7 @@ class Statistics(Accumulator):
     def update(self, layer: Any) -> None:
         pattern = self._view.read(layer, self.constants, causal=self.causal)
         self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask,
-                               compact_positions(layer.batch))
+                               layer.batch.compact_positions)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {**{f"sums.{k}": v for k, v in self.statistics.sums.items()}, "counts": self.statistics.counts}

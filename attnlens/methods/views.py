@@ -68,9 +68,8 @@ class View:
         if self.takes_constants and constants is not None:
             import torch
 
-            compact = getattr(layer.batch.batch, "compact", False)  # columns are not positions
             return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
-                                           positions=layer.batch.positions if compact else None)
+                                           positions=layer.batch.compact_positions)
         return self.maps(layer)
 
     def layout(self, model: Any) -> str:
