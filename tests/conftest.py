@@ -21,6 +21,31 @@ from jaxtyping import install_import_hook
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _session_cache() -> None:
+    """Cached features (``$ATTNLENS_CACHE/features``) go to a folder of this test run, shared by
+    its xdist workers and subprocesses (they inherit the variable) and removed at its end, never
+    to the user's ``~/.cache/attnlens``: a feature file keyed by attnlens's version would
+    otherwise outlive a change of the code that computed it, and a later run would test the old
+    numbers. Converted GGUF weights (``gguf/``, a cache of the weights as downloaded ones are)
+    stay shared with the user's cache, so SmolLM2 is converted once per machine.
+    An ``ATTNLENS_CACHE`` set by the caller is kept."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if os.environ.get("ATTNLENS_CACHE"):
+        return
+    root = Path(tempfile.mkdtemp(prefix="attnlens-tests-"))
+    shared = Path.home() / ".cache" / "attnlens" / "gguf"
+    shared.mkdir(parents=True, exist_ok=True)
+    (root / "gguf").symlink_to(shared, target_is_directory=True)
+    os.environ["ATTNLENS_CACHE"] = str(root)
+    atexit.register(shutil.rmtree, root, ignore_errors=True)  # the process that made it
+
+
+_session_cache()
+
+
 def _threads() -> int | None:
     """Threads of each test process: ``$OMP_NUM_THREADS`` when set; under pytest-xdist without
     it, the cores shared out among the workers (2 workers on 2 cores: 1 each), so that workers

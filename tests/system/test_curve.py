@@ -22,6 +22,11 @@ from tests.conftest import DATA, data_file
 pytestmark = pytest.mark.slow
 
 
+#: SST-2 examples of every curve and table here: one size, so that the tests share their cached
+#: features (one feature file per intervention and split, written by the first test that needs it)
+TRAIN, EVAL = 200, 100
+
+
 @pytest.fixture(autouse=True)
 def own_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
@@ -77,7 +82,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
 
     monkeypatch.setattr(probing, "run", spy)
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=("zeros",),
-                       data_dir=DATA, train_limit=400, eval_limit=200, seeds=1, progress=False)
+                       data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     monkeypatch.setattr(probing, "run", real_run)
     first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
     assert len(calls) == 4 and first is not None and chosen in probing.LinearBaseline().grid
@@ -87,7 +92,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
     table = curve.table
     assert list(table["strategy"]) == ["input_dependence"] * 3 + ["zeros"]
     assert list(table["heads"]) == [0, 36, 72, 72]
-    plain = probing.run(minilm, "sst2", data_dir=DATA, train_limit=400, eval_limit=200,
+    plain = probing.run(minilm, "sst2", data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL,
                         max_len=64, layout=constants.layout, progress=False)
     assert table["score"].iloc[0] == plain.score and table["relative"].iloc[0] == 1.0
     assert plain.score > plain.majority + 0.1
@@ -129,7 +134,7 @@ def test_cli_compare_with_a_task_reports_scores_per_view(tmp_path, capsys):
     corpus.write_text("\n".join(f"a short text number {i} about a film" for i in range(12)) + "\n", encoding="utf-8")
     report, data = tmp_path / "report.html", tmp_path / "report.json"
     assert main(["compare", "--corpus", str(corpus), "--max-len", "32", "--task", "sst2",
-                 "--data-dir", str(DATA), "--train-limit", "200", "--eval-limit", "100",
+                 "--data-dir", str(DATA), "--train-limit", "100", "--eval-limit", "50",
                  "--json", str(data), "--quiet", "--out", str(report)]) == 0
     html = report.read_text(encoding="utf-8")
     assert 'id="scores"' in html and "papa (all heads)" in html and "effective" in html
@@ -147,7 +152,7 @@ def test_cli_curve_writes_csv_and_html(tmp_path, minilm, constants):
     path = constants.save(tmp_path / "constants.safetensors")
     out = tmp_path / "curve.html"
     assert main(["curve", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
-                 "--fractions", "0,1", "--train-limit", "200", "--eval-limit", "100", "--seeds", "1",
+                 "--fractions", "0,1", "--train-limit", str(TRAIN), "--eval-limit", str(EVAL), "--seeds", "1",
                  "--quiet", "--out", str(out)]) == 0
 
     table = pd.read_csv(out.with_suffix(".csv"))
@@ -184,7 +189,7 @@ def test_the_lambda_strategy_learns_lambda_with_the_probe_and_reports_its_cost(m
                                     progress=False)
     assert lam.shape == (6, 12) and (lam - 0.5).abs().max() > 1e-3
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5), baselines=(),
-                       strategy="lambda", data_dir=DATA, train_limit=200, eval_limit=100,
+                       strategy="lambda", data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL,
                        lambda_steps=3, lambda_examples=32, seeds=1, progress=False)
     assert list(curve.table["strategy"]) == ["lambda", "lambda"]
     assert curve.settings["lambda_seconds"] > 0
@@ -226,7 +231,7 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
     path = constants.save(tmp_path / "constants.safetensors")
     out = tmp_path / "table.html"
     assert main(["table", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
-                 "--train-limit", "100", "--eval-limit", "60", "--seeds", "1", "--quiet",
+                 "--train-limit", str(TRAIN), "--eval-limit", str(EVAL), "--seeds", "1", "--quiet",
                  "--out", str(out)]) == 0
 
     long = pd.read_csv(out.with_suffix(".csv"))
@@ -243,7 +248,7 @@ def test_table_1_read_from_a_curve_equals_papa_table(minilm, constants):
     """One curve with every data-free baseline holds Table 1: PapaTable.from_curve keeps its
     points at fraction 0 and 1 and the baselines, and equals papa.table's on the same settings
     (the same cached features and seeds, so the same numbers to the last bit)."""
-    options = dict(data_dir=DATA, train_limit=100, eval_limit=60, seeds=1, progress=False)
+    options = dict(data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     measured = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=DATA_FREE, **options)
     read = papa.PapaTable.from_curve(measured)
     direct = papa.table(minilm, constants, ["sst2"], **options)

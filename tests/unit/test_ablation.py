@@ -365,8 +365,9 @@ def test_pruning_the_least_important_heads_costs_less_on_sst2(minilm):
     assert torch.allclose(scores.scores.norm(dim=1), torch.ones(6))
 
     def score_fn(hooks):
+        # the probe alone, trained for the recipe's epochs: its score is what pruning moves
         return probing.run(minilm, "sst2", data_dir=DATA, train_limit=300, eval_limit=200, hooks=hooks,
-                           max_len=64, progress=False).score
+                           max_len=64, baseline=False, select_epochs=False, progress=False).score
 
     table, _ = ablation.prune_curve(minilm, scores, score_fn, fractions=(0.0, 0.5),
                                     order=("ascending", "descending"))
