@@ -111,16 +111,37 @@ from attnlens.inputs import Words
 dist.init_process_group("gloo")
 model = attnlens.load(sys.argv[1])
 texts = open(sys.argv[2], encoding="utf-8").read().splitlines()
-examples = texts if sys.argv[3] == "texts" else [Words(tuple(text.split())) for text in texts]
-features = probing.extract(model, examples, max_len=16, batch_size=2, progress=False)
-features.save(sys.argv[4] + f".rank{dist.get_rank()}.safetensors")
+for kind in ("texts", "words"):
+    examples = texts if kind == "texts" else [Words(tuple(text.split())) for text in texts]
+    features = probing.extract(model, examples, max_len=16, batch_size=2, progress=False)
+    features.save(sys.argv[3] + f"-{kind}.rank{dist.get_rank()}.safetensors")
 dist.destroy_process_group()
 """
 
 
+@pytest.fixture(scope="module")
+def torchrun_features(tmp_path_factory, bert_folder, corpus_file) -> tuple[Path, Path]:
+    """One torchrun of two gloo ranks extracting both kinds of features, texts then words
+    (one launch: each rank's start, about 5 s of imports, is paid once): the prefix of the
+    ranks' saved features, and the cache folder they shared."""
+    folder = tmp_path_factory.mktemp("torchrun-features")
+    cache, script, out = folder / "cache", folder / "features.py", folder / "two"
+    script.write_text(FEATURES_SCRIPT, encoding="utf-8")
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        str(script), str(bert_folder), str(corpus_file), str(out),
+    ]
+    done = subprocess.run(command, env=dict(_environment(), ATTNLENS_CACHE=str(cache)),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out, cache
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["texts", "words"])
-def test_torchrun_features_equal_the_single_process_ones(tmp_path, bert_folder, corpus_file, kind, monkeypatch):
+def test_torchrun_features_equal_the_single_process_ones(tmp_path, bert_folder, corpus_file, kind,
+                                                        torchrun_features, monkeypatch):
     """Two gloo ranks each extract their shard and exchange it through files of the cache folder
     (no collective carries a tensor); every rank ends with the single-process features, bit for
     bit, and the shard files are gone."""
@@ -128,28 +149,19 @@ def test_torchrun_features_equal_the_single_process_ones(tmp_path, bert_folder, 
     from attnlens import probing
     from attnlens.inputs import Words
 
-    cache = tmp_path / "cache"
-    script = tmp_path / "features.py"
-    script.write_text(FEATURES_SCRIPT, encoding="utf-8")
-    out = tmp_path / "two"
-    env = dict(_environment(), ATTNLENS_CACHE=str(cache))
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-        str(script), str(bert_folder), str(corpus_file), kind, str(out),
-    ]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
+    out, cache = torchrun_features
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "single"))
     texts = corpus_file.read_text(encoding="utf-8").splitlines()
     examples = texts if kind == "texts" else [Words(tuple(text.split())) for text in texts]
     single = probing.extract(attnlens.load(bert_folder), examples, max_len=16, batch_size=2, progress=False)
     for rank in (0, 1):
-        two = probing.Features.load(f"{out}.rank{rank}.safetensors")
+        two = probing.Features.load(f"{out}-{kind}.rank{rank}.safetensors")
         for name in ("vectors", "lengths", "positions", "n_words"):
             assert torch.equal(getattr(two, name), getattr(single, name)), (rank, name)
     files = sorted(path.name for path in (cache / "features").iterdir())
-    assert files == [f"{single.key}.safetensors"]  # the whole file, no shard left
+    # the whole file of each kind (texts and words), no shard left
+    assert f"{single.key}.safetensors" in files and len(files) == 2, files
+    assert not any(".rank" in name for name in files), files
 
 
 def test_merge_adds_up_constants_fitted_apart(tmp_path, bert_folder, corpus_file, capsys):
