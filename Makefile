@@ -59,7 +59,6 @@ bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/effective.py --length 512
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/distributed.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/probing.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/probe_seeds.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/report_size.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/compare_cost.py
