@@ -27,7 +27,9 @@ demo: install
 # worker, modules with the most slow tests first; without OMP_NUM_THREADS each worker takes
 # cores / workers threads (tests/conftest.py).
 PYTEST_WORKERS ?= 2
-PYTEST = HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# PYTHONDONTWRITEBYTECODE unset: attnlens's and the tests' bytecode (the asserts rewritten) is
+# written once and read by every later worker and CLI subprocess instead of compiled by each
+PYTEST = env -u PYTHONDONTWRITEBYTECODE HF_HUB_OFFLINE=1 $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # tests/unit, tests/contract and tests/system, the slow ones included
 test: install
