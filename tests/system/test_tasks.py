@@ -408,3 +408,25 @@ def test_limit_must_be_a_positive_whole_number():
         assert "limit" in _one_line(error)
     with unchecked(), pytest.raises(TaskError, match="limit must be a whole number"):
         tasks.load("sst2", "dev", data_dir=DATA, limit=2.5)
+
+
+def test_a_split_is_parsed_once_and_read_again_when_its_file_changes(tmp_path, monkeypatch):
+    """tasks.load keeps a parsed file per process: a second load does not read the file again,
+    an edited file (other size and modification time) is read again, and a subset drawn from
+    the kept columns equals the one drawn from the whole Dataset (numpy's draw, file order)."""
+    folder = tmp_path / "sst2"
+    folder.mkdir()
+    rows = [f"sentence number {i}\t{i % 2}" for i in range(20)]
+    (folder / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    reads = []
+    real = tasks._read_tsv
+    monkeypatch.setattr(tasks, "_read_tsv", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    first = tasks.load("sst2", "train", data_dir=tmp_path)
+    again = tasks.load("sst2", "train", data_dir=tmp_path, limit=5, seed=3)
+    assert len(reads) == 1 and first.inputs()[0] == "sentence number 0"
+    chosen = np.sort(np.random.default_rng(3).choice(20, size=5, replace=False))
+    assert again.inputs() == [f"sentence number {i}" for i in chosen]
+    assert again.labels() == [int(i % 2) for i in chosen]
+    (folder / "train.tsv").write_text("sentence\tlabel\nan edited file\t1\n", encoding="utf-8")
+    edited = tasks.load("sst2", "train", data_dir=tmp_path)
+    assert len(reads) == 2 and edited.inputs() == ["an edited file"] and edited.labels() == [1]
