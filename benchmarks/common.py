@@ -36,7 +36,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def setup(args: argparse.Namespace) -> str:
-    """Apply ``--threads``; check ``--device`` exists here; return it."""
+    """Apply ``--threads``; check ``--device`` exists here; return it. Freed memory is kept for
+    reuse from the start (:func:`attnlens.core.memory.reuse_freed_memory`, as the first pass of
+    attnlens does), so a reference timed before any pass runs under the same allocator as the
+    jobs; ``ATTNLENS_REUSE_MEMORY=0`` times both under glibc's defaults."""
+    from attnlens.core import memory
+
+    memory.reuse_freed_memory()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = str(args.device)

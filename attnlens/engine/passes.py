@@ -58,7 +58,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core import models, seam
+from attnlens.core import memory, models, seam
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import (
     LAYOUTS,
@@ -151,10 +151,19 @@ class LayerPatterns:
     values: Float[Tensor, "batch head key d_head"] | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False)
     _effective: Tensor | None = field(default=None, repr=False)
+    _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
     def key_mask(self) -> Bool[Tensor, "batch key"]:
         return self.batch.key_mask
+
+    def shared(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per layer of a batch and key: what several accumulators read of
+        this layer (a view's maps, :meth:`attnlens.views.View.read`) is made once. Readers must
+        not change what it returns in place."""
+        if key not in self._shared:
+            self._shared[key] = compute()
+        return self._shared[key]
 
     @property
     def effective(self) -> Float[Tensor, "batch head query key"]:
@@ -801,8 +810,12 @@ def run(
     Under ``torch.distributed`` each rank runs its contiguous, batch-aligned shard
     (:func:`shard`), with its own checkpoint (:func:`checkpoint_path`); the accumulators are
     then summed over ranks, so every rank holds the result.
+
+    The first pass of a process keeps freed memory for reuse (:func:`attnlens.core.memory.reuse_freed_memory`:
+    glibc's mmap and trim thresholds; ``ATTNLENS_REUSE_MEMORY=0`` keeps glibc's defaults).
     """
     require_bridge(model, description)
+    memory.reuse_freed_memory()
     names = [a.name for a in accumulators]
     if len(set(names)) != len(names):
         raise InputError(f"accumulator names must be unique, got {names}")

@@ -133,8 +133,9 @@ def row_statistics(
     # H = -Σ p log p with p = w / S, w = |a|, S = Σ w:  H = log S − (Σ w log w) / S (0 if S = 0)
     weights = pattern.abs()
     total = weights.sum(-1)
-    w_log_w = torch.special.xlogy(weights, weights).sum(-1)  # 0 · log 0 = 0
-    safe = total.clamp_min(torch.finfo(total.dtype).tiny)
+    tiny = torch.finfo(weights.dtype).tiny  # 0 · log(tiny) = 0, as 0 · log 0 is taken to be
+    w_log_w = weights.clamp_min(tiny).log_().mul_(weights).sum(-1)
+    safe = total.clamp_min(tiny)
     out["entropy"] = torch.where(total > 0, safe.log() - w_log_w / safe, torch.zeros_like(total))
     return out
 

@@ -64,12 +64,17 @@ class View:
         constants, with ``constants``: the constants restricted to the batch's valid tokens
         (:meth:`attnlens.papa.PapaConstants.layer_pattern`, float32), so that it is read in the
         same pass as the others, without hooks; without them, :attr:`maps` (the patterns, under
-        the pass's ``papa.hooks``)."""
+        the pass's ``papa.hooks``). The constants' maps are made once per layer of a batch
+        (:meth:`attnlens.passes.LayerPatterns.shared`) for every accumulator that reads them."""
         if self.takes_constants and constants is not None:
             import torch
 
-            return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
-                                           positions=layer.batch.compact_positions)
+            def make() -> Any:
+                return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
+                                               positions=layer.batch.compact_positions)
+
+            shared = getattr(layer, "shared", None)
+            return make() if shared is None else shared(("view", self.name, id(constants), causal), make)
         return self.maps(layer)
 
     def layout(self, model: Any) -> str:

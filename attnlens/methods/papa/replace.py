@@ -46,7 +46,15 @@ def gather(
             f"{int(positions.max())}; tokenize with the max_len the constants were fitted with."
         )
     index = positions.to(constant.device)
-    return constant[:, index[:, :, None], index[:, None, :]].transpose(0, 1)
+    if constant.requires_grad:  # trainable logits: an indexing autograd can follow
+        return constant[:, index[:, :, None], index[:, None, :]].transpose(0, 1)
+    n_batch, n = index.shape
+    flat = (index[:, :, None] * size + index[:, None, :]).reshape(n_batch, n * n)  # (query, key) pairs
+    source = constant.reshape(constant.shape[0], size * size)
+    out = constant.new_empty(n_batch, constant.shape[0], n, n)
+    for example in range(n_batch):  # one index_select per example: out stays [batch, head, ...]
+        torch.index_select(source, 1, flat[example], out=out[example].view(-1, n * n))
+    return out
 
 
 def _fit_to(constant: Tensor, n_keys: int) -> Tensor:
@@ -104,16 +112,26 @@ def constant_pattern(
     matrix is returned as it is. The result has ``dtype`` (default: the constant's) and the
     constant's device.
     """
+    gathered = positions is not None
     constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant", positions)
     allowed = allowed_keys(key_mask, causal=causal)
     valid_pair = key_mask[:, None, :, None] & allowed
-    masked = constant * valid_pair.to(dtype)
+    if gathered and not constant.requires_grad:
+        masked = constant.mul_(valid_pair)  # the gathered copy is this call's own
+    else:
+        masked = constant * valid_pair
     if not renormalize:
         return masked
     total = masked.sum(-1, keepdim=True)
     has_mass = total > 0
-    normalized = masked / torch.where(has_mass, total, torch.ones_like(total))
-    return torch.where(has_mass, normalized, _uniform(allowed, dtype))
+    if masked.requires_grad:
+        normalized = masked / torch.where(has_mass, total, torch.ones_like(total))
+        return torch.where(has_mass, normalized, _uniform(allowed, dtype))
+    masked.div_(torch.where(has_mass, total, torch.ones_like(total)))
+    example, _, query = (~has_mass[:, :, :, 0]).nonzero(as_tuple=True)  # rows with no mass left
+    if example.numel():
+        masked[example, _, query] = _uniform(allowed[example, 0, query], dtype)
+    return masked
 
 
 def softmax_pattern(
