@@ -20,7 +20,7 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 #: a fresh interpreter at one thread: batches of different lengths (as compact batches are), each
 #: making and freeing several maps of one layer (20 to 25 MB each, as compare's statistics do);
-#: prints the minor page faults of the last 8 batches (after 16 of warm-up)
+#: prints the minor page faults of each of the last 8 batches (after 16 of warm-up)
 FAULTS = """
 import resource, sys
 import torch
@@ -28,19 +28,19 @@ torch.set_num_threads(1)
 if sys.argv[1] == "reuse":
     from attnlens.core import memory
     assert memory.reuse_freed_memory()
-def batches(n):
-    total = 0.0
-    for i in range(n):
-        length = 128 - 8 * (i % 4)
-        maps = [torch.rand(32, 12, length, length) for _ in range(4)]
-        weights = [m.abs() for m in maps]
-        total += sum(float(w.clamp_min(1e-30).log_().mul_(w).sum()) for w in weights)
-        del maps, weights
-    return total
-batches(16)  # warm-up: the heap grows to the batches' largest layout once
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-batches(8)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+def batch(i):
+    length = 128 - 8 * (i % 4)
+    maps = [torch.rand(32, 12, length, length) for _ in range(4)]
+    weights = [m.abs() for m in maps]
+    return sum(float(w.clamp_min(1e-30).log_().mul_(w).sum()) for w in weights)
+for i in range(16):  # warm-up
+    batch(i)
+faults = []
+for i in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    batch(i)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(*faults)
 """
 
 
@@ -98,12 +98,15 @@ def test_a_pass_applies_it(fresh):
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's allocator only")
 def test_freed_maps_are_reused_instead_of_faulted_in_again():
-    """Under glibc's defaults the kernel faults the freed maps' pages in again (measured here:
-    about 79,000 faults in 8 batches, a third of the maps' pages); with the thresholds set,
-    none (0 measured; Python's own small allocations may add a few)."""
+    """Under glibc's defaults the kernel faults freed maps' pages in again whenever a batch is
+    longer than the one before (measured: 25,000 to 95,000 faults in 8 batches); with the
+    thresholds set, none. Reuse's largest batch is left out: the heap may still grow once after
+    warm-up (one batch of 6,144 to 22,344 faults, in about one run in four), which is not a cost
+    paid again."""
     runs = {mode: subprocess.Popen([sys.executable, "-c", FAULTS, mode], stdout=subprocess.PIPE, text=True)
             for mode in ("default", "reuse")}
-    faults = {mode: int(run.communicate()[0].strip()) for mode, run in runs.items()}
+    faults = {mode: [int(n) for n in run.communicate()[0].split()] for mode, run in runs.items()}
     assert all(run.returncode == 0 for run in runs.values())
-    assert faults["default"] > 10_000, faults
-    assert faults["reuse"] * 20 < faults["default"], faults
+    default, reuse = sum(faults["default"]), sum(faults["reuse"]) - max(faults["reuse"])
+    assert default > 10_000, faults
+    assert reuse * 20 < default, faults
