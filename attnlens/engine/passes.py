@@ -127,9 +127,7 @@ class PassBatch:
 
     def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per batch and key."""
-        if key not in self._shared:
-            self._shared[key] = compute()
-        return self._shared[key]
+        return _once(self._shared, key, compute)
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -150,7 +148,6 @@ class LayerPatterns:
     batch: PassBatch
     values: Float[Tensor, "batch head key d_head"] | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False)
-    _effective: Tensor | None = field(default=None, repr=False)
     _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -161,24 +158,27 @@ class LayerPatterns:
         """``compute()``, once per layer of a batch and key: what several accumulators read of
         this layer (a view's maps, :meth:`attnlens.views.View.read`) is made once. Readers must
         not change what it returns in place."""
-        if key not in self._shared:
-            self._shared[key] = compute()
-        return self._shared[key]
+        return _once(self._shared, key, compute)
 
     @property
     def effective(self) -> Float[Tensor, "batch head query key"]:
-        if self._effective is None:
-            if self.values is None:
-                raise ModelBehaviourError(
-                    "effective attention needs the layer's values: set needs_effective = True "
-                    "on the accumulator that reads LayerPatterns.effective."
-                )
-            from attnlens.engine.effective import effective_attention
-
-            self._effective = effective_attention(
-                self.pattern, self.values, key_mask=self.key_mask, **self.options
+        if self.values is None:
+            raise ModelBehaviourError(
+                "effective attention needs the layer's values: set needs_effective = True "
+                "on the accumulator that reads LayerPatterns.effective."
             )
-        return self._effective
+        from attnlens.engine.effective import effective_attention
+
+        return self.shared("effective", lambda: effective_attention(
+            self.pattern, self.values, key_mask=self.key_mask, **self.options
+        ))
+
+
+def _once(cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``compute()`` the first time it is asked for."""
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
 
 
 class Accumulator:

@@ -69,12 +69,9 @@ class View:
         if self.takes_constants and constants is not None:
             import torch
 
-            def make() -> Any:
-                return constants.layer_pattern(layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
-                                               positions=layer.batch.compact_positions)
-
-            shared = getattr(layer, "shared", None)
-            return make() if shared is None else shared(("view", self.name, id(constants), causal), make)
+            return layer.shared(("view", self.name, id(constants), causal), lambda: constants.layer_pattern(
+                layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
+                positions=layer.batch.compact_positions))
         return self.maps(layer)
 
     def layout(self, model: Any) -> str:

@@ -121,6 +121,46 @@ def test_constant_pattern_falls_back_to_uniform_and_zeros_contribute_nothing():
     assert papa.constant_pattern(constant, mask[:, :3]).shape == (2, 1, 3, 3)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("compact", [False, True])
+def test_constant_pattern_equals_the_papers_definition_and_its_gradient(causal, compact):
+    """Restrict, renormalise, uniform where no mass is left (footnote 8), written out with
+    advanced indexing and ``where``, against :func:`papa.constant_pattern` (gathered in place,
+    renormalised in place, uniform rows written by index): the same float64 operations in the
+    same order, so equal bit for bit, values and gradients, with and without autograd."""
+    torch.manual_seed(0)
+    n_heads, size, n_batch, n = 3, 10, 4, 7
+    constant = torch.rand(n_heads, size, size, dtype=torch.float64)
+    constant[0, 2] = 0.0  # a position whose row has no mass
+    positions = torch.cat([torch.arange(n - 1), torch.tensor([size - 1])]).expand(n_batch, n)
+    mask = torch.ones(n_batch, n, dtype=torch.bool)
+    mask[1, 3:-1] = False
+    mask[2, 5:-1] = False
+
+    def reference(matrix):
+        cut = (matrix[:, positions[:, :, None], positions[:, None, :]].transpose(0, 1) if compact
+               else matrix[None, :, :n, :n])
+        allowed = mask[:, None, None, :].expand(-1, 1, n, -1)
+        if causal:
+            allowed = allowed & torch.ones(n, n, dtype=torch.bool).tril()
+        masked = cut * (mask[:, None, :, None] & allowed).to(matrix.dtype)
+        total = masked.sum(-1, keepdim=True)
+        uniform = allowed.to(matrix.dtype) / allowed.sum(-1, keepdim=True).clamp_min(1)
+        return torch.where(total > 0, masked / torch.where(total > 0, total, torch.ones_like(total)), uniform)
+
+    given = positions if compact else None
+    mine, theirs = constant.clone().requires_grad_(True), constant.clone().requires_grad_(True)
+    pattern = papa.constant_pattern(mine, mask, positions=given, causal=causal)
+    expected = reference(theirs)
+    assert torch.equal(pattern, expected)
+    weights = torch.rand_like(expected)
+    (pattern * weights).sum().backward()
+    (expected * weights).sum().backward()
+    assert torch.equal(mine.grad, theirs.grad)
+    with torch.no_grad():
+        assert torch.equal(papa.constant_pattern(constant, mask, positions=given, causal=causal), expected)
+
+
 def test_zeros_constants_make_heads_contribute_nothing(minilm, batch):
     _, patterns = run(minilm, batch, papa.hooks(papa.zeros(minilm, max_len=MAX_LEN)), record=True)
     assert all(torch.all(p == 0) for p in patterns.values())

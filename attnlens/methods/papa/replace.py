@@ -116,17 +116,12 @@ def constant_pattern(
     constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant", positions)
     allowed = allowed_keys(key_mask, causal=causal)
     valid_pair = key_mask[:, None, :, None] & allowed
-    if gathered and not constant.requires_grad:
-        masked = constant.mul_(valid_pair)  # the gathered copy is this call's own
-    else:
-        masked = constant * valid_pair
+    # the gathered copy is this call's own; a cut of the constant is not: multiply into a new one
+    masked = constant.mul_(valid_pair) if gathered else constant * valid_pair
     if not renormalize:
         return masked
     total = masked.sum(-1, keepdim=True)
     has_mass = total > 0
-    if masked.requires_grad:
-        normalized = masked / torch.where(has_mass, total, torch.ones_like(total))
-        return torch.where(has_mass, normalized, _uniform(allowed, dtype))
     masked.div_(torch.where(has_mass, total, torch.ones_like(total)))
     example, _, query = (~has_mass[:, :, :, 0]).nonzero(as_tuple=True)  # rows with no mass left
     if example.numel():
