@@ -30,11 +30,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from common import record
 from realdata import DATA
 
@@ -46,6 +50,9 @@ from attnlens.files import write_atomic
 from attnlens.probing.features import by_length
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
+#: The order the tasks are given to papa.curve: the costliest first, since ranks claim the next
+#: task when they finish one (measured: POS and NER are the longest, SST-2 the shortest).
+CLAIM_ORDER = ("pos", "ner", "mrpc", "cola", "sst2")
 TARGET_MINUTES = 20
 
 
@@ -98,17 +105,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--combine", nargs="+", default=None, metavar="CSV",
                         help="join the tables of runs split by task into --out and Table 1 (runs nothing)")
+    parser.add_argument("--processes", type=int, default=2,
+                        help="processes sharing the tasks (torchrun, gloo, 1 torch thread each; default 2: "
+                             "the cores of the target machine); 1: one process of --threads threads")
     args = parser.parse_args()
     if args.combine:
         combine([Path(path) for path in args.combine], Path(args.out))
         return
+    if args.processes > 1 and "WORLD_SIZE" not in os.environ:
+        raise SystemExit(launch(args.processes))
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group("gloo")
+    rank = passes.world().rank
+    if rank:  # one report, from rank 0
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     if args.threads:
         torch.set_num_threads(args.threads)
-    os.environ["ATTNLENS_CACHE"] = args.cache or tempfile.mkdtemp(prefix="attnlens-curve-")
+    # one cache folder for every rank: NER and POS read the same sentences, so the same features
+    folder = [args.cache or (tempfile.mkdtemp(prefix="attnlens-curve-") if rank == 0 else None)]
+    if passes.world().distributed:
+        dist.broadcast_object_list(folder, src=0)
+    os.environ["ATTNLENS_CACHE"] = folder[0]
     model = attnlens.load(device=args.device)
     texts = paragraphs()
-    print(f"PAPA curve benchmark: {attnlens.loading.model_id(model)}, torch threads {torch.get_num_threads()}, "
-          f"{os.cpu_count()} CPUs; constants from {len(texts)} WikiText-2 paragraphs")
+    print(f"PAPA curve benchmark: {attnlens.loading.model_id(model)}, {passes.world().size} process(es) of "
+          f"{torch.get_num_threads()} torch thread(s), {os.cpu_count()} CPUs; constants from {len(texts)} "
+          f"WikiText-2 paragraphs")
     start = time.perf_counter()
     if args.constants and Path(args.constants).exists():
         constants = papa.PapaConstants.load(args.constants)
@@ -116,9 +138,10 @@ def main() -> None:
     else:
         constants = papa.fit(model, texts, max_len=128, progress=False)
         print(f"papa.fit: {time.perf_counter() - start:.1f} s")
-        if args.constants:
+        if args.constants and rank == 0:
             constants.save(args.constants)
-    tasks = [task for task in args.tasks.split(",") if task]
+    tasks = sorted((task for task in args.tasks.split(",") if task),
+                   key=lambda task: CLAIM_ORDER.index(task) if task in CLAIM_ORDER else -1)
     # constants are positional: a pair task gets constants fitted on its own training pairs
     # (PAPA §4 fits every task's on its training inputs); the others share WikiText-2's
     by_task: dict = {task: constants for task in tasks}
@@ -134,29 +157,40 @@ def main() -> None:
             start = time.perf_counter()
             by_task[task] = papa.fit(model, train.inputs(), max_len=128, progress=False)
             print(f"papa.fit on {task}'s {len(train)} training pairs: {time.perf_counter() - start:.1f} s")
-            if path is not None:
+            if path is not None and rank == 0:
                 by_task[task].save(path)
     baselines = () if args.no_baselines else tuple(name for name in args.baselines.split(",") if name)
     curve = papa.curve(model, by_task, tasks, data_dir=DATA, train_limit=args.train_limit,
                        eval_limit=args.eval_limit, baselines=baselines, seeds=args.seeds,
                        lm_texts=lm_paragraphs(args.lm) if args.lm else None, progress=False)
     minutes = curve.seconds / 60
-    forward = 0.0  # one plain forward over every task's examples, as the feature passes run them
-    for task in tasks:
+
+    def forward_of(task: str) -> float:
+        """One plain forward over the task's examples, as its feature passes run them."""
         train = task_module.load(task, "train", data_dir=DATA, limit=args.train_limit, seed=0)
         dev = task_module.load(task, "dev", data_dir=DATA, limit=args.eval_limit, seed=0)
-        forward += plain_forward(model, train.inputs() + dev.inputs(), max_len=constants.max_len)
+        return plain_forward(model, train.inputs() + dev.inputs(), max_len=constants.max_len)
+
+    forward = sum(passes.distribute(tasks, forward_of, what="task"))  # the ranks share them too
     interventions = len({(t["task"], t["strategy"], t["fraction"]) for t in curve.timings}) / max(len(tasks), 1)
-    needed = forward * interventions
+    # the floor: every needed forward pass once, spread evenly over the processes
+    needed = forward * interventions / curve.processes
     print(f"CURVE {len(tasks)} tasks x {len(curve.settings['fractions'])} fractions"
           f"{f' + {len(baselines)} baselines' if baselines else ''} x {args.seeds} seeds: {minutes:.1f} min (target <= {TARGET_MINUTES} min: "
           f"{'met' if minutes <= TARGET_MINUTES else 'missed'}); feature passes {curve.forward_seconds / 60:.1f} min "
-          f"({curve.forward_seconds / curve.seconds:.0%}), probes {(curve.seconds - curve.forward_seconds) / 60:.1f} min "
-          f"(probe training {curve.probe_share:.0%})")
+          f"({curve.forward_seconds / (curve.seconds * curve.processes):.0%} of the processes' time), probe training "
+          f"{curve.probe_seconds / 60:.1f} min ({curve.probe_share:.0%})")
     print(f"COLD wall time {curve.seconds:.0f} s = {curve.seconds / needed:.2f}x the forward passes it needs "
           f"({forward:.1f} s for one plain forward over every task's train + dev examples x "
-          f"{interventions:.0f} interventions = {needed:.0f} s)")
-    name = "curve" if tasks == list(TASKS) else f"curve-{'-'.join(tasks)}"
+          f"{interventions:.0f} interventions / {curve.processes} process(es) = {needed:.0f} s)")
+    for task in tasks:  # each task's own seconds (on the rank that ran it)
+        mine = [timing for timing in curve.timings if timing["task"] == task]
+        print(f"  {task}: {sum(t['features'] + t['probe'] + t['baseline'] for t in mine) / 60:.1f} min: features "
+              f"{sum(t['features'] for t in mine):.0f} s, probes {sum(t['probe'] for t in mine):.0f} s, linear "
+              f"baselines {sum(t['baseline'] for t in mine):.0f} s over {len(mine)} points")
+    if rank:
+        return
+    name = "curve" if set(tasks) == set(TASKS) else f"curve-{'-'.join(tasks)}"
     record(name, [{
         "job": f"papa.curve ({', '.join(tasks)}{' + lm' if args.lm else ''}; {len(curve.settings['fractions'])} "
                f"fractions + {len(baselines)} baselines, {args.seeds} seeds)",
@@ -164,16 +198,31 @@ def main() -> None:
         "note": f"ratio to the {needed:.0f} s of forward passes it needs; probes {curve.probe_share:.0%}; "
                 f"target <= {TARGET_MINUTES} min",
     }], train_limit=args.train_limit, eval_limit=args.eval_limit, seeds=args.seeds, lm=args.lm,
-        device=str(args.device or "default"), threads=torch.get_num_threads())
+        device=str(args.device or "default"), threads=torch.get_num_threads(), processes=curve.processes)
     for timing in curve.timings:
         if timing["fraction"] == 0.0:
             print(f"  {timing['task']}: features {timing['features']:.1f} s (train + dev, forward), "
                   f"probe training + prediction {timing['probe']:.1f} s")
+    # the table in the usual order of the tasks (they ran in CLAIM_ORDER), the LM last
+    shown = [*TASKS, *(task for task in tasks if task not in TASKS), "lm"]
+    curve.table = curve.table.sort_values("task", key=lambda column: column.map(shown.index), kind="stable",
+                                          ignore_index=True)
     print(curve.table.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
     curve.to_csv(args.out)
     print(f"wrote {args.out}")
     if baselines:
         write_table(curve, Path(args.out))
+
+
+def launch(processes: int) -> int:
+    """Run this script again under ``torchrun`` with ``processes`` ranks on this machine (gloo,
+    one torch thread each: torchrun's default); its exit status."""
+    with socket.socket() as handle:
+        handle.bind(("127.0.0.1", 0))
+        port = handle.getsockname()[1]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+               "--master_addr", "127.0.0.1", "--master_port", str(port), *sys.argv]
+    return subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
 
 
 def write_table(curve: papa.Curve, out: Path) -> None:

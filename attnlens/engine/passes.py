@@ -41,6 +41,7 @@ A minimal accumulator::
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import itertools
 import json
@@ -550,8 +551,14 @@ class World:
         return self.size > 1
 
 
+#: Set inside :func:`alone`: this process works by itself though a process group is initialised.
+_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("attnlens_alone", default=False)
+
+
 def world() -> World:
-    """The current ``torch.distributed`` world, or a single process."""
+    """The current ``torch.distributed`` world, or a single process (also inside :func:`alone`)."""
+    if _ALONE.get():
+        return World()
     try:
         import torch.distributed as dist
     except ImportError:  # pragma: no cover - torch without distributed
@@ -559,6 +566,66 @@ def world() -> World:
     if not (dist.is_available() and dist.is_initialized()):
         return World()
     return World(rank=dist.get_rank(), size=dist.get_world_size())
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Inside this context the process runs as a single one (:func:`world` is rank 0 of 1):
+    :func:`run` reads its whole corpus and reduces nothing, for work that one rank of a
+    ``torch.distributed`` run does by itself (:func:`distribute`)."""
+    token = _ALONE.set(True)
+    try:
+        yield
+    finally:
+        _ALONE.reset(token)
+
+
+_distributed = itertools.count()  # every rank makes the same calls to distribute: the same keys
+
+
+def distribute(items: Sequence[Any], work: Callable[[Any], Any], *, what: str = "item") -> list[Any]:
+    """``[work(item) for item in items]``, the items shared among the ranks of
+    ``torch.distributed`` (a plain loop without it).
+
+    Each rank claims the next unclaimed item from a counter in the process group's store, so a
+    rank that finishes early takes the next one (give the costliest items first), and runs it
+    :func:`alone`. Then every rank receives every result, in the order of ``items``
+    (``all_gather_object``: results must pickle, and should be small). An item that raised on
+    any rank raises :class:`~attnlens.errors.UnavailableError` naming it on every rank, rather
+    than leaving the others waiting."""
+    current = world()
+    if not current.distributed:
+        return [work(item) for item in items]
+    import torch.distributed as dist
+
+    key = f"attnlens/distribute/{next(_distributed)}"
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        claim = lambda: int(store.add(key, 1)) - 1  # noqa: E731 - the next free index, atomically
+    except (AttributeError, RuntimeError):  # no store to count with: every size-th item
+        claimed = iter(range(current.rank, len(items), current.size))
+        claim = lambda: next(claimed, len(items))  # noqa: E731
+    done: dict[int, Any] = {}
+    failure: Exception | None = None
+    index = claim()
+    while index < len(items) and failure is None:
+        try:
+            with alone():
+                done[index] = work(items[index])
+        except Exception as error:  # told to every rank below, so that none waits forever
+            failure, done = error, {"failed": f"{what} {items[index]!r}: {type(error).__name__}: {error}"}
+        index = claim()
+    gathered: list[Any] = [None] * current.size
+    _collective(f"gathering the {what}s' results", lambda: dist.all_gather_object(gathered, done), current)
+    if failure is not None:
+        raise failure
+    failed = [part["failed"] for part in gathered if "failed" in part]
+    if failed:
+        raise UnavailableError(f"another rank failed: {failed[0]}")
+    results: dict[Any, Any] = {}
+    for part in gathered:
+        results.update(part)
+    return [results[index] for index in range(len(items))]
 
 
 def shard(n_examples: int, batch_size: int, rank: int, size: int) -> tuple[int, int]:

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
+from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
@@ -62,9 +63,10 @@ COLUMNS = {
 @dataclass
 class Curve(Result):
     """The table of :data:`COLUMNS` (one row per task, strategy and fraction), the seconds spent
-    (``seconds``: total; ``forward_seconds``: extracting features, i.e. forward passes or cache
-    reads; ``probe_seconds``: training and running the probes and their linear baselines, whose
-    share of the total is :attr:`probe_share`), ``timings`` (per task point computed: ``task``,
+    (``seconds``: wall time; ``forward_seconds``: extracting features, i.e. forward passes or
+    cache reads; ``probe_seconds``: training and running the probes and their linear baselines,
+    whose share of the time of all :attr:`processes` is :attr:`probe_share`; the last two are
+    summed over the processes that shared the tasks), ``timings`` (per task point computed: ``task``,
     ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds; a point whose
     hooks another point already ran is not computed again), and :meth:`figure`. A
     :class:`~attnlens.core.result.Result`: :meth:`to_json` / :meth:`from_json` keep all of it
@@ -81,9 +83,15 @@ class Curve(Result):
     probe_seconds: float = 0.0
 
     @property
+    def processes(self) -> int:
+        """How many processes shared the curve's tasks (``torch.distributed`` ranks; 1 without)."""
+        return int(self.settings.get("processes", 1))
+
+    @property
     def probe_share(self) -> float:
-        """Probe (and linear baseline) training's share of :attr:`seconds` (0 when none)."""
-        return self.probe_seconds / self.seconds if self.seconds > 0 else 0.0
+        """Probe (and linear baseline) training's share of the time of all processes,
+        :attr:`seconds` × :attr:`processes` (0 when none)."""
+        return self.probe_seconds / (self.seconds * self.processes) if self.seconds > 0 else 0.0
 
     def figure(self) -> Any:
         """Score against the share of input-dependent heads kept, one line per task and
@@ -164,6 +172,11 @@ def curve(
     :class:`attnlens.probing.LinearBaseline`), and every point of that task trains that long
     with that ``C``: the points differ in their features only.
 
+    Under ``torch.distributed`` (``torchrun``) the ranks share the tasks, each task (and the
+    LM) run whole by one rank (:func:`attnlens.passes.distribute`: a rank that finishes takes the next
+    task, so give the costliest first), and every rank returns the whole curve. A task's numbers
+    do not depend on which rank ran it.
+
     Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
     and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
@@ -181,6 +194,10 @@ def curve(
     tasks = list(tasks)
     if not tasks and lm_texts is None:
         raise InputError("tasks is empty (and no lm_texts): give at least one task, e.g. tasks=['sst2'].")
+    named = [_task_name(task) for task in tasks]
+    twice = sorted({name for name in named if named.count(name) > 1})
+    if twice:
+        raise InputError(f"task {twice[0]!r} is given more than once; give each task once.")
     train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
     probing._as_seeds(seeds, seed)  # seed and seeds: whole numbers, refused here rather than after a task
@@ -202,7 +219,6 @@ def curve(
     by_task = _constants_by_task(model, constants, tasks, lm_texts, data_dir)
     constants = by_task[_task_name(tasks[0])] if tasks else by_task["lm"]  # the settings' and λ's
     started = time.perf_counter()
-    forward = [0.0]
     options = dict(data_dir=data_dir, train_limit=train_limit, eval_limit=eval_limit, seed=seed,
                    max_len=constants.max_len, layout=constants.layout, batch_size=batch_size,
                    probe=probe, progress=progress)
@@ -229,8 +245,9 @@ def curve(
             points.append((name, "1.0", 1.0, papa_hooks(made)))
         return points
 
-    rows, timings, probe_seconds = [], [], 0.0
-    for task in tasks:
+    def task_points(task: Any) -> dict[str, Any]:
+        """One task's rows of the table, its timings and its seconds of features and probes."""
+        rows, timings, seconds = [], [], {"forward": 0.0, "probe": 0.0}
         unchanged = None
         computed: dict[str, Any] = {}  # hooks' key -> this task's result under them
         fitted = by_task[_task_name(task)]
@@ -250,17 +267,21 @@ def curve(
                 if unchanged is None and result.settings.get("baseline_C") is not None:
                     # and the linear baseline's C, chosen there on held-out training examples
                     task_options = {**task_options, "baseline_C": result.settings["baseline_C"]}
-                forward[0] += result.seconds.get("features", 0.0)
-                probe_seconds += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
+                seconds["forward"] += result.seconds.get("features", 0.0)
+                seconds["probe"] += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
                 timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
             if unchanged is None:
                 unchanged = result  # the first point: no head replaced (fraction 0 comes first)
             rows.append(dict(task=result.task, strategy=label, fraction_replaced=fraction,
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
                              metric=result.metric, **_point_columns(result, unchanged, seed)))
-    if lm_texts is not None:
+        return {"rows": rows, "timings": timings, **seconds}
+
+    def lm_points() -> dict[str, Any]:
+        """The language model's rows at every point (``lm_texts``)."""
         from attnlens.evaluation import lm
 
+        rows, forward = [], [0.0]
         scores: dict[str, Any] = {}  # hooks' key -> the LM score under them
         fitted = by_task["lm"]
         points = points_of(fitted)
@@ -275,10 +296,21 @@ def curve(
                              fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
                              score=score.value, metric=score.name,
                              **_lm_columns(score, scores[hooks_key(points[0][3])], seed)))
+        return {"rows": rows, "timings": [], "forward": forward[0], "probe": 0.0}
+
+    # every task (and the LM) is one job; under torch.distributed the ranks share them
+    jobs = {_task_name(task): task for task in tasks}
+    names = [*jobs, *(["lm"] if lm_texts is not None else [])]
+    done = passes.distribute(names, lambda name: lm_points() if name == "lm" else task_points(jobs[name]),
+                             what="curve task")
+    rows = [row for part in done for row in part["rows"]]
+    timings = [timing for part in done for timing in part["timings"]]
+    forward_seconds = sum(part["forward"] for part in done)
+    probe_seconds = sum(part["probe"] for part in done)
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
-                    seeds=seeds, **{
+                    seeds=seeds, processes=passes.world().size, **{
         key: value for key, value in options.items() if key != "data_dir"})
     if lam is not None:
         from scipy.stats import spearmanr
@@ -289,7 +321,7 @@ def curve(
         dependence = constants.input_dependence.flatten().double()
         settings["lambda_vs_input_dependence_spearman"] = float(
             spearmanr(lam.flatten().double().numpy(), dependence.numpy()).statistic)
-    return Curve(table, time.perf_counter() - started, forward[0], settings, timings, probe_seconds)
+    return Curve(table, time.perf_counter() - started, forward_seconds, settings, timings, probe_seconds)
 
 
 def _task_name(task: Any) -> str:
