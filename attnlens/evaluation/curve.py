@@ -170,7 +170,9 @@ def curve(
     The probe's epochs and the linear baseline's ``C`` are chosen once per task, on held-out
     training examples with no head replaced (:func:`attnlens.probing.choose_epochs`,
     :class:`attnlens.probing.LinearBaseline`), and every point of that task trains that long
-    with that ``C``: the points differ in their features only.
+    with that ``C``: the points differ in their features only. The linear baseline of every
+    later point starts from the solution with no head replaced (a warm start: the same optimum
+    to the solver's tolerance, a third of the iterations on POS).
 
     Under ``torch.distributed`` (``torchrun``) the ranks share the tasks, each task (and the
     LM) run whole by one rank (:func:`attnlens.passes.distribute`: a rank that finishes takes the next
@@ -265,8 +267,10 @@ def curve(
                     task_options = {**task_options, "select_epochs": False,
                                     "probe": {**(probe or {}), "epochs": result.settings["epochs_chosen"]}}
                 if unchanged is None and result.settings.get("baseline_C") is not None:
-                    # and the linear baseline's C, chosen there on held-out training examples
-                    task_options = {**task_options, "baseline_C": result.settings["baseline_C"]}
+                    # and the linear baseline's C, chosen there on held-out training examples;
+                    # its solution starts theirs (the same optimum, a third of the iterations)
+                    task_options = {**task_options, "baseline_C": result.settings["baseline_C"],
+                                    "baseline_start": result.linear}
                 seconds["forward"] += result.seconds.get("features", 0.0)
                 seconds["probe"] += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
                 timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))

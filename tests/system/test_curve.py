@@ -77,7 +77,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
 
     def spy(*args, **kwargs):
         result = real_run(*args, **kwargs)
-        calls.append((kwargs, result.settings))
+        calls.append((kwargs, result.settings, result))
         return result
 
     monkeypatch.setattr(probing, "run", spy)
@@ -85,10 +85,12 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
                        data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     monkeypatch.setattr(probing, "run", real_run)
     first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
+    linear = calls[0][2].linear
     assert len(calls) == 4 and first is not None and chosen in probing.LinearBaseline().grid
-    for kwargs, settings in calls[1:]:
+    for kwargs, settings, _ in calls[1:]:
         assert kwargs["select_epochs"] is False and kwargs["probe"]["epochs"] == first
         assert kwargs["baseline_C"] == chosen and settings["baseline_C"] == chosen
+        assert kwargs["baseline_start"] is linear and linear is not None  # warm-started from no head replaced
     table = curve.table
     assert list(table["strategy"]) == ["input_dependence"] * 3 + ["zeros"]
     assert list(table["heads"]) == [0, 36, 72, 72]

@@ -294,6 +294,42 @@ def test_mean_pooling_and_standardisation_follow_their_definitions(bert):
     assert np.allclose(captured["rows"].double().numpy(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "sum"])
+def test_learned_pooling_equals_standardising_each_token_then_pooling(bert, pooling):
+    """The probe pools first and standardises the pooled vector (one batched product per layer);
+    its definition standardises every token, then sums ``w[l, p] · h_l[p]`` per example (times
+    ``max_len / n`` for the mean). With learned, unequal weights both give the same dense inputs
+    and the same gradient of ``w``, against that definition in float64: float32 sums of a few
+    dozen terms of magnitude ≤ 10 after standardising, so 1e-5 relative and absolute."""
+    texts = tiny.CORPUS[:6]
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    probe = probing.PapaProbe(epochs=1, pooling=pooling).fit(features, [0, 1, 0, 1, 0, 1])
+    network = probe.network
+    with torch.no_grad():
+        network.position_weights.copy_(torch.rand(network.position_weights.shape,
+                                                  generator=torch.Generator().manual_seed(0)))
+    captured = {}
+    network.dense.register_forward_hook(lambda module, inputs, output: captured.update(rows=inputs[0]))
+    network.zero_grad()
+    logits, _ = probe._logits(features, torch.arange(len(features)))
+    captured["rows"].sum().backward()
+    got = network.position_weights.grad.clone()
+
+    weights = network.position_weights.detach().double().requires_grad_(True)
+    standardised = (features.vectors.double() - network.mean.double()) / network.scale.double()
+    offsets = features.offsets.tolist()
+    expected = []
+    for i in range(len(features)):
+        tokens = standardised[offsets[i] : offsets[i + 1]]  # [token, layer, d]
+        positions = features.positions[offsets[i] : offsets[i + 1]]
+        pooled = (weights[:, positions].T[:, :, None] * tokens).sum(0)
+        expected.append((pooled * (features.max_len / len(tokens)) if pooling == "mean" else pooled).reshape(-1))
+    expected = torch.stack(expected)
+    expected.sum().backward()
+    torch.testing.assert_close(captured["rows"].double(), expected.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), weights.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_the_papers_sum_pooling_round_trips_with_its_settings(bert, tmp_path):
     """pooling='sum', standardize=False is the paper's FreezeExtractPoller (Σ_p w[l,p]·h[p],
     w = 1/max_len, raw vectors); its file records both settings and loads as that probe."""
@@ -387,3 +423,23 @@ def test_the_linear_baseline_is_scikit_learns_logistic_regression_with_c_chosen_
     reference = make_pipeline(StandardScaler(), LogisticRegression(C=chosen, max_iter=1000)).fit(rows, targets)
     np.testing.assert_allclose(baseline.model[-1].coef_, reference[-1].coef_, atol=1e-3)
     assert baseline.predict(features) == reference.predict(rows).tolist()
+
+
+def test_a_warm_started_linear_baseline_reaches_the_cold_fits_optimum_in_fewer_iterations(bert):
+    """``fit(start=...)`` begins lbfgs at another fitted baseline's solution (papa.curve: the
+    one with no head replaced). Here that one was fitted on other features of the same examples
+    (max_len 16 instead of 24); the optimum is the cold fit's, to lbfgs's tolerance (coefficients
+    to 1e-3, as the test above derives; predictions equal), in no more iterations."""
+    import numpy as np
+
+    texts, labels = _separable(bert)
+    labels = [label if index % 7 else 1 - label for index, label in enumerate(labels)]  # not separable
+    other = probing.extract(bert, texts, max_len=16, progress=False)
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    start = probing.LinearBaseline(grid=(0.1,)).fit(other, labels)
+    cold = probing.LinearBaseline(grid=(0.1,)).fit(features, labels)
+    warm = probing.LinearBaseline(grid=(0.1,)).fit(features, labels, start=start)
+    np.testing.assert_allclose(warm.model[-1].coef_, cold.model[-1].coef_, atol=1e-3)
+    assert warm.predict(features) == cold.predict(features)
+    assert warm.model[-1].n_iter_[0] <= cold.model[-1].n_iter_[0]
+    assert not np.array_equal(start.model[-1].coef_, cold.model[-1].coef_)  # a real start elsewhere

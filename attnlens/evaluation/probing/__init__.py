@@ -63,7 +63,8 @@ class ProbeResult(Result):
     (:class:`Paired`; ``None`` without the baseline): the probe matches the baseline when its
     interval holds 0, beats it when the interval is above 0.
     ``majority`` / ``majority_interval``: always predicting the most frequent training label.
-    ``evaluation``: the evaluated :class:`attnlens.tasks.Task`.
+    ``evaluation``: the evaluated :class:`attnlens.tasks.Task`; ``linear``: the fitted
+    :class:`LinearBaseline` (``None`` without it).
     ``predictions``: label names per evaluated example (tag strings per word for token tasks) of
     the first seed; ``runs``: those of every seed. Aligned with ``tasks.load(task, split)``'s
     examples. ``seconds``: time spent extracting features (``"features"``: forward passes, or
@@ -72,8 +73,8 @@ class ProbeResult(Result):
 
     A :class:`~attnlens.core.result.Result`: :attr:`table` is the summary in one row
     (:attr:`COLUMNS`), :meth:`figure` the probe beside its baselines, and :meth:`to_json` writes
-    the summary: everything but ``predictions``, ``runs``, ``baseline_predictions`` and
-    ``evaluation``, which :meth:`from_json` leaves empty (and ``None``)."""
+    the summary: everything but ``predictions``, ``runs``, ``baseline_predictions``,
+    ``evaluation`` and ``linear``, which :meth:`from_json` leaves empty (and ``None``)."""
 
     COLUMNS = {
         "task": "task name",
@@ -118,6 +119,7 @@ class ProbeResult(Result):
     baseline_predictions: list = field(default_factory=list, repr=False)
     evaluation: Any = field(default=None, repr=False)
     versus_baseline: Paired | None = None
+    linear: Any = field(default=None, repr=False)
 
     def __repr__(self) -> str:
         interval = f" [{self.interval.low:.4f}, {self.interval.high:.4f}]" if self.interval else ""
@@ -228,6 +230,7 @@ def run(
     probe: PapaProbe | dict | None = None,
     baseline: bool = True,
     baseline_C: float | None = None,
+    baseline_start: LinearBaseline | None = None,
     select_epochs: bool = True,
     resamples: int = 1000,
     cache: bool = True,
@@ -248,7 +251,10 @@ def run(
     ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean.
     ``baseline``: also fit :class:`LinearBaseline`; ``baseline_C``: its ``C`` (no held-out
     search; :func:`attnlens.papa.curve` passes the ``C`` chosen with no head replaced to every
-    later point of a task, as it does the epochs). ``select_epochs``: choose the number of
+    later point of a task, as it does the epochs); ``baseline_start``: a fitted
+    :class:`LinearBaseline` on the same labels whose solution is the solver's first point (warm
+    start: papa.curve starts every later point from the one with no head replaced).
+    ``select_epochs``: choose the number of
     epochs on a held-out tenth of the training examples, never on the evaluation split
     (:func:`choose_epochs`: up to :data:`EPOCH_FACTOR` × the recipe's epochs, early stopping on
     the held-out loss), then train every seed on all training examples for that many epochs;
@@ -311,7 +317,8 @@ def run(
     baseline_predictions: list = []
     if baseline:
         linear = (LinearBaseline(seed=seed) if baseline_C is None else
-                  LinearBaseline(seed=seed, grid=(baseline_C,))).fit(train_features, train.labels(), held_out_score)
+                  LinearBaseline(seed=seed, grid=(baseline_C,))).fit(train_features, train.labels(), held_out_score,
+                                                                     start=baseline_start)
         baseline_predictions = named(linear.predict(eval_features))
     seconds = {"features": extracted - started, "probe": fitted - extracted,
                "baseline": time.perf_counter() - fitted}
@@ -341,7 +348,7 @@ def run(
         seed_std=float(_std(scores)), baseline=baseline_interval.score if baseline else float("nan"),
         baseline_interval=baseline_interval, majority_interval=majority_interval, runs=runs,
         baseline_predictions=baseline_predictions, evaluation=evaluation,
-        versus_baseline=versus_baseline,
+        versus_baseline=versus_baseline, linear=linear if baseline else None,
     )
     _warn_if_below(result, stacklevel=3)
     return result

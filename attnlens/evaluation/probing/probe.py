@@ -83,21 +83,25 @@ class _Network(nn.Module):
         ``vectors``: the kept tokens' vectors of every layer; ``positions``: each token's position
         in the layout (sequence) or word index (words); ``example``: the example each token
         belongs to, ``0 .. n_examples - 1``."""
+        if not self.sequence:
+            if self.standardize:
+                vectors = (vectors - self.mean) / self.scale
+            return self.out(self.dropout(torch.tanh(self.dense(vectors.flatten(1)))))
+        # s[e, l] = Σ_{p in e} w[l, p] · (h_l[p] − μ_l) / σ_l, as one batched product per layer:
+        # pool[l, e, t] = w[l, p_t] where token t belongs to example e (else 0)
+        owner = example[None, :] == torch.arange(n_examples, device=example.device)[:, None]  # [example, token]
+        pool = self.position_weights[:, positions][:, None, :] * owner.to(vectors.dtype)  # [layer, example, token]
+        pooled = torch.bmm(pool, vectors.transpose(0, 1))  # [layer, example, d_model]
         if self.standardize:
-            vectors = (vectors - self.mean) / self.scale
-        if self.sequence:
-            weights = self.position_weights[:, positions].T  # [token, layer]
-            weighted = vectors * weights[:, :, None]
-            pooled = torch.zeros((n_examples, *vectors.shape[1:]), dtype=vectors.dtype, device=vectors.device)
-            pooled.index_add_(0, example, weighted)
-            if self.pooling == "mean":
-                # Σ_p w[l, p] h[p] · max_len / n: the mean of the n real tokens while w = 1 / max_len
-                tokens = torch.bincount(example, minlength=n_examples).clamp_min(1).to(vectors.dtype)
-                pooled = pooled * (self.max_len / tokens)[:, None, None]
-            rows = pooled.flatten(1)
-        else:
-            rows = vectors.flatten(1)
-        return self.out(self.dropout(torch.tanh(self.dense(rows))))
+            # standardising each token, then pooling, equals pooling, then subtracting μ_l · Σ_p w[l, p]
+            # and dividing by σ_l (the pooling is linear); the token vectors are never rewritten
+            pooled = (pooled - self.mean[:, None, :] * pool.sum(-1)[:, :, None]) / self.scale[:, None, :]
+        pooled = pooled.transpose(0, 1)  # [example, layer, d_model]
+        if self.pooling == "mean":
+            # Σ_p w[l, p] h[p] · max_len / n: the mean of the n real tokens while w = 1 / max_len
+            tokens = owner.sum(1).clamp_min(1).to(vectors.dtype)
+            pooled = pooled * (self.max_len / tokens)[:, None, None]
+        return self.out(self.dropout(torch.tanh(self.dense(pooled.flatten(1)))))
 
 
 @dataclass
