@@ -19,11 +19,18 @@ time per task (at fraction 0, on cached features), and the table. Written: ``doc
 and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA's Table 1 as
 ``docs/papa_table.csv`` and ``docs/papa_table.md`` (beside ``--out``).
 
-Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--threads 2]`` (``make bench``;
-about two hours on 2 CPU cores). Tasks are independent, so the run may be split, one process per
-task (``--tasks sst2 --lm 0 --out sst2.csv`` ...), and the tables joined afterwards with
-``--combine sst2.csv cola.csv ...`` (the same table and Table 1 as one run; the cold time is then
-the sum of the runs').
+Two processes share the work by default (``--processes 2``: the script runs itself again under
+``torchrun``, gloo, one torch thread per rank, one cache folder): ``papa.fit`` shards its corpus,
+and :func:`attnlens.papa.curve` gives each rank a whole task at a time, the costliest first
+(``CLAIM_ORDER``), a rank that finishes taking the next one. The forward passes it needs are then
+divided by the number of processes (their floor, if the tasks split evenly); probe training's
+share is of the time of all processes. ``--processes 1`` runs one process of ``--threads``.
+
+Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--processes 2]``
+(``make bench-curve``; see ``docs/probing.md`` for its time on 2 CPU cores). Tasks are
+independent, so the run may also be split by hand, one process per task (``--tasks sst2 --lm 0
+--out sst2.csv`` ...), and the tables joined afterwards with ``--combine sst2.csv cola.csv ...``
+(the same table and Table 1 as one run; the cold time is then the sum of the runs').
 """
 
 from __future__ import annotations

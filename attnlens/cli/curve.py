@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
         train_limit=measures["train_limit"], eval_limit=measures["eval_limit"],
         batch_size=args.batch_size, seeds=args.seeds, progress=not args.quiet,
     )
+    if cli._rank() != 0:  # under torchrun the ranks shared the tasks, and each holds the curve
+        return 0
     result.to_csv(table, overwrite_read_only=args.force)
     from attnlens.core.files import write_atomic
 

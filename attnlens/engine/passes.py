@@ -49,6 +49,7 @@ import math
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -603,7 +604,7 @@ def distribute(items: Sequence[Any], work: Callable[[Any], Any], *, what: str = 
         store = dist.distributed_c10d._get_default_store()
         claim = lambda: int(store.add(key, 1)) - 1  # noqa: E731 - the next free index, atomically
     except (AttributeError, RuntimeError):  # no store to count with: every size-th item
-        claimed = iter(range(current.rank, len(items), current.size))
+        store, claimed = None, iter(range(current.rank, len(items), current.size))
         claim = lambda: next(claimed, len(items))  # noqa: E731
     done: dict[int, Any] = {}
     failure: Exception | None = None
@@ -615,6 +616,12 @@ def distribute(items: Sequence[Any], work: Callable[[Any], Any], *, what: str = 
         except Exception as error:  # told to every rank below, so that none waits forever
             failure, done = error, {"failed": f"{what} {items[index]!r}: {type(error).__name__}: {error}"}
         index = claim()
+    if store is not None:
+        # wait for the other ranks on the store, not in the collective: a rank may finish its
+        # items long before another (more than the process group's timeout, 30 minutes)
+        store.add(f"{key}/finished", 1)
+        while int(store.add(f"{key}/finished", 0)) < current.size:
+            time.sleep(1.0)
     gathered: list[Any] = [None] * current.size
     _collective(f"gathering the {what}s' results", lambda: dist.all_gather_object(gathered, done), current)
     if failure is not None:

@@ -296,7 +296,7 @@ def test_mean_pooling_and_standardisation_follow_their_definitions(bert):
 
 @pytest.mark.parametrize("pooling", ["mean", "sum"])
 def test_learned_pooling_equals_standardising_each_token_then_pooling(bert, pooling):
-    """The probe pools first and standardises the pooled vector (one batched product per layer);
+    """The probe pools the raw token vectors first and standardises the pooled vector;
     its definition standardises every token, then sums ``w[l, p] · h_l[p]`` per example (times
     ``max_len / n`` for the mean). With learned, unequal weights both give the same dense inputs
     and the same gradient of ``w``, against that definition in float64: float32 sums of a few

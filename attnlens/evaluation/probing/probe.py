@@ -87,19 +87,19 @@ class _Network(nn.Module):
             if self.standardize:
                 vectors = (vectors - self.mean) / self.scale
             return self.out(self.dropout(torch.tanh(self.dense(vectors.flatten(1)))))
-        # s[e, l] = Σ_{p in e} w[l, p] · (h_l[p] − μ_l) / σ_l, as one batched product per layer:
-        # pool[l, e, t] = w[l, p_t] where token t belongs to example e (else 0)
-        owner = example[None, :] == torch.arange(n_examples, device=example.device)[:, None]  # [example, token]
-        pool = self.position_weights[:, positions][:, None, :] * owner.to(vectors.dtype)  # [layer, example, token]
-        pooled = torch.bmm(pool, vectors.transpose(0, 1))  # [layer, example, d_model]
+        # s[e, l] = Σ_{p in e} w[l, p] · (h_l[p] − μ_l) / σ_l, summed over the raw vectors: the
+        # pooling is linear, so standardising the pooled vector (subtracting μ_l · Σ_p w[l, p],
+        # dividing by σ_l) equals standardising every token first, at a few tokens' cost
+        weights = self.position_weights[:, positions].T  # [token, layer]
+        pooled = torch.zeros((n_examples, *vectors.shape[1:]), dtype=vectors.dtype, device=vectors.device)
+        pooled.index_add_(0, example, vectors * weights[:, :, None])
         if self.standardize:
-            # standardising each token, then pooling, equals pooling, then subtracting μ_l · Σ_p w[l, p]
-            # and dividing by σ_l (the pooling is linear); the token vectors are never rewritten
-            pooled = (pooled - self.mean[:, None, :] * pool.sum(-1)[:, :, None]) / self.scale[:, None, :]
-        pooled = pooled.transpose(0, 1)  # [example, layer, d_model]
+            total = torch.zeros((n_examples, weights.shape[1]), dtype=weights.dtype, device=weights.device)
+            total.index_add_(0, example, weights)
+            pooled = (pooled - self.mean * total[:, :, None]) / self.scale
         if self.pooling == "mean":
             # Σ_p w[l, p] h[p] · max_len / n: the mean of the n real tokens while w = 1 / max_len
-            tokens = owner.sum(1).clamp_min(1).to(vectors.dtype)
+            tokens = torch.bincount(example, minlength=n_examples).clamp_min(1).to(vectors.dtype)
             pooled = pooled * (self.max_len / tokens)[:, None, None]
         return self.out(self.dropout(torch.tanh(self.dense(pooled.flatten(1)))))
 
