@@ -265,14 +265,22 @@ def _spawn_tolerating_exit(init: str, outcome: Path, folder: Path, case: str) ->
     assert not any(process.is_alive() for process in context.processes)
 
 
-def _distribute_main(rank: int, init: str, outcome: str) -> None:
-    """One spawned rank: share six items with passes.distribute, twice (the second time one item
-    raises); write what each call returned."""
+#: A small curve of two tasks on the tiny BERT (real SST-2 and CoLA sentences, few of them).
+CURVE = dict(tasks=["cola", "sst2"], fractions=(0.0, 1.0), baselines=("zeros",), train_limit=48,
+             eval_limit=24, seeds=1, progress=False, data_dir=DATA)
+
+
+def _sharing_main(rank: int, init: str, folder: str, constants: str, out: str) -> None:
+    """One spawned rank of two: share six items with passes.distribute, twice (the second time
+    one item raises), then a curve; write what each returned."""
     import json
     import time
 
     import torch.distributed as dist
 
+    import attnlens
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     results = {}
@@ -288,23 +296,47 @@ def _distribute_main(rank: int, init: str, outcome: str) -> None:
             results[case] = {"ok": passes.distribute(list("abcdef"), work, what="task")}
         except Exception as error:  # noqa: BLE001 - the message is what the test checks
             results[case] = {"error": f"{type(error).__name__}: {error}"}
-    Path(outcome).with_suffix(f".{rank}").write_text(json.dumps(results), encoding="utf-8")
+    curve = papa.curve(attnlens.load(folder), papa.load(constants), **CURVE)
+    curve.to_csv(Path(out).with_suffix(f".{rank}.csv"))
+    results["curve"] = {"processes": curve.processes, "timings": sorted(t["task"] for t in curve.timings)}
+    Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(results), encoding="utf-8")
     dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, bert_folder) -> tuple[Path, Path]:
+    """One spawn of two gloo ranks running _sharing_main: the prefix of their outputs, and the
+    constants file their curve used."""
+    import torch.multiprocessing as mp
+
+    import attnlens
+
+    folder = tmp_path_factory.mktemp("sharing")
+    constants = folder / "constants.safetensors"
+    papa.fit(attnlens.load(bert_folder), tiny.CORPUS, max_len=16, batch_size=4, progress=False).save(constants)
+    out = folder / "two"
+    previous = os.environ.get("ATTNLENS_CACHE")
+    os.environ["ATTNLENS_CACHE"] = str(folder / "cache-two")  # inherited by the ranks
+    try:
+        mp.start_processes(_sharing_main, args=(f"file://{folder / 'rendezvous'}", str(bert_folder),
+                                                str(constants), str(out)), nprocs=2, start_method="spawn", join=True)
+    finally:
+        if previous is None:
+            os.environ.pop("ATTNLENS_CACHE")
+        else:
+            os.environ["ATTNLENS_CACHE"] = previous
+    return out, constants
+
+
 @pytest.mark.slow
-def test_distribute_shares_items_among_ranks_and_gives_every_rank_all_results(tmp_path):
+def test_distribute_shares_items_among_ranks_and_gives_every_rank_all_results(shared):
     """Two gloo ranks claim items from one counter: every item runs once, on one rank, alone
     (world size 1 inside), and both ranks return all results in the items' order. An item that
     raises re-raises on its rank and is named on the other, so neither waits forever."""
     import json
 
-    import torch.multiprocessing as mp
-
-    outcome = tmp_path / "outcome"
-    mp.start_processes(_distribute_main, args=(f"file://{tmp_path / 'rendezvous'}", str(outcome)),
-                       nprocs=2, start_method="spawn", join=True)
-    results = [json.loads(outcome.with_suffix(f".{rank}").read_text(encoding="utf-8")) for rank in (0, 1)]
+    out, _ = shared
+    results = [json.loads(out.with_suffix(f".{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
     assert results[0]["ok"] == results[1]["ok"]
     done = results[0]["ok"]["ok"]
     assert [item for item, _, _ in done] == list("abcdef")
@@ -316,59 +348,28 @@ def test_distribute_shares_items_among_ranks_and_gives_every_rank_all_results(tm
     assert passes.distribute([1, 2], lambda item: item * 10) == [10, 20]  # one process: a loop
 
 
-def _curve_main(rank: int, init: str, folder: str, constants: str, out: str) -> None:
-    """One spawned rank of a curve shared by two: write its table and how many processes it saw."""
-    import json
-    import os
-
-    import torch.distributed as dist
-
-    import attnlens
-
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
-    model = attnlens.load(folder)
-    curve = papa.curve(model, papa.load(constants), **CURVE)
-    curve.to_csv(Path(out).with_suffix(f".{rank}.csv"))
-    Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(
-        {"processes": curve.processes, "timings": sorted(t["task"] for t in curve.timings)}), encoding="utf-8")
-    dist.destroy_process_group()
-
-
-#: A small curve of two tasks on the tiny BERT (real SST-2 and CoLA sentences, few of them).
-CURVE = dict(tasks=["cola", "sst2"], fractions=(0.0, 1.0), baselines=("zeros",), train_limit=48,
-             eval_limit=24, seeds=1, progress=False, data_dir=DATA)
-
-
 @pytest.mark.slow
-def test_a_curve_shared_by_two_ranks_equals_the_one_process_curve(tmp_path, bert_folder, monkeypatch):
+def test_a_curve_shared_by_two_ranks_equals_the_one_process_curve(shared, bert_folder, tmp_path, monkeypatch):
     """Under torch.distributed each task of papa.curve runs whole on one rank; both ranks
     return the table one process makes, value for value (each task is the same computation,
     on one thread, wherever it runs)."""
     import json
 
     import pandas as pd
-    import torch.multiprocessing as mp
 
     import attnlens
-    constants = tmp_path / "constants.safetensors"
-    model = attnlens.load(bert_folder)
-    papa.fit(model, tiny.CORPUS, max_len=16, batch_size=4, progress=False).save(constants)
+
+    out, constants = shared
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache-one"))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        single = papa.curve(model, papa.load(constants), **CURVE)
+        single = papa.curve(attnlens.load(bert_folder), papa.load(constants), **CURVE)
     finally:
         torch.set_num_threads(threads)
-    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "cache-two"))  # inherited by the ranks
-    out = tmp_path / "two"
-    mp.start_processes(_curve_main, args=(f"file://{tmp_path / 'rendezvous'}", str(bert_folder),
-                                          str(constants), str(out)), nprocs=2, start_method="spawn", join=True)
     for rank in (0, 1):
         table = pd.read_csv(out.with_suffix(f".{rank}.csv"))
         pd.testing.assert_frame_equal(table, single.table.reset_index(drop=True), check_dtype=False)
-        seen = json.loads(out.with_suffix(f".{rank}.json").read_text(encoding="utf-8"))
+        seen = json.loads(out.with_suffix(f".{rank}.json").read_text(encoding="utf-8"))["curve"]
         assert seen == {"processes": 2, "timings": ["cola"] * 3 + ["sst2"] * 3}
     assert single.processes == 1
