@@ -315,16 +315,10 @@ def shared(tmp_path_factory, bert_folder) -> tuple[Path, Path]:
     constants = folder / "constants.safetensors"
     papa.fit(attnlens.load(bert_folder), tiny.CORPUS, max_len=16, batch_size=4, progress=False).save(constants)
     out = folder / "two"
-    previous = os.environ.get("ATTNLENS_CACHE")
-    os.environ["ATTNLENS_CACHE"] = str(folder / "cache-two")  # inherited by the ranks
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("ATTNLENS_CACHE", str(folder / "cache-two"))  # inherited by the ranks
         mp.start_processes(_sharing_main, args=(f"file://{folder / 'rendezvous'}", str(bert_folder),
                                                 str(constants), str(out)), nprocs=2, start_method="spawn", join=True)
-    finally:
-        if previous is None:
-            os.environ.pop("ATTNLENS_CACHE")
-        else:
-            os.environ["ATTNLENS_CACHE"] = previous
     return out, constants
 
 
