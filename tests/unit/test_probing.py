@@ -7,6 +7,7 @@ subnormal spacing 2⁻²⁴ near 0); the float32 forward itself agrees with HF e
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import pytest
@@ -117,6 +118,37 @@ def test_a_cache_hit_runs_no_forward_pass(bert, monkeypatch):
     assert torch.equal(again.vectors, first.vectors) and again.key == first.key
 
 
+def test_two_processes_asking_for_the_same_features_compute_them_once(bert, monkeypatch):
+    """A second extraction of the same key waits on the first's lock and reads its file (the lock
+    is a file lock, so two threads, each with its own copy of the model, stand for two
+    processes): one forward pass, equal features."""
+    import threading
+
+    texts = tiny.CORPUS[:5]
+    started, calls, run = threading.Event(), [], passes.run
+
+    def slow_run(*args, **kwargs):
+        calls.append(1)
+        started.set()
+        time.sleep(0.5)  # the second extraction arrives while this one is running
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(passes, "run", slow_run)
+    found = {}
+
+    def extract(name, model):
+        found[name] = probing.extract(model, texts, max_len=16, progress=False)
+
+    first = threading.Thread(target=extract, args=("first", bert))
+    first.start()
+    assert started.wait(30)
+    extract("second", tiny.bert_bridge())
+    first.join()
+    assert len(calls) == 1, "the second extraction computed the features again"
+    assert torch.equal(found["first"].vectors, found["second"].vectors)
+    assert found["first"].key == found["second"].key
+
+
 def test_the_cache_key_changes_with_hooks_examples_and_max_len(bert):
     texts = tiny.CORPUS[:5]
     constants = papa.fit(bert, texts, max_len=16, progress=False)
@@ -150,6 +182,7 @@ def test_a_damaged_cache_file_is_recomputed(bert):
         again = probing.extract(bert, texts, max_len=16, progress=False)
     assert torch.equal(again.vectors, first.vectors)
     assert probing.clear_cache() == 1 and not path.exists()
+    assert not list(features_module.cache_dir().iterdir()), "the lock file is removed too"
 
 
 def _separable(bert, n=48):

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from filelock import FileLock
 from jaxtyping import Float, Int
 from torch import Tensor
 
@@ -269,13 +270,16 @@ def cache_dir() -> Path:
 
 
 def clear_cache() -> int:
-    """Remove every cached features file; returns how many were removed."""
+    """Remove every cached features file (and the lock files beside them, see :func:`extract`);
+    returns how many features files were removed."""
     folder = cache_dir()
     removed = 0
     if folder.is_dir():
         for path in folder.glob("*.safetensors"):
             path.unlink(missing_ok=True)
             removed += 1
+        for path in folder.glob("*.safetensors.lock"):
+            path.unlink(missing_ok=True)
     return removed
 
 
@@ -334,6 +338,11 @@ def extract(
     of their longest real text (:func:`attnlens.passes.run`; the same features up to float32
     rounding, so one cache entry serves both), the examples run from the shortest to the longest
     (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`.
+
+    Processes that share the cache folder compute each features file once: the one that starts
+    it holds ``<file>.lock`` (a :class:`filelock.FileLock`) until it is written, and the others
+    wait for it and read it (e.g. NER and POS, which read the same sentences, in two processes of
+    :func:`attnlens.papa.curve`). Under ``torch.distributed`` the ranks share the pass instead.
     """
     examples = list(examples)
     layout = default_layout(model) if layout is None else layout
@@ -349,14 +358,41 @@ def extract(
         key = features_key(model, examples, hooks=described, max_len=max_len, layout=layout,
                            variant=variant)
         path = cache_dir() / f"{key}.safetensors"
-        if path.exists():
-            try:
-                loaded = Features.load(path)
-                if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
-                    raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
-                return loaded
-            except ValueError as error:
-                warnings.warn(f"{error} Recomputing it.", stacklevel=2)
+        if not passes.world().distributed:
+            # another process extracting the same features (e.g. NER and POS, which read the same
+            # sentences, in two processes of a curve): wait for its file rather than compute them twice
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{path}.lock"):
+                loaded = _cached(path, key)
+                if loaded is not None:
+                    return loaded
+                return _extract(model, examples, hooks, max_len, layout, batch_size, progress,
+                                description, states, compact, path)
+        loaded = _cached(path, key)
+        if loaded is not None:
+            return loaded
+    return _extract(model, examples, hooks, max_len, layout, batch_size, progress, description, states,
+                    compact, path)
+
+
+def _cached(path: Path, key: str) -> Features | None:
+    """The features cached at ``path`` (``None`` when there are none, or a damaged file, warned)."""
+    if not path.exists():
+        return None
+    try:
+        loaded = Features.load(path)
+    except ValueError as error:
+        warnings.warn(f"{error} Recomputing it.", stacklevel=3)
+        return None
+    if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
+        raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
+    return loaded
+
+
+def _extract(model: Any, examples: list, hooks: Any, max_len: int, layout: str, batch_size: int,
+             progress: bool, description: str, states: HiddenStates | None, compact: bool,
+             path: Path | None) -> Features:
+    """One pass of the engine over ``examples`` (see :func:`extract`), written to ``path``."""
     accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)
     order = None
     if compact and layout == "papa" and accumulator.compact and not passes.world().distributed:
