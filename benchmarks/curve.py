@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -226,11 +225,10 @@ def main() -> None:
 def launch(processes: int) -> int:
     """Run this script again under ``torchrun`` with ``processes`` ranks on this machine (gloo,
     one torch thread each: torchrun's default); its exit status."""
-    with socket.socket() as handle:
-        handle.bind(("127.0.0.1", 0))
-        port = handle.getsockname()[1]
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-               "--master_addr", "127.0.0.1", "--master_port", str(port), *sys.argv]
+    # --standalone: the rendezvous store binds a free port itself (no port chosen here and
+    # bound later, which another process could take in between)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(processes), *sys.argv]
     return subprocess.run(command, env={**os.environ, "OMP_NUM_THREADS": "1"}).returncode
 
 

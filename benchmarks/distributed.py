@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -85,12 +84,6 @@ def _warm_up(model, texts, shape) -> None:
         passes.run_patterns(model, batch, [])
 
 
-def _free_port() -> int:
-    with socket.socket() as handle:
-        handle.bind(("127.0.0.1", 0))
-        return handle.getsockname()[1]
-
-
 def launch(args: argparse.Namespace, *, processes: int, threads: int, out: str) -> float:
     """Run one configuration in fresh processes; returns the timed seconds."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), HF_HUB_OFFLINE="1",
@@ -103,7 +96,7 @@ def launch(args: argparse.Namespace, *, processes: int, threads: int, out: str) 
         command = [sys.executable, *script]
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                   "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), *script]
+                   "--standalone", *script]
     subprocess.run(command, env=env, check=True, cwd=ROOT / "benchmarks")
     return json.loads(Path(out + ".json").read_text(encoding="utf-8"))["seconds"]
 

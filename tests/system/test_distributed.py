@@ -8,7 +8,6 @@ corpora, a rank that dies).
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -37,12 +36,6 @@ def corpus_file(tmp_path_factory) -> Path:
     texts = [f"{text} ({index})" for index, text in enumerate(tiny.CORPUS + tiny.CORPUS[:5])]
     path.write_text("\n".join(texts) + "\n", encoding="utf-8")
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as handle:
-        handle.bind(("127.0.0.1", 0))
-        return handle.getsockname()[1]
 
 
 def _environment() -> dict[str, str]:
@@ -81,7 +74,7 @@ def test_torchrun_fit_equals_the_single_process_fit(tmp_path, bert_folder, corpu
     merged, checkpoint = tmp_path / "two.safetensors", tmp_path / "ck" / "fit.safetensors"
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        "--standalone",
         "-m", "attnlens", *common, "--out", str(merged), "--checkpoint", str(checkpoint),
     ]
     done = subprocess.run(command, env=_environment(), capture_output=True, text=True, timeout=300)
@@ -130,7 +123,7 @@ def torchrun_features(tmp_path_factory, bert_folder, corpus_file) -> tuple[Path,
     script.write_text(FEATURES_SCRIPT, encoding="utf-8")
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-        "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+        "--standalone",
         str(script), str(bert_folder), str(corpus_file), str(out),
     ]
     done = subprocess.run(command, env=dict(_environment(), ATTNLENS_CACHE=str(cache)),
