@@ -22,6 +22,7 @@ Run: ``HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/compare_cost.py [--q
 from __future__ import annotations
 
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -100,6 +101,7 @@ def main() -> None:
     attnlens.compare(model, "papa", "effective", corpus=texts[:BATCH], progress=False)
     t_forward, t_compare, t_job = alternate([forward, compare, job], repeats, device)
     report_mb = (folder / "report.html").stat().st_size / 1e6
+    shutil.rmtree(folder, ignore_errors=True)  # the corpus, the report and its JSON
 
     batch = attnlens.tokenize(model, texts, max_len=MAX_LEN, layout="papa")
     tokens = batch.input_ids.numel()  # every padded position is computed

@@ -36,7 +36,9 @@ independent, so the run may also be split by hand, one process per task (``--tas
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,7 +107,7 @@ def main() -> None:
     parser.add_argument("--lm", type=int, default=400,
                         help="also PAPA's MLM probe at every point, on this many WikiText-2 test paragraphs (0: none)")
     parser.add_argument("--cache", default=None,
-                        help="an existing ATTNLENS_CACHE folder to reuse (default: a fresh one, so every feature pass runs)")
+                        help="an existing ATTNLENS_CACHE folder to reuse, kept (default: a fresh temporary one, so every feature pass runs, removed at the end)")
     parser.add_argument("--constants", default=None,
                         help="a constants file: read when it exists (no fit), else fitted and written there")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "docs" / "papa_curve.csv"))
@@ -131,6 +133,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     # one cache folder for every rank: NER and POS read the same sentences, so the same features
     folder = [args.cache or (tempfile.mkdtemp(prefix="attnlens-curve-") if rank == 0 else None)]
+    if rank == 0 and not args.cache:  # about 5 GB of features: removed when rank 0 is done (the others are then)
+        atexit.register(shutil.rmtree, folder[0], ignore_errors=True)
     if passes.world().distributed:
         dist.broadcast_object_list(folder, src=0)
     os.environ["ATTNLENS_CACHE"] = folder[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import tempfile
 from pathlib import Path
 
@@ -41,9 +40,15 @@ def bpe_tokenizer_files() -> ByteLevelBPETokenizer:
     return tokenizer
 
 
+#: The saved tokenizers' folders, removed when the process exits (their finalizers).
+_FOLDERS: list[tempfile.TemporaryDirectory] = []
+
+
 def _saved(tokenizer, name: str):
-    """Save and reload: TransformerLens re-creates tokenizers from their name_or_path."""
-    folder = Path(tempfile.gettempdir()) / f"attnlens-tiny-{name}-{os.getpid()}"
+    """Save and reload: TransformerLens re-creates tokenizers from their name_or_path, so the
+    folder lives as long as the process."""
+    _FOLDERS.append(tempfile.TemporaryDirectory(prefix=f"attnlens-tiny-{name}-"))
+    folder = Path(_FOLDERS[-1].name)
     tokenizer.save_pretrained(folder)
     return AutoTokenizer.from_pretrained(folder)
 

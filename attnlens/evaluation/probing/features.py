@@ -376,17 +376,17 @@ def extract(
 
 
 def _cached(path: Path, key: str) -> Features | None:
-    """The features cached at ``path`` (``None`` when there are none, or a damaged file, warned)."""
+    """The features cached at ``path`` (``None``, warned, for a damaged file or another key's)."""
     if not path.exists():
         return None
     try:
         loaded = Features.load(path)
-    except ValueError as error:
+        if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
+            raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
+        return loaded
+    except ValueError as error:  # MismatchError is one
         warnings.warn(f"{error} Recomputing it.", stacklevel=3)
         return None
-    if loaded.key != key:  # a valid file, but another request's (e.g. files swapped)
-        raise MismatchError(f"features file {path} holds the features of cache key {loaded.key!r}.")
-    return loaded
 
 
 def _extract(model: Any, examples: list, hooks: Any, max_len: int, layout: str, batch_size: int,
