@@ -358,19 +358,20 @@ def extract(
         key = features_key(model, examples, hooks=described, max_len=max_len, layout=layout,
                            variant=variant)
         path = cache_dir() / f"{key}.safetensors"
+        existed = path.exists()
+        loaded = _cached(path, key) if existed else None  # a written file is read without the lock
+        if loaded is not None:
+            return loaded
         if not passes.world().distributed:
             # another process extracting the same features (e.g. NER and POS, which read the same
             # sentences, in two processes of a curve): wait for its file rather than compute them twice
             path.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(f"{path}.lock"):
-                loaded = _cached(path, key)
+                loaded = None if existed else _cached(path, key)  # written while this one waited?
                 if loaded is not None:
                     return loaded
                 return _extract(model, examples, hooks, max_len, layout, batch_size, progress,
                                 description, states, compact, path)
-        loaded = _cached(path, key)
-        if loaded is not None:
-            return loaded
     return _extract(model, examples, hooks, max_len, layout, batch_size, progress, description, states,
                     compact, path)
 
