@@ -30,8 +30,17 @@ def run_examples(page: str, skip: tuple[str, ...] = ()) -> dict:
 
 
 def test_effective_page(tmp_path, monkeypatch):
+    """The page's examples run, and without the short-text warning (texts of at most d_head
+    tokens): the page shows effective attention where it differs from attention."""
+    import warnings
+
+    from attnlens.engine import effective as engine
+
     monkeypatch.chdir(tmp_path)
-    names = run_examples("effective.md")
+    monkeypatch.setattr(engine, "_WARNED", set())  # warned once per process: maybe already here
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No text has more than d_head")
+        names = run_examples("effective.md")
     pattern, a_perp, v = names["pattern"], names["a_perp"], names["v"]
     assert a_perp.shape == pattern.shape
     lengths = names["batch"].attention_mask.sum(-1)
