@@ -177,8 +177,16 @@ def test_probing_page_tables_are_the_stored_measurements():
 
 
 def test_quickstart_page(tmp_path, monkeypatch):
+    """The page's examples run, without the short-text warning of effective attention."""
+    import warnings
+
+    from attnlens.engine import effective as engine
+
     monkeypatch.chdir(tmp_path)
-    names = run_examples("quickstart.md")
+    monkeypatch.setattr(engine, "_WARNED", set())  # warned once per process: maybe already here
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No text has more than d_head")
+        names = run_examples("quickstart.md")
     assert (tmp_path / "report.html").stat().st_size > 100_000
     assert len(names["comparison"].table) == 3 * 72
     assert names["run"].effective.shape[:3] == (6, 2, 12)
