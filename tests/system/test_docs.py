@@ -29,18 +29,22 @@ def run_examples(page: str, skip: tuple[str, ...] = ()) -> dict:
     return namespace
 
 
-def test_effective_page(tmp_path, monkeypatch):
-    """The page's examples run, and without the short-text warning (texts of at most d_head
-    tokens): the page shows effective attention where it differs from attention."""
+def run_without_short_text_warning(page: str, monkeypatch) -> dict:
+    """:func:`run_examples`, failing on effective attention's short-text warning (texts of at
+    most d_head tokens, where A⊥ = A): a page shows effective attention where it differs."""
     import warnings
 
     from attnlens.engine import effective as engine
 
-    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(engine, "_WARNED", set())  # warned once per process: maybe already here
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="No text has more than d_head")
-        names = run_examples("effective.md")
+        return run_examples(page)
+
+
+def test_effective_page(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    names = run_without_short_text_warning("effective.md", monkeypatch)
     pattern, a_perp, v = names["pattern"], names["a_perp"], names["v"]
     assert a_perp.shape == pattern.shape
     lengths = names["batch"].attention_mask.sum(-1)
@@ -177,16 +181,8 @@ def test_probing_page_tables_are_the_stored_measurements():
 
 
 def test_quickstart_page(tmp_path, monkeypatch):
-    """The page's examples run, without the short-text warning of effective attention."""
-    import warnings
-
-    from attnlens.engine import effective as engine
-
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(engine, "_WARNED", set())  # warned once per process: maybe already here
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="No text has more than d_head")
-        names = run_examples("quickstart.md")
+    names = run_without_short_text_warning("quickstart.md", monkeypatch)
     assert (tmp_path / "report.html").stat().st_size > 100_000
     assert len(names["comparison"].table) == 3 * 72
     assert names["run"].effective.shape[:3] == (6, 2, 12)
