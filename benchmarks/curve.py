@@ -14,7 +14,9 @@ Printed: the fit time, the curve's cold wall time against the 20-minute target a
 forward passes it needs (the time of one plain forward over each task's train and dev examples,
 in the same compact PAPA batches and to the same stop point as the feature passes, measured in
 the same run, times the number of distinct interventions: the curve's floor if probes cost
-nothing), the share spent in feature passes (forward) and in probe training, the probe training
+nothing), the share spent in feature passes (forward) and in probe training, the feature passes
+against that floor and the curve against the floor plus its probes' training (what no schedule of
+the same passes and probes can beat), the probe training
 time per task (at fraction 0, on cached features), and the table. Written: ``docs/papa_curve.csv`` (the table the docs show; ``--out`` to change)
 and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA's Table 1 as
 ``docs/papa_table.csv`` and ``docs/papa_table.md`` (beside ``--out``).
@@ -195,6 +197,12 @@ def main() -> None:
     print(f"COLD wall time {curve.seconds:.0f} s = {curve.seconds / needed:.2f}x the forward passes it needs "
           f"({forward:.1f} s for one plain forward over every task's train + dev examples x "
           f"{interventions:.0f} interventions / {curve.processes} process(es) = {needed:.0f} s)")
+    # what is left above the floor: the feature passes' own excess, and the probe recipe's time
+    feature_ratio = curve.forward_seconds / (forward * interventions)
+    with_probes = needed + curve.probe_seconds / curve.processes
+    print(f"FEATURE passes {curve.forward_seconds:.0f} s = {feature_ratio:.2f}x the forward passes they need; "
+          f"with the probes and baselines as trained ({curve.probe_seconds:.0f} s over {curve.processes} "
+          f"process(es)) the floor is {with_probes:.0f} s, and the curve {curve.seconds / with_probes:.2f}x that")
     for task in tasks:  # each task's own seconds (on the rank that ran it)
         mine = [timing for timing in curve.timings if timing["task"] == task]
         print(f"  {task}: {sum(t['features'] + t['probe'] + t['baseline'] for t in mine) / 60:.1f} min: features "
@@ -207,7 +215,8 @@ def main() -> None:
         "job": f"papa.curve ({', '.join(tasks)}{' + lm' if args.lm else ''}; {len(curve.settings['fractions'])} "
                f"fractions + {len(baselines)} baselines, {args.seeds} seeds)",
         "seconds": curve.seconds, "forward_ratio": curve.seconds / needed, "limit_ratio": 1.0,
-        "note": f"ratio to the {needed:.0f} s of forward passes it needs; probes {curve.probe_share:.0%}; "
+        "note": f"ratio to the {needed:.0f} s of forward passes it needs; feature passes {feature_ratio:.2f}x "
+                f"theirs; probes {curve.probe_share:.0%}; "
                 f"target <= {TARGET_MINUTES} min",
     }], train_limit=args.train_limit, eval_limit=args.eval_limit, seeds=args.seeds, lm=args.lm,
         device=str(args.device or "default"), threads=torch.get_num_threads(), processes=curve.processes)
