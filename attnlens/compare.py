@@ -51,7 +51,7 @@ from attnlens.methods.stats import (
     Distance,
     Statistics,
     batch_classes,
-    token_text,
+    token_texts,
     total_variation,
 )
 from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.compare.COLUMNS, ...)
@@ -666,7 +666,7 @@ class ViewsAccumulator(passes.Accumulator):
             self.staged = {view: [None] * self.n_layers for view in self.names}
             tokenizer = self.model.tokenizer
             ids = batch.batch.input_ids[self.row, self.keep].tolist()
-            self.staged_tokens = [token_text(tokenizer, t) for t in tokenizer.convert_ids_to_tokens(ids)]
+            self.staged_tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids))
         self.report_rows = []
         if self.report_examples:
             for row in range(len(batch)):
@@ -778,7 +778,7 @@ class _ReportRow:
         keep = batch.key_mask[row].nonzero().squeeze(-1)
         tokenizer = batch.model.tokenizer
         ids = batch.batch.input_ids[row, keep].tolist()
-        tokens = [token_text(tokenizer, t) for t in tokenizer.convert_ids_to_tokens(ids)]
+        tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids))
         separators = batch_classes(batch)["sep"][row, keep].tolist()
         return cls(
             batch.start + row, row, keep, tokens, segments_of(separators, bool(batch.batch.is_pair)),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import string
 import unicodedata
 import weakref
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
@@ -49,33 +50,58 @@ TOTAL_DTYPE = torch.float64
 _PUNCT_TABLES: weakref.WeakKeyDictionary[Any, Tensor] = weakref.WeakKeyDictionary()
 
 
+def _punctuation_flags(texts: Sequence[str]) -> list[bool]:
+    """For each text: is it made only of punctuation characters (ASCII punctuation or Unicode
+    category P*), once the WordPiece (``##``) or SentencePiece (``▁``) prefix is removed?
+
+    One call, and no function called per text, for a whole vocabulary: the test suite's
+    run-time type checks (an import hook that decorates every function, nested ones included)
+    would otherwise run 30,000 times per tokenizer."""
+    flags = []
+    for text in texts:
+        text = text.strip().removeprefix("##").removeprefix("▁")
+        flags.append(bool(text) and all(
+            ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text
+        ))
+    return flags
+
+
 def _is_punctuation(text: str) -> bool:
-    text = text.strip().removeprefix("##").removeprefix("▁")
-    return bool(text) and all(
-        ch in string.punctuation or unicodedata.category(ch).startswith("P") for ch in text
-    )
+    """:func:`_punctuation_flags` of one text."""
+    return _punctuation_flags([text])[0]
+
+
+def token_texts(tokenizer: Any, tokens: Sequence[str | None]) -> list[str]:
+    """The text each vocabulary entry stands for: byte-level BPE entries (RoBERTa, GPT-2:
+    ``'ĠâĢĶ'`` is ``' —'``, a lone piece of a character ``'�'``) decoded, as TransformerLens'
+    ``to_str_tokens`` shows them; WordPiece entries as they are (``'##s'``); ``None`` (an id the
+    tokenizer has no entry for) as ``''``. No function is called per entry (see
+    :func:`_punctuation_flags`)."""
+    texts = []
+    for token in tokens:
+        if token is None:
+            texts.append("")
+            continue
+        try:
+            texts.append(tokenizer.convert_tokens_to_string([token]))
+        except Exception:  # a tokenizer that cannot decode a lone entry: its raw form
+            texts.append(token.replace("Ġ", " "))
+    return texts
 
 
 def token_text(tokenizer: Any, token: str | None) -> str:
-    """The text a vocabulary entry stands for: byte-level BPE entries (RoBERTa, GPT-2: ``'ĠâĢĶ'``
-    is ``' —'``, a lone piece of a character ``'�'``) decoded, as TransformerLens'
-    ``to_str_tokens`` shows them; WordPiece entries as they are (``'##s'``)."""
-    if token is None:
-        return ""
-    try:
-        return tokenizer.convert_tokens_to_string([token])
-    except Exception:  # a tokenizer that cannot decode a lone entry: its raw form
-        return token.replace("Ġ", " ")
+    """:func:`token_texts` of one vocabulary entry."""
+    return token_texts(tokenizer, [token])[0]
 
 
 def punctuation_table(tokenizer: Any) -> Bool[Tensor, "vocab"]:
     """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached."""
     if tokenizer not in _PUNCT_TABLES:
-        tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        texts = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
         special = set(tokenizer.all_special_ids)
+        flags = _punctuation_flags(texts)
         _PUNCT_TABLES[tokenizer] = torch.tensor(
-            [i not in special and _is_punctuation(token_text(tokenizer, t)) for i, t in enumerate(tokens)],
-            dtype=torch.bool,
+            [flag and i not in special for i, flag in enumerate(flags)], dtype=torch.bool
         )
     return _PUNCT_TABLES[tokenizer]
 
