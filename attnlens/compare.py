@@ -39,6 +39,7 @@ from torch import Tensor
 
 from attnlens.core.corpus import resolve_corpus
 from attnlens.core.inputs import as_max_len, tokenize, whole_number
+from attnlens.core.modes import eval_mode
 from attnlens.core.result import Result
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError
@@ -475,9 +476,7 @@ def compare(
     model = _as_model(model)
     if focus is not None:
         focus = _check_focus(focus, model.cfg.n_layers, model.cfg.n_heads)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         constants, max_len, layout = _papa_setup(
             model, names, texts, constants, max_len, batch_size, progress
         )
@@ -495,8 +494,6 @@ def compare(
                 batch_size=batch_size, progress=progress,
             )
         return comparison
-    finally:
-        model.train(was_training)
 
 
 def view_scores(

@@ -4,9 +4,10 @@ Inputs and their layouts (:mod:`attnlens.core.inputs`), loading a model
 (:mod:`attnlens.core.loading`), the hook seam (:mod:`attnlens.core.seam`), one file of facts per
 architecture (:mod:`attnlens.core.models`), argument checks (:mod:`attnlens.core.checks`), files
 (:mod:`attnlens.core.files`), corpora (:mod:`attnlens.core.corpus`), head sets
-(:mod:`attnlens.core.heads`), plotly figures of arrays (:mod:`attnlens.core.plots`) and the
-compact notebook views (:mod:`attnlens.core.notebook`). The errors (:mod:`attnlens.errors`) sit
-here too, a leaf at the package's root.
+(:mod:`attnlens.core.heads`), plotly figures of arrays (:mod:`attnlens.core.plots`), the
+compact notebook views (:mod:`attnlens.core.notebook`) and a model's eval mode for a pass
+(:mod:`attnlens.core.modes`). The errors (:mod:`attnlens.errors`) sit here too, a leaf at the
+package's root.
 
 Layers, lowest first: ``core`` < ``engine`` < ``methods`` < ``evaluation`` < ``present`` <
 ``compare`` < ``cli``. A module imports only from its own layer or lower ones, never higher, not

@@ -73,6 +73,7 @@ from attnlens.core.inputs import (
     whole_number,
 )
 from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
+from attnlens.core.modes import eval_mode
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import (
     DamagedFileError,
@@ -986,15 +987,13 @@ def run(
         progress and current.rank == 0, initial=resumed,
     )
     saved_at, since_save, consistent = counts["examples"], 0, True
-    was_training = model.training
-    model.eval()
     signals = _Signals()
 
     def save() -> None:
         counts["corpus"] = fingerprint.hexdigest()
         save_checkpoint(path, accumulators, counts, header)
 
-    with signals:
+    with signals, eval_mode(model):
         try:
             for chunk in chunks(examples, batch_size):
                 signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
@@ -1042,7 +1041,6 @@ def run(
             raise
         finally:
             bar.close()
-            model.train(was_training)
         if path is not None and counts["examples"] > saved_at:
             with signals.saving():
                 save()
