@@ -97,6 +97,7 @@ def test_a_pass_applies_it(fresh):
     assert memory._applied is True and len(fresh.calls) == 2
 
 
+@pytest.mark.slow  # two fresh interpreters, 24 batches of 25 MB maps each: 3 s alone, 5-8 s in the suite
 @pytest.mark.skipif(not GLIBC, reason="glibc's allocator only")
 def test_freed_maps_are_reused_instead_of_faulted_in_again():
     """Under glibc's defaults the kernel faults freed maps' pages in again whenever a batch is
