@@ -40,7 +40,7 @@ def paragraphs():
 
 @pytest.fixture(scope="module")
 def constants(minilm, paragraphs):
-    return papa.fit(minilm, paragraphs[:300], max_len=64, progress=False)
+    return papa.fit(minilm, paragraphs[:100], max_len=64, progress=False)  # any constants will do
 
 
 def test_the_mlm_probe_beats_the_unigram_distribution(minilm, paragraphs):
@@ -166,11 +166,11 @@ def test_the_curve_scores_the_language_model_named_by_its_kind(minilm, constants
     """lm_texts add an 'lm' row per point: the MLM probe here (MiniLM's head is untrained), and
     replacing every head changes it."""
     curve = papa.curve(minilm, constants, [], fractions=(0, 1), baselines=(),
-                       lm_texts=paragraphs[:200], progress=False)
+                       lm_texts=paragraphs[:120], progress=False)
     table = curve.table
     assert list(table["task"]) == ["lm", "lm"] and (table["metric"] == "MLM probe").all()
     assert table["score"].iloc[0] != table["score"].iloc[1]
-    plain = lm.probe(minilm, paragraphs[:200], max_len=64, layout=constants.layout, progress=False)
+    plain = lm.probe(minilm, paragraphs[:120], max_len=64, layout=constants.layout, progress=False)
     assert table["score"].iloc[0] == plain.value
     # intervals over the evaluation texts and the paired test against no head replaced
     assert ((table["low"] <= table["score"]) & (table["score"] <= table["high"])).all()
