@@ -66,11 +66,6 @@ def _punctuation_flags(texts: Sequence[str]) -> list[bool]:
     return flags
 
 
-def _is_punctuation(text: str) -> bool:
-    """:func:`_punctuation_flags` of one text."""
-    return _punctuation_flags([text])[0]
-
-
 def token_texts(tokenizer: Any, tokens: Sequence[str | None]) -> list[str]:
     """The text each vocabulary entry stands for: byte-level BPE entries (RoBERTa, GPT-2:
     ``'ĠâĢĶ'`` is ``' —'``, a lone piece of a character ``'�'``) decoded, as TransformerLens'

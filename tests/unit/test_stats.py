@@ -67,16 +67,16 @@ def test_means_without_any_batch_are_refused():
 def test_punctuation_is_judged_on_the_decoded_text(make_tokenizer):
     """Byte-level BPE writes '—' as 'âĢĶ' (its UTF-8 bytes as stand-in characters): the table must
     classify the text an entry decodes to (Unicode category P*), not the stand-ins."""
-    from attnlens.stats import _is_punctuation, token_text
+    from attnlens.stats import _punctuation_flags, token_texts
 
     tokenizer = make_tokenizer()
     byte_level = make_tokenizer is not tiny.bert_tokenizer
     punctuation = ["ĠâĢĶ", "âĢĿ", "ĠâĢ¦", "Ġ,"] if byte_level else ["—", "”", "##,", ","]
     words = ["Ġthe", "âĢ", "Ġ"] if byte_level else ["the", "##s", "[UNK]x"]
-    for token in punctuation:
-        assert _is_punctuation(token_text(tokenizer, token)), token
-    for token in words:
-        assert not _is_punctuation(token_text(tokenizer, token)), token
+    for token, flag in zip(punctuation, _punctuation_flags(token_texts(tokenizer, punctuation)), strict=True):
+        assert flag, token
+    for token, flag in zip(words, _punctuation_flags(token_texts(tokenizer, words)), strict=True):
+        assert not flag, token
 
 
 def test_a_shared_bos_eos_token_is_the_start_once_and_a_separator_elsewhere():
