@@ -20,6 +20,7 @@ This module is callable: ``attnlens.compare(...)`` is :func:`compare`.
 
 from __future__ import annotations
 
+import bisect
 import math
 import operator
 import os
@@ -619,6 +620,9 @@ class ViewsAccumulator(passes.Accumulator):
     #: runs compact PAPA batches (no compute on padding): every part reads positions, not
     #: columns, and the kept maps are each example's valid block
     compact = True
+    #: and the corpus by length: its parts add up over examples, and the kept examples are
+    #: found by their corpus index (PassBatch.indices)
+    any_order = True
 
     def __init__(
         self, model: Any, names: tuple[str, ...], constants: Any, *, example: int, causal: bool,
@@ -655,8 +659,8 @@ class ViewsAccumulator(passes.Accumulator):
     def start_batch(self, batch: passes.PassBatch) -> None:
         if self.constants is not None:
             _check_constants(self.constants, self.model, batch.batch)
-        start = batch.start
-        self.row = self.example - start if start <= self.example < start + len(batch) else None
+        indices = batch.indices
+        self.row = indices.index(self.example) if self.example in indices else None
         if self.row is not None:
             self.keep = batch.key_mask[self.row].nonzero().squeeze(-1)
             self.layers: list[Any] = [None] * self.n_layers
@@ -666,8 +670,8 @@ class ViewsAccumulator(passes.Accumulator):
             self.staged_tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids))
         self.report_rows = []
         if self.report_examples:
-            for row in range(len(batch)):
-                if start + row < self.report_examples or start + row == self.example:
+            for row, index in enumerate(indices):
+                if index < self.report_examples or index == self.example:
                     self.report_rows.append(_ReportRow.of(batch, row, self.n_layers, self.names))
 
     @property
@@ -710,8 +714,8 @@ class ViewsAccumulator(passes.Accumulator):
             self.kept = {view: torch.stack(layers).cpu().numpy() for view, layers in self.staged.items()}
             self.kept_tokens = self.staged_tokens
             self.row = None
-        for kept in self.report_rows:
-            self.kept_patterns.examples.append(kept.example())
+        for kept in self.report_rows:  # in corpus order, whatever order the pass runs
+            bisect.insort(self.kept_patterns.examples, kept.example(), key=lambda example: example.index)
         self.report_rows = []
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -778,7 +782,7 @@ class _ReportRow:
         tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids))
         separators = batch_classes(batch)["sep"][row, keep].tolist()
         return cls(
-            batch.start + row, row, keep, tokens, segments_of(separators, bool(batch.batch.is_pair)),
+            batch.indices[row], row, keep, tokens, segments_of(separators, bool(batch.batch.is_pair)),
             {view: [None] * n_layers for view in views}, {view: [None] * n_layers for view in views},
         )
 

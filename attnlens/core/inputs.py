@@ -369,6 +369,29 @@ class Words:
         return len(self.words)
 
 
+def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
+    """Indices of ``examples`` from the fewest to the most tokens (``tokenizer``'s, without
+    special tokens; a stable order). :func:`attnlens.passes.run` and
+    :func:`attnlens.probing.extract` run examples in this order, so that each batch (compact,
+    :func:`compact_batch`, or padded to its longest example) holds examples of similar lengths
+    and computes little padding. An example's result does not depend on its
+    batch (up to float32 rounding), so the order changes no result."""
+    if not examples:
+        return []
+    options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
+    if isinstance(examples[0], Words):
+        encoded = tokenizer([list(example.words) for example in examples], is_split_into_words=True, **options)
+        sizes = [len(ids) for ids in encoded["input_ids"]]
+    elif isinstance(examples[0], tuple | list):
+        sizes = [0] * len(examples)
+        for part in range(2):
+            encoded = tokenizer([example[part] for example in examples], **options)
+            sizes = [size + len(ids) for size, ids in zip(sizes, encoded["input_ids"], strict=True)]
+    else:
+        sizes = [len(ids) for ids in tokenizer(list(examples), **options)["input_ids"]]
+    return sorted(range(len(examples)), key=sizes.__getitem__)
+
+
 def _as_examples(texts_or_pairs: Any) -> list:
     if isinstance(texts_or_pairs, Words):
         texts_or_pairs = [texts_or_pairs]

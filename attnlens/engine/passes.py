@@ -67,6 +67,7 @@ from attnlens.core.inputs import (
     Batch,
     BlankText,
     Words,
+    by_length,
     check_max_len,
     default_layout,
     tokenize,
@@ -87,6 +88,11 @@ from attnlens.errors import (
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
 CHECKPOINT_EVERY = 20
+
+#: a pass by length (:func:`run`'s ``by_length``) orders each window of this many batches of
+#: consecutive examples (2,048 examples at batch size 32: the strings only, a few hundred kB)
+BY_LENGTH_BATCHES = 64
+
 #: format of checkpoint files written by :func:`run`
 CHECKPOINT_FORMAT = "attnlens.pass/1"
 
@@ -101,10 +107,12 @@ FwdHooks = Hooks | Sequence[tuple[str | Callable, Callable]]
 
 @dataclass
 class PassBatch:
-    """The batch being run: ``batch`` (on the model's device), ``start`` (corpus index of its
-    first example), ``key_mask`` (``[batch, key]``, True for real tokens), ``positions``
-    (``[batch, key]``, the layout position of every column: :attr:`attnlens.Batch.positions`,
-    which differ from the column index in a compact batch) and ``model``.
+    """The batch being run: ``batch`` (on the model's device), ``start`` (how many examples the
+    pass ran before it), ``indices`` (the corpus index of each row: ``start, start + 1, …``
+    unless the pass runs by length, see :attr:`Accumulator.any_order`), ``key_mask``
+    (``[batch, key]``, True for real tokens), ``positions`` (``[batch, key]``, the layout
+    position of every column: :attr:`attnlens.Batch.positions`, which differ from the column
+    index in a compact batch) and ``model``.
 
     :meth:`shared` computes something once per batch for every accumulator that asks for it by
     the same key (e.g. the token classes of :func:`attnlens.stats.token_classes`)."""
@@ -112,11 +120,14 @@ class PassBatch:
     batch: Batch
     start: int
     model: Any
+    indices: list[int] = field(default_factory=list)
     key_mask: Bool[Tensor, "batch key"] = field(init=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.key_mask = self.batch.attention_mask.bool()
+        if not self.indices:
+            self.indices = list(range(self.start, self.start + len(self.batch)))
 
     @property
     def positions(self) -> Int[Tensor, "batch key"]:
@@ -199,6 +210,11 @@ class Accumulator:
     - ``compact``: it reads token positions from :attr:`PassBatch.positions`, never from column
       indices, so PAPA-layout batches may run compact (:func:`attnlens.inputs.compact_batch`).
       A pass runs compact only when every accumulator says so.
+    - ``any_order``: its result does not depend on the order of the examples or on which of them
+      share a batch (up to float rounding), and it finds an example's corpus index in
+      :attr:`PassBatch.indices`, never from :attr:`PassBatch.start`. A pass runs its examples
+      by length (:func:`run`'s ``by_length``) only when every accumulator says so: batches of
+      similar lengths compute little padding.
 
     Methods, called by :func:`run` in this order for each batch: :meth:`prepare`,
     :meth:`start_batch`,
@@ -218,6 +234,7 @@ class Accumulator:
     needs_residual: bool = False
     needs_grad: bool = False
     compact: bool = False
+    any_order: bool = False
 
     def hooks(self, model: Any) -> list[tuple[str | Callable, Callable]]:
         """Extra reading hooks (``fwd_hooks``) this accumulator needs; ``self.current`` is the
@@ -860,6 +877,7 @@ def run(
     effective: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None,
     compact: bool = True,
+    by_length: bool = True,
 ) -> PassSummary:
     """Run ``model`` over ``corpus`` once, updating every accumulator; returns a
     :class:`PassSummary`.
@@ -875,11 +893,20 @@ def run(
     the same results up to float32 rounding, for the real tokens' share of the cost) when every
     accumulator reads positions rather than columns (:attr:`Accumulator.compact`); ``False``
     pads them to ``max_len``. Hooks (``hooks=``) must then read positions too, as PAPA's do.
+    ``by_length``: run each window of :data:`BY_LENGTH_BATCHES` batches of consecutive examples
+    from its shortest example to its longest (:func:`attnlens.inputs.by_length`) when every
+    accumulator allows it (:attr:`Accumulator.any_order`) and batches are not all padded to
+    ``max_len``: each batch then holds examples of similar lengths (the embedded corpus: 0.48x
+    the positions of batches in its order), with the same results up to float32 rounding of
+    sums taken in another order. The order depends only on the sequence of examples, so a list
+    and a generator of the same examples run the same batches, and a resumed pass meets them in
+    the same order. ``False`` runs the corpus in its order.
 
     ``checkpoint``: a file to which the state is written atomically every ``checkpoint_every``
     batches, at an interrupt (Ctrl-C, SIGTERM) and at the end. Running again with the same
-    checkpoint resumes: it must be the same model, settings and world size, and the corpus's first
-    examples must be those consumed (their fingerprint is recorded); anything else is refused.
+    checkpoint resumes: it must be the same model, settings and world size, and the first
+    examples of the pass's order must be those consumed (their fingerprint is recorded; by
+    length, a window is read whole before its first batch runs); anything else is refused.
     With the same ``batch_size`` the result is bit-identical to an uninterrupted pass.
 
     Under ``torch.distributed`` each rank runs its contiguous, batch-aligned shard
@@ -906,17 +933,20 @@ def run(
     current = world()
     examples = corpus_iterator(corpus)
     total: int | None = len(corpus) if hasattr(corpus, "__len__") else None
+    if not isinstance(by_length, bool):
+        raise InputTypeError(f"by_length must be True or False, got {by_length!r}.")
+    window = BY_LENGTH_BATCHES * batch_size if (
+        by_length and all(a.any_order for a in accumulators) and (compact or layout != "papa")) else None
+    numbered = _numbered(examples, model.tokenizer, window)  # (corpus index, example) in the pass's order
+    offset = 0  # examples of the pass's order before this process's share
     if current.distributed:
-        examples_list = list(examples)
-        total = len(examples_list)
+        listed = list(numbered)
+        total = len(listed)
         start, stop = shard(total, batch_size, current.rank, current.size)
         whole = _Fingerprint()
-        whole.update(examples_list)
-        examples = iter(examples_list[start:stop])
-        total = stop - start
-        offset = start
-    else:
-        offset = 0
+        whole.update([example for _, example in listed])
+        numbered = iter(listed[start:stop])
+        total, offset = stop - start, start
     header = {
         "model": model_id(model),
         "fingerprint": weights_fingerprint(model),
@@ -924,6 +954,7 @@ def run(
         "max_len": max_len,
         "batch_size": batch_size,
         "accumulators": sorted(names),
+        "order": "corpus" if window is None else f"by length, {window} examples at a time",
         "world_size": current.size,
         "rank": current.rank,
         "settings": json.loads(json.dumps(dict(settings or {}), sort_keys=True, default=str)),
@@ -948,7 +979,7 @@ def run(
         if path.exists():
             counts = _restore(path, accumulators, header)
     resumed = counts["examples"]
-    consumed = list(itertools.islice(examples, resumed))
+    consumed = [example for _, example in itertools.islice(numbered, resumed)]
     fingerprint.update(consumed)
     if len(consumed) < resumed:
         raise InputError(
@@ -959,7 +990,10 @@ def run(
         raise InputError(
             f"checkpoint {path} was written for another corpus: the first {resumed} examples "
             "given now differ from those it consumed. Resume it with the same corpus, or give "
-            "another checkpoint path."
+            "another checkpoint path." + ("" if window is None else (
+                f" (The pass runs each window of {window} examples from the shortest to the longest, "
+                "so a longer corpus that starts the same reorders the window the checkpoint ended "
+                "in: run the new examples in a pass of their own and merge the results.)"))
         )
 
     device = device_of(model)
@@ -995,15 +1029,16 @@ def run(
 
     with signals, eval_mode(model):
         try:
-            for chunk in chunks(examples, batch_size):
+            for pairs in chunks(numbered, batch_size):
                 signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
+                indices, chunk = [index for index, _ in pairs], [example for _, example in pairs]
                 try:
                     batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=compact).to(device)
                 except BlankText as blank:  # name the text by its index in the corpus
-                    raise blank.at(offset + counts["examples"] + blank.index) from None
+                    raise blank.at(indices[blank.index]) from None
                 inputs = _prepare(accumulators, batch)
                 check_hooks(hooks, batch)
-                pass_batch = PassBatch(inputs, offset + counts["examples"], model)
+                pass_batch = PassBatch(inputs, offset + counts["examples"], model, indices)
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)
                 consistent = False
@@ -1062,6 +1097,41 @@ def run(
         resumed=resumed,
         longest=counts.get("longest", 0),
     )
+
+
+def _numbered(examples: Iterator, tokenizer: Any, window: int | None) -> Iterator[tuple[int, Any]]:
+    """``(corpus index, example)`` of every example, in the order a pass runs them: the corpus's
+    (``window=None``), or each ``window`` of consecutive examples from its shortest to its
+    longest (:func:`_length_order`). Lazy: a window is read when the pass reaches it."""
+    numbered = enumerate(examples)
+    if window is None:
+        yield from numbered
+        return
+    while part := list(itertools.islice(numbered, window)):
+        order = _length_order(tokenizer, [example for _, example in part])
+        yield from part if order is None else (part[index] for index in order)
+
+
+def _length_order(tokenizer: Any, examples: list) -> list[int] | None:
+    """:func:`attnlens.inputs.by_length` of ``examples``, or ``None`` (their order) when they
+    are not all strings, all pairs or all words: :func:`attnlens.inputs.tokenize` then names
+    the example that is not one."""
+    if not examples or not all(map(_same_kind(examples[0]), examples)):
+        return None
+    try:
+        return by_length(tokenizer, examples)
+    except (TypeError, ValueError):  # a tokenizer that cannot take them: tokenize says why
+        return None
+
+
+def _same_kind(first: Any) -> Callable[[Any], bool]:
+    """Whether an example is of ``first``'s kind: a string, a ``(str, str)`` pair or words."""
+    if isinstance(first, str):
+        return lambda example: isinstance(example, str)
+    if isinstance(first, Words):
+        return lambda example: isinstance(example, Words)
+    return lambda example: (isinstance(example, tuple | list) and len(example) == 2
+                            and all(isinstance(part, str) for part in example))
 
 
 def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:

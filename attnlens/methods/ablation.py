@@ -318,6 +318,7 @@ class HeadMeans(passes.Accumulator):
     name = "head_means"
     needs_residual = True  # the last layer's hook_z fires after its hook_pattern
     compact = True  # a sum over real tokens: where they sit does not matter
+    any_order = True
 
     def __init__(self, model: Any) -> None:
         n_layers, n_heads = _model_shape(model)

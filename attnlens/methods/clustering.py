@@ -138,6 +138,9 @@ class HeadDistances(Accumulator):
     made a distribution by ``|a| / Σ|a|``).
     """
 
+    compact = True  # rows compared over each example's valid keys, wherever they sit
+    any_order = True  # sums over examples
+
     def __init__(
         self, n_layers: int, n_heads: int, view: str = "standard", *, chunk_bytes: int = CHUNK_BYTES
     ) -> None:

@@ -303,6 +303,7 @@ class Statistics(Accumulator):
     """
 
     compact = True  # offsets read from the batch's positions (PassBatch.compact_positions), never its columns
+    any_order = True  # sums over examples
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
                  causal: bool | None = None) -> None:
@@ -352,6 +353,7 @@ class Distance(Accumulator):
     patterns (float64; float32 on MPS, which has no float64)."""
 
     compact = True  # a sum over valid (query, key) pairs; PAPA maps are gathered by position (View.read)
+    any_order = True
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
                  causal: bool | None = None) -> None:

@@ -24,6 +24,13 @@ The properties, on a tiny random BERT, ``N_TEXTS`` texts of different lengths in
    differ by at most ``2 * gamma_2 * sum |p_i|``, element by element; integer state is exact.
    An accumulator whose state is a sequence (``ordered``: HiddenStates, whose ``merge`` appends a
    later shard) is checked for association only, exactly.
+4. **any order**: an accumulator that declares ``any_order`` gives the same state, result and
+   kept values over the corpus run by length (the default) as over the corpus in its order, up
+   to float32 rounding: the batches group other texts, so each is computed at another width (the
+   tolerance of ``tests/unit/test_compact_layout.py``, ``RTOL = 1e-4`` and ``ATOL = 1e-5`` times
+   the largest value); integer state is exact. Maps kept 8-bit (compare's report) are compared
+   decoded, within one code step (``max / 127``): a value next to a rounding boundary may round
+   the other way.
 3. **state round trip**: an accumulator with a state (``state_dict``) restored into a fresh one
    with ``load_state_dict`` (metadata through JSON, as a checkpoint stores it) gives the same
    state and result, exactly.
@@ -217,12 +224,13 @@ def shard(case: Case, model, start: int, stop: int) -> passes.Accumulator:
 
     def start_batch(batch):
         batch.start += start
+        batch.indices = [index + start for index in batch.indices]
         own(batch)
 
     accumulator.start_batch = start_batch
-    try:
+    try:  # in corpus order: a rank runs its shard of the order the whole pass runs
         passes.run(model, case.corpus()[start:stop], [accumulator], max_len=MAX_LEN,
-                   batch_size=BATCH, progress=False, **case.run(model))
+                   batch_size=BATCH, progress=False, by_length=False, **case.run(model))
     finally:
         del accumulator.start_batch
     return accumulator
@@ -331,6 +339,72 @@ def test_merge_order_does_not_change_the_result(case, model):
             assert bool(((other - value).abs() <= bound).all()), key
         else:
             assert torch.equal(other, value), key
+
+
+def assert_close(actual: Any, expected: Any, what: str) -> None:
+    """The same leaves up to float32 rounding (property 4)."""
+    mine, theirs = leaves(actual), leaves(expected)
+    assert mine.keys() == theirs.keys(), what
+    for path, value in theirs.items():
+        other = mine[path]
+        if isinstance(value, np.ndarray) and value.dtype.kind == "O":  # a table's text column
+            assert list(other) == list(value), f"{what}{path}"
+            continue
+        if isinstance(value, float):
+            value, other = torch.tensor(value), torch.tensor(other)
+        if isinstance(value, np.ndarray):
+            value, other = torch.from_numpy(value.copy()), torch.from_numpy(other.copy())
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            scale = float(value.abs().nan_to_num(0.0).max()) if value.numel() else 1.0
+            step = "8-bit" in path  # decoded 8-bit maps: one code step
+            torch.testing.assert_close(other, value, rtol=0 if step else 1e-4,
+                                       atol=(1.01 / 127 if step else 1e-5) * (scale or 1.0), equal_nan=True,
+                                       msg=lambda message, path=path: f"{what}{path}: {message}")
+        elif isinstance(value, torch.Tensor):
+            assert torch.equal(other, value), f"{what}{path}"
+        else:
+            assert other == value or (value != value and other != other), f"{what}{path}: {other!r} != {value!r}"
+
+
+@pytest.mark.parametrize("case", _params("any order", lambda case: case.cls.any_order))
+def test_any_order_accumulators_give_the_same_result_by_length(case, model):
+    corpus = case.corpus()
+    order = attnlens.inputs.by_length(model.tokenizer, corpus)
+    assert order != sorted(order)  # the pass by length runs another order
+    results = {}
+    for by_length in (False, True):
+        accumulator = case.make(model, 0, N_TEXTS)
+        seen = []
+        own = accumulator.start_batch
+        accumulator.start_batch = lambda batch, own=own, seen=seen: (seen.extend(batch.indices), own(batch))
+        passes.run(model, corpus, [accumulator], max_len=MAX_LEN, batch_size=BATCH, progress=False,
+                   by_length=by_length, **case.run(model))
+        del accumulator.start_batch
+        assert seen == (order if by_length else list(range(N_TEXTS)))  # rows carry corpus indices
+        results[by_length] = (accumulator.state_dict(), accumulator.metadata(), accumulator.result(),
+                              _kept_decoded(accumulator))
+    assert_close(results[True], results[False], "by length")
+
+
+def _kept_decoded(accumulator: passes.Accumulator) -> dict[str, Any] | None:
+    """What compare's accumulator keeps for its figures and report, the 8-bit maps decoded."""
+    from attnlens.compare import ViewsAccumulator
+
+    if not isinstance(accumulator, ViewsAccumulator):
+        return None
+    kept = accumulator.kept_patterns
+    return {"example": (accumulator.kept, accumulator.kept_tokens), "indices": kept.indices,
+            "tokens": [example.tokens for example in kept.examples],
+            "8-bit": {f"{index}.{view}": kept.pattern(index, view) for index in kept.indices for view in kept.views}}
+
+
+def test_the_accumulators_that_run_in_any_order():
+    """Those whose state is a sum over examples; those that find data by corpus index (labels,
+    sentences, sampled maps) or keep examples in order do not."""
+    assert {cls.__name__ for cls in CASES if cls.any_order} == {
+        "Statistics", "Distance", "PatternTypes", "HeadDistances", "HeadMeans", "PatternSums",
+        "ViewsAccumulator",
+    }
 
 
 @pytest.mark.parametrize("case", _params("round trip", _has_state))

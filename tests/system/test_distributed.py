@@ -177,7 +177,10 @@ def test_merge_adds_up_constants_fitted_apart(tmp_path, bert_folder, corpus_file
     assert main(["merge", str(outs[1]), str(outs[2]), "--out", str(merged)]) == 0
     whole, got = papa.load(outs[0]), papa.load(merged)
     assert torch.equal(whole.pair_counts, got.pair_counts) and whole.n_examples == got.n_examples
-    torch.testing.assert_close(got.sums, whole.sums, rtol=0, atol=1e-12)
+    # each fit runs its texts by length, so the halves' batches are not the whole's: the same
+    # float64 sums of float32 patterns computed at other batch widths (a few units of float32
+    # rounding, u = 6e-8, per value; 20 texts a sum: within 1e-5 relative, 1e-6 absolute)
+    torch.testing.assert_close(got.sums, whole.sums, rtol=1e-5, atol=1e-6)
 
     other = tmp_path / "other.safetensors"
     assert main(["fit-papa", *common, "--corpus", str(halves[0]), "--max-len", "12",

@@ -158,7 +158,9 @@ def test_merge_of_two_halves_equals_one_pass(bert):
 
     def run(corpus):
         accumulator = clustering.HeadDistances(n_layers, n_heads)
-        passes.run(bert, corpus, [accumulator], max_len=MAX_LEN, batch_size=4, progress=False)
+        # in corpus order, so that the halves run the whole pass's batches (by length, each half
+        # would be ordered on its own)
+        passes.run(bert, corpus, [accumulator], max_len=MAX_LEN, batch_size=4, progress=False, by_length=False)
         return accumulator
 
     whole = run(CORPUS)
@@ -171,15 +173,14 @@ def test_merge_of_two_halves_equals_one_pass(bert):
 def test_interrupted_pass_resumes_from_its_checkpoint(bert, tmp_path):
     """The state adds up, so the engine's checkpoint and resume need nothing more."""
     n_layers, n_heads = bert.cfg.n_layers, bert.cfg.n_heads
+    kwargs = dict(max_len=MAX_LEN, batch_size=4, progress=False, by_length=False)  # a prefix, then the rest
     whole = clustering.HeadDistances(n_layers, n_heads)
-    passes.run(bert, CORPUS, [whole], max_len=MAX_LEN, batch_size=4, progress=False)
+    passes.run(bert, CORPUS, [whole], **kwargs)
     path = tmp_path / "distances.safetensors"
     first = clustering.HeadDistances(n_layers, n_heads)
-    passes.run(bert, CORPUS[:4], [first], max_len=MAX_LEN, batch_size=4, progress=False, checkpoint=path)
+    passes.run(bert, CORPUS[:4], [first], checkpoint=path, **kwargs)
     resumed = clustering.HeadDistances(n_layers, n_heads)
-    summary = passes.run(
-        bert, CORPUS, [resumed], max_len=MAX_LEN, batch_size=4, progress=False, checkpoint=path
-    )
+    summary = passes.run(bert, CORPUS, [resumed], checkpoint=path, **kwargs)
     assert summary.resumed == 4
     torch.testing.assert_close(resumed.result(), whole.result(), atol=0, rtol=0)
 

@@ -241,11 +241,13 @@ def test_compares_accumulators_run_compact_and_equal_the_padded_ones(request, na
     """What `attnlens.compare` computes in its pass, standard, PAPA and effective: the head
     statistics (their to_prev / to_next read neighbours by position: the last word and the final
     [SEP] are neighbouring columns of a compact batch, not neighbouring positions), the pattern
-    types (the diagonal band by position) and the distances from standard. Tolerances as for
+    types (the diagonal band by position) and the distances from standard; and the distances
+    between heads of Clark et al.'s clustering (HeadDistances). Tolerances as for
     logits (module docstring); the type counts must be equal (a share that sits on a threshold
     within 1e-6 would flip one: none does here)."""
     from attnlens.compare import ViewsAccumulator
     from attnlens.core.loading import is_causal
+    from attnlens.methods.clustering import HeadDistances
     from attnlens.methods.patterns import templates
     from attnlens.methods.patterns.counts import PatternTypes
     from attnlens.methods.stats import Distance, Statistics
@@ -285,7 +287,8 @@ def test_compares_accumulators_run_compact_and_equal_the_padded_ones(request, na
         return [Widths(), Shares(),
                 *(Statistics(n_layers, n_heads, view, constants=constants, causal=causal) for view in views),
                 *(PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal) for view in views),
-                *(Distance(n_layers, n_heads, view, constants=constants, causal=causal) for view in views[1:])]
+                *(Distance(n_layers, n_heads, view, constants=constants, causal=causal) for view in views[1:]),
+                *(HeadDistances(n_layers, n_heads, view) for view in ("standard", "effective"))]
 
     results = {}
     for compact in (False, True):

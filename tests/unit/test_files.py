@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnlens import files, papa, passes
-from tests import tiny
+from tests import interrupts, tiny
 
 
 @pytest.fixture(scope="module")
@@ -63,9 +63,15 @@ def test_a_checkpoint_refuses_another_corpus(bert, tmp_path):
     other = ["a different text ."] + list(tiny.CORPUS[1:12])
     with pytest.raises(ValueError, match="written for another corpus: the first 8 examples"):
         papa.fit(bert, other, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
-    # a finished checkpoint resumed with a longer corpus that starts the same continues it
-    longer = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
-    whole = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False)
+    # by length, a longer corpus that starts the same reorders the window the checkpoint ended in
+    with pytest.raises(ValueError, match="reorders the window the checkpoint ended in: run the new examples"):
+        papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    # in corpus order, a finished checkpoint resumed with a longer corpus that starts the same continues it
+    ordered = tmp_path / "ordered.safetensors"
+    kwargs = dict(max_len=16, batch_size=4, progress=False, by_length=False)
+    papa.fit(bert, tiny.CORPUS[:8], checkpoint=ordered, **kwargs)
+    longer = papa.fit(bert, tiny.CORPUS[:12], checkpoint=ordered, **kwargs)
+    whole = papa.fit(bert, tiny.CORPUS[:12], **kwargs)
     assert longer.n_examples == 12 and torch.equal(longer.sums, whole.sums)
 
 
@@ -76,23 +82,17 @@ def test_a_checkpoint_refuses_other_settings(bert, tmp_path):
         papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=2, progress=False, checkpoint=checkpoint)
 
 
-def test_sigterm_saves_the_checkpoint_like_ctrl_c(bert, tmp_path):
-    """``timeout``, Slurm and ``docker stop`` send SIGTERM: the pass saves what it did, then
-    stops; the same call resumes to the uninterrupted result."""
+def test_sigterm_saves_the_checkpoint_like_ctrl_c(bert, tmp_path, monkeypatch):
+    """``timeout``, Slurm and ``docker stop`` send SIGTERM: the pass finishes the batch it is
+    running, saves what it did, then stops; the same call resumes to the uninterrupted result."""
     checkpoint = tmp_path / "fit.safetensors"
-
-    def terminated(texts, after):
-        for index, text in enumerate(texts):
-            if index == after:
-                os.kill(os.getpid(), signal.SIGTERM)
-            yield text
-
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-        papa.fit(bert, terminated(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        interrupts.at_batch(patch, 3, interrupts.send(signal.SIGTERM))  # during the third batch
+        papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False,
                  checkpoint=checkpoint, checkpoint_every=100)
     assert signal.getsignal(signal.SIGTERM) is before, "the handler is put back"
-    assert papa.load(checkpoint).n_examples == 8
+    assert papa.load(checkpoint).n_examples == 12
     resumed = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
     whole = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False)
     assert torch.equal(resumed.sums, whole.sums) and resumed.metadata == whole.metadata
@@ -111,18 +111,12 @@ def test_a_second_signal_during_the_save_waits_for_it(bert, tmp_path, monkeypatc
         os.kill(os.getpid(), signal.SIGINT)  # arrives while the checkpoint is written
         return original(*args, **kwargs)
 
-    def interrupted(texts, after):
-        for index, text in enumerate(texts):
-            if index == after:
-                os.kill(os.getpid(), signal.SIGINT)
-            yield text
-
-    monkeypatch.setattr(passes, "save_checkpoint", save_interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        papa.fit(bert, interrupted(tiny.CORPUS, 9), max_len=16, batch_size=4, progress=False,
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(passes, "save_checkpoint", save_interrupted)
+        interrupts.at_batch(patch, 3, interrupts.send(signal.SIGINT))  # during the third batch
+        papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False,
                  checkpoint=checkpoint, checkpoint_every=100)
-    monkeypatch.setattr(passes, "save_checkpoint", original)
-    assert calls == [1] and papa.load(checkpoint).n_examples == 8
+    assert calls == [1] and papa.load(checkpoint).n_examples == 12
     resumed = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
     whole = papa.fit(bert, tiny.CORPUS, max_len=16, batch_size=4, progress=False)
     assert torch.equal(resumed.sums, whole.sums)

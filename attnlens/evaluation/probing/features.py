@@ -47,7 +47,7 @@ from filelock import FileLock
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attnlens.core.inputs import Words, default_layout
+from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
@@ -238,28 +238,6 @@ class HiddenStates(passes.Accumulator):
     def all_reduce(self, group: Any = None) -> None:
         """Nothing: features are never gathered through collectives. Each rank keeps its own
         shard, and :func:`extract` writes it to a file (one per rank)."""
-
-
-def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
-    """Indices of ``examples`` from the fewest to the most tokens (``tokenizer``'s, without
-    special tokens; a stable order): :func:`extract` runs them so, so that each compact batch
-    (:func:`attnlens.inputs.compact_batch`) holds texts of similar lengths and computes little
-    padding, and puts the features back in the examples' order. An example's features do not
-    depend on its batch (up to float32 rounding), so the order changes no result."""
-    if not examples:
-        return []
-    options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
-    if isinstance(examples[0], Words):
-        encoded = tokenizer([list(example.words) for example in examples], is_split_into_words=True, **options)
-        sizes = [len(ids) for ids in encoded["input_ids"]]
-    elif isinstance(examples[0], tuple | list):
-        sizes = [0] * len(examples)
-        for part in range(2):
-            encoded = tokenizer([example[part] for example in examples], **options)
-            sizes = [size + len(ids) for size, ids in zip(sizes, encoded["input_ids"], strict=True)]
-    else:
-        sizes = [len(ids) for ids in tokenizer(list(examples), **options)["input_ids"]]
-    return sorted(range(len(examples)), key=sizes.__getitem__)
 
 
 def cache_dir() -> Path:

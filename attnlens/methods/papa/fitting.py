@@ -47,6 +47,7 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
     compact: bool = True,
+    by_length: bool = True,
 ) -> PapaConstants:
     """Each head's mean attention over ``corpus``, as :class:`PapaConstants`.
 
@@ -66,6 +67,10 @@ def fit(
     ``compact``: run PAPA-layout batches at the length of their longest real text and
     scatter-add the patterns to the layout's positions (:func:`attnlens.passes.run`); ``False``
     pads every text to ``max_len`` (the same constants up to float32 rounding, at a higher cost).
+    ``by_length``: run each window of consecutive examples from the shortest to the longest, so
+    that a batch computes little padding (:func:`attnlens.passes.run`; the same constants up to
+    float32 rounding); ``False`` runs the corpus in its order, so that the fits of consecutive
+    parts of a corpus, each a whole number of batches, merge to the fit of the whole bit for bit.
 
     The model runs with its own position ids (see :meth:`attnlens.Batch.model_kwargs`), so the patterns are
     those of the Hugging Face model on the same inputs; run interventions the same way
@@ -93,7 +98,7 @@ def fit(
     passes.run(
         model, examples, [sums], max_len=max_len, layout=layout, batch_size=batch_size,
         progress=progress, description="papa.fit", checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every, compact=compact,
+        checkpoint_every=checkpoint_every, compact=compact, by_length=by_length,
     )
     return sums.result()
 
@@ -118,6 +123,7 @@ class PatternSums(passes.Accumulator):
 
     name = "papa"
     compact = True
+    any_order = True  # sums over examples
 
     def __init__(self, constants: PapaConstants) -> None:
         self.constants = constants

@@ -52,6 +52,7 @@ class PatternTypes(Accumulator):
     """
 
     compact = True  # the band is read from the batch's positions (Positions.position), never its columns
+    any_order = True  # counts over examples
 
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
                  constants: Any = None, causal: bool | None = None) -> None:
