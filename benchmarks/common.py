@@ -1,5 +1,5 @@
 """What every benchmark shares: ``--device`` and ``--threads``, alternating timings, the flop
-count of a BERT-style forward, and one JSON line of results per benchmark for ``benchmarks/table.py``.
+count of a BERT-style forward (and of the batches a pass by length runs), and one JSON line of results per benchmark for ``benchmarks/table.py``.
 
 Each benchmark calls :func:`record` with its jobs; the line is written atomically to
 ``build/bench/<name>.json`` (or ``$ATTNLENS_BENCH_DIR``), replacing the previous run's, and
@@ -88,6 +88,35 @@ def encoder_flops(cfg: Any, n_tokens: int, length: int, *, layers: float | None 
     if unembed:
         total += 2 * d * d + 2 * d * int(cfg.d_vocab)
     return float(total * n_tokens)
+
+
+def pass_order(model: Any, texts: Sequence, batch_size: int) -> list:
+    """``texts`` in the order :func:`attnlens.passes.run` runs them by length: each window of
+    :data:`attnlens.passes.BY_LENGTH_BATCHES` batches from its shortest text to its longest."""
+    from attnlens import passes
+    from attnlens.inputs import by_length
+
+    window = passes.BY_LENGTH_BATCHES * batch_size
+    ordered = []
+    for start in range(0, len(texts), window):
+        part = list(texts[start : start + window])
+        ordered += [part[index] for index in by_length(model.tokenizer, part)]
+    return ordered
+
+
+def pass_batches(model: Any, texts: Sequence, *, max_len: int, layout: str, batch_size: int) -> list[tuple[int, int]]:
+    """``(rows, width)`` of every batch a pass by length computes: ``texts`` in
+    :func:`pass_order`, tokenized ``batch_size`` at a time, compact (each batch as wide as its
+    longest text; padded layouts are so anyway)."""
+    import attnlens
+
+    ordered = pass_order(model, texts, batch_size)
+    shapes = []
+    for start in range(0, len(ordered), batch_size):
+        batch = attnlens.tokenize(model, ordered[start : start + batch_size], max_len=max_len, layout=layout,
+                                  compact=True)
+        shapes.append(tuple(batch.input_ids.shape))
+    return shapes
 
 
 def record(name: str, jobs: list[dict[str, Any]], **settings: Any) -> Path:

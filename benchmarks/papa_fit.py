@@ -2,7 +2,8 @@
 
 Both sides tokenize the same texts in the same batches (``batch_size``, ``max_len``, the model's
 default layout: ``papa`` for MiniLM, in compact batches as the fit runs it, see
-:func:`attnlens.inputs.compact_batch`; ``padded`` for SmolLM2) and run the model up to the same
+:func:`attnlens.inputs.compact_batch`; ``padded`` for SmolLM2), in the order the fit runs them
+(by length, :func:`attnlens.passes.run`), and run the model up to the same
 point, right after the last layer's attention pattern: the fit needs nothing after it and stops
 there; the plain forward is stopped there by a hook that raises
 (:func:`attnlens.passes.run_patterns` with no other hook). So the ratio is the cost of the engine
@@ -14,10 +15,11 @@ ranges are printed.
 MiniLM: 512 WikiText-2 validation paragraphs, max_len 128, batch 32 (target <= 1.03x).
 SmolLM2-135M (``--model smollm2-135m``): 64 paragraphs, max_len 128, batch 16.
 
-Also timed in the same rounds: a *full forward* (``model(input_ids, ...)``, every layer and the
-unembed), and the peer, a hand-written TransformerLens loop doing what the fit does: per batch
-``run_with_cache`` of every ``hook_pattern`` and masked sums of the patterns and their squares
-(target: fit <= 0.5x that loop). Results go to ``build/bench/papa_fit.json`` for
+Also timed in the same rounds, on the texts in corpus order as a user writes them: a *full
+forward* (``model(input_ids, ...)``, every layer and the unembed; MiniLM: every text padded to
+``max_len`` in the PAPA layout), and the peer, a hand-written TransformerLens loop doing what
+the fit does: per batch ``run_with_cache`` of every ``hook_pattern`` and masked sums of the
+patterns and their squares (target: fit <= 0.5x that loop). Results go to ``build/bench/papa_fit.json`` for
 ``benchmarks/table.py``.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/papa_fit.py [--model smollm2-135m] [--device D] [--threads N]``
@@ -31,7 +33,7 @@ import statistics
 import time
 
 import torch
-from common import add_arguments, encoder_flops, record, setup
+from common import add_arguments, encoder_flops, pass_batches, pass_order, record, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
@@ -79,7 +81,8 @@ def transformer_lens_loop(model, texts, *, max_len: int, layout: str, batch_size
 
 
 def plain_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -> None:
-    """The forward the fit hooks, on the same batches, reading nothing."""
+    """The forward the fit hooks, on the same batches, reading nothing (``texts`` in the fit's
+    order, :func:`common.pass_order`)."""
     for start in range(0, len(texts), batch_size):
         batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout,
                                   compact=True)
@@ -114,8 +117,10 @@ def main() -> None:
     def fit() -> None:
         papa.fit(model, texts, progress=False, **shape)
 
+    ordered = pass_order(model, texts, batch_size)
+
     def plain() -> None:
-        plain_forward(model, texts, **shape)
+        plain_forward(model, ordered, **shape)
 
     def full() -> None:
         full_forward(model, texts, **shape)
@@ -151,11 +156,14 @@ def main() -> None:
           f"(target <= {PEER_TARGET}x: {'met' if peer_ratio <= PEER_TARGET else 'missed'})")
     limit = None
     if hasattr(model.original_model, "bert") or hasattr(model.original_model, "roberta"):
-        tokens = len(texts) * args.max_len  # the papa layout pads every text to max_len
-        d = int(model.cfg.d_model)
-        stop = 4 * d * d + 2 * args.max_len * d  # the last layer's Q, K and QKᵀ
-        limit = (encoder_flops(model.cfg, tokens, args.max_len, layers=model.cfg.n_layers - 1, unembed=False)
-                 + stop * tokens) / encoder_flops(model.cfg, tokens, args.max_len)
+        # the fit's batches (by length, compact) to its stop, over the full forward's (every
+        # text padded to max_len in the papa layout)
+        d, fit_flops = int(model.cfg.d_model), 0.0
+        for rows, width in pass_batches(model, texts, **shape):
+            stop = 4 * d * d + 2 * width * d  # the last layer's Q, K and QKᵀ, per token
+            fit_flops += encoder_flops(model.cfg, rows * width, width, layers=model.cfg.n_layers - 1,
+                                       unembed=False) + stop * rows * width
+        limit = fit_flops / encoder_flops(model.cfg, len(texts) * args.max_len, args.max_len)
     name = "papa_fit" if not small else f"papa_fit_{args.model}"
     record(name, [{
         "job": f"papa.fit ({attnlens.loading.model_id(model).split('/')[-1]})",

@@ -303,7 +303,7 @@ class DependencyCounts(Accumulator):
     :func:`attnlens.passes.run` over :class:`attnlens.Words` examples (Clark et al. 2019, §4.2).
 
     ``sentences``: the gold trees, in the order of the corpus given to the pass (example ``i``
-    of the corpus is ``sentences[i]``; batches find theirs by :attr:`PassBatch.start`).
+    of the corpus is ``sentences[i]``; batches find theirs by :attr:`PassBatch.indices`).
     ``effective``: read effective attention instead of the patterns. ``relations``: the
     relations counted (default: those of ``sentences``, :func:`relations_of`); arcs of other
     relations are ignored.
@@ -315,6 +315,7 @@ class DependencyCounts(Accumulator):
     """
 
     name = "syntax.dependency_heads"
+    any_order = True  # counts over sentences, each found by its corpus index
 
     def __init__(
         self,
@@ -350,29 +351,28 @@ class DependencyCounts(Accumulator):
                 "DependencyCounts needs a corpus of attnlens.Words (one per sentence, in the "
                 "order of its sentences), whose batches know each token's word."
             )
-        sentences = self.sentences[batch.start : batch.start + len(batch)]
-        if len(sentences) != len(batch):
+        if max(batch.indices) >= len(self.sentences):
             raise InputError(
                 f"the corpus has more examples than the {len(self.sentences)} sentences given to "
                 "DependencyCounts; give the pass one attnlens.Words per sentence."
             )
+        sentences = [self.sentences[index] for index in batch.indices]
         if tokens.n_truncated:
             raise InputError(
-                f"{tokens.n_truncated} sentences of the batch at example {batch.start} lost tokens "
+                f"{tokens.n_truncated} sentences of the batch of example {batch.indices[0]} lost tokens "
                 "to max_len, which would cut words off their heads; leave out sentences longer "
                 "than max_len (dependency_heads does) or raise max_len."
             )
         last = word_ids.max(-1).values.tolist()
-        for row, sentence in enumerate(sentences):
-            if last[row] >= len(sentence):
+        for index, sentence, words in zip(batch.indices, sentences, last, strict=True):
+            if words >= len(sentence):
                 raise InputError(
-                    f"example {batch.start + row} has more words than sentence {batch.start + row} "
+                    f"example {index} has more words than sentence {index} "
                     f"({len(sentence)}): the corpus does not match the sentences given to DependencyCounts."
                 )
         width = max(len(sentence) for sentence in sentences)
         present = word_presence(word_ids, width)
-        flat = [(row, d, h, r) for row, arcs in enumerate(self._arcs[batch.start : batch.start + len(batch)])
-                for d, h, r in arcs]
+        flat = [(row, d, h, r) for row, index in enumerate(batch.indices) for d, h, r in self._arcs[index]]
         columns = torch.tensor(flat, dtype=torch.long, device=word_ids.device).reshape(-1, 4)
         rows, dependents, heads, relations = columns.unbind(1)
         kept = present[rows, dependents] & present[rows, heads]

@@ -71,6 +71,7 @@ class _Sampled(Accumulator):
     and the token strings of their examples."""
 
     name = "labelling.sample"
+    any_order = True  # maps kept by slot, each found by its example's corpus index
 
     def __init__(self, wanted: dict[tuple[int, int], list[tuple[int, int]]], view: str) -> None:
         self.wanted = wanted  # (example of the pass, layer) -> [(slot, head)]
@@ -83,7 +84,7 @@ class _Sampled(Accumulator):
     def update(self, layer: Any) -> None:
         batch = layer.batch
         for index in range(len(batch)):
-            chosen = self.wanted.get((batch.start + index, layer.layer))
+            chosen = self.wanted.get((batch.indices[index], layer.layer))
             if not chosen:
                 continue
             source = self._view.maps(layer)
