@@ -374,8 +374,8 @@ def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
     special tokens; a stable order). :func:`attnlens.passes.run` and
     :func:`attnlens.probing.extract` run examples in this order, so that each batch (compact,
     :func:`compact_batch`, or padded to its longest example) holds examples of similar lengths
-    and computes little padding. An example's result does not depend on its
-    batch (up to float32 rounding), so the order changes no result."""
+    and computes little padding. An example's result does not depend on its batch (up to
+    float32 rounding), so the order changes no result."""
     if not examples:
         return []
     options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
