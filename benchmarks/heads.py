@@ -3,7 +3,8 @@
 Three measurements on MiniLM, each against the plain forward that does the same model work:
 
 - ``patterns.types`` (Kovaleva's types of every (example, layer, head) map, standard view) ÷ a
-  plain forward of the same batches stopped at the same point (after the last layer's
+  plain forward of the same batches (by length and compact, as the pass runs them:
+  :func:`common.pass_order`) stopped at the same point (after the last layer's
   ``hook_pattern``: :func:`attnlens.passes.run_patterns` with ``until``); WikiText-2 paragraphs;
 - ``syntax.dependency_heads`` (word attention, every head's prediction for every arc) ÷ the plain
   forward of the same sentences (as :class:`attnlens.Words`, same layout and ``max_len``), same
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable
 
 import torch
-from common import add_arguments, setup
+from common import add_arguments, pass_order, setup
 from realdata import DATA, wikitext_paragraphs
 
 import attnlens
@@ -80,10 +81,10 @@ def main() -> None:
     print(f"heads benchmark: {attnlens.loading.model_id(model)}, max_len {args.max_len}, "
           f"batch {args.batch_size}, layout {layout}, torch threads {torch.get_num_threads()}\n")
 
-    def plain_forward(examples: list) -> None:
+    def plain_forward(examples: list, compact: bool = False) -> None:
         for start in range(0, len(examples), args.batch_size):
             batch = attnlens.tokenize(model, examples[start : start + args.batch_size],
-                                      max_len=args.max_len, layout=layout)
+                                      max_len=args.max_len, layout=layout, compact=compact)
             with torch.inference_mode():
                 passes.run_patterns(model, batch, [], until=last_pattern)
 
@@ -95,7 +96,8 @@ def main() -> None:
                        progress=False)
 
     types()  # warm-up
-    analysis, plain = pairs(types, lambda: plain_forward(texts), args.repeats)
+    ordered = pass_order(model, texts, args.batch_size)  # the batches patterns.types runs: by length, compact
+    analysis, plain = pairs(types, lambda: plain_forward(ordered, compact=True), args.repeats)
     report("patterns.types", analysis, plain, "plain forward", len(texts), "texts", TARGET)
 
     # -- syntactic heads -------------------------------------------------------------------------
