@@ -2,7 +2,7 @@
 forward on the same batches, stopped at the same point (after the last block).
 
 Both sides tokenize the same texts in the same batches (MiniLM, the papa layout, max_len 128,
-batch 32) and run the model through its last block: the extraction reads ``blocks.0.hook_in``
+batch 32; compact, the texts from the shortest to the longest, as the extraction runs them) and run the model through its last block: the extraction reads ``blocks.0.hook_in``
 and every ``blocks.{l}.hook_out``, keeps the real tokens' vectors in float16 and moves them to
 the CPU; the plain forward reads nothing (:func:`attnlens.passes.run_patterns` with ``until``
 the last ``hook_out``). So 1.00x is the limit and the ratio is the cost of the engine and the
@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from common import add_arguments, setup
+from common import add_arguments, pass_order, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
@@ -47,10 +47,12 @@ def main() -> None:
         probing.extract(model, texts, max_len=args.max_len, layout=layout, batch_size=args.batch_size,
                         cache=False, progress=False)
 
+    ordered = pass_order(model, texts, args.batch_size)  # extract's batches: shortest first, compact
+
     def plain() -> None:
-        for start in range(0, len(texts), args.batch_size):
-            batch = attnlens.tokenize(model, texts[start : start + args.batch_size], max_len=args.max_len,
-                                      layout=layout)
+        for start in range(0, len(ordered), args.batch_size):
+            batch = attnlens.tokenize(model, ordered[start : start + args.batch_size], max_len=args.max_len,
+                                      layout=layout, compact=True)
             with torch.inference_mode():
                 passes.run_patterns(model, batch, [], until=last)
 
