@@ -2,8 +2,9 @@
 forward on the same batches, stopped at the same point (after the last block).
 
 Both sides tokenize the same texts in the same batches (MiniLM, the papa layout, max_len 128,
-batch 32; compact, the texts from the shortest to the longest, as the extraction runs them) and run the model through its last block: the extraction reads ``blocks.0.hook_in``
-and every ``blocks.{l}.hook_out``, keeps the real tokens' vectors in float16 and moves them to
+batch 32; compact, the texts from the shortest to the longest, as the extraction runs them) and
+run the model through its last block: the extraction reads ``blocks.0.hook_in`` and every
+``blocks.{l}.hook_out``, keeps the real tokens' vectors in float16 and moves them to
 the CPU; the plain forward reads nothing (:func:`attnlens.passes.run_patterns` with ``until``
 the last ``hook_out``). So 1.00x is the limit and the ratio is the cost of the engine and the
 copies. The cache is off (``cache=False``): every extraction runs its forward. Whole passes are
