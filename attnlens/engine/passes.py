@@ -663,6 +663,14 @@ def shard(n_examples: int, batch_size: int, rank: int, size: int) -> tuple[int, 
     return min(first * batch_size, n_examples), min(last * batch_size, n_examples)
 
 
+def interleaved(n_examples: int, batch_size: int, rank: int, size: int) -> list[int]:
+    """The batches (numbers in the pass's order) of rank ``rank``'s share of a pass by length:
+    every ``size``-th of the ``ceil(n / batch_size)`` batches from batch ``rank``, so that every
+    rank runs short and long batches alike (a contiguous share of batches sorted by length would
+    give the last rank the longest); every batch is the one a single process would run."""
+    return list(range(rank, math.ceil(n_examples / batch_size), size))
+
+
 def _collective(what: str, function: Callable[[], Any], current: World) -> Any:
     """Run a collective; a failure (a rank that died) becomes one clear error."""
     try:
@@ -910,7 +918,7 @@ def run(
     With the same ``batch_size`` the result is bit-identical to an uninterrupted pass.
 
     Under ``torch.distributed`` each rank runs its contiguous, batch-aligned shard
-    (:func:`shard`), with its own checkpoint (:func:`checkpoint_path`); the accumulators are
+    (:func:`shard`), or by length every ``size``-th batch (:func:`interleaved`), with its own checkpoint (:func:`checkpoint_path`); the accumulators are
     then summed over ranks, so every rank holds the result.
 
     The first pass of a process keeps freed memory for reuse (:func:`attnlens.core.memory.reuse_freed_memory`:
@@ -938,15 +946,19 @@ def run(
     window = BY_LENGTH_BATCHES * batch_size if (
         by_length and all(a.any_order for a in accumulators) and (compact or layout != "papa")) else None
     numbered = _numbered(examples, model.tokenizer, window)  # (corpus index, example) in the pass's order
-    offset = 0  # examples of the pass's order before this process's share
+    starts: list[int] | None = None  # where each of this process's batches starts in the pass's order
     if current.distributed:
         listed = list(numbered)
-        total = len(listed)
-        start, stop = shard(total, batch_size, current.rank, current.size)
         whole = _Fingerprint()
         whole.update([example for _, example in listed])
-        numbered = iter(listed[start:stop])
-        total, offset = stop - start, start
+        if window is None:
+            start, stop = shard(len(listed), batch_size, current.rank, current.size)
+            starts = list(range(start, stop, batch_size))
+        else:
+            starts = [b * batch_size for b in interleaved(len(listed), batch_size, current.rank, current.size)]
+        mine = [listed[start : start + batch_size] for start in starts]
+        numbered = (item for batch in mine for item in batch)
+        total = sum(map(len, mine))
     header = {
         "model": model_id(model),
         "fingerprint": weights_fingerprint(model),
@@ -1038,7 +1050,8 @@ def run(
                     raise blank.at(indices[blank.index]) from None
                 inputs = _prepare(accumulators, batch)
                 check_hooks(hooks, batch)
-                pass_batch = PassBatch(inputs, offset + counts["examples"], model, indices)
+                pass_batch = PassBatch(inputs, counts["examples"] if starts is None else starts[counts["examples"] // batch_size],
+                                       model, indices)
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)
                 consistent = False

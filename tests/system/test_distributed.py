@@ -59,10 +59,21 @@ def test_shards_are_contiguous_batch_aligned_and_cover_the_corpus():
             assert stop == n or stop % batch_size == 0
 
 
+def test_a_pass_by_length_interleaves_the_batches_of_the_ranks():
+    """Batches sorted by length, shared contiguously, would give the last rank the longest: by
+    length, rank r runs batches r, r + size, ...; together every batch once."""
+    for n, batch_size, size in [(21, 2, 2), (21, 4, 3), (5, 8, 2), (64, 8, 4), (1, 1, 3)]:
+        shares = [passes.interleaved(n, batch_size, rank, size) for rank in range(size)]
+        assert sorted(b for share in shares for b in share) == list(range(-(-n // batch_size)))
+        for rank, share in enumerate(shares):
+            assert all(b % size == rank for b in share)
+    assert passes.interleaved(21, 2, 0, 2) == [0, 2, 4, 6, 8, 10]  # 11 batches: rank 0 gets 6
+
+
 @pytest.mark.slow
 def test_torchrun_fit_equals_the_single_process_fit(tmp_path, bert_folder, corpus_file):
-    """Two gloo ranks on localhost, 21 texts in 11 batches of 2: rank 0 runs 5 batches, rank 1
-    runs 6; the all-reduced sums equal the single-process sums up to float64 rounding of the
+    """Two gloo ranks on localhost, 21 texts in 11 batches of 2 (by length): rank 0 runs batches
+    0, 2, …, 10 (11 texts), rank 1 batches 1, 3, …, 9 (10 texts); the all-reduced sums equal the single-process sums up to float64 rounding of the
     order of additions (2 · 21 · 2**-52 · max|sum| < 1e-12), and the counts exactly."""
     from attnlens.cli import main
 
@@ -88,7 +99,7 @@ def test_torchrun_fit_equals_the_single_process_fit(tmp_path, bert_folder, corpu
     torch.testing.assert_close(two.squares, one.squares, rtol=0, atol=1e-12)
     ranks = sorted(path.name for path in checkpoint.parent.iterdir())
     assert ranks == ["fit.rank0-of-2.safetensors", "fit.rank1-of-2.safetensors"]
-    assert [papa.load(checkpoint.parent / name).n_examples for name in ranks] == [10, 11]
+    assert [papa.load(checkpoint.parent / name).n_examples for name in ranks] == [11, 10]
 
     # a checkpoint of two processes cannot be resumed by one
     with pytest.raises(SystemExit) as exit_info:
