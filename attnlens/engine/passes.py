@@ -1050,8 +1050,8 @@ def run(
                     raise blank.at(indices[blank.index]) from None
                 inputs = _prepare(accumulators, batch)
                 check_hooks(hooks, batch)
-                pass_batch = PassBatch(inputs, counts["examples"] if starts is None else starts[counts["examples"] // batch_size],
-                                       model, indices)
+                done = counts["examples"]  # by this process; its batches before the last are whole
+                pass_batch = PassBatch(inputs, done if starts is None else starts[done // batch_size], model, indices)
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)
                 consistent = False
