@@ -799,7 +799,7 @@ def _restore(
 ) -> dict[str, Any]:
     """Load a checkpoint's states into ``accumulators``; its counts. Refuses another setting."""
     meta, tensors = read_checkpoint(path)
-    saved = meta["header"]
+    saved = {"order": "corpus", **meta["header"]}  # checkpoints before passes by length ran in corpus order
     differing = [
         f"{key} {saved.get(key)!r} (now {value!r})"
         for key, value in header.items()

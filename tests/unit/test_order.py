@@ -112,3 +112,25 @@ def test_an_interrupted_pass_by_length_resumes_bit_for_bit(bert, tmp_path, monke
     assert summary.resumed == 6
     for key, value in whole.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+def test_a_checkpoint_written_before_the_order_was_recorded_resumes_in_corpus_order(bert, tmp_path):
+    """Checkpoints of earlier versions have no ``order`` in their header: they ran in corpus
+    order, and resume so; a pass by length is refused with the order named."""
+    checkpoint = tmp_path / "old.safetensors"
+    first = Statistics(2, 4, "standard")
+    run(bert, TEXTS[:6], first, checkpoint=checkpoint, by_length=False)
+    meta, _ = passes.read_checkpoint(checkpoint)
+    old = {key: value for key, value in meta["header"].items() if key != "order"}
+    passes.save_checkpoint(checkpoint, [first], meta["counts"], old)
+    assert "order" not in passes.read_checkpoint(checkpoint)[0]["header"]
+
+    with pytest.raises(ValueError, match=r"order 'corpus' \(now 'by length, 192 examples at a time'\)"):
+        run(bert, TEXTS, Statistics(2, 4, "standard"), checkpoint=checkpoint)
+    whole, resumed = Statistics(2, 4, "standard"), Statistics(2, 4, "standard")
+    run(bert, TEXTS, whole, by_length=False)
+    summary = passes.run(bert, TEXTS, [resumed], max_len=32, batch_size=3, progress=False,
+                         checkpoint=checkpoint, by_length=False)
+    assert summary.resumed == 6
+    for key, value in whole.state_dict().items():
+        assert torch.equal(resumed.state_dict()[key], value), key
