@@ -809,6 +809,8 @@ def _restore(
         raise InputError(
             f"checkpoint {path} was written by another run: {'; '.join(differing)}. Resume it "
             "with the same settings, or give another checkpoint path."
+            + (" (by_length=False runs the corpus in its order, by_length=True by length.)"
+               if saved.get("order") != header.get("order") else "")
         )
     for accumulator in accumulators:
         prefix = f"{accumulator.name}/"
