@@ -91,17 +91,13 @@ def encoder_flops(cfg: Any, n_tokens: int, length: int, *, layers: float | None 
 
 
 def pass_order(model: Any, texts: Sequence, batch_size: int) -> list:
-    """``texts`` in the order :func:`attnlens.passes.run` runs them by length: each window of
-    :data:`attnlens.passes.BY_LENGTH_BATCHES` batches from its shortest text to its longest."""
+    """``texts`` in the order :func:`attnlens.passes.run` runs them by length (the engine's own
+    :func:`attnlens.passes.pass_order`): each window of :data:`attnlens.passes.BY_LENGTH_BATCHES`
+    batches from its shortest text to its longest."""
     from attnlens import passes
-    from attnlens.inputs import by_length
 
     window = passes.BY_LENGTH_BATCHES * batch_size
-    ordered = []
-    for start in range(0, len(texts), window):
-        part = list(texts[start : start + window])
-        ordered += [part[index] for index in by_length(model.tokenizer, part)]
-    return ordered
+    return [text for _, text in passes.pass_order(texts, model.tokenizer, window)]
 
 
 def pass_batches(model: Any, texts: Sequence, *, max_len: int, layout: str, batch_size: int) -> list[tuple[int, int]]:

@@ -947,7 +947,7 @@ def run(
         raise InputTypeError(f"by_length must be True or False, got {by_length!r}.")
     window = BY_LENGTH_BATCHES * batch_size if (
         by_length and all(a.any_order for a in accumulators) and (compact or layout != "papa")) else None
-    numbered = _numbered(examples, model.tokenizer, window)  # (corpus index, example) in the pass's order
+    numbered = pass_order(examples, model.tokenizer, window)  # (corpus index, example) in the pass's order
     starts: list[int] | None = None  # where each of this process's batches starts in the pass's order
     if current.distributed:
         listed = list(numbered)
@@ -1114,10 +1114,11 @@ def run(
     )
 
 
-def _numbered(examples: Iterator, tokenizer: Any, window: int | None) -> Iterator[tuple[int, Any]]:
+def pass_order(examples: Iterable, tokenizer: Any, window: int | None) -> Iterator[tuple[int, Any]]:
     """``(corpus index, example)`` of every example, in the order a pass runs them: the corpus's
     (``window=None``), or each ``window`` of consecutive examples from its shortest to its
-    longest (:func:`_length_order`). Lazy: a window is read when the pass reaches it."""
+    longest (:func:`_length_order`; :func:`run` by length uses ``BY_LENGTH_BATCHES *
+    batch_size``). Lazy: a window is read when the pass reaches it."""
     numbered = enumerate(examples)
     if window is None:
         yield from numbered
