@@ -12,7 +12,8 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
   costs (task probes, LM scores; :func:`attnlens.papa.curve`).
 
 The modules live in one-way layers, lowest first; a module imports only its own layer and lower
-ones, not even inside a function (``tests/test_layers.py``):
+ones, not even inside a function, and no imports form a cycle
+(``tests/unit/test_layers.py``):
 
 - ``core`` (:mod:`attnlens.core`): ``inputs``, ``loading``, ``seam``, ``models``, ``checks``,
   ``files``, ``corpus``, ``heads``, ``plots``, ``notebook``; and :mod:`attnlens.errors`;

@@ -11,5 +11,5 @@ package's root.
 
 Layers, lowest first: ``core`` < ``engine`` < ``methods`` < ``evaluation`` < ``present`` <
 ``compare`` < ``cli``. A module imports only from its own layer or lower ones, never higher, not
-even inside a function (``tests/test_layers.py``).
+even inside a function (``tests/unit/test_layers.py``).
 """

@@ -39,11 +39,12 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import seam
+from attnlens.core.heads import HeadSet
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.baselines import TrainableConstants
 from attnlens.methods.papa.constants import PapaConstants
-from attnlens.methods.papa.selection import HeadSet, resolve_heads
+from attnlens.methods.papa.ranking import resolve_heads
 
 MODES: tuple[str, ...] = ("replace", "blend")
 

@@ -13,6 +13,9 @@ the first ``round(k · layers · heads)`` (``fraction=k``, rounding halves up) o
 - ``"input_dependence"``: label-free, least input-dependent head first, by
   :attr:`PapaConstants.input_dependence` measured during the fit (the mean squared distance
   between each example's attention rows and the head's mean rows).
+
+The orders themselves, and ``heads=`` read as a :class:`HeadSet`, are in
+:mod:`attnlens.methods.papa.ranking`, below the hooks; this module learns ``λ`` by running them.
 """
 
 from __future__ import annotations
@@ -26,20 +29,15 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core import seam
-from attnlens.core.checks import describe, finite, finite_tensor, tensor, whole_number
+from attnlens.core.checks import finite, finite_tensor, tensor, whole_number
 from attnlens.core.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
 from attnlens.core.loading import require_bridge
-from attnlens.errors import InputError, InputTypeError
-from attnlens.methods.papa.constants import PapaConstants
+from attnlens.engine.passes import progress_bar
+from attnlens.errors import InputError
+from attnlens.methods.papa.intervene import intervention
+from attnlens.methods.papa.ranking import STRATEGIES, input_dependence, ranked, resolve_heads
 
-STRATEGIES: tuple[str, ...] = (
-    "lambda",
-    "reversed_lambda",
-    "first_to_last",
-    "last_to_first",
-    "random",
-    "input_dependence",
-)
+__all__ = ["STRATEGIES", "HeadSet", "learn_lambda", "n_selected", "resolve_heads", "select_heads"]
 
 
 def select_heads(
@@ -103,65 +101,9 @@ def select_heads(
                 f"lam= is {list(scores.shape)}, not [n_layers, n_heads] = [{n_layers}, {n_heads}]; "
                 f"pass one λ per head as a [{n_layers}, {n_heads}] tensor (layers first)."
             )
-        flat = scores.flatten() if strategy == "lambda" else -scores.flatten()
-        ranking = torch.argsort(flat, stable=True).tolist()
     elif strategy == "input_dependence":
-        if not isinstance(constants, PapaConstants):
-            given = "none" if constants is None else type(constants).__name__
-            raise InputError(
-                "strategy 'input_dependence' ranks heads by the input dependence measured in "
-                f"papa.fit; pass constants= fitted with papa.fit (got {given}), or choose another "
-                "strategy."
-            )
-        scores = constants.input_dependence.float()
-        ranking = torch.argsort(scores.flatten(), stable=True).tolist()
-    elif strategy == "first_to_last":
-        ranking = list(range(n_layers * n_heads))
-    elif strategy == "last_to_first":
-        ranking = [
-            layer * n_heads + head for layer in reversed(range(n_layers)) for head in range(n_heads)
-        ]
-    else:
-        generator = torch.Generator().manual_seed(int(seed))
-        ranking = torch.randperm(n_layers * n_heads, generator=generator).tolist()
-    order = [divmod(index, n_heads) for index in ranking[:count]]
-    selected = HeadSet.from_heads(order, n_layers, n_heads)
-    selected.scores, selected.strategy = scores, strategy
-    return selected
-
-
-def resolve_heads(heads: Any, constants: Any) -> HeadSet:
-    """A :class:`HeadSet` from what :func:`attnlens.papa.hooks` accepts as ``heads=``."""
-    n_layers, n_heads = constants.n_layers, constants.n_heads
-    if isinstance(heads, str):
-        if heads != "all":
-            raise InputError(f"heads={heads!r}: use 'all', a HeadSet or a fraction in [0, 1].")
-        selected = HeadSet.all(n_layers, n_heads)
-    elif isinstance(heads, HeadSet):
-        selected = heads
-    elif isinstance(heads, Tensor) and heads.dtype == torch.bool:
-        selected = HeadSet(heads)
-    elif isinstance(heads, int) and not isinstance(heads, bool):
-        raise InputTypeError(
-            f"heads={heads} is ambiguous (a count, or the fraction {float(heads)}?): pass a fraction "
-            f"as a float (heads={float(heads)}), or a number of heads as "
-            f"heads=select_heads('input_dependence', n={heads}, constants=constants)."
-        )
-    elif isinstance(heads, float):
-        if getattr(constants, "kind", None) != "average":
-            raise InputError(
-                "heads=<fraction> ranks heads by the input dependence measured in papa.fit; these "
-                "constants are not fitted, so pass heads=select_heads(...)."
-            )
-        selected = select_heads("input_dependence", fraction=float(heads), constants=constants)
-    else:
-        raise InputTypeError(
-            f"heads must be 'all', a HeadSet, a bool torch tensor or a fraction; got {describe(heads)}"
-            + ("; convert it with torch.as_tensor(heads)." if hasattr(heads, "__array__") else ".")
-        )
-    if selected.shape != (n_layers, n_heads):
-        raise InputError(f"heads is a {list(selected.shape)} head set; the constants are [{n_layers}, {n_heads}] (layer, head).")
-    return selected
+        scores = input_dependence(constants)
+    return ranked(strategy, count, n_layers, n_heads, scores=scores, seed=seed)
 
 
 def learn_lambda(
@@ -189,9 +131,6 @@ def learn_lambda(
     ``requires_grad`` is restored afterwards), and gradients are taken with
     ``torch.autograd.grad``, so no other ``.grad`` (the model's, the constants') is changed.
     """
-    from attnlens.engine.passes import progress_bar
-    from attnlens.methods.papa.intervene import intervention
-
     steps = whole_number(steps, "steps", " of training steps", minimum=1)
     lr, jointly_lr = finite(lr, "lr", low=0.0), finite(jointly_lr, "jointly_lr", low=0.0)
     batches = list(batches)
