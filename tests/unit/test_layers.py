@@ -219,8 +219,6 @@ def test_the_check_reads_every_kind_of_import():
     assert any(item.source == "attnlens" and item.target == "attnlens.core.notebook" for item in imports)
 
 
-
-
 def cycles(imports: list[Import], *, top_level_only: bool) -> list[set[str]]:
     """The strongly connected components (of two modules or more) of the import graph. A module
     that imports its own package (``attnlens.cli.compare`` reading ``attnlens.cli``) closes no
@@ -500,9 +498,9 @@ def test_from_package_import_of_a_moved_submodule_warns(monkeypatch):
 
 
 def test_the_check_finds_a_cycle_planted_inside_a_function(tmp_path):
-    """A copy of the package with the cycle it had until 2026-11-26 planted back: the hooks'
-    module importing head selection, which imports the hooks inside a function. The cycle is
-    found among all imports, and not among the top-level ones."""
+    """A copy of the package with the cycle it had until 2026-11-26 planted back: head selection
+    imports the hooks at its top, and the hooks' module imports head selection inside a function.
+    The cycle is found among all imports, and not among the top-level ones."""
     copy = tmp_path / "attnlens"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     intervene = copy / "methods" / "papa" / "intervene.py"
