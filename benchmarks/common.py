@@ -115,6 +115,18 @@ def pass_batches(model: Any, texts: Sequence, *, max_len: int, layout: str, batc
     return shapes
 
 
+def pattern_pass_flops(model: Any, texts: Sequence, *, max_len: int, layout: str, batch_size: int) -> float:
+    """The flops of a pass by length (:func:`pass_batches`) that stops right after the last
+    layer's attention pattern: every layer but the last whole, then the last layer's Q and K
+    projections and QKᵀ, per token of each batch as wide as its longest text."""
+    cfg = model.cfg
+    d, flops = int(cfg.d_model), 0.0
+    for rows, width in pass_batches(model, texts, max_len=max_len, layout=layout, batch_size=batch_size):
+        last = 4 * d * d + 2 * width * d  # the last layer's Q and K projections and QKᵀ, per token
+        flops += encoder_flops(cfg, rows * width, width, layers=cfg.n_layers - 1, unembed=False) + last * rows * width
+    return flops
+
+
 def record(name: str, jobs: list[dict[str, Any]], **settings: Any) -> Path:
     """Write ``{"benchmark": name, "settings": ..., "jobs": jobs}`` as one JSON line to
     ``BENCH_DIR/<name>.json``, atomically (a temporary file renamed over it)."""

@@ -37,7 +37,7 @@ from common import (
     alternate,
     encoder_flops,
     median_ratio,
-    pass_batches,
+    pattern_pass_flops,
     record,
     setup,
 )
@@ -115,13 +115,9 @@ def main() -> None:
 
     batch = attnlens.tokenize(model, texts, max_len=MAX_LEN, layout="papa")
     tokens = batch.input_ids.numel()  # the full forward computes every padded position
-    cfg = model.cfg
-    full = encoder_flops(cfg, tokens, MAX_LEN)
-    d = int(cfg.d_model)
-    one_pass = 0.0  # compare's passes run by length, each batch as wide as its longest text
-    for rows, width in pass_batches(model, texts, max_len=MAX_LEN, layout="papa", batch_size=BATCH):
-        last = 4 * d * d + 2 * width * d  # the last layer's Q and K projections and QKᵀ, per token
-        one_pass += encoder_flops(cfg, rows * width, width, layers=cfg.n_layers - 1, unembed=False) + last * rows * width
+    full = encoder_flops(model.cfg, tokens, MAX_LEN)
+    # compare's two passes run by length, each batch as wide as its longest text
+    one_pass = pattern_pass_flops(model, texts, max_len=MAX_LEN, layout="papa", batch_size=BATCH)
     limit = 2 * one_pass / full
     r_compare, r_job = median_ratio(t_compare, t_forward), median_ratio(t_job, t_forward)
     share = statistics.median(z / c for z, c in zip(zlib_seconds, t_compare, strict=True))

@@ -33,7 +33,7 @@ import statistics
 import time
 
 import torch
-from common import add_arguments, encoder_flops, pass_batches, pass_order, record, setup
+from common import add_arguments, encoder_flops, pass_order, pattern_pass_flops, record, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
@@ -158,12 +158,8 @@ def main() -> None:
     if hasattr(model.original_model, "bert") or hasattr(model.original_model, "roberta"):
         # the fit's batches (by length, compact) to its stop, over the full forward's (every
         # text padded to max_len in the papa layout)
-        d, fit_flops = int(model.cfg.d_model), 0.0
-        for rows, width in pass_batches(model, texts, **shape):
-            stop = 4 * d * d + 2 * width * d  # the last layer's Q, K and QKᵀ, per token
-            fit_flops += encoder_flops(model.cfg, rows * width, width, layers=model.cfg.n_layers - 1,
-                                       unembed=False) + stop * rows * width
-        limit = fit_flops / encoder_flops(model.cfg, len(texts) * args.max_len, args.max_len)
+        limit = (pattern_pass_flops(model, texts, **shape)
+                 / encoder_flops(model.cfg, len(texts) * args.max_len, args.max_len))
     name = "papa_fit" if not small else f"papa_fit_{args.model}"
     record(name, [{
         "job": f"papa.fit ({attnlens.loading.model_id(model).split('/')[-1]})",

@@ -369,6 +369,19 @@ class Words:
         return len(self.words)
 
 
+def example_kind(example: Any) -> str | None:
+    """What one corpus example is: ``"text"`` (a string), ``"pair"`` (two strings, a tuple or a
+    list), ``"words"`` (:class:`Words`), or ``None`` (none of these, which :func:`tokenize`
+    refuses)."""
+    if isinstance(example, str):
+        return "text"
+    if isinstance(example, Words):
+        return "words"
+    if isinstance(example, tuple | list) and len(example) == 2 and all(isinstance(part, str) for part in example):
+        return "pair"
+    return None
+
+
 def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
     """Indices of ``examples`` from the fewest to the most tokens (``tokenizer``'s, without
     special tokens; a stable order). :func:`attnlens.passes.run` and
@@ -379,10 +392,11 @@ def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
     if not examples:
         return []
     options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
-    if isinstance(examples[0], Words):
+    kind = example_kind(examples[0])
+    if kind == "words":
         encoded = tokenizer([list(example.words) for example in examples], is_split_into_words=True, **options)
         sizes = [len(ids) for ids in encoded["input_ids"]]
-    elif isinstance(examples[0], tuple | list):
+    elif kind == "pair":
         sizes = [0] * len(examples)
         for part in range(2):
             encoded = tokenizer([example[part] for example in examples], **options)
@@ -407,10 +421,7 @@ def _as_examples(texts_or_pairs: Any) -> list:
     if isinstance(examples[0], Words):
         return _as_words(examples)
     for index, example in enumerate(examples):
-        ok = isinstance(example, str) or (
-            isinstance(example, tuple) and len(example) == 2 and all(isinstance(p, str) for p in example)
-        )
-        if not ok:
+        if example_kind(example) not in ("text", "pair"):
             from attnlens.core.checks import describe
 
             raise InputTypeError(f"Expected a string or a (str, str) pair, got {describe(example)} (text {index}).")

@@ -70,6 +70,7 @@ from attnlens.core.inputs import (
     by_length,
     check_max_len,
     default_layout,
+    example_kind,
     tokenize,
     whole_number,
 )
@@ -1132,22 +1133,13 @@ def _length_order(tokenizer: Any, examples: list) -> list[int] | None:
     """:func:`attnlens.inputs.by_length` of ``examples``, or ``None`` (their order) when they
     are not all strings, all pairs or all words: :func:`attnlens.inputs.tokenize` then names
     the example that is not one."""
-    if not examples or not all(map(_same_kind(examples[0]), examples)):
+    kinds = {example_kind(example) for example in examples}
+    if len(kinds) != 1 or None in kinds:
         return None
     try:
         return by_length(tokenizer, examples)
     except (TypeError, ValueError):  # a tokenizer that cannot take them: tokenize says why
         return None
-
-
-def _same_kind(first: Any) -> Callable[[Any], bool]:
-    """Whether an example is of ``first``'s kind: a string, a ``(str, str)`` pair or words."""
-    if isinstance(first, str):
-        return lambda example: isinstance(example, str)
-    if isinstance(first, Words):
-        return lambda example: isinstance(example, Words)
-    return lambda example: (isinstance(example, tuple | list) and len(example) == 2
-                            and all(isinstance(part, str) for part in example))
 
 
 def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:

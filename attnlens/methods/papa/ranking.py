@@ -43,23 +43,20 @@ def ranked(
 
     ``scores`` ``[layer, head]`` rank the heads of ``"lambda"`` and ``"input_dependence"`` (lowest
     first) and of ``"reversed_lambda"`` (highest first); ties keep the index order (a stable
-    sort). ``seed`` draws the ``"random"`` order. The arguments are taken as checked
-    (:func:`attnlens.papa.select_heads` checks them).
+    sort). ``seed`` draws the ``"random"`` order. The arguments are taken as checked: ``strategy``
+    one of :data:`STRATEGIES`, ``scores`` given where it ranks (:func:`attnlens.papa.select_heads`
+    checks them).
     """
     if strategy in ("lambda", "reversed_lambda", "input_dependence"):
-        if scores is None:
-            raise InputError(f"strategy {strategy!r} ranks heads by scores; none were given.")
         flat = -scores.flatten() if strategy == "reversed_lambda" else scores.flatten()
         ranking = torch.argsort(flat, stable=True).tolist()
     elif strategy == "first_to_last":
         ranking = list(range(n_layers * n_heads))
     elif strategy == "last_to_first":
         ranking = [layer * n_heads + head for layer in reversed(range(n_layers)) for head in range(n_heads)]
-    elif strategy == "random":
+    else:  # "random"
         generator = torch.Generator().manual_seed(int(seed))
         ranking = torch.randperm(n_layers * n_heads, generator=generator).tolist()
-    else:
-        raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
     order = [divmod(index, n_heads) for index in ranking[:count]]
     selected = HeadSet.from_heads(order, n_layers, n_heads)
     selected.scores, selected.strategy = scores, strategy
