@@ -181,6 +181,12 @@ def key_mask(
 ConstantFn = Callable[[Tensor, torch.dtype, Tensor], Tensor]
 
 
+def skips_constant_heads(bridge: Any) -> bool:
+    """True when :func:`constant_heads` can run on ``bridge``: an encoder whose seam is
+    ``"attnlens"`` (BERT, RoBERTa; its architecture file), prepared by :func:`install`."""
+    return models.of(bridge).seam == "attnlens" and is_installed(bridge)
+
+
 @contextlib.contextmanager
 def constant_heads(
     bridge: Any, layers: dict[int, tuple[Bool[Tensor, "head"], ConstantFn]]
@@ -211,7 +217,7 @@ def constant_heads(
     :class:`~attnlens.errors.InputError` otherwise. The self-attention modules get an instance
     ``forward`` for the duration, removed on exit.
     """
-    if models.of(bridge).seam != "attnlens" or not is_installed(bridge):
+    if not skips_constant_heads(bridge):
         raise InputError(
             "constant heads skip their work only on encoders prepared by attnlens.load() "
             f"(BERT, RoBERTa); this is a {type(bridge.original_model).__name__}"

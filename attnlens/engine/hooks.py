@@ -15,7 +15,13 @@ What a :class:`Hooks` adds to the list:
 - ``a + b``: the hooks of ``a`` then those of ``b``, still a :class:`Hooks`, whose key joins
   both keys (``None`` if either has none);
 - :meth:`Hooks.apply`: a context manager that installs the hooks on a model and removes them on
-  exit, like TransformerLens's ``HookedRootModule.hooks()``.
+  exit, like TransformerLens's ``HookedRootModule.hooks()``;
+- :meth:`Hooks.patched`: the part of the intervention that patches the model itself rather than
+  running as a hook (none for plain hooks; a :class:`attnlens.papa.PapaHooks` made with
+  ``fast=True`` skips the replaced heads' work, :func:`attnlens.seam.constant_heads`), yielding
+  the pairs still to pass as ``fwd_hooks``. The pass engine (:func:`attnlens.passes.run`) and
+  :func:`attnlens.passes.run_with_hooks` run inside it; a caller who hands the list straight to
+  ``run_with_hooks`` gets the hook path, the same intervention, at its usual cost.
 """
 
 from __future__ import annotations
@@ -66,11 +72,19 @@ class Hooks(list):
         return self + other
 
     @contextlib.contextmanager
+    def patched(self, model: Any) -> Iterator[list[tuple[Any, Callable]]]:
+        """For the ``with`` block, ``model`` carries what these hooks do by patching it rather than
+        as hooks; yields the ``(hook_name, hook_fn)`` pairs still to pass as ``fwd_hooks``. A plain
+        :class:`Hooks` patches nothing and yields all its pairs; subclasses may patch (e.g.
+        :class:`attnlens.papa.PapaHooks` with ``fast=True``) and yield fewer."""
+        yield list(self)
+
+    @contextlib.contextmanager
     def apply(self, model: Any) -> Iterator[Any]:
         """Install the hooks on ``model`` (a TransformerLens ``HookedRootModule`` or bridge) for the
         ``with`` block and remove them on exit, even on an error: ``with hooks.apply(model): ...``.
-        Hooks that were on the model before stay."""
-        with model.hooks(fwd_hooks=list(self)):
+        Hooks that were on the model before stay. Any patch (:meth:`patched`) holds as long."""
+        with self.patched(model) as remaining, model.hooks(fwd_hooks=remaining):
             yield model
 
     def __repr__(self) -> str:

@@ -76,7 +76,7 @@ from attnlens.core.inputs import (
 )
 from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
 from attnlens.core.modes import eval_mode
-from attnlens.engine.hooks import Hooks
+from attnlens.engine.hooks import Hooks, as_hooks
 from attnlens.errors import (
     DamagedFileError,
     FileFormatError,
@@ -460,10 +460,9 @@ def run_with_hooks(
     check_hooks(hooks, batch)
     check_token_ids(model, batch)
     batch = batch.to(device_of(model))
-    with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids):
-        return model.run_with_hooks(
-            batch.input_ids, **batch.model_kwargs(), fwd_hooks=list(hooks), **kwargs
-        )
+    with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids), \
+            as_hooks(hooks).patched(model) as fwd_hooks:
+        return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 
 def check_token_ids(model: Any, batch: Batch) -> None:
@@ -896,7 +895,9 @@ def run(
     ``corpus``: strings or ``(str, str)`` pairs (a list, a generator, a ``datasets`` column),
     tokenized ``batch_size`` at a time with ``max_len`` in ``layout`` (default: the
     architecture's, :func:`attnlens.inputs.default_layout`). ``hooks``: interventions
-    (``fwd_hooks``) active during the pass; accumulators read the patterns they produce.
+    (``fwd_hooks``) active during the pass; accumulators read the patterns they produce. What
+    they patch in the model (:meth:`attnlens.engine.hooks.Hooks.patched`: the replaced heads of
+    ``papa.hooks(..., fast=True)`` skip their work) holds for the whole pass.
     ``effective``: keyword arguments of :func:`attnlens.effective.effective_attention`
     (``rtol``, ``padded``). ``settings``: anything else that changes the result (recorded in
     checkpoints and compared across ranks). ``compact``: run PAPA-layout batches at the length
@@ -1028,7 +1029,6 @@ def run(
 
     reading = pattern_hooks(model, on_pattern, values=needs_effective)
     extra = [hook for accumulator in accumulators for hook in accumulator.hooks(model)]
-    fwd_hooks = [*hooks, *extra, *reading]
     n_layers = int(model.cfg.n_layers)
 
     bar = progress_bar(
@@ -1042,7 +1042,10 @@ def run(
         counts["corpus"] = fingerprint.hexdigest()
         save_checkpoint(path, accumulators, counts, header)
 
-    with signals, eval_mode(model):
+    # an intervention that patches the model (PapaHooks(fast=True): replaced heads skip their
+    # work) holds for the whole pass; the rest of it runs as hooks
+    with signals, eval_mode(model), as_hooks(hooks).patched(model) as intervening:
+        fwd_hooks = [*intervening, *extra, *reading]
         try:
             for pairs in chunks(numbered, batch_size):
                 signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnlens.core import seam
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
@@ -148,6 +149,7 @@ def curve(
     probe: dict | None = None,
     lambda_steps: int = 100,
     lambda_examples: int = 512,
+    fast: bool | None = None,
     progress: bool = True,
 ) -> Curve:
     """Probe ``tasks`` with a growing share of heads replaced by ``constants`` (replace mode).
@@ -183,7 +185,11 @@ def curve(
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
     and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
     feature cache after their first extraction. Features run in compact PAPA batches
-    (:func:`attnlens.inputs.compact_batch`).
+    (:func:`attnlens.inputs.compact_batch`). ``fast``: the replaced heads skip their query, key,
+    ``QKᵀ`` and softmax (``papa.hooks(..., fast=True)``, :func:`attnlens.seam.constant_heads`);
+    the same features up to float32 rounding (the same cache entries). ``None`` (default):
+    wherever the model allows it (:func:`attnlens.seam.skips_constant_heads`: encoders loaded
+    by :func:`attnlens.load`); ``True`` refuses a model that does not.
     """
     from attnlens.core.checks import finite, optional_count, whole_number
     from attnlens.evaluation import probing
@@ -218,6 +224,13 @@ def curve(
         raise InputError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
     if strategy not in STRATEGIES:
         raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
+    if fast is None:
+        fast = seam.skips_constant_heads(model)
+    elif not isinstance(fast, bool):
+        raise InputTypeError(f"fast must be True, False or None, not {fast!r}.")
+    elif fast and not seam.skips_constant_heads(model):
+        raise InputError("fast=True: this model's heads cannot skip their work (a decoder, or a model "
+                         "not loaded with attnlens.load()); pass fast=False or leave it None.")
     by_task = _constants_by_task(model, constants, tasks, lm_texts, data_dir)
     constants = by_task[_task_name(tasks[0])] if tasks else by_task["lm"]  # the settings' and λ's
     started = time.perf_counter()
@@ -241,10 +254,11 @@ def curve(
         for fraction in fractions:
             heads = select_heads(strategy, fraction=fraction, constants=fitted, seed=seed, lam=lam)
             replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
-            points.append((strategy, f"{fraction}", fraction, papa_hooks(fitted, heads=heads) if replaced else ()))
+            points.append((strategy, f"{fraction}", fraction,
+                           papa_hooks(fitted, heads=heads, fast=fast) if replaced else ()))
         for name in baselines:
             made = getattr(data_free, name)(fitted)
-            points.append((name, "1.0", 1.0, papa_hooks(made)))
+            points.append((name, "1.0", 1.0, papa_hooks(made, fast=fast)))
         return points
 
     def task_points(task: Any) -> dict[str, Any]:
@@ -314,7 +328,7 @@ def curve(
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
-                    seeds=seeds, processes=passes.world().size, **{
+                    seeds=seeds, processes=passes.world().size, fast=fast, **{
         key: value for key, value in options.items() if key != "data_dir"})
     if lam is not None:
         from scipy.stats import spearmanr

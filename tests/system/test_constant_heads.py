@@ -233,3 +233,106 @@ def test_trainable_constants_get_the_hook_paths_gradient_through_the_split_path(
     model.zero_grad(set_to_none=True)  # the shared model keeps no gradient
     assert bool(grads[1].abs().sum() > 0)
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-6 * float(grads[0].abs().max()))
+
+
+def count_query_runs(model, layer: int):
+    """A forward hook counting the runs of ``layer``'s query projection (the fast path skips it
+    in a layer whose heads are all replaced). Returns ``(runs, handle)``."""
+    runs = []
+    query = model.blocks[layer].attn.original_component.self.query
+    return runs, query.register_forward_hook(lambda module, inputs, output: runs.append(1))
+
+
+@pytest.mark.parametrize("heads", ["half", "all"])
+def test_fast_hooks_in_the_pass_engine_give_the_hook_paths_features(setup, heads, sst2_sentences):
+    """``papa.hooks(..., fast=True)`` handed to the engine (probe features, the curve): the pass
+    runs inside :meth:`PapaHooks.patched`, so a fully replaced layer's query projection never
+    runs, and the features are the hook path's.
+
+    Tolerance: the residual stream carries the logits' error (``n_layers · γ_{d_model}`` of its
+    magnitude, see the module docstring), then both are rounded to float16 (half an ulp each,
+    ``2⁻¹¹`` relative): ``rtol = 2⁻¹⁰`` plus that ``atol``."""
+    from attnlens import probing
+
+    model, constants, _ = setup
+    texts = sst2_sentences[100:124]
+    features = {}
+    for fast in (False, True):
+        hooks = papa.hooks(constants, heads=HEAD_SETS[heads], fast=fast)
+        runs, handle = count_query_runs(model, 0)
+        try:
+            features[fast] = probing.extract(model, texts, hooks=hooks, max_len=MAX_LEN, layout="papa",
+                                             cache=False, progress=False, batch_size=8)
+        finally:
+            handle.remove()
+        if heads == "all":
+            assert (len(runs) == 0) == fast, (fast, len(runs))
+        assert "forward" not in vars(model.blocks[0].attn.original_component.self)  # restored
+    hooked, fast = features[False].vectors.float(), features[True].vectors.float()
+    torch.testing.assert_close(fast, hooked, rtol=2**-10, atol=tolerance(model, hooked))
+    plain = probing.extract(model, texts, max_len=MAX_LEN, layout="papa", cache=False, progress=False,
+                            batch_size=8).vectors.float()
+    assert float((plain - hooked).abs().max()) > 10 * tolerance(model, hooked)  # the heads were replaced
+
+
+def test_fast_hooks_in_run_with_hooks_and_apply_skip_the_replaced_heads(setup):
+    """:func:`attnlens.passes.run_with_hooks` and :meth:`PapaHooks.apply` honour ``fast``; the
+    same hooks handed straight to TransformerLens run the hook path: the same logits."""
+    from attnlens import passes
+
+    model, constants, batch = setup
+    fast_hooks = papa.hooks(constants, heads="all", fast=True)
+    hooked, _, _ = run(model, batch, constants, 1.0, fast=False)
+    outputs, counts = [], []
+    for way in ("passes", "apply", "transformer_lens"):
+        runs, handle = count_query_runs(model, 0)
+        try:
+            with torch.no_grad():
+                if way == "passes":
+                    output = passes.run_with_hooks(model, batch, fast_hooks)
+                elif way == "apply":
+                    with fast_hooks.apply(model):
+                        output = model(batch.input_ids, **batch.model_kwargs())
+                else:
+                    output = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(),
+                                                  fwd_hooks=list(fast_hooks))
+        finally:
+            handle.remove()
+        outputs.append(getattr(output, "logits", output))
+        counts.append(len(runs))
+    assert counts[0] == counts[1] == 0 and counts[2] > 0
+    for output in outputs:
+        torch.testing.assert_close(output, hooked, atol=tolerance(model, hooked), rtol=0)
+    assert papa.hooks(constants, heads="all").key() == fast_hooks.key()  # the same intervention
+
+
+def test_the_curve_runs_its_points_fast_where_the_model_allows(setup, monkeypatch, tmp_path):
+    """``papa.curve`` (``fast=None``) makes its replaced heads skip their work on an encoder,
+    records it in ``settings``, and scores what ``fast=False`` scores (features equal within the
+    tolerance above; here the float16 features, and so every score, are the same). Each run has
+    its own feature cache: the second would otherwise read the first's features."""
+    from attnlens.evaluation import tasks
+    from tests.conftest import DATA
+
+    model, constants, _ = setup
+    entered = []
+    original = seam.constant_heads
+
+    def counted(bridge, layers):
+        entered.append(sorted(layers))
+        return original(bridge, layers)
+
+    monkeypatch.setattr(seam, "constant_heads", counted)
+    train = tasks.load("sst2", "train", data_dir=DATA, limit=32, seed=0)
+    tables = {}
+    for fast in (None, False):
+        entered.clear()
+        monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / str(fast)))
+        curve = papa.curve(model, constants, [train], fractions=(0, 0.5), baselines=("uniform",), data_dir=DATA,
+                           eval_limit=16, seeds=1, baseline=False, probe=dict(epochs=1), fast=fast,
+                           progress=False)
+        assert curve.settings["fast"] is (fast is None)
+        # fraction 0.5 and uniform, train and dev features each: 4 fast passes (none without)
+        assert len(entered) == (4 if fast is None else 0), entered
+        tables[fast] = curve.table
+    assert tables[None]["score"].tolist() == tables[False]["score"].tolist()

@@ -166,6 +166,10 @@ ROWS = [
     (lambda m, v: curve(m, batch_size=v), "batch_size", "4", InputTypeError, "batch_size must be a whole number"),
     (lambda m, v: curve(m, lambda_steps=v), "lambda_steps", 0, InputError, "lambda_steps must be at least 1"),
     (lambda m, v: curve(m, lambda_examples=v), "lambda_examples", 2.5, InputTypeError, "lambda_examples must be a whole number"),
+    (lambda m, v: curve(m, fast=v), "fast", "yes", InputTypeError, "fast must be True, False or None"),
+    (lambda m, v: curve(tiny.gpt2_bridge(), fast=v), "fast", True, InputError, "fast=True: this model's heads cannot skip"),
+    (lambda m, v: papa.hooks(papa.uniform(m, max_len=8), fast=v), "fast", 1, InputTypeError, "fast must be True or False"),
+    (lambda m, v: papa.hooks(papa.uniform(m, max_len=8), mode="blend", fast=v), "fast", True, InputError, "fast=True applies only to full replacement"),
 ]
 
 

@@ -50,6 +50,7 @@ from torch import Tensor
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.engine import passes
+from attnlens.engine.hooks import as_hooks
 from attnlens.errors import InputError, InputTypeError, MismatchError
 
 #: The file format of cached features (in their key: another format is never read).
@@ -378,7 +379,7 @@ def _extract(model: Any, examples: list, hooks: Any, max_len: int, layout: str, 
         order = by_length(model.tokenizer, examples)  # compact batches of similar lengths: little padding left
         accumulator.examples = [examples[index] for index in order]
     passes.run(model, examples if order is None else accumulator.examples, [accumulator], max_len=max_len,
-               layout=layout, batch_size=batch_size, hooks=list(hooks), progress=progress,
+               layout=layout, batch_size=batch_size, hooks=as_hooks(hooks), progress=progress,
                description=description, compact=compact)
     vectors, lengths, positions, n_words = accumulator.result(order)
     features = Features(vectors, lengths, positions, n_words, accumulator.kind or "sequence", max_len,

@@ -54,6 +54,10 @@ MODES: tuple[str, ...] = ("replace", "blend")
 #: gradient; larger would move ``lam=0`` / ``lam=1`` further from replacement / the model.
 LAM_EPS = 1e-7
 
+#: why ``fast=True`` (replaced heads that skip their work) refuses a blend
+_NOT_REPLACE = ("fast=True applies only to full replacement (mode='replace', λ = 0), not mode={mode!r}: "
+                "a blend λ·A + (1 − λ)·C needs the head's own pattern A")
+
 Constants = PapaConstants | TrainableConstants
 
 
@@ -61,7 +65,8 @@ class PapaHooks(Hooks):
     """A list of ``(hook_name, hook_fn)`` pairs for ``run_with_hooks``, with the intervention's state.
 
     Attributes: ``constants``, ``heads`` (:class:`HeadSet`), ``mode``, ``theta`` (blend only:
-    ``nn.Parameter [layer, head]``, ``λ = sigmoid(θ)``) and :attr:`lam`.
+    ``nn.Parameter [layer, head]``, ``λ = sigmoid(θ)``), :attr:`lam` and ``fast`` (replace only:
+    :meth:`patched` makes the replaced heads skip their work, see :func:`hooks`).
     """
 
     def __init__(
@@ -73,10 +78,24 @@ class PapaHooks(Hooks):
         mode: str,
         theta: nn.Parameter | None,
         causal: bool | None = None,
+        fast: bool = False,
     ) -> None:
         super().__init__(items)
         self.constants, self.heads, self.mode, self.theta = constants, heads, mode, theta
-        self.causal = causal
+        self.causal, self.fast = causal, fast
+
+    @contextmanager
+    def patched(self, model: Any) -> Iterator[list]:
+        """With ``fast``: for the block, the replaced heads of ``model`` skip their work
+        (:func:`attnlens.seam.constant_heads`) and no pair is left to pass as ``fwd_hooks``;
+        without it, every pair (the hook path). :class:`~attnlens.errors.InputError` for a model
+        whose heads cannot skip their work (a decoder, or a model not prepared by
+        :func:`attnlens.load`)."""
+        if not self.fast:
+            yield list(self)
+            return
+        with seam.constant_heads(model, _constant_layers(self)):
+            yield []
 
     @property
     def lam(self) -> Float[Tensor, "layer head"] | None:
@@ -114,6 +133,7 @@ def hooks(
     mode: str = "replace",
     lam: float | Float[Tensor, "layer head"] | None = None,
     causal: bool | None = None,
+    fast: bool = False,
 ) -> PapaHooks:
     """Forward hooks that replace (or blend) the selected heads' attention with ``constants``.
 
@@ -129,9 +149,17 @@ def hooks(
     query at 0. By default ``constants.causal`` (recorded when they were made); when that is
     unknown (files saved before it was recorded), it is read off each pattern: a pattern with no
     weight above the diagonal comes from a causal model.
+    ``fast``: wherever the engine runs them (:func:`attnlens.passes.run`, e.g. probe features and
+    :func:`attnlens.papa.curve`; :func:`attnlens.passes.run_with_hooks`; :meth:`PapaHooks.apply`),
+    the replaced heads skip their work, as in :func:`intervention` with ``fast=True``; the same
+    intervention and the same :meth:`PapaHooks.key`. Replace mode on an encoder only.
     """
     if mode not in MODES:
         raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
+    if not isinstance(fast, bool):
+        raise InputTypeError(f"fast must be True or False, not {fast!r}.")
+    if fast and mode != "replace":
+        raise InputError(_NOT_REPLACE.format(mode=mode))
     if not isinstance(constants, PapaConstants | TrainableConstants):
         raise InputTypeError(
             f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
@@ -149,7 +177,8 @@ def hooks(
         if bool(selected.mask[layer].any()):
             fn = _layer_hook(constants, layer, selected.mask[layer], mode, theta, causal)
             items.append((f"blocks.{layer}.attn.hook_pattern", fn))
-    return PapaHooks(items, constants=constants, heads=selected, mode=mode, theta=theta, causal=causal)
+    return PapaHooks(items, constants=constants, heads=selected, mode=mode, theta=theta, causal=causal,
+                     fast=fast)
 
 
 def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]:
@@ -309,22 +338,15 @@ def intervention(
         raise InputError(
             "hook_pattern edits do not reach this model's output; load it with attnlens.load()."
         )
-    installed = hooks(constants, heads=heads, mode=mode, lam=lam, causal=is_causal(model))
-    if fast:
-        with seam.constant_heads(model, _constant_layers(installed)):
-            yield installed
-        return
-    with model.hooks(fwd_hooks=list(installed)):
+    installed = hooks(constants, heads=heads, mode=mode, lam=lam, causal=is_causal(model), fast=fast)
+    with installed.apply(model):
         yield installed
 
 
 def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.ConstantFn]]:
     """The layers of ``installed`` for :func:`attnlens.seam.constant_heads` (replace mode only)."""
     if installed.mode != "replace":
-        raise InputError(
-            f"fast=True applies only to full replacement (mode='replace', λ = 0), not "
-            f"mode={installed.mode!r}: a blend λ·A + (1 − λ)·C needs the head's own pattern A"
-        )
+        raise InputError(_NOT_REPLACE.format(mode=installed.mode))
     if installed.causal:
         raise InputError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
     constants = installed.constants
