@@ -46,6 +46,7 @@ from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.core.result import Result, frame, plain
 from attnlens.engine import passes
+from attnlens.engine.hooks import as_hooks
 from attnlens.errors import InputError, InputTypeError, NotFittedError
 from attnlens.evaluation.probing.features import Features, HiddenStates, extract
 from attnlens.evaluation.probing.intervals import Interval, bootstrap_counts
@@ -493,7 +494,7 @@ def score(
     at load: :func:`attnlens.loading.lm_head_trained`), e.g. for the default all-MiniLM-L6-v2.
     """
     require_bridge(model, "lm.score")
-    hooks = list(hooks)
+    hooks = as_hooks(hooks)  # a PapaHooks(fast=True) stays one: the pass runs its heads fast
     if isinstance(texts, str | bytes):
         raise InputTypeError(
             "texts must be a list (or other iterable) of strings, not one string; pass [text] "

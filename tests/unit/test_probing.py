@@ -476,3 +476,42 @@ def test_a_warm_started_linear_baseline_reaches_the_cold_fits_optimum_in_fewer_i
     assert warm.predict(features) == cold.predict(features)
     assert warm.model[-1].n_iter_[0] <= cold.model[-1].n_iter_[0]
     assert not np.array_equal(start.model[-1].coef_, cold.model[-1].coef_)  # a real start elsewhere
+
+
+def test_standardisation_and_baseline_rows_follow_their_definitions_across_chunks():
+    """On more vectors than ``probe.CHUNK`` and more examples than ``baseline.EXAMPLES_AT_A_TIME``
+    (synthetic float16 features): the probe's ``mean`` / ``scale`` are numpy's float64 mean and
+    population standard deviation over the labelled vectors (a word labelled -1 is left out),
+    and :func:`design`'s rows are numpy's per-example means. Tolerances: float32 sums of at most
+    ``CHUNK`` terms, added in float64: ``γ_256 ≈ 1.5e-5`` of the sum of magnitudes (the vectors'
+    mean magnitude is about 3, their mean about 1: ``rtol`` 1e-4); the design's float32 sums of
+    at most 40 terms: ``γ_40 ≈ 2.4e-6`` relative, ``rtol`` 1e-5."""
+    import numpy as np
+
+    from attnlens.evaluation.probing import baseline, probe
+    from attnlens.probing.baseline import design
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 40, (50,), generator=generator)
+    total = int(lengths.sum())
+    assert total > 2 * probe.CHUNK and len(lengths) > 2 * baseline.EXAMPLES_AT_A_TIME
+    vectors = (torch.randn(total, 3, 8, generator=generator) * 3 + 1).half()
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    values = vectors.double().numpy()
+    offsets = np.concatenate([[0], np.cumsum(lengths.numpy())])
+
+    sequence = probing.Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 40)
+    fitted = probing.PapaProbe(epochs=1).fit(sequence, [i % 2 for i in range(len(lengths))])
+    np.testing.assert_allclose(fitted.network.mean.numpy(), values.mean(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fitted.network.scale.numpy(), values.std(0), rtol=1e-4)
+    means = np.stack([values[offsets[i] : offsets[i + 1]].mean(0).reshape(-1) for i in range(len(lengths))])
+    np.testing.assert_allclose(design(sequence), means, rtol=1e-5, atol=1e-6)
+
+    words = probing.Features(vectors, lengths, positions, lengths.clone(), "words", 40)
+    labels = [[-1 if (i + j) % 5 == 0 else (i + j) % 3 for j in range(int(n))] for i, n in enumerate(lengths)]
+    fitted = probing.PapaProbe(epochs=1).fit(words, labels)
+    labelled = np.concatenate([np.asarray(tags) >= 0 for tags in labels])
+    assert 0 < labelled.sum() < total
+    np.testing.assert_allclose(fitted.network.mean.numpy(), values[labelled].mean(0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(fitted.network.scale.numpy(), values[labelled].std(0), rtol=1e-4)
+    np.testing.assert_array_equal(design(words), values.reshape(total, -1).astype(np.float32))
