@@ -16,7 +16,9 @@ in the same compact PAPA batches and to the same stop point as the feature passe
 the same run, times the number of distinct interventions: the curve's floor if probes cost
 nothing), the share spent in feature passes (forward) and in probe training, the feature passes
 against that floor and the curve against the floor plus its probes' training (what no schedule of
-the same passes and probes can beat), the floor plus the linear baselines alone (what no probe
+the same passes and probes can beat; the replaced heads skip their query, key, ``QKᵀ`` and softmax,
+``papa.curve``'s ``fast`` on an encoder, so the feature passes may come in under it), the floor
+plus the linear baselines alone (what no probe
 recipe can beat: the time before any probe is trained), the probe training
 time per task (at fraction 0, on cached features), and the table. Written: ``docs/papa_curve.csv`` (the table the docs show; ``--out`` to change)
 and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA's Table 1 as
@@ -201,7 +203,9 @@ def main() -> None:
     # what is left above the floor: the feature passes' own excess, and the probe recipe's time
     feature_ratio = curve.forward_seconds / (forward * interventions)
     with_probes = needed + curve.probe_seconds / curve.processes
-    print(f"FEATURE passes {curve.forward_seconds:.0f} s = {feature_ratio:.2f}x the forward passes they need; "
+    skipping = "skip their work" if curve.settings.get("fast") else "run in full (the hook path)"
+    print(f"FEATURE passes {curve.forward_seconds:.0f} s = {feature_ratio:.2f}x the forward passes they need "
+          f"(replaced heads {skipping}); "
           f"with the probes and baselines as trained ({curve.probe_seconds:.0f} s over {curve.processes} "
           f"process(es)) the floor is {with_probes:.0f} s, and the curve {curve.seconds / with_probes:.2f}x that")
     # what no probe recipe can undercut: the forward passes and the linear baselines the
