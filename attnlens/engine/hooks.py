@@ -76,7 +76,8 @@ class Hooks(list):
         """For the ``with`` block, ``model`` carries what these hooks do by patching it rather than
         as hooks; yields the ``(hook_name, hook_fn)`` pairs still to pass as ``fwd_hooks``. A plain
         :class:`Hooks` patches nothing and yields all its pairs; subclasses may patch (e.g.
-        :class:`attnlens.papa.PapaHooks` with ``fast=True``) and yield fewer."""
+        :class:`attnlens.papa.PapaHooks` with ``fast=True``) and yield fewer. A sum ``a + b``
+        is a plain :class:`Hooks`: its pairs run as hooks (the same intervention)."""
         yield list(self)
 
     @contextlib.contextmanager
