@@ -61,6 +61,7 @@ bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/effective.py --length 512
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/distributed.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/probing.py
+	$(PY) benchmarks/probe_rows.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/report_size.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/compare_cost.py

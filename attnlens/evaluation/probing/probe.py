@@ -56,9 +56,9 @@ from attnlens.evaluation.probing.features import Features
 FORMAT = "attnlens.PapaProbe/1"
 
 #: Vectors converted to float32 at a time when the training vectors are summed: a chunk small
-#: enough to stay in the processor's cache (256 · 7 · 384 floats ≈ 2.8 MB for MiniLM) runs 13x
-#: faster than one of 16,384 (2.5 s against 0.19 s for 200,000 vectors at one thread), which
-#: pays for a fresh allocation's page faults at every chunk.
+#: enough to stay in the processor's cache (256 · 7 · 384 floats ≈ 2.8 MB for MiniLM) for its
+#: three passes (convert, square, sum), where one of 16,384 (176 MB) goes to memory for each:
+#: 12.9x faster on MRPC's 200,000 vectors at one thread (``benchmarks/probe_rows.py``).
 CHUNK = 256
 
 
