@@ -67,15 +67,15 @@ def main() -> None:
     vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half()
     positions = torch.cat([torch.arange(int(n)) for n in lengths])
     features = Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 128)
-    network = PapaProbe()
-    network.network = probe._Network(7, 384, 384, 2, 128, True, 0.1)
+    standardizer = PapaProbe()  # a probe whose network receives the statistics, as in fit
+    standardizer.network = probe._Network(7, 384, 384, 2, 128, True, 0.1)
     targets = torch.zeros(len(features), dtype=torch.long)
     print(f"features: {len(features)} examples, {vectors.shape[0]:,} vectors of {vectors.shape[1]} x "
           f"{vectors.shape[2]} (float16, {vectors.numel() * 2 / 1e9:.2f} GB), {torch.get_num_threads()} thread(s)")
     if not torch.equal(torch.as_tensor(design(features)), design_at_once(features)):
         raise SystemExit("design() and the one-copy rows differ")
     times = alternate([
-        lambda: network._standardize(features, targets),
+        lambda: standardizer._standardize(features, targets),
         lambda: sums(vectors, OLD_CHUNK),
         lambda: design(features),
         lambda: design_at_once(features),

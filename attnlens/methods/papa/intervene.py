@@ -54,10 +54,6 @@ MODES: tuple[str, ...] = ("replace", "blend")
 #: gradient; larger would move ``lam=0`` / ``lam=1`` further from replacement / the model.
 LAM_EPS = 1e-7
 
-#: why ``fast=True`` (replaced heads that skip their work) refuses a blend
-_NOT_REPLACE = ("fast=True applies only to full replacement (mode='replace', λ = 0), not mode={mode!r}: "
-                "a blend λ·A + (1 − λ)·C needs the head's own pattern A")
-
 Constants = PapaConstants | TrainableConstants
 
 
@@ -80,6 +76,11 @@ class PapaHooks(Hooks):
         causal: bool | None = None,
         fast: bool = False,
     ) -> None:
+        if fast and mode != "replace":
+            raise InputError(
+                f"fast=True applies only to full replacement (mode='replace', λ = 0), not mode={mode!r}: "
+                "a blend λ·A + (1 − λ)·C needs the head's own pattern A"
+            )
         super().__init__(items)
         self.constants, self.heads, self.mode, self.theta = constants, heads, mode, theta
         self.causal, self.fast = causal, fast
@@ -158,8 +159,6 @@ def hooks(
         raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
     if not isinstance(fast, bool):
         raise InputTypeError(f"fast must be True or False, not {fast!r}.")
-    if fast and mode != "replace":
-        raise InputError(_NOT_REPLACE.format(mode=mode))
     if not isinstance(constants, PapaConstants | TrainableConstants):
         raise InputTypeError(
             f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
@@ -344,9 +343,8 @@ def intervention(
 
 
 def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.ConstantFn]]:
-    """The layers of ``installed`` for :func:`attnlens.seam.constant_heads` (replace mode only)."""
-    if installed.mode != "replace":
-        raise InputError(_NOT_REPLACE.format(mode=installed.mode))
+    """The layers of ``installed`` for :func:`attnlens.seam.constant_heads` (replace mode only:
+    :class:`PapaHooks` refuses ``fast`` with a blend)."""
     if installed.causal:
         raise InputError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
     constants = installed.constants
