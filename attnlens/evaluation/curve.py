@@ -42,13 +42,13 @@ COLUMNS = {
     "fraction_kept": "share of input-dependent heads kept (1 - fraction_replaced)",
     "heads": "number of heads replaced",
     "score": "the task's metric on the evaluation split, mean over probe seeds (LM: negative log-perplexity)",
-    "low": "95% bootstrap interval of score over the evaluation examples: lower end",
+    "low": "95% bootstrap interval of score over the evaluation examples and the probe seeds: lower end",
     "high": "95% bootstrap interval of score: upper end",
     "seed_std": "standard deviation of the score over probe seeds",
     "metric": "which metric (or LM score kind)",
     "relative": "score / score with no head replaced (the same task and strategy)",
     "difference": "score minus the score with no head replaced, on the same examples",
-    "difference_low": "95% paired bootstrap interval of difference: lower end",
+    "difference_low": "95% paired bootstrap interval of difference (examples and probe seeds): lower end",
     "difference_high": "95% paired bootstrap interval of difference: upper end",
     "p_value": "paired bootstrap: share of resamples where the difference is >= 0 (small: a real drop)",
     "significant": "whether the interval of difference excludes 0",
@@ -166,8 +166,8 @@ def curve(
     recipe of ``strategy="lambda"``. ``seeds``: probe seeds per point (a count or a list; the
     score is their mean, ``seed_std`` their spread). ``baseline``: fit the linear baseline at
     every point. Every score carries its 95% bootstrap interval, and every point a paired
-    bootstrap test against the same task with no head replaced, on the same examples
-    (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
+    bootstrap test against the same task with no head replaced, on the same examples; both
+    resample the probe seeds too, paired by seed (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
 
     The probe's epochs and the linear baseline's ``C`` are chosen once per task, on held-out
     training examples with no head replaced (:func:`attnlens.probing.choose_epochs`,

@@ -162,3 +162,81 @@ def test_count_intervals_are_the_resampled_ratio_of_sums():
     worse[:, 0] -= worse[:, 1]  # one nat less per token
     drop = intervals.paired_counts(table, worse, "accuracy")
     assert drop.difference == pytest.approx(-1.0) and drop.significant
+
+
+def _runs(task, flips, seed=0):
+    """Runs (as probe seeds) of noisy predictions of ``task``: one per share in ``flips``."""
+    return [_noisy(task, random.Random(seed + index), flip) for index, flip in enumerate(flips)]
+
+
+def test_runs_are_drawn_as_a_plain_loop_draws_them():
+    """With several runs, every resample draws the examples (multinomial weights) and k of the k
+    runs (with replacement), and rescales the drawn runs' mean about all runs' mean by
+    √(k/(k−1)): the interval and the paired test equal a plain Python loop over the same draws
+    (float64, 1e-12)."""
+    task = tasks.load("cola", "dev", data_dir=DATA, limit=120, seed=2)
+    base, other = _runs(task, [0.2, 0.3, 0.25]), _runs(task, [0.4, 0.35, 0.5], seed=7)
+    k, resamples = 3, 300
+    drawn = intervals.weights(len(task), resamples=resamples, seed=5)
+    picks = intervals.run_draws(k, resamples=resamples, seed=5)
+    tables = {name: [intervals.counts(task, run) for run in runs] for name, runs in (("base", base), ("other", other))}
+    scale = (k / (k - 1)) ** 0.5
+
+    def drawn_mean(values, chosen):
+        mean = sum(values) / k
+        return mean + scale * (sum(values[j] for j in chosen) / k - mean)
+
+    singles, differences = [], []
+    for b in range(resamples):
+        per = {name: [float(intervals.from_counts(task.metric, drawn[b] @ table)) for table in runs]
+               for name, runs in tables.items()}
+        singles.append(drawn_mean(per["other"], picks[b]))
+        differences.append(drawn_mean([o - s for o, s in zip(per["other"], per["base"], strict=True)], picks[b]))
+    interval = intervals.bootstrap(task, other, runs=True, resamples=resamples, seed=5)
+    assert [interval.low, interval.high] == pytest.approx(list(np.quantile(singles, [0.025, 0.975])), abs=1e-12)
+    assert interval.score == pytest.approx(np.mean([task.score(run) for run in other]), abs=1e-12)
+    versus = intervals.paired(task, base, other, runs=True, resamples=resamples, seed=5)
+    assert [versus.low, versus.high] == pytest.approx(list(np.quantile(differences, [0.025, 0.975])), abs=1e-12)
+    assert versus.p_value == np.mean(np.array(differences) >= 0)
+
+
+def test_the_drawn_runs_have_the_seed_means_variance():
+    """Over many draws, the rescaled mean of k drawn runs has variance s²/k (s: the runs' standard
+    deviation, ddof 1), not the plain draw's (k−1)/k · s²/k. 40,000 draws: the variance's
+    relative Monte-Carlo error is about √(2/40,000) · √(kurtosis / 3), under 2%; 5% allowed."""
+    values = np.array([0.80, 0.81, 0.83, 0.78, 0.79])[:, None].repeat(40_000, axis=1)  # [run, resample]
+    for k in (2, 3, 5):
+        draws = intervals.run_draws(k, resamples=40_000, seed=0)
+        mean = intervals.run_mean(values[:k], draws)
+        expected = np.var(values[:k, 0], ddof=1) / k
+        assert mean.var() == pytest.approx(expected, rel=0.05)
+        assert mean.mean() == pytest.approx(values[:k, 0].mean(), abs=3 * (expected / 40_000) ** 0.5)
+    assert intervals.run_draws(1) is None  # one run: nothing to draw
+
+
+def test_runs_widen_the_interval_only_by_their_spread():
+    """Identical runs give the one run's interval (no seed spread; up to the rounding of a mean
+    of three equal floats, 1e-12); runs that disagree
+    give a wider interval and paired interval than the examples alone
+    (``resample_runs=False``, attnlens's earlier test, whose numbers are unchanged); the linear
+    baseline (one run) against a probe's k runs draws the probe's runs only."""
+    task = tasks.load("sst2", "dev", data_dir=DATA, limit=200, seed=3)
+    one = _noisy(task, random.Random(1), 0.3)
+    same, single = intervals.bootstrap(task, [one] * 3, runs=True), intervals.bootstrap(task, one)
+    assert [same.score, same.low, same.high] == pytest.approx([single.score, single.low, single.high], abs=1e-12)
+    assert intervals.paired(task, [one] * 3, [one] * 3, runs=True).high == 0
+    base, other = _runs(task, [0.1, 0.1, 0.1]), _runs(task, [0.2, 0.5, 0.3], seed=4)
+    both = intervals.bootstrap(task, other, runs=True)
+    examples = intervals.bootstrap(task, other, runs=True, resample_runs=False)
+    assert both.score == examples.score and both.width > examples.width
+    paired_both = intervals.paired(task, base, other, runs=True)
+    paired_examples = intervals.paired(task, base, other, runs=True, resample_runs=False)
+    assert paired_both.difference == paired_examples.difference
+    assert paired_both.high - paired_both.low > paired_examples.high - paired_examples.low
+    # examples only: the seed-mean of every resample, as a plain mean over the runs
+    drawn = intervals.weights(len(task))
+    means = np.mean([intervals.from_counts(task.metric, drawn @ intervals.counts(task, run)) for run in other], axis=0)
+    assert [examples.low, examples.high] == pytest.approx(list(np.quantile(means, [0.025, 0.975])), abs=1e-12)
+    linear = intervals.paired(task, [one], other, runs=True)
+    alone = intervals.paired(task, [one], [other[0]] * 3, runs=True)  # no spread: the examples alone
+    assert linear.high - linear.low > alone.high - alone.low

@@ -56,7 +56,8 @@ class ProbeResult(Result):
 
     ``score``: the task's metric of the probe's predictions, averaged over ``seeds`` (``scores``:
     one per seed; ``seed_std``: their standard deviation, 0 for one seed). ``interval``: its 95%
-    bootstrap interval over the evaluation examples (:func:`attnlens.probing.bootstrap`).
+    bootstrap interval over the evaluation examples and, with several seeds, the seeds
+    (:func:`attnlens.probing.bootstrap`; one seed's interval cannot hold the seeds' spread).
     ``baseline`` / ``baseline_interval``: the same for the linear baseline
     (:class:`LinearBaseline`, on the same features; ``nan`` when ``baseline=False``).
     ``versus_baseline``: the paired bootstrap of ``score − baseline`` on the same resamples
@@ -81,7 +82,7 @@ class ProbeResult(Result):
         "split": "the evaluated split",
         "metric": "the task's metric",
         "score": "the probe's score, mean over seeds",
-        "low": "95% bootstrap interval of score over the evaluation examples: lower end",
+        "low": "95% bootstrap interval of score over the evaluation examples and the probe seeds: lower end",
         "high": "95% bootstrap interval of score: upper end",
         "seed_std": "standard deviation of the score over probe seeds (0 for one seed)",
         "n_seeds": "probe seeds",
@@ -248,7 +249,9 @@ def run(
     PAPA's Table 3, :data:`attnlens.probing.TABLE3`; default layout: the model's; PAPA
     constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or keyword
     arguments over the task's Table 3 recipe (its ``lr``, ``batch_size``, ``epochs``).
-    ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean.
+    ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean, and
+    its intervals resample the seeds as well as the examples (:mod:`attnlens.probing.intervals`;
+    with one seed they hold the examples' noise only).
     ``baseline``: also fit :class:`LinearBaseline`; ``baseline_C``: its ``C`` (no held-out
     search; :func:`attnlens.papa.curve` passes the ``C`` chosen with no head replaced to every
     later point of a task, as it does the epochs); ``baseline_start``: a fitted
