@@ -1,4 +1,4 @@
-"""Checked arguments, in one place: whole numbers, finite numbers in a range, tensor shapes.
+"""Checked arguments, in one place: flags, whole numbers, finite numbers in a range, tensor shapes.
 
 Every public function validates its numbers through these, so a bad value gets one error that
 names the argument and the accepted forms, never a NaN that slips past a range check (``nan < 0``
@@ -27,6 +27,14 @@ def describe(value: Any) -> str:
     if isinstance(value, bool | int | float | complex) or (isinstance(value, str) and len(value) <= 60):
         return repr(value)
     return f"a {type(value).__name__}"
+
+
+def flag(value: Any, name: str) -> bool:
+    """``value`` if it is ``True`` or ``False``; ``TypeError`` naming ``name`` for anything else
+    (``1``, ``"yes"``, ``None``: a truthy value must not switch an option on by accident)."""
+    if not isinstance(value, bool):
+        raise InputTypeError(f"{name} must be True or False, got {describe(value)}.")
+    return value
 
 
 def whole_number(value: Any, name: str, unit: str = "", *, minimum: int | None = None) -> int:

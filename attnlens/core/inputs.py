@@ -39,6 +39,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from attnlens.core.checks import flag
 from attnlens.core.loading import is_causal
 from attnlens.errors import InputError, InputTypeError
 
@@ -182,8 +183,7 @@ def tokenize(
     tokenizer = getattr(model, "tokenizer", None) or model
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    if not isinstance(compact, bool):
-        raise InputTypeError(f"compact must be True or False, got {compact!r}.")
+    flag(compact, "compact")
     examples = _as_examples(texts_or_pairs)
     is_pair = isinstance(examples[0], tuple)
     if any(isinstance(example, tuple) != is_pair for example in examples):

@@ -61,6 +61,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import memory, models, seam
+from attnlens.core.checks import flag
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import (
     LAYOUTS,
@@ -936,17 +937,14 @@ def run(
     layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    if not isinstance(compact, bool):
-        raise InputTypeError(f"compact must be True or False, got {compact!r}.")
-    compact = compact and layout == "papa" and all(a.compact for a in accumulators)
+    compact = flag(compact, "compact") and layout == "papa" and all(a.compact for a in accumulators)
     batch_size = _positive(batch_size, "batch_size", "examples per batch (e.g. batch_size=32)")
     checkpoint_every = _positive(checkpoint_every, "checkpoint_every", "batches (e.g. 20)")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
     current = world()
     examples = corpus_iterator(corpus)
     total: int | None = len(corpus) if hasattr(corpus, "__len__") else None
-    if not isinstance(by_length, bool):
-        raise InputTypeError(f"by_length must be True or False, got {by_length!r}.")
+    flag(by_length, "by_length")
     window = BY_LENGTH_BATCHES * batch_size if (
         by_length and all(a.any_order for a in accumulators) and (compact or layout != "papa")) else None
     numbered = pass_order(examples, model.tokenizer, window)  # (corpus index, example) in the pass's order

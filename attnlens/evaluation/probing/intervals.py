@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Float, Int
 
-from attnlens.core.checks import finite, whole_number
+from attnlens.core.checks import finite, flag, whole_number
 from attnlens.errors import InputError
 
 #: Resamples per interval by default (the percentile's Monte-Carlo error at 95%: about ±0.2
@@ -217,6 +217,7 @@ def bootstrap(task: Any, predictions: Sequence[Any], *, resamples: int = RESAMPL
     examples; the score is their mean, and each resample also draws the runs
     (``resample_runs``; the module docstring), so the interval holds the seeds' spread."""
     level = _level(level)
+    flag(resample_runs, "resample_runs")
     predictions = list(predictions) if runs else [predictions]
     points, values = _per_run(task, predictions, weights(len(task), resamples=resamples, seed=seed))
     draws = run_draws(len(predictions), resamples=resamples, seed=seed) if resample_runs else None
@@ -231,6 +232,7 @@ def paired(task: Any, base: Sequence[Any], other: Sequence[Any], *, resamples: i
     with ``resample_runs`` each resample also draws the runs (the module docstring): paired by
     position when both sides have as many runs (the same seeds), each side's own otherwise."""
     level = _level(level)
+    flag(resample_runs, "resample_runs")
     base, other = (list(base), list(other)) if runs else ([base], [other])
     drawn = weights(len(task), resamples=resamples, seed=seed)
     base_points, base_values = _per_run(task, base, drawn)

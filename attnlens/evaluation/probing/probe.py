@@ -48,8 +48,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from attnlens.core.checks import flag
 from attnlens.core.estimator import Estimator
-from attnlens.errors import InputError, InputTypeError, MismatchError, NotFittedError
+from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation.probing.features import Features
 
 #: File format of a saved probe.
@@ -168,9 +169,8 @@ class PapaProbe(Estimator):
         )
         if pooling not in POOLINGS:
             raise InputError(f"pooling={pooling!r} is not one of {', '.join(POOLINGS)}.")
-        for name, value in (("standardize", standardize), ("early_stopping", early_stopping)):
-            if not isinstance(value, bool):
-                raise InputTypeError(f"{name} must be True or False, not {value!r}.")
+        flag(standardize, "standardize")
+        flag(early_stopping, "early_stopping")
         if self.settings.lr == 0 or self.settings.dropout == 1:
             raise InputError("lr must be above 0 and dropout below 1 (nothing would be learned).")
         for name in self._param_names():  # scikit-learn's contract: every argument, unchanged

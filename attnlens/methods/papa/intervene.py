@@ -39,6 +39,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import seam
+from attnlens.core.checks import flag
 from attnlens.core.heads import HeadSet
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
@@ -157,8 +158,7 @@ def hooks(
     """
     if mode not in MODES:
         raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
-    if not isinstance(fast, bool):
-        raise InputTypeError(f"fast must be True or False, not {fast!r}.")
+    flag(fast, "fast")
     if not isinstance(constants, PapaConstants | TrainableConstants):
         raise InputTypeError(
             f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
