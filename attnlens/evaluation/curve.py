@@ -167,7 +167,8 @@ def curve(
     score is their mean, ``seed_std`` their spread). ``baseline``: fit the linear baseline at
     every point. Every score carries its 95% bootstrap interval, and every point a paired
     bootstrap test against the same task with no head replaced, on the same examples; both
-    resample the probe seeds too, paired by seed (:func:`attnlens.probing.paired`). The other arguments go to :func:`attnlens.probing.run`.
+    resample the probe seeds too, paired by seed (:func:`attnlens.probing.paired`). The other
+    arguments go to :func:`attnlens.probing.run`.
 
     The probe's epochs and the linear baseline's ``C`` are chosen once per task, on held-out
     training examples with no head replaced (:func:`attnlens.probing.choose_epochs`,
