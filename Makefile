@@ -62,6 +62,7 @@ bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/distributed.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/probing.py
 	$(PY) benchmarks/probe_rows.py
+	$(PY) benchmarks/probe_cost.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/report_size.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/compare_cost.py
