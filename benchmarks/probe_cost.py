@@ -7,8 +7,8 @@ Probe training and the linear baselines are most of the default PAPA curve's tim
 sentences; random values: the work does not depend on them), in one run:
 
 - **probe**: one epoch of :meth:`attnlens.probing.PapaProbe.fit` (its standardisation included),
-  against the same steps' products alone: per step of ``m`` words, the first layer forward
-  (``m × 2688 · 2688 × 384``) and its weights' gradient (``384 × m · m × 2688``), the output layer
+  against the products alone of as many steps of 8 random sentences: per step of ``m`` words,
+  the first layer forward (``m × 2688 · 2688 × 384``) and its weights' gradient (``384 × m · m × 2688``), the output layer
   forward, its weights' gradient and the hidden layer's gradient, on tensors of the same shapes;
 - **linear baseline**: scikit-learn's ``LogisticRegression`` (lbfgs, as
   :class:`attnlens.probing.LinearBaseline`) on 58,787 standardised float32 rows of 2,688 features
