@@ -63,6 +63,7 @@ bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/probing.py
 	$(PY) benchmarks/probe_rows.py
 	$(PY) benchmarks/probe_cost.py
+	$(PY) benchmarks/probe_memory.py --threads 1
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/report_size.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/compare_cost.py

@@ -48,6 +48,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from attnlens.core import memory
 from attnlens.core.checks import flag
 from attnlens.core.estimator import Estimator
 from attnlens.errors import InputError, MismatchError, NotFittedError
@@ -196,7 +197,12 @@ class PapaProbe(Estimator):
         by the mean cross-entropy; training stops after ``n_iter_no_change`` epochs without a
         better one and keeps the weights of the best epoch (``epochs_``; the values from epoch
         ``min_epochs`` on in ``validation_scores_``; earlier epochs are not judged), as
-        scikit-learn's ``MLPClassifier(early_stopping=True)``."""
+        scikit-learn's ``MLPClassifier(early_stopping=True)``.
+
+        Like a pass, the first fit of a process keeps freed memory for reuse
+        (:func:`attnlens.core.memory.reuse_freed_memory`): features read from the cache run no
+        pass first, and every step makes and frees float32 copies of its examples' vectors."""
+        memory.reuse_freed_memory()
         targets = self._targets(features, labels)
         valid = targets >= 0
         if not valid.any():
