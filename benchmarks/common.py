@@ -72,6 +72,19 @@ def alternate(functions: Sequence[Callable[[], Any]], repeats: int, device: str 
     return times
 
 
+def mrpc_features(examples: int, generator: torch.Generator, device: str = "cpu") -> Any:
+    """Random sequence features of MRPC's shape: ``examples`` pairs of 25 to 75 kept tokens, each
+    MiniLM's 7 layers of 384 dimensions in float16 (on ``device``), positions ``0 .. n - 1``, no
+    word counts (as :func:`attnlens.probing.extract` stores sequence features). The work of what
+    reads them does not depend on the values."""
+    from attnlens.probing import Features
+
+    lengths = torch.randint(25, 76, (examples,), generator=generator)
+    vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half().to(device)
+    positions = torch.cat([torch.arange(int(n)) for n in lengths])
+    return Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 128)
+
+
 def median_ratio(first: Sequence[float], second: Sequence[float]) -> float:
     """Median of the run-by-run ratios ``first[i] / second[i]``."""
     return statistics.median(a / b for a, b in zip(first, second, strict=True))

@@ -28,7 +28,7 @@ import statistics
 import subprocess
 import sys
 
-from common import add_arguments, setup
+from common import add_arguments, mrpc_features, setup
 
 EXAMPLES = 4000
 
@@ -41,15 +41,12 @@ def child(args: argparse.Namespace) -> None:
 
     import torch
 
-    from attnlens.probing import TABLE3, Features, PapaProbe
+    from attnlens.probing import TABLE3, PapaProbe
 
     if args.threads:
         torch.set_num_threads(args.threads)
     generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(25, 76, (EXAMPLES,), generator=generator)
-    vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half().to(args.device)
-    positions = torch.cat([torch.arange(int(n)) for n in lengths])
-    features = Features(vectors, lengths, positions, lengths.clone(), "sequence", 128)
+    features = mrpc_features(EXAMPLES, generator, args.device)
     labels = torch.randint(0, 2, (EXAMPLES,), generator=generator).tolist()
     recipe = TABLE3["mrpc"]
     fits = []
@@ -63,7 +60,7 @@ def child(args: argparse.Namespace) -> None:
             digest.update(parameter.detach().cpu().numpy().tobytes())
         fits.append({"seconds": seconds, "faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
                      "sha256": digest.hexdigest()})
-    print(json.dumps({"threads": torch.get_num_threads(), "vectors": int(vectors.shape[0]), "fits": fits}))
+    print(json.dumps({"threads": torch.get_num_threads(), "vectors": int(features.vectors.shape[0]), "fits": fits}))
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import argparse
 import statistics
 
 import torch
-from common import add_arguments, alternate, setup
+from common import add_arguments, alternate, mrpc_features, setup
 
 from attnlens.evaluation.probing import probe
 from attnlens.evaluation.probing.baseline import EXAMPLES_AT_A_TIME, design
@@ -63,10 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     device = setup(args)
     generator = torch.Generator().manual_seed(0)
-    lengths = torch.randint(25, 76, (args.examples,), generator=generator)
-    vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half()
-    positions = torch.cat([torch.arange(int(n)) for n in lengths])
-    features = Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 128)
+    features = mrpc_features(args.examples, generator)
+    vectors = features.vectors
     standardizer = PapaProbe()  # a probe whose network receives the statistics, as in fit
     standardizer.network = probe._Network(7, 384, 384, 2, 128, True, 0.1)
     targets = torch.zeros(len(features), dtype=torch.long)

@@ -60,7 +60,7 @@ generator = torch.Generator().manual_seed(0)
 lengths = torch.randint(20, 121, (160,), generator=generator)
 vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half()
 positions = torch.cat([torch.arange(int(n)) for n in lengths])
-features = Features(vectors, lengths, positions, lengths.clone(), "sequence", 128)
+features = Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 128)
 labels = torch.randint(0, 2, (160,), generator=generator).tolist()
 faults = []
 for seed in range(4):
@@ -127,7 +127,7 @@ def test_a_pass_applies_it(fresh):
 def test_a_probe_fit_applies_it(fresh):
     """Features from the cache reach the probe with no pass before it."""
     features = Features(torch.ones(6, 2, 4).half(), torch.tensor([3, 3]), torch.tensor([0, 1, 2, 0, 1, 2]),
-                        torch.tensor([3, 3]), "sequence", 8)
+                        torch.zeros(0, dtype=torch.long), "sequence", 8)
     assert memory._applied is None
     PapaProbe(epochs=1, batch_size=2, progress=False).fit(features, [0, 1])
     assert memory._applied is True and len(fresh.calls) == 2
