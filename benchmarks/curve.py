@@ -26,10 +26,18 @@ and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA
 
 Two processes share the work by default (``--processes 2``: the script runs itself again under
 ``torchrun``, gloo, one torch thread per rank, one cache folder): ``papa.fit`` shards its corpus,
-and :func:`attnlens.papa.curve` gives each rank a whole task at a time, the costliest first
-(``CLAIM_ORDER``), a rank that finishes taking the next one. The forward passes it needs are then
-divided by the number of processes (their floor, if the tasks split evenly); probe training's
-share is of the time of all processes. ``--processes 1`` runs one process of ``--threads``.
+and :func:`attnlens.papa.curve` gives each rank a point at a time: every task's first point (no
+head replaced), the costliest task first (``CLAIM_ORDER``), then the later points, each once its
+task's first point is done, a rank that finishes taking the next one. The forward passes it needs
+are then divided by the number of processes (their floor, if the points split evenly); probe
+training's share is of the time of all processes. ``--processes 1`` runs one process of
+``--threads``.
+
+Printed last: what more processes could reach (``SCHEDULE``), from this run's own seconds per
+point: with ``k`` processes no schedule takes less than the larger of the processes' seconds
+divided by ``k`` and the longest chain of work that must run in order (a task's first point,
+then its longest later point); beside it the same bound when each task ran whole on one process,
+as attnlens did before. Bounds, not measurements: they assume every process as fast as these.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--processes 2]``
 (``make bench-curve``; see ``docs/probing.md`` for its time on 2 CPU cores). Tasks are
@@ -64,9 +72,10 @@ from attnlens.probing.features import by_length
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
 #: The order the tasks are given to papa.curve: the costliest first, since ranks claim the next
-#: task when they finish one (measured: POS and NER are the longest, SST-2 the shortest), but NER
-#: after MRPC: NER reads POS's sentences, so by then POS has written most of its feature files
-#: (started together, one rank would wait on the other's lock for every point instead).
+#: point when they finish one (every task's first point, then the later points task by task;
+#: measured: POS and NER are the longest, SST-2 the shortest), but NER after MRPC: NER reads POS's
+#: sentences, so by the time NER's later points come POS has written their feature files (run
+#: side by side, one rank would wait on the other's lock for every point instead).
 CLAIM_ORDER = ("pos", "mrpc", "ner", "cola", "sst2")
 TARGET_MINUTES = 20
 
@@ -121,7 +130,7 @@ def main() -> None:
     parser.add_argument("--combine", nargs="+", default=None, metavar="CSV",
                         help="join the tables of runs split by task into --out and Table 1 (runs nothing)")
     parser.add_argument("--processes", type=int, default=2,
-                        help="processes sharing the tasks (torchrun, gloo, 1 torch thread each; default 2: "
+                        help="processes sharing the points (torchrun, gloo, 1 torch thread each; default 2: "
                              "the cores of the target machine); 1: one process of --threads threads")
     args = parser.parse_args()
     if args.combine:
@@ -219,7 +228,9 @@ def main() -> None:
         mine = [timing for timing in curve.timings if timing["task"] == task]
         print(f"  {task}: {sum(t['features'] + t['probe'] + t['baseline'] for t in mine) / 60:.1f} min: features "
               f"{sum(t['features'] for t in mine):.0f} s, probes {sum(t['probe'] for t in mine):.0f} s, linear "
-              f"baselines {sum(t['baseline'] for t in mine):.0f} s over {len(mine)} points")
+              f"baselines {sum(t['baseline'] for t in mine):.0f} s over {len(mine)} points, run by rank(s) "
+              f"{', '.join(map(str, sorted({t.get('rank', 0) for t in mine})))}")
+    print_schedule(curve, tasks)
     if rank:
         return
     name = "curve" if set(tasks) == set(TASKS) else f"curve-{'-'.join(tasks)}"
@@ -245,6 +256,24 @@ def main() -> None:
     print(f"wrote {args.out}")
     if baselines:
         write_table(curve, Path(args.out))
+
+
+def print_schedule(curve: papa.Curve, tasks: list[str], processes: tuple[int, ...] = (2, 4, 8, 16)) -> None:
+    """Lower bounds on the curve's wall time with more processes, from this run's seconds per
+    point (features, probes and linear baselines; the LM's points share its seconds evenly):
+    sharing points, a task's first point and then its longest later point must run in order;
+    sharing whole tasks, the longest task does."""
+    cost = {task: [t["features"] + t["probe"] + t["baseline"] for t in curve.timings if t["task"] == task]
+            for task in tasks}
+    lm_seconds = max(curve.forward_seconds - sum(t["features"] for t in curve.timings), 0.0)
+    total = sum(map(sum, cost.values())) + lm_seconds
+    chain = max([seconds[0] + max(seconds[1:], default=0.0) for seconds in cost.values() if seconds] + [0.0])
+    whole = max([sum(seconds) for seconds in cost.values()] + [lm_seconds])
+    bounds = ", ".join(f"{k}: {max(total / k, chain) / 60:.1f} min ({max(total / k, whole) / 60:.1f})"
+                       for k in processes)
+    print(f"SCHEDULE {total / 60:.1f} process-minutes; the longest chain of points {chain / 60:.1f} min, the "
+          f"longest task {whole / 60:.1f} min. No schedule of this run's points is shorter than, with k "
+          f"processes as fast as these (whole tasks a process in brackets): {bounds}")
 
 
 def launch(processes: int) -> int:

@@ -47,6 +47,7 @@ import itertools
 import json
 import math
 import os
+import pickle
 import signal
 import threading
 import time
@@ -603,38 +604,74 @@ def alone() -> Iterator[None]:
 _distributed = itertools.count()  # every rank makes the same calls to distribute: the same keys
 
 
-def distribute(items: Sequence[Any], work: Callable[[Any], Any], *, what: str = "item") -> list[Any]:
+def distribute(items: Sequence[Any], work: Callable[..., Any], *, what: str = "item",
+               after: Sequence[int | None] | None = None) -> list[Any]:
     """``[work(item) for item in items]``, the items shared among the ranks of
     ``torch.distributed`` (a plain loop without it).
 
-    Each rank claims the next unclaimed item from a counter in the process group's store, so a
+    Each rank claims the first unclaimed item it may run from the process group's store, so a
     rank that finishes early takes the next one (give the costliest items first), and runs it
     :func:`alone`. Then every rank receives every result, in the order of ``items``
     (``all_gather_object``: results must pickle, and should be small). An item that raised on
     any rank raises :class:`~attnlens.errors.UnavailableError` naming it on every rank, rather
-    than leaving the others waiting."""
+    than leaving the others waiting.
+
+    ``after``: for each item, ``None`` or the index of an earlier item whose result it needs;
+    such an item runs as ``work(item, result)``, once that result exists (on any rank: it passes
+    through the store, pickled), and the others as ``work(item, None)``. A rank that finds every
+    unclaimed item waiting for a result still being computed waits for it, and takes the first
+    that becomes free. So one item's dependants spread over every rank, rather than running
+    where it ran."""
+    if after is not None:
+        after = list(after)
+        if len(after) != len(items):
+            raise InputError(f"after has {len(after)} entries for {len(items)} {what}s; give one per item.")
+        wrong = [index for index, needed in enumerate(after)
+                 if needed is not None and not 0 <= needed < index]
+        if wrong:
+            raise InputError(f"after[{wrong[0]}] = {after[wrong[0]]!r}: an item can only need an earlier "
+                             f"one (an index from 0 to {wrong[0] - 1}), or None.")
     current = world()
     if not current.distributed:
-        return [work(item) for item in items]
+        if after is None:
+            return [work(item) for item in items]
+        ordered: list[Any] = []
+        for item, needed in zip(items, after, strict=True):
+            ordered.append(work(item, None if needed is None else ordered[needed]))
+        return ordered
     import torch.distributed as dist
 
     key = f"attnlens/distribute/{next(_distributed)}"
     try:
         store = dist.distributed_c10d._get_default_store()
-        claim = lambda: int(store.add(key, 1)) - 1  # noqa: E731 - the next free index, atomically
-    except (AttributeError, RuntimeError):  # no store to count with: every size-th item
-        store, claimed = None, iter(range(current.rank, len(items), current.size))
-        claim = lambda: next(claimed, len(items))  # noqa: E731
-    done: dict[int, Any] = {}
+    except (AttributeError, RuntimeError):  # no store to claim with: every size-th item
+        store = None
+    if store is None:
+        mine = list(range(current.rank, len(items), current.size))
+        if after is not None:  # no store to pass results through: every rank runs every item
+            mine = list(range(len(items)))
+        claims: Iterator[int] = iter(mine)
+    else:
+        claims = _claims_from_store(store, key, len(items), after)
+    needed_by = {index for index in (after or ()) if index is not None}
+    done: dict[Any, Any] = {}
     failure: Exception | None = None
-    index = claim()
-    while index < len(items) and failure is None:
+    for index in claims:
         try:
             with alone():
-                done[index] = work(items[index])
+                if after is None:
+                    result = work(items[index])
+                else:
+                    result = work(items[index], None if after[index] is None else
+                                  _result_of(after[index], done, store, key))
+            done[index] = result
+            if store is not None and index in needed_by:
+                store.set(f"{key}/result/{index}", pickle.dumps(result))
         except Exception as error:  # told to every rank below, so that none waits forever
             failure, done = error, {"failed": f"{what} {items[index]!r}: {type(error).__name__}: {error}"}
-        index = claim()
+            if store is not None:
+                store.set(f"{key}/failed", b"1")  # a rank waiting on this item's result stops
+            break
     if store is not None:
         # wait for the other ranks on the store, not in the collective: a rank may finish its
         # items long before another (more than the process group's timeout, 30 minutes)
@@ -652,6 +689,41 @@ def distribute(items: Sequence[Any], work: Callable[[Any], Any], *, what: str = 
     for part in gathered:
         results.update(part)
     return [results[index] for index in range(len(items))]
+
+
+#: Seconds a rank sleeps while every item it could claim waits for a result still being computed.
+WAIT = 0.2
+
+
+def _claims_from_store(store: Any, key: str, n: int, after: list[int | None] | None) -> Iterator[int]:
+    """The indices this rank claims, in order: each time the first item no rank has claimed
+    whose needed result (``after``) is in the store; while there is none but some wait, this
+    rank waits. It stops when every item is claimed, or another rank failed."""
+    claimed: set[int] = set()  # by any rank, as far as this one has seen
+    while len(claimed) < n:
+        waiting = False
+        for index in range(n):
+            if index in claimed:
+                continue
+            needed = after[index] if after is not None else None
+            if needed is not None and not store.check([f"{key}/result/{needed}"]):
+                waiting = True
+                continue
+            claimed.add(index)
+            if int(store.add(f"{key}/claim/{index}", 1)) == 1:  # atomically: the first to ask gets it
+                yield index
+                break
+        else:
+            if not waiting or store.check([f"{key}/failed"]):
+                return
+            time.sleep(WAIT)
+
+
+def _result_of(index: int, done: dict[Any, Any], store: Any, key: str) -> Any:
+    """The result of item ``index``: this rank's own, or another's from the store."""
+    if index in done:
+        return done[index]
+    return pickle.loads(store.get(f"{key}/result/{index}"))  # noqa: S301 - written by a rank of this run
 
 
 def shard(n_examples: int, batch_size: int, rank: int, size: int) -> tuple[int, int]:

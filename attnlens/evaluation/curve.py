@@ -67,8 +67,9 @@ class Curve(Result):
     (``seconds``: wall time; ``forward_seconds``: extracting features, i.e. forward passes or
     cache reads; ``probe_seconds``: training and running the probes and their linear baselines,
     whose share of the time of all :attr:`processes` is :attr:`probe_share`; the last two are
-    summed over the processes that shared the tasks), ``timings`` (per task point computed: ``task``,
-    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds; a point whose
+    summed over the processes that shared the points), ``timings`` (per task point computed: ``task``,
+    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds, and the ``rank``
+    that ran it, 0 without ``torch.distributed``; a point whose
     hooks another point already ran is not computed again), and :meth:`figure`. A
     :class:`~attnlens.core.result.Result`: :meth:`to_json` / :meth:`from_json` keep all of it
     (``settings`` values that are not JSON as their ``str``), :meth:`to_csv` the table."""
@@ -85,7 +86,7 @@ class Curve(Result):
 
     @property
     def processes(self) -> int:
-        """How many processes shared the curve's tasks (``torch.distributed`` ranks; 1 without)."""
+        """How many processes shared the curve's points (``torch.distributed`` ranks; 1 without)."""
         return int(self.settings.get("processes", 1))
 
     @property
@@ -177,10 +178,13 @@ def curve(
     later point starts from the solution with no head replaced (a warm start: the same optimum
     to the solver's tolerance, a third of the iterations on POS).
 
-    Under ``torch.distributed`` (``torchrun``) the ranks share the tasks, each task (and the
-    LM) run whole by one rank (:func:`attnlens.passes.distribute`: a rank that finishes takes the next
-    task, so give the costliest first), and every rank returns the whole curve. A task's numbers
-    do not depend on which rank ran it.
+    Under ``torch.distributed`` (``torchrun``) the ranks share the points
+    (:func:`attnlens.passes.distribute`: a rank that finishes takes the next point, so give the
+    costliest task first). Every task's first point (no head replaced) is claimed first; its
+    later points wait for its result (the epochs, ``C`` and the warm start above) and then run on
+    whichever rank is free, so more processes than tasks still share the work: the longest job
+    is one point, not one task. Every rank returns the whole curve, and a point's numbers do not
+    depend on which rank ran it (``timings`` records the rank).
 
     Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
@@ -262,70 +266,78 @@ def curve(
             points.append((name, "1.0", 1.0, papa_hooks(made, fast=fast)))
         return points
 
-    def task_points(task: Any) -> dict[str, Any]:
-        """One task's rows of the table, its timings and its seconds of features and probes."""
-        rows, timings, seconds = [], [], {"forward": 0.0, "probe": 0.0}
-        unchanged = None
-        computed: dict[str, Any] = {}  # hooks' key -> this task's result under them
-        fitted = by_task[_task_name(task)]
+    # Every point is one job (points with the same hooks, one job), shared by the ranks under
+    # torch.distributed. A task's first point (no head replaced) chooses the probe's epochs and
+    # the linear baseline's C, and its solution starts the later points' baselines: they need its
+    # result, so they wait for it, and then any rank takes them.
+    rank = passes.world().rank
+    by_name = {_task_name(task): task for task in tasks}
+    names = [*by_name, *(["lm"] if lm_texts is not None else [])]
+    plans: dict[str, list[tuple[str, float, str]]] = {}  # name -> (label, fraction, hooks' key) per point
+    hooks_of: dict[tuple[str, str], Any] = {}  # (name, hooks' key) -> hooks: one job each
+    named: dict[tuple[str, str], tuple[str, str]] = {}  # (name, hooks' key) -> (name, its first point)
+    for name in names:
+        plans[name] = []
+        for label, _, fraction, hooks in points_of(by_task[name]):
+            key = hooks_key(hooks)
+            hooks_of.setdefault((name, key), hooks)
+            named.setdefault((name, key), (name, f"{label} {fraction:g}"))
+            plans[name].append((label, fraction, key))
+    firsts = [(name, plans[name][0][2]) for name in by_name]
+    jobs = [*firsts, *(job for job in hooks_of if job not in firsts)]  # the costliest task first
+    after = [None if job in firsts or job[0] == "lm" else jobs.index((job[0], plans[job[0]][0][2]))
+             for job in jobs]
+    hooks_by_item = {named[job]: hooks_of[job] for job in jobs}
+
+    def point(item: tuple[str, str], first: dict[str, Any] | None) -> dict[str, Any]:
+        """One point of a task (its row's columns and seconds; a first point's whole result too,
+        for its later points) or of the LM (its score). ``item``: (task, its first point's label)."""
+        name, hooks = item[0], hooks_by_item[item]
+        fitted = by_task[name]
+        if name == "lm":
+            from attnlens.evaluation import lm
+
+            started = time.perf_counter()
+            score = lm.evaluate(model, lm_texts, hooks=hooks, max_len=fitted.max_len, layout=fitted.layout,
+                                seed=seed, progress=progress)
+            return {"score": score, "forward": time.perf_counter() - started}
         task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}
-        for label, _, fraction, hooks in points_of(fitted):
-            key = hooks_key(hooks)
-            result = computed.get(key)
-            if result is None:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
-                    result = probing.run(model, task, hooks=hooks, **task_options)
-                computed[key] = result
-                if unchanged is None and result.settings.get("epochs_chosen"):
-                    # the epochs chosen with no head replaced train every later point of this task
-                    task_options = {**task_options, "select_epochs": False,
-                                    "probe": {**(probe or {}), "epochs": result.settings["epochs_chosen"]}}
-                if unchanged is None and result.settings.get("baseline_C") is not None:
-                    # and the linear baseline's C, chosen there on held-out training examples;
-                    # its solution starts theirs (the same optimum, a third of the iterations)
-                    task_options = {**task_options, "baseline_C": result.settings["baseline_C"],
-                                    "baseline_start": result.linear}
-                seconds["forward"] += result.seconds.get("features", 0.0)
-                seconds["probe"] += result.seconds.get("probe", 0.0) + result.seconds.get("baseline", 0.0)
-                timings.append(dict(task=result.task, strategy=label, fraction=fraction, **result.seconds))
-            if unchanged is None:
-                unchanged = result  # the first point: no head replaced (fraction 0 comes first)
-            rows.append(dict(task=result.task, strategy=label, fraction_replaced=fraction,
-                             fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
-                             metric=result.metric, **_point_columns(result, unchanged, seed)))
-        return {"rows": rows, "timings": timings, **seconds}
+        if first is not None:
+            task_options = _after_first(task_options, first["result"], probe)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
+            result = probing.run(model, by_name[name], hooks=hooks, **task_options)
+        unchanged = result if first is None else first["result"]
+        return {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
+                "columns": _point_columns(result, unchanged, seed), "result": result if first is None else None}
 
-    def lm_points() -> dict[str, Any]:
-        """The language model's rows at every point (``lm_texts``)."""
-        from attnlens.evaluation import lm
-
-        rows, forward = [], [0.0]
-        scores: dict[str, Any] = {}  # hooks' key -> the LM score under them
-        fitted = by_task["lm"]
-        points = points_of(fitted)
-        for label, _, fraction, hooks in points:
-            key = hooks_key(hooks)
-            if key not in scores:
-                scores[key] = _timed(forward, lm.evaluate, model, lm_texts, hooks=hooks,
-                                     max_len=fitted.max_len, layout=fitted.layout, seed=seed,
-                                     progress=progress)
-            score = scores[key]
-            rows.append(dict(task="lm", strategy=label, fraction_replaced=fraction,
-                             fraction_kept=1.0 - fraction, heads=round(fraction * n_heads),
-                             score=score.value, metric=score.name,
-                             **_lm_columns(score, scores[hooks_key(points[0][3])], seed)))
-        return {"rows": rows, "timings": [], "forward": forward[0], "probe": 0.0}
-
-    # every task (and the LM) is one job; under torch.distributed the ranks share them
-    jobs = {_task_name(task): task for task in tasks}
-    names = [*jobs, *(["lm"] if lm_texts is not None else [])]
-    done = passes.distribute(names, lambda name: lm_points() if name == "lm" else task_points(jobs[name]),
-                             what="curve task")
-    rows = [row for part in done for row in part["rows"]]
-    timings = [timing for part in done for timing in part["timings"]]
-    forward_seconds = sum(part["forward"] for part in done)
-    probe_seconds = sum(part["probe"] for part in done)
+    results = passes.distribute([named[job] for job in jobs], point, what="curve point", after=after)
+    done = dict(zip(jobs, results, strict=True))
+    rows, timings = [], []
+    forward_seconds = probe_seconds = 0.0
+    for name in names:
+        first = done[(name, plans[name][0][2])]
+        seen: set[str] = set()
+        for label, fraction, key in plans[name]:
+            part = done[(name, key)]
+            where = dict(strategy=label, fraction_replaced=fraction, fraction_kept=1.0 - fraction,
+                         heads=round(fraction * n_heads))
+            if name == "lm":
+                score = part["score"]
+                rows.append(dict(task="lm", **where, score=score.value, metric=score.name,
+                                 **_lm_columns(score, first["score"], seed)))
+            else:
+                rows.append(dict(task=part["task"], **where, metric=part["metric"], **part["columns"]))
+            if key in seen:
+                continue
+            seen.add(key)
+            if name == "lm":
+                forward_seconds += part["forward"]
+                continue
+            seconds = part["seconds"]
+            forward_seconds += seconds.get("features", 0.0)
+            probe_seconds += seconds.get("probe", 0.0) + seconds.get("baseline", 0.0)
+            timings.append(dict(task=part["task"], strategy=label, fraction=fraction, **seconds, rank=part["rank"]))
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
@@ -406,6 +418,18 @@ def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
     )
 
 
+def _after_first(options: dict, first: Any, probe: dict | None) -> dict:
+    """A task's options for its later points: the epochs chosen at its first point (no head
+    replaced) and its linear baseline's ``C``, whose solution starts theirs (a warm start: the
+    same optimum, a third of the iterations)."""
+    if first.settings.get("epochs_chosen"):
+        options = {**options, "select_epochs": False,
+                   "probe": {**(probe or {}), "epochs": first.settings["epochs_chosen"]}}
+    if first.settings.get("baseline_C") is not None:
+        options = {**options, "baseline_C": first.settings["baseline_C"], "baseline_start": first.linear}
+    return options
+
+
 def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
     """An LM point's interval and paired test against no head replaced, where the score has
     per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
@@ -417,14 +441,6 @@ def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
     return dict(low=score.interval.low, high=score.interval.high, difference=versus.difference,
                 difference_low=versus.low, difference_high=versus.high, p_value=versus.p_value,
                 significant=versus.significant)
-
-
-def _timed(total: list[float], function: Any, *args: Any, **kwargs: Any) -> Any:
-    start = time.perf_counter()
-    try:
-        return function(*args, **kwargs)
-    finally:
-        total[0] += time.perf_counter() - start
 
 
 def _relative(table: pd.DataFrame, row: Any) -> float:

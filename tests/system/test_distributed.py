@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from attnlens import papa, passes
+from attnlens.errors import InputError
 from tests import tiny
 from tests.conftest import DATA
 
@@ -303,6 +305,23 @@ def _sharing_main(rank: int, init: str, folder: str, constants: str, out: str) -
             results[case] = {"ok": passes.distribute(list("abcdef"), work, what="task")}
         except Exception as error:  # noqa: BLE001 - the message is what the test checks
             results[case] = {"error": f"{type(error).__name__}: {error}"}
+    for case in ("after", "after-fail"):
+        # b to e need a's result; f needs nothing, so the rank that did not claim a takes f,
+        # then waits for a's result, and then both ranks share b to e
+
+        def needing(item: str, needed: Any, case: str = case) -> list:
+            started = time.time()
+            if item == "a" and case == "after-fail":
+                raise ValueError("no labels for a")
+            time.sleep(1.5 if item == "a" else 0.3)
+            value = f"{item} from rank {rank}"
+            return [item, rank, passes.world().size, needed[0] if needed else None, started, time.time(), value]
+
+        try:
+            results[case] = {"ok": passes.distribute(list("abcdef"), needing, what="point",
+                                                     after=[None, 0, 0, 0, 0, None])}
+        except Exception as error:  # noqa: BLE001 - the message is what the test checks
+            results[case] = {"error": f"{type(error).__name__}: {error}"}
     curve = papa.curve(attnlens.load(folder), papa.load(constants), **CURVE)
     curve.to_csv(Path(out).with_suffix(f".{rank}.csv"))
     results["curve"] = {"processes": curve.processes, "timings": sorted(t["task"] for t in curve.timings)}
@@ -331,7 +350,7 @@ def shared(tmp_path_factory, bert_folder) -> tuple[Path, Path]:
 
 @pytest.mark.slow
 def test_distribute_shares_items_among_ranks_and_gives_every_rank_all_results(shared):
-    """Two gloo ranks claim items from one counter: every item runs once, on one rank, alone
+    """Two gloo ranks claim items in the store: every item runs once, on one rank, alone
     (world size 1 inside), and both ranks return all results in the items' order. An item that
     raises re-raises on its rank and is named on the other, so neither waits forever."""
     import json
@@ -350,10 +369,46 @@ def test_distribute_shares_items_among_ranks_and_gives_every_rank_all_results(sh
 
 
 @pytest.mark.slow
+def test_distribute_runs_an_item_after_the_one_it_needs_on_any_rank(shared):
+    """With ``after``, an item waits for the result it needs (passed through the store to the
+    other rank), a rank with nothing it may run yet takes an item that needs nothing, and the
+    waiting items spread over both ranks. When the needed item fails, the rank waiting for it
+    stops and names it, rather than waiting forever."""
+    import json
+
+    out, _ = shared
+    results = [json.loads(out.with_suffix(f".{rank}.json").read_text(encoding="utf-8")) for rank in (0, 1)]
+    assert results[0]["after"] == results[1]["after"]
+    done = results[0]["after"]["ok"]
+    assert [row[0] for row in done] == list("abcdef")
+    first = done[0]
+    assert all(row[3] == first[0] for row in done[1:5]) and done[5][3] is None  # the result each needed
+    assert all(row[4] >= first[5] for row in done[1:5])  # started after a had finished
+    assert all(row[2] == 1 for row in done)  # each run alone
+    assert {row[1] for row in done[1:5]} == {0, 1}  # a's dependants ran on both ranks
+    assert done[5][1] != first[1] and done[5][5] <= first[5]  # f: by the other rank, while a ran
+    errors = sorted(result["after-fail"]["error"] for result in results)
+    assert errors == ["UnavailableError: another rank failed: point 'a': ValueError: no labels for a",
+                      "ValueError: no labels for a"], errors
+
+
+def test_distribute_runs_an_item_after_the_one_it_needs_in_one_process():
+    """One process: a loop, each item given the result of the earlier one it needs; ``after``
+    must name an earlier item, one per item."""
+    chained = passes.distribute([1, 2, 3], lambda item, needed: item + (needed or 0) * 10, after=[None, 0, 1])
+    assert chained == [1, 12, 123]
+    with pytest.raises(InputError, match=r"after\[1\] = 1: an item can only need an earlier one"):
+        passes.distribute([1, 2], lambda item, needed: item, after=[None, 1])
+    with pytest.raises(InputError, match="after has 1 entries for 2 items"):
+        passes.distribute([1, 2], lambda item, needed: item, after=[None])
+
+
+@pytest.mark.slow
 def test_a_curve_shared_by_two_ranks_equals_the_one_process_curve(shared, bert_folder, tmp_path, monkeypatch):
-    """Under torch.distributed each task of papa.curve runs whole on one rank; both ranks
-    return the table one process makes, value for value (each task is the same computation,
-    on one thread, wherever it runs)."""
+    """Under torch.distributed the ranks share papa.curve's points, each task's later points
+    after its first; both ranks return the table one process makes, value for value (each
+    point is the same computation, on one thread, wherever it runs: its first point's result
+    reaches it through the store, pickled)."""
     import json
 
     import pandas as pd
