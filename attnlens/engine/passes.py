@@ -646,11 +646,9 @@ def distribute(items: Sequence[Any], work: Callable[..., Any], *, what: str = "i
         store = dist.distributed_c10d._get_default_store()
     except (AttributeError, RuntimeError):  # no store to claim with: every size-th item
         store = None
-    if store is None:
-        mine = list(range(current.rank, len(items), current.size))
-        if after is not None:  # no store to pass results through: every rank runs every item
-            mine = list(range(len(items)))
-        claims: Iterator[int] = iter(mine)
+    if store is None:  # with after, no store to pass results through: every rank runs every item
+        claims: Iterator[int] = iter(range(len(items)) if after is not None else
+                                     range(current.rank, len(items), current.size))
     else:
         claims = _claims_from_store(store, key, len(items), after)
     needed_by = {index for index in (after or ()) if index is not None}

@@ -274,25 +274,25 @@ def curve(
     by_name = {_task_name(task): task for task in tasks}
     names = [*by_name, *(["lm"] if lm_texts is not None else [])]
     plans: dict[str, list[tuple[str, float, str]]] = {}  # name -> (label, fraction, hooks' key) per point
-    hooks_of: dict[tuple[str, str], Any] = {}  # (name, hooks' key) -> hooks: one job each
-    named: dict[tuple[str, str], tuple[str, str]] = {}  # (name, hooks' key) -> (name, its first point)
+    jobs: dict[tuple[str, str], tuple[str, str]] = {}  # (name, hooks' key) -> (name, its first point's label)
+    hooks_of: dict[tuple[str, str], Any] = {}  # the latter -> its hooks
     for name in names:
         plans[name] = []
         for label, _, fraction, hooks in points_of(by_task[name]):
             key = hooks_key(hooks)
-            hooks_of.setdefault((name, key), hooks)
-            named.setdefault((name, key), (name, f"{label} {fraction:g}"))
+            if (name, key) not in jobs:
+                jobs[(name, key)] = (name, f"{label} {fraction:g}")
+                hooks_of[jobs[(name, key)]] = hooks
             plans[name].append((label, fraction, key))
     firsts = [(name, plans[name][0][2]) for name in by_name]
-    jobs = [*firsts, *(job for job in hooks_of if job not in firsts)]  # the costliest task first
-    after = [None if job in firsts or job[0] == "lm" else jobs.index((job[0], plans[job[0]][0][2]))
-             for job in jobs]
-    hooks_by_item = {named[job]: hooks_of[job] for job in jobs}
+    order = [*firsts, *(job for job in jobs if job not in firsts)]  # the costliest task first
+    after = [None if job in firsts or job[0] == "lm" else order.index((job[0], plans[job[0]][0][2]))
+             for job in order]
 
     def point(item: tuple[str, str], first: dict[str, Any] | None) -> dict[str, Any]:
         """One point of a task (its row's columns and seconds; a first point's whole result too,
         for its later points) or of the LM (its score). ``item``: (task, its first point's label)."""
-        name, hooks = item[0], hooks_by_item[item]
+        name, hooks = item[0], hooks_of[item]
         fitted = by_task[name]
         if name == "lm":
             from attnlens.evaluation import lm
@@ -311,8 +311,8 @@ def curve(
         return {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
                 "columns": _point_columns(result, unchanged, seed), "result": result if first is None else None}
 
-    results = passes.distribute([named[job] for job in jobs], point, what="curve point", after=after)
-    done = dict(zip(jobs, results, strict=True))
+    results = passes.distribute([jobs[job] for job in order], point, what="curve point", after=after)
+    done = dict(zip(order, results, strict=True))
     rows, timings = [], []
     forward_seconds = probe_seconds = 0.0
     for name in names:
