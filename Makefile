@@ -62,6 +62,7 @@ bench: install
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/distributed.py
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/probing.py
 	$(PY) benchmarks/probe_rows.py
+	$(PY) benchmarks/feature_files.py
 	$(PY) benchmarks/probe_cost.py
 	$(PY) benchmarks/probe_memory.py --threads 1
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py

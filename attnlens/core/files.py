@@ -120,7 +120,8 @@ def safetensors_bytes(tensors: Mapping[str, Any], metadata: Mapping[str, str] | 
     header = json.loads(raw[8 : 8 + size])
     text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the format pads the header to a multiple of 8 bytes
-    return len(text).to_bytes(8, "little") + text + raw[8 + size :]
+    # one copy of the tensors' bytes (a slice of raw and a sum of bytes would make two)
+    return b"".join((len(text).to_bytes(8, "little"), text, memoryview(raw)[8 + size :]))
 
 
 #: the metadata key holding a file's checksum
@@ -145,7 +146,8 @@ def tensor_checksum(tensors: Mapping[str, Any]) -> str:
     for name in sorted(tensors):
         tensor = tensors[name].detach().cpu().contiguous()
         digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+        if tensor.numel():  # the bytes in place (a buffer), not a copy: the same digest
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
     return f"sha256:{digest.hexdigest()}"
 
 
@@ -164,7 +166,11 @@ def file_checksum(tensors: Mapping[str, Any], metadata: Mapping[str, str]) -> st
     checksum and the canonical JSON of all those keys). Any edit of a tensor, a metadata value,
     or a key added or removed, changes it; the per-key digests let :func:`verify_checksum` name
     the key."""
-    tensor_sum = tensor_checksum(tensors)
+    return _file_checksum(tensor_checksum(tensors), metadata)
+
+
+def _file_checksum(tensor_sum: str, metadata: Mapping[str, str]) -> str:
+    """:func:`file_checksum` given its tensors' :func:`tensor_checksum` (computed once)."""
     keys = {key: value for key, value in metadata.items() if key != CHECKSUM_KEY}
     canonical = json.dumps(keys, sort_keys=True, separators=(",", ":"))
     whole = _sha256(f"{tensor_sum}|{canonical}".encode())
@@ -224,9 +230,10 @@ def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensor
         ) from None
     found_keys = _key_digests(metadata)
     changed = sorted(key for key in {*keys, *found_keys} if keys.get(key) != found_keys.get(key))
-    if tensor_checksum(tensors) != tensor_sum:
+    found_sum = tensor_checksum(tensors)
+    if found_sum != tensor_sum:
         changed.append("tensors")
-    if not changed and file_checksum(tensors, metadata) != recorded:
+    if not changed and _file_checksum(found_sum, metadata) != recorded:
         changed = [CHECKSUM_KEY]
     if changed:
         keys_changed = [key for key in changed if key != "tensors"]

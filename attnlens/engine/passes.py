@@ -826,10 +826,7 @@ def save_checkpoint(
     for accumulator in accumulators:
         for key, value in accumulator.state_dict().items():
             tensors[f"{accumulator.name}/{key}"] = value.detach().cpu().contiguous()
-    from attnlens.core.files import tensor_checksum
-
-    metadata = {
-        "checksum": tensor_checksum(tensors),
+    metadata = {  # safetensors_bytes adds the checksum
         "format": CHECKPOINT_FORMAT,
         "header": json.dumps(header, sort_keys=True),
         "counts": json.dumps(counts, sort_keys=True),

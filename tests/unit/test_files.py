@@ -137,3 +137,45 @@ def test_a_pass_checkpoint_holds_every_accumulator(bert, tmp_path):
         assert torch.equal(again.result()[name], value), name
     with pytest.raises(ValueError, match="not an attnlens checkpoint"):
         passes.read_checkpoint(papa.fit(bert, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors"))
+
+
+def test_the_tensor_checksum_is_sha256_of_the_definition():
+    """tensor_checksum hashes each tensor's bytes in place; the digest is the one of its
+    definition (name, dtype, shape, then a copy of the bytes, in name order), so files
+    written before keep verifying. Non-contiguous, empty and 0-d tensors included."""
+    tensors = {"b": torch.arange(12, dtype=torch.float16).reshape(3, 4).T, "a": torch.zeros(0, 5),
+               "c": torch.tensor(7, dtype=torch.long), "d": torch.rand(2, 3, dtype=torch.bfloat16)}
+    expected = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].contiguous()
+        expected.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        expected.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    assert files.tensor_checksum(tensors) == f"sha256:{expected.hexdigest()}"
+
+
+def test_a_saved_file_has_one_checksum_whatever_the_caller_passes(tmp_path):
+    """safetensors_bytes computes the file's checksum itself: a stale one given with the
+    metadata changes nothing, and the file verifies."""
+    tensors = {"x": torch.rand(4, 3)}
+    given = files.safetensors_bytes(tensors, {"format": "t/1", "checksum": "sha256:stale"})
+    assert given == files.safetensors_bytes(tensors, {"format": "t/1"})
+    path = files.write_atomic(tmp_path / "x.safetensors", given)
+    metadata, read = files.read_checked(path, what="test", format="t/1")
+    assert torch.equal(read["x"], tensors["x"]) and metadata["checksum"].startswith(files.CHECKSUM_PREFIX)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_all_finite_is_isfinite_all(dtype):
+    """checks.all_finite (one aminmax) against torch.isfinite(...).all(): a NaN or an infinity
+    of either sign anywhere, in a tensor long enough for vectorised lanes; empty and integer
+    tensors are finite."""
+    from attnlens.core.checks import all_finite
+
+    clean = torch.randn(1000, 7, 3).to(dtype)
+    assert all_finite(clean) and bool(torch.isfinite(clean).all())
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for index in (0, 1, 17, 4097, clean.numel() - 1):
+            tensor = clean.clone()
+            tensor.view(-1)[index] = bad
+            assert all_finite(tensor) is False and not bool(torch.isfinite(tensor).all())
+    assert all_finite(torch.zeros(0, dtype=dtype)) and all_finite(torch.arange(5))

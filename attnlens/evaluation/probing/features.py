@@ -47,6 +47,7 @@ from filelock import FileLock
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attnlens.core.checks import all_finite
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.engine import passes
@@ -120,11 +121,11 @@ class Features:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write to one safetensors file atomically, with a checksum of the tensors."""
-        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, write_atomic
 
         tensors = self._tensors()
         metadata = {"format": FORMAT, "kind": self.kind, "max_len": str(self.max_len),
-                    "key": self.key, "checksum": tensor_checksum(tensors)}
+                    "key": self.key}  # safetensors_bytes adds the checksum
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     def _tensors(self) -> dict[str, Tensor]:
@@ -155,7 +156,7 @@ def _inconsistent(features: Features) -> str | None:
         return "one position per vector is needed"
     if (features.lengths < 0).any():
         return "negative lengths"
-    if not torch.isfinite(features.vectors).all():
+    if not all_finite(features.vectors):
         return "non-finite vectors"
     return None
 

@@ -396,7 +396,7 @@ class PapaProbe(Estimator):
         """Write the fitted probe to one safetensors file (atomically, with a checksum)."""
         import json
 
-        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, write_atomic
 
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; nothing to save.")
@@ -404,8 +404,7 @@ class PapaProbe(Estimator):
         metadata = {"format": FORMAT, "settings": json.dumps(asdict(self.settings), sort_keys=True),
                     "n_labels": str(self.n_labels), "fallback": str(self.fallback),
                     "max_len": str(self.max_len), "sequence": str(self.network.sequence),
-                    "made_for": json.dumps(self.made_for, sort_keys=True),
-                    "checksum": tensor_checksum(tensors)}
+                    "made_for": json.dumps(self.made_for, sort_keys=True)}  # safetensors_bytes adds the checksum
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     @classmethod

@@ -377,14 +377,13 @@ class PapaConstants:
         self, path: str | os.PathLike, extra: dict[str, Any] | None = None, *,
         overwrite_read_only: bool = False,
     ) -> Path:
-        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, write_atomic
 
         metadata = {key: json.dumps(value) for key, value in self.metadata.items()}
         metadata["format"] = FORMAT
         metadata["extra"] = json.dumps(extra or {}, sort_keys=True)
         tensors = {name: getattr(self, name).contiguous() for name in _TENSORS}
-        metadata["checksum"] = tensor_checksum(tensors)
-        data = safetensors_bytes(tensors, metadata)
+        data = safetensors_bytes(tensors, metadata)  # with the checksum of tensors and metadata
         return write_atomic(path, data, overwrite_read_only=overwrite_read_only)
 
     @classmethod

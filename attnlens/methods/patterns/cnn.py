@@ -371,7 +371,7 @@ class PatternCNN(Estimator):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fitted CNN to one safetensors file (atomically, with a checksum)."""
-        from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
+        from attnlens.core.files import safetensors_bytes, write_atomic
 
         network = self._fitted()
         tensors = {name: value.detach().cpu().contiguous() for name, value in network.state_dict().items()}
@@ -379,8 +379,7 @@ class PatternCNN(Estimator):
             "format": FORMAT,
             "settings": json.dumps(asdict(self.settings), sort_keys=True),
             "widths": json.dumps(list(WIDTHS)),
-            "checksum": tensor_checksum(tensors),
-        }
+        }  # safetensors_bytes adds the checksum
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     @classmethod

@@ -336,7 +336,7 @@ def export_for_labelling(
     :data:`~attnlens.patterns.TYPES`); ``maps.safetensors``, the maps padded to the longest with
     their lengths (and tokens) in float32, for :func:`read_labelled`. A ``labels.csv`` that already holds a
     label is never replaced unless ``overwrite=True`` (``FileExistsError``)."""
-    from attnlens.core.files import safetensors_bytes, tensor_checksum, write_atomic
+    from attnlens.core.files import safetensors_bytes, write_atomic
 
     image_module = _pillow()
     items = as_map_list(maps)
@@ -365,7 +365,7 @@ def export_for_labelling(
     for index, item in enumerate(items):
         padded[index, : item.shape[-1], : item.shape[-1]] = item.float()
     tensors = {"maps": padded, "lengths": torch.tensor([item.shape[-1] for item in items], dtype=torch.long)}
-    metadata = {"format": FORMAT, "checksum": tensor_checksum(tensors), "columns": str(columns),
+    metadata = {"format": FORMAT, "columns": str(columns),
                 "tile": str(tile), "tokens": json.dumps(words)}
     png = io.BytesIO()
     image_module.fromarray(grid_image(items, columns=columns, tile=tile), "RGB").save(png, format="PNG")
