@@ -27,8 +27,9 @@ and, read from the same curve (:meth:`attnlens.papa.PapaTable.from_curve`), PAPA
 Two processes share the work by default (``--processes 2``: the script runs itself again under
 ``torchrun``, gloo, one torch thread per rank, one cache folder): ``papa.fit`` shards its corpus,
 and :func:`attnlens.papa.curve` gives each rank a point at a time: every task's first point (no
-head replaced), the costliest task first (``CLAIM_ORDER``), then the later points, each once its
-task's first point is done, a rank that finishes taking the next one. The forward passes it needs
+head replaced), the costliest task first (``CLAIM_ORDER``), then the later points' feature
+passes (they need nothing, so a rank does them while the first points train), then the later
+points, each once its task's first point is done, a rank that finishes taking the next one. The forward passes it needs
 are then divided by the number of processes (their floor, if the points split evenly); probe
 training's share is of the time of all processes. ``--processes 1`` runs one process of
 ``--threads``.
@@ -36,7 +37,7 @@ training's share is of the time of all processes. ``--processes 1`` runs one pro
 Printed last: what more processes could reach (``SCHEDULE``), from this run's own seconds per
 point: with ``k`` processes no schedule takes less than the larger of the processes' seconds
 divided by ``k`` and the longest chain of work that must run in order (a task's first point,
-then its longest later point); beside it the same bound when each task ran whole on one process,
+then the probes and linear baseline of its longest later point); beside it the same bound when each task ran whole on one process,
 as attnlens did before. Bounds, not measurements: they assume every process as fast as these.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--processes 2]``
@@ -229,7 +230,8 @@ def main() -> None:
         print(f"  {task}: {sum(t['features'] + t['probe'] + t['baseline'] for t in mine) / 60:.1f} min: features "
               f"{sum(t['features'] for t in mine):.0f} s, probes {sum(t['probe'] for t in mine):.0f} s, linear "
               f"baselines {sum(t['baseline'] for t in mine):.0f} s over {len(mine)} points, run by rank(s) "
-              f"{', '.join(map(str, sorted({t.get('rank', 0) for t in mine})))}")
+              f"{', '.join(map(str, sorted({t.get('rank', 0) for t in mine})))} (features: "
+              f"{', '.join(map(str, sorted({t.get('features_rank', 0) for t in mine})))})")
     print_schedule(curve, tasks)
     if rank:
         return
@@ -261,13 +263,15 @@ def main() -> None:
 def print_schedule(curve: papa.Curve, tasks: list[str], processes: tuple[int, ...] = (2, 4, 8, 16)) -> None:
     """Lower bounds on the curve's wall time with more processes, from this run's seconds per
     point (features, probes and linear baselines; the LM's points share its seconds evenly):
-    sharing points, a task's first point and then its longest later point must run in order;
-    sharing whole tasks, the longest task does."""
-    cost = {task: [t["features"] + t["probe"] + t["baseline"] for t in curve.timings if t["task"] == task]
-            for task in tasks}
+    sharing points, a task's first point and then the training of its longest later point must
+    run in order (a later point's features are extracted while the first point trains); sharing
+    whole tasks, the longest task does."""
+    mine = {task: [t for t in curve.timings if t["task"] == task] for task in tasks}
+    cost = {task: [t["features"] + t["probe"] + t["baseline"] for t in points] for task, points in mine.items()}
     lm_seconds = max(curve.forward_seconds - sum(t["features"] for t in curve.timings), 0.0)
     total = sum(map(sum, cost.values())) + lm_seconds
-    chain = max([seconds[0] + max(seconds[1:], default=0.0) for seconds in cost.values() if seconds] + [0.0])
+    chain = max([seconds[0] + max((t["probe"] + t["baseline"] for t in mine[task][1:]), default=0.0)
+                 for task, seconds in cost.items() if seconds] + [0.0])
     whole = max([sum(seconds) for seconds in cost.values()] + [lm_seconds])
     bounds = ", ".join(f"{k}: {max(total / k, chain) / 60:.1f} min ({max(total / k, whole) / 60:.1f})"
                        for k in processes)

@@ -68,8 +68,10 @@ class Curve(Result):
     cache reads; ``probe_seconds``: training and running the probes and their linear baselines,
     whose share of the time of all :attr:`processes` is :attr:`probe_share`; the last two are
     summed over the processes that shared the points), ``timings`` (per task point computed: ``task``,
-    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds, and the ``rank``
-    that ran it, 0 without ``torch.distributed``; a point whose
+    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds, the ``rank``
+    that ran it and the ``features_rank`` that extracted its features, 0 without
+    ``torch.distributed``; a later point's ``features`` are its extraction and its read from
+    the cache; a point whose
     hooks another point already ran is not computed again), and :meth:`figure`. A
     :class:`~attnlens.core.result.Result`: :meth:`to_json` / :meth:`from_json` keep all of it
     (``settings`` values that are not JSON as their ``str``), :meth:`to_csv` the table."""
@@ -183,8 +185,12 @@ def curve(
     costliest task first). Every task's first point (no head replaced) is claimed first; its
     later points wait for its result (the epochs, ``C`` and the warm start above) and then run on
     whichever rank is free, so more processes than tasks still share the work: the longest job
-    is one point, not one task. Every rank returns the whole curve, and a point's numbers do not
-    depend on which rank ran it (``timings`` records the rank).
+    is one point, not one task. A later point's features need nothing from the first point: a
+    job of their own extracts them into the feature cache
+    (:func:`attnlens.probing.cache_features`), claimed after every first point and before any
+    later point, so a rank does it while the first point trains rather than wait, and the later
+    point reads them. Every rank returns the whole curve, and a point's numbers do not depend on
+    which rank ran it (``timings`` records the ranks).
 
     Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
@@ -269,7 +275,8 @@ def curve(
     # Every point is one job (points with the same hooks, one job), shared by the ranks under
     # torch.distributed. A task's first point (no head replaced) chooses the probe's epochs and
     # the linear baseline's C, and its solution starts the later points' baselines: they need its
-    # result, so they wait for it, and then any rank takes them.
+    # result, so they wait for it, and then any rank takes them. Their features do not need it:
+    # one job each extracts them into the feature cache first, on ranks that would otherwise wait.
     rank = passes.world().rank
     by_name = {_task_name(task): task for task in tasks}
     names = [*by_name, *(["lm"] if lm_texts is not None else [])]
@@ -285,15 +292,24 @@ def curve(
                 hooks_of[jobs[(name, key)]] = hooks
             plans[name].append((label, fraction, key))
     firsts = [(name, plans[name][0][2]) for name in by_name]
-    order = [*firsts, *(job for job in jobs if job not in firsts)]  # the costliest task first
-    after = [None if job in firsts or job[0] == "lm" else order.index((job[0], plans[job[0]][0][2]))
-             for job in order]
+    later = [job for job in jobs if job not in firsts]
+    early = [job for job in later if job[0] != "lm"]  # their features, extracted before they run
+    items = [*(jobs[job] for job in firsts), *((*jobs[job], "features") for job in early),
+             *(jobs[job] for job in later)]  # the costliest task first
+    after = [*([None] * (len(firsts) + len(early))),
+             *(None if name == "lm" else firsts.index((name, plans[name][0][2])) for name, _ in later)]
 
-    def point(item: tuple[str, str], first: dict[str, Any] | None) -> dict[str, Any]:
+    def point(item: tuple[str, ...], first: dict[str, Any] | None) -> dict[str, Any]:
         """One point of a task (its row's columns and seconds; a first point's whole result too,
-        for its later points) or of the LM (its score). ``item``: (task, its first point's label)."""
-        name, hooks = item[0], hooks_of[item]
+        for its later points), the features of one (``item`` ends with ``"features"``), or a point
+        of the LM (its score). ``item``: (task, its first point's label[, "features"])."""
+        name, hooks = item[0], hooks_of[item[:2]]
         fitted = by_task[name]
+        if item[2:] == ("features",):
+            return {"features": probing.cache_features(
+                model, by_name[name], hooks=hooks, data_dir=data_dir, train_limit=train_limit,
+                eval_limit=eval_limit, seed=seed, max_len=fitted.max_len, layout=fitted.layout,
+                batch_size=batch_size, progress=progress), "rank": rank}
         if name == "lm":
             from attnlens.evaluation import lm
 
@@ -311,8 +327,9 @@ def curve(
         return {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
                 "columns": _point_columns(result, unchanged, seed), "result": result if first is None else None}
 
-    results = passes.distribute([jobs[job] for job in order], point, what="curve point", after=after)
-    done = dict(zip(order, results, strict=True))
+    results = passes.distribute(items, point, what="curve point", after=after)
+    extracted = dict(zip(early, results[len(firsts):len(firsts) + len(early)], strict=True))
+    done = dict(zip([*firsts, *later], results[:len(firsts)] + results[len(firsts) + len(early):], strict=True))
     rows, timings = [], []
     forward_seconds = probe_seconds = 0.0
     for name in names:
@@ -334,10 +351,13 @@ def curve(
             if name == "lm":
                 forward_seconds += part["forward"]
                 continue
-            seconds = part["seconds"]
+            seconds = dict(part["seconds"])
+            if (name, key) in extracted:  # extracted by its own job, then read from the cache here
+                seconds["features"] = seconds.get("features", 0.0) + extracted[(name, key)]["features"]
             forward_seconds += seconds.get("features", 0.0)
             probe_seconds += seconds.get("probe", 0.0) + seconds.get("baseline", 0.0)
-            timings.append(dict(task=part["task"], strategy=label, fraction=fraction, **seconds, rank=part["rank"]))
+            timings.append(dict(task=part["task"], strategy=label, fraction=fraction, **seconds, rank=part["rank"],
+                                features_rank=extracted.get((name, key), part)["rank"]))
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),

@@ -7,6 +7,7 @@ training examples per task, full dev sets) is measured by benchmarks/curve.py.
 from __future__ import annotations
 
 import math
+import warnings
 
 import pandas as pd
 import pytest
@@ -72,18 +73,41 @@ def test_the_mlm_probe_beats_the_unigram_distribution(minilm, paragraphs):
 def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, monkeypatch):
     """Fraction 0 equals probing.run with no hooks (the same call); replacing heads changes the
     score; every fraction and baseline has its row; the figure has a trace per line. The epochs
-    and the linear baseline's C chosen at fraction 0 are reused by every later point."""
+    and the linear baseline's C chosen at fraction 0 are reused by every later point. Each
+    later point's features are extracted by their own job (cache_features) before the point
+    runs, and no features are extracted twice."""
+    from attnlens.evaluation.probing import features as features_module
+
     calls, real_run = [], probing.run
+    cached, real_cache = [], probing.cache_features
+    extracted, real_extract = [], features_module._extract
 
     def spy(*args, **kwargs):
         result = real_run(*args, **kwargs)
         calls.append((kwargs, result.settings, result))
         return result
 
+    def spy_cache(*args, **kwargs):
+        cached.append((len(calls), kwargs["hooks"]))  # how many points had run before it
+        return real_cache(*args, **kwargs)
+
+    def spy_extract(*args):
+        extracted.append(args[-1])  # the file it writes
+        return real_extract(*args)
+
     monkeypatch.setattr(probing, "run", spy)
+    monkeypatch.setattr(probing, "cache_features", spy_cache)
+    monkeypatch.setattr(features_module, "_extract", spy_extract)
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=("zeros",),
                        data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     monkeypatch.setattr(probing, "run", real_run)
+    monkeypatch.setattr(probing, "cache_features", real_cache)
+    monkeypatch.setattr(features_module, "_extract", real_extract)
+    assert [ran for ran, _ in cached] == [1, 1, 1]  # after the first point, before any later one
+    assert [hooks for _, hooks in cached] == [kwargs["hooks"] for kwargs, _, _ in calls[1:]]
+    assert None not in extracted and len(set(extracted)) == len(extracted)  # each file once, if at all
+    later = [timing for timing in curve.timings if timing["fraction"] or timing["strategy"] == "zeros"]
+    assert len(later) == 3 and all(timing["features"] > 0 and timing["features_rank"] == 0 for timing in later)
     first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
     linear = calls[0][2].linear
     assert len(calls) == 4 and first is not None and chosen in probing.LinearBaseline().grid
@@ -223,6 +247,25 @@ def test_an_interrupted_curve_resumes_from_the_feature_cache(minilm, constants, 
     monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a forward pass ran again"))
     again = papa.curve(minilm, constants, ["cola"], **options)
     assert again.table["score"].tolist() == first.table["score"].tolist()
+
+
+def test_cache_features_extracts_what_run_reads(minilm, monkeypatch):
+    """After probing.cache_features, probing.run with the same arguments runs no forward pass
+    (a curve's later points read the features their own job extracted); hooks without a key()
+    are refused, since nothing could find their features again."""
+    from attnlens import passes
+
+    options = dict(data_dir=DATA, train_limit=60, eval_limit=40, max_len=64, seed=3)  # a subset no other test reads
+    assert probing.cache_features(minilm, "cola", progress=False, **options) > 0
+    monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a forward pass ran again"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", probing.ProbeWarning)  # 60 examples: the probe is not the subject
+        result = probing.run(minilm, "cola", seeds=1, baseline=False, select_epochs=False, progress=False,
+                             **options)
+    assert (result.n_train, result.n_eval) == (60, 40)
+    identity = [("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]
+    with pytest.raises(InputError, match=r"no key\(\).*cache_key="):
+        probing.cache_features(minilm, "cola", hooks=identity, **options)
 
 
 def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants):

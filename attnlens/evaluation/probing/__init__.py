@@ -38,8 +38,8 @@ from attnlens.evaluation.probing.recipes import TABLE3, Recipe, recipe
 
 __all__ = [
     "EPOCH_FACTOR", "Features", "Interval", "LinearBaseline", "Paired", "PapaProbe", "ProbeResult", "ProbeSettings",
-    "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "choose_epochs", "clear_cache", "extract",
-    "hooks_key", "paired", "recipe", "run",
+    "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "cache_features", "choose_epochs", "clear_cache",
+    "extract", "hooks_key", "paired", "recipe", "run",
 ]
 
 #: Training examples a probe sees by default (PAPA's curve on 2 CPU cores fits in minutes).
@@ -265,25 +265,15 @@ def run(
     interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
-    from attnlens.core.checks import finite, optional_count, whole_number
-    from attnlens.core.inputs import default_layout
-    from attnlens.evaluation import tasks
+    from attnlens.core.checks import finite, whole_number
 
-    train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
-    eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
+    train_limit, eval_limit, batch_size, max_len = _sizes(train_limit, eval_limit, batch_size, max_len)
     chosen_seeds = _as_seeds(seeds, seed)
-    batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
     resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
-    max_len = None if max_len is None else whole_number(max_len, "max_len", " of tokens (e.g. 128)", minimum=1)
     if baseline_C is not None and not (finite(baseline_C, "baseline_C", low=0.0) > 0):
         raise InputError(f"baseline_C must be above 0 (the inverse regularisation), not {baseline_C!r}.")
-    if isinstance(task, str):
-        train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
-    else:
-        train = task
-    evaluation = tasks.load(train.name, eval_split or "dev", data_dir=data_dir, limit=eval_limit, seed=seed)
-    row = TABLE3.get(train.name, TABLE3["sst2"])
-    max_len = row.max_len if max_len is None else max_len
+    train, evaluation, row, max_len, layout = _examples(model, task, data_dir, eval_split, train_limit,
+                                                       eval_limit, seed, max_len, layout)
     if isinstance(probe, PapaProbe):
         if len(chosen_seeds) > 1:
             raise InputError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")
@@ -291,12 +281,10 @@ def run(
     else:
         given = {**row.probe_settings(), "progress": progress, **(probe or {})}
         probes = [PapaProbe(**{**given, "seed": value}) for value in chosen_seeds]
-    layout = default_layout(model) if layout is None else layout
-    options = dict(hooks=hooks, cache=cache, cache_key=cache_key, max_len=max_len, layout=layout,
-                   batch_size=batch_size, progress=progress)
     started = time.perf_counter()
-    train_features = extract(model, train.inputs(), description=f"{train.name} train", **options)
-    eval_features = extract(model, evaluation.inputs(), description=f"{train.name} {evaluation.split}", **options)
+    train_features, eval_features = _features(model, train, evaluation, hooks=hooks, cache=cache,
+                                              cache_key=cache_key, max_len=max_len, layout=layout,
+                                              batch_size=batch_size, progress=progress)
     extracted = time.perf_counter()
     names = train.label_names
 
@@ -355,6 +343,60 @@ def run(
     )
     _warn_if_below(result, stacklevel=3)
     return result
+
+
+def _sizes(train_limit: Any, eval_limit: Any, batch_size: Any, max_len: Any
+           ) -> tuple[int | None, int | None, int, int | None]:
+    """:func:`run`'s and :func:`cache_features`'s counts, checked (one clear error each)."""
+    from attnlens.core.checks import optional_count, whole_number
+
+    return (optional_count(train_limit, "train_limit", " of training examples (or None for all)"),
+            optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)"),
+            whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1),
+            None if max_len is None else whole_number(max_len, "max_len", " of tokens (e.g. 128)", minimum=1))
+
+
+def _examples(model: Any, task: Any, data_dir: Any, eval_split: str | None, train_limit: int | None,
+              eval_limit: int | None, seed: int, max_len: int | None, layout: str | None
+              ) -> tuple[Any, Any, Recipe, int, str]:
+    """:func:`run`'s training and evaluation examples, the task's Table 3 row, and the
+    ``max_len`` and layout their features take (the row's and the model's by default)."""
+    from attnlens.core.inputs import default_layout
+    from attnlens.evaluation import tasks
+
+    train = (tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
+             if isinstance(task, str) else task)
+    evaluation = tasks.load(train.name, eval_split or "dev", data_dir=data_dir, limit=eval_limit, seed=seed)
+    row = TABLE3.get(train.name, TABLE3["sst2"])
+    return (train, evaluation, row, row.max_len if max_len is None else max_len,
+            default_layout(model) if layout is None else layout)
+
+
+def _features(model: Any, train: Any, evaluation: Any, **options: Any) -> tuple[Features, Features]:
+    """The features of the training and the evaluation examples (:func:`extract`'s ``options``)."""
+    return (extract(model, train.inputs(), description=f"{train.name} train", **options),
+            extract(model, evaluation.inputs(), description=f"{train.name} {evaluation.split}", **options))
+
+
+def cache_features(model: Any, task: Any, *, hooks: Any = (), data_dir: Any = None, eval_split: str | None = None,
+                   train_limit: int | None = TRAIN_LIMIT, eval_limit: int | None = None, seed: int = 0,
+                   max_len: int | None = None, layout: str | None = None, batch_size: int = 32,
+                   cache_key: str | None = None, progress: bool = True) -> float:
+    """Extract into the feature cache the features that :func:`run` with the same arguments
+    reads, and train nothing; returns the seconds it took. A later :func:`run` then reads them
+    from the cache (:func:`attnlens.papa.curve` does this for a task's later points while its
+    first point trains, on a rank that would otherwise wait). Hooks without a ``key()`` need
+    ``cache_key``: nothing else could find their features again."""
+    train_limit, eval_limit, batch_size, max_len = _sizes(train_limit, eval_limit, batch_size, max_len)
+    if cache_key is None and hooks_key(hooks) is None:
+        raise InputError("these hooks have no key(), so their cached features could not be found again; "
+                         "pass cache_key='...' naming the intervention.")
+    started = time.perf_counter()
+    train, evaluation, _, max_len, layout = _examples(model, task, data_dir, eval_split, train_limit,
+                                                      eval_limit, seed, max_len, layout)
+    _features(model, train, evaluation, hooks=hooks, cache=True, cache_key=cache_key, max_len=max_len,
+              layout=layout, batch_size=batch_size, progress=progress)
+    return time.perf_counter() - started
 
 
 def choose_epochs(features: Features, labels: list, settings: dict, *, task: str | None = None,
