@@ -85,6 +85,19 @@ def mrpc_features(examples: int, generator: torch.Generator, device: str = "cpu"
     return Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 128)
 
 
+def mrpc_benchmark(description: str, repeats: int) -> tuple[argparse.Namespace, str, Any]:
+    """A benchmark on :func:`mrpc_features`: its arguments (``--examples``, default 4,000;
+    ``--repeats``; ``--device``, ``--threads``) parsed and applied (:func:`setup`), its device,
+    and the features (seed 0, on the CPU)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--examples", type=int, default=4000)
+    parser.add_argument("--repeats", type=int, default=repeats)
+    add_arguments(parser)
+    args = parser.parse_args()
+    device = setup(args)
+    return args, device, mrpc_features(args.examples, torch.Generator().manual_seed(0))
+
+
 def median_ratio(first: Sequence[float], second: Sequence[float]) -> float:
     """Median of the run-by-run ratios ``first[i] / second[i]``."""
     return statistics.median(a / b for a, b in zip(first, second, strict=True))

@@ -21,7 +21,6 @@ Run: ``python benchmarks/feature_files.py [--repeats 3] [--threads 1]`` (``make 
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import statistics
@@ -29,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import add_arguments, alternate, mrpc_features, setup
+from common import alternate, mrpc_benchmark
 from safetensors.torch import load_file, save_file
 
 from attnlens.core.checks import all_finite
@@ -56,13 +55,7 @@ def hash_in_place(vectors: torch.Tensor) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=4000)
-    parser.add_argument("--repeats", type=int, default=3)
-    add_arguments(parser)
-    args = parser.parse_args()
-    device = setup(args)
-    features = mrpc_features(args.examples, torch.Generator().manual_seed(0))
+    args, device, features = mrpc_benchmark(__doc__.splitlines()[0], repeats=3)
     vectors = features.vectors
     tensors = features._tensors()
     if hash_copy(vectors) != hash_in_place(vectors) or not all_finite(vectors):

@@ -18,11 +18,10 @@ Run: ``python benchmarks/probe_rows.py [--repeats 5] [--threads 1]`` (``make ben
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
-from common import add_arguments, alternate, mrpc_features, setup
+from common import alternate, mrpc_benchmark
 
 from attnlens.evaluation.probing import probe
 from attnlens.evaluation.probing.baseline import EXAMPLES_AT_A_TIME, design
@@ -56,14 +55,7 @@ def convert_only(vectors: torch.Tensor) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--examples", type=int, default=4000)
-    parser.add_argument("--repeats", type=int, default=5)
-    add_arguments(parser)
-    args = parser.parse_args()
-    device = setup(args)
-    generator = torch.Generator().manual_seed(0)
-    features = mrpc_features(args.examples, generator)
+    args, device, features = mrpc_benchmark(__doc__.splitlines()[0], repeats=5)
     vectors = features.vectors
     standardizer = PapaProbe()  # a probe whose network receives the statistics, as in fit
     standardizer.network = probe._Network(7, 384, 384, 2, 128, True, 0.1)
