@@ -683,7 +683,8 @@ class MLMHead(Estimator):
             raise NotFittedError("this MLMHead is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
         settings = {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
-        metadata = {"format": HEAD_FORMAT, "settings": json.dumps(settings, sort_keys=True)}  # and the checksum
+        # safetensors_bytes adds the checksum
+        metadata = {"format": HEAD_FORMAT, "settings": json.dumps(settings, sort_keys=True)}
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     @classmethod
