@@ -29,16 +29,16 @@ Two processes share the work by default (``--processes 2``: the script runs itse
 and :func:`attnlens.papa.curve` gives each rank a point at a time: every task's first point (no
 head replaced), the costliest task first (``CLAIM_ORDER``), then the later points' feature
 passes (they need nothing, so a rank does them while the first points train), then the later
-points, each once its task's first point is done, a rank that finishes taking the next one. The forward passes it needs
-are then divided by the number of processes (their floor, if the points split evenly); probe
-training's share is of the time of all processes. ``--processes 1`` runs one process of
-``--threads``.
+points, each once its task's first point is done, a rank that finishes taking the next one.
+The forward passes it needs are then divided by the number of processes (their floor, if the
+points split evenly); probe training's share is of the time of all processes.
+``--processes 1`` runs one process of ``--threads``.
 
 Printed last: what more processes could reach (``SCHEDULE``), from this run's own seconds per
 point: with ``k`` processes no schedule takes less than the larger of the processes' seconds
 divided by ``k`` and the longest chain of work that must run in order (a task's first point,
-then the probes and linear baseline of its longest later point); beside it the same bound when each task ran whole on one process,
-as attnlens did before. Bounds, not measurements: they assume every process as fast as these.
+then the probes and linear baseline of its longest later point); beside it the same bound when
+each task ran whole on one process, as attnlens did before. Bounds, not measurements: they assume every process as fast as these.
 
 Run: ``HF_HUB_OFFLINE=1 python benchmarks/curve.py [--device cpu] [--processes 2]``
 (``make bench-curve``; see ``docs/probing.md`` for its time on 2 CPU cores). Tasks are
@@ -73,10 +73,10 @@ from attnlens.probing.features import by_length
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
 #: The order the tasks are given to papa.curve: the costliest first, since ranks claim the next
-#: point when they finish one (every task's first point, then the later points task by task;
-#: measured: POS and NER are the longest, SST-2 the shortest), but NER after MRPC: NER reads POS's
-#: sentences, so by the time NER's later points come POS has written their feature files (run
-#: side by side, one rank would wait on the other's lock for every point instead).
+#: point when they finish one (every task's first point, then the later points' features and then
+#: the later points, task by task; measured: POS and NER are the longest, SST-2 the shortest), but
+#: NER after MRPC: NER reads POS's sentences, so by the time NER's feature jobs come POS's have
+#: written those files (run side by side, one rank would wait on the other's lock for every point).
 CLAIM_ORDER = ("pos", "mrpc", "ner", "cola", "sst2")
 TARGET_MINUTES = 20
 
