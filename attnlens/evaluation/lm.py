@@ -698,7 +698,7 @@ class MLMHead(Estimator):
 
         metadata, tensors = read_checked(path, what="MLM head", format=HEAD_FORMAT)
         if set(tensors) != {"0.weight", "0.bias", "2.weight", "2.bias"} or not all(
-            torch.isfinite(value).all() for value in tensors.values()
+            checks.all_finite(value) for value in tensors.values()
         ):
             raise InputError(f"MLM head file {path} is damaged (missing or non-finite weights).")
         head = cls(**json.loads(metadata["settings"]))

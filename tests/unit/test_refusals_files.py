@@ -186,3 +186,40 @@ def test_a_folder_or_a_missing_path_given_as_a_file_is_named(tmp_path):
         papa.load(tmp_path)
     with pytest.raises(MissingFileError, match="probe file .*nothing.safetensors does not exist"):
         PapaProbe.load(tmp_path / "nothing.safetensors")
+
+
+def _with_a_nan(kind: str):
+    """A fitted object of ``kind`` with one NaN in its first weight (or vector), and its loader:
+    what a diverged fit would save, its checksum valid."""
+    from attnlens.lm import MLMHead
+    from attnlens.patterns.cnn import PatternCNN
+    from attnlens.probing.features import Features
+    from attnlens.probing.probe import PapaProbe
+
+    if kind == "features":
+        made = features()
+        made.vectors[1, 2, 3] = float("nan")
+        return made, Features.load
+    if kind == "probe":
+        made = PapaProbe(epochs=1).fit(features(), [0, 1, 0, 1, 0, 1])
+    elif kind == "mlm head":
+        made = MLMHead(epochs=1).fit(features("masked"), 5)
+    else:
+        generator = torch.Generator().manual_seed(0)
+        maps = torch.softmax(torch.randn(8, 6, 6, generator=generator), -1)
+        made = PatternCNN(size=8, classes=("diagonal", "vertical"), epochs=1).fit(maps, ["diagonal", "vertical"] * 4)
+    with torch.no_grad():
+        next(made.network.parameters()).view(-1)[3] = float("nan")
+    return made, type(made).load
+
+
+@pytest.mark.parametrize("kind", ["features", "probe", "mlm head", "pattern cnn"])
+def test_a_saved_non_finite_weight_is_refused_on_load(kind, tmp_path):
+    """A file whose checksum holds but whose tensors hold a NaN (a diverged fit, saved) is
+    refused on load with one error naming the file and the non-finite values, never loaded to
+    give NaN predictions later (the loaders' ``checks.all_finite``)."""
+    made, load = _with_a_nan(kind)
+    path = made.save(tmp_path / "nan.safetensors")
+    with pytest.raises(AttnlensError, match="non-finite") as info:
+        load(path)
+    assert str(path) in str(info.value)

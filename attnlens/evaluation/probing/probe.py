@@ -49,7 +49,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import memory
-from attnlens.core.checks import flag
+from attnlens.core.checks import all_finite, flag
 from attnlens.core.estimator import Estimator
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation.probing.features import Features
@@ -415,7 +415,7 @@ class PapaProbe(Estimator):
         from attnlens.core.files import read_checked
 
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
-        if not all(torch.isfinite(value).all() for value in tensors.values()):
+        if not all(all_finite(value) for value in tensors.values()):
             raise InputError(f"probe file {path} holds non-finite weights.")
         settings = json.loads(metadata["settings"])
         # written before these settings existed: the paper's sum pooling, no standardisation

@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.core.checks import describe, finite, whole_number
+from attnlens.core.checks import all_finite, describe, finite, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.errors import (
     FileFormatError,
@@ -411,7 +411,7 @@ class PatternCNN(Estimator):
             raise InputError(
                 f"PatternCNN file {path} does not describe a PatternCNN ({error}); write it again."
             ) from None
-        if not all(bool(torch.isfinite(value).all()) for value in tensors.values()):
+        if not all(all_finite(value) for value in tensors.values()):
             raise InputError(f"PatternCNN file {path} holds non-finite weights.")
         network.eval()
         cnn.network = network
