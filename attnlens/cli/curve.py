@@ -27,6 +27,10 @@ def add(commands: Any) -> None:
         help="order in which heads are replaced (a papa.select_heads strategy; default input_dependence)",
     )
     parser.add_argument("--out", default="curve.html", help="HTML figure to write (the CSV goes beside it)")
+    parser.add_argument(
+        "--checkpoint", default=None, metavar="FOLDER",
+        help="a folder for the finished points: run the same command again to resume an interrupted curve",
+    )
     cli._probe_options(parser)
     parser.set_defaults(handler=run)
 
@@ -48,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         raise cli.UsageError(f"--strategy {args.strategy} is unknown; use one of {', '.join(STRATEGIES)}")
     if not Path(args.constants).is_file():
         raise cli.UsageError(f"constants file not found: {args.constants}")
+    if args.checkpoint is not None and Path(args.checkpoint).exists() and not Path(args.checkpoint).is_dir():
+        raise cli.UsageError(f"--checkpoint {args.checkpoint} is a file; give a folder (made if missing)")
     measures = cli._measures(args)
     model = cli._load(args.model, quiet=args.quiet, device=cli._resolve_device(args.device))
     from attnlens.evaluation.curve import curve
@@ -58,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         model, constants, measures["tasks"], fractions=fractions, strategy=args.strategy,
         lm_texts=measures["lm_texts"], data_dir=measures["data_dir"],
         train_limit=measures["train_limit"], eval_limit=measures["eval_limit"],
-        batch_size=args.batch_size, seeds=args.seeds, progress=not args.quiet,
+        batch_size=args.batch_size, seeds=args.seeds, checkpoint=args.checkpoint, progress=not args.quiet,
     )
     if cli._rank() != 0:  # under torchrun the ranks shared the tasks, and each holds the curve
         return 0

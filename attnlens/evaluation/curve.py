@@ -13,6 +13,7 @@ or the MLM probe when its head is untrained), named by its kind.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -25,6 +26,7 @@ from attnlens.core import seam
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
+from attnlens.evaluation import points
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
@@ -70,8 +72,9 @@ class Curve(Result):
     summed over the processes that shared the points), ``timings`` (per task point computed: ``task``,
     ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds, the ``rank``
     that ran it and the ``features_rank`` that extracted its features, 0 without
-    ``torch.distributed``; a later point's ``features`` are its extraction and its read from
-    the cache; a point whose
+    ``torch.distributed``, and ``resumed``: read back from a ``checkpoint`` folder, its seconds
+    those of the run that computed it; a later point's ``features`` are its extraction and its
+    read from the cache; a point whose
     hooks another point already ran is not computed again), and :meth:`figure`. A
     :class:`~attnlens.core.result.Result`: :meth:`to_json` / :meth:`from_json` keep all of it
     (``settings`` values that are not JSON as their ``str``), :meth:`to_csv` the table."""
@@ -153,6 +156,7 @@ def curve(
     lambda_steps: int = 100,
     lambda_examples: int = 512,
     fast: bool | None = None,
+    checkpoint: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> Curve:
     """Probe ``tasks`` with a growing share of heads replaced by ``constants`` (replace mode).
@@ -201,6 +205,14 @@ def curve(
     the same features up to float32 rounding (the same cache entries). ``None`` (default):
     wherever the model allows it (:func:`attnlens.seam.skips_constant_heads`: encoders loaded
     by :func:`attnlens.load`); ``True`` refuses a model that does not.
+
+    ``checkpoint``: a folder where every finished point of a task is written, atomically
+    (:mod:`attnlens.evaluation.points`); the same call again reads the points it finds there
+    instead of training them, so an interrupted curve loses only the points that were running
+    and gives the same table, in every digit, as an uninterrupted one (``timings`` marks the
+    points read back: ``resumed``). The LM's points are computed again. Without it, an
+    interrupted curve still reads its features from the feature cache, but trains every probe
+    again.
     """
     from attnlens.core.checks import finite, optional_count, whole_number
     from attnlens.evaluation import probing
@@ -242,6 +254,9 @@ def curve(
     elif fast and not seam.skips_constant_heads(model):
         raise InputError("fast=True: this model's heads cannot skip their work (a decoder, or a model "
                          "not loaded with attnlens.load()); pass fast=False or leave it None.")
+    if checkpoint is not None and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
+        raise InputError(f"checkpoint {checkpoint} is a file; give a folder (made if missing) for the "
+                         "curve's finished points.")
     by_task = _constants_by_task(model, constants, tasks, lm_texts, data_dir)
     constants = by_task[_task_name(tasks[0])] if tasks else by_task["lm"]  # the settings' and λ's
     started = time.perf_counter()
@@ -261,16 +276,16 @@ def curve(
 
     def points_of(fitted: Any) -> list[tuple[str, str, float, Any]]:
         """The curve's points with ``fitted`` constants: the fractions, then the baselines."""
-        points: list[tuple[str, str, float, Any]] = []
+        listed: list[tuple[str, str, float, Any]] = []
         for fraction in fractions:
             heads = select_heads(strategy, fraction=fraction, constants=fitted, seed=seed, lam=lam)
             replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
-            points.append((strategy, f"{fraction}", fraction,
-                           papa_hooks(fitted, heads=heads, fast=fast) if replaced else ()))
+            listed.append((strategy, f"{fraction}", fraction,
+                             papa_hooks(fitted, heads=heads, fast=fast) if replaced else ()))
         for name in baselines:
             made = getattr(data_free, name)(fitted)
-            points.append((name, "1.0", 1.0, papa_hooks(made, fast=fast)))
-        return points
+            listed.append((name, "1.0", 1.0, papa_hooks(made, fast=fast)))
+        return listed
 
     # Every point is one job (points with the same hooks, one job), shared by the ranks under
     # torch.distributed. A task's first point (no head replaced) chooses the probe's epochs and
@@ -283,6 +298,7 @@ def curve(
     plans: dict[str, list[tuple[str, float, str]]] = {}  # name -> (label, fraction, hooks' key) per point
     jobs: dict[tuple[str, str], tuple[str, str]] = {}  # (name, hooks' key) -> (name, its first point's label)
     hooks_of: dict[tuple[str, str], Any] = {}  # the latter -> its hooks
+    hooks_key_of: dict[tuple[str, str], str] = {}  # the latter -> its hooks' key
     for name in names:
         plans[name] = []
         for label, _, fraction, hooks in points_of(by_task[name]):
@@ -290,6 +306,7 @@ def curve(
             if (name, key) not in jobs:
                 jobs[(name, key)] = (name, f"{label} {fraction:g}")
                 hooks_of[jobs[(name, key)]] = hooks
+                hooks_key_of[jobs[(name, key)]] = key
             plans[name].append((label, fraction, key))
     firsts = [(name, plans[name][0][2]) for name in by_name]
     later = [job for job in jobs if job not in firsts]
@@ -318,14 +335,24 @@ def curve(
                                 seed=seed, progress=progress)
             return {"score": score, "forward": time.perf_counter() - started}
         task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}
+        saved = None if checkpoint is None else _point_key(model, by_name[name], hooks_key_of[item[:2]],
+                                                           plans[name][0][2], task_options, fast)
+        if saved is not None:
+            found = points.load(checkpoint, saved)
+            if found is not None:
+                return found
         if first is not None:
             task_options = _after_first(task_options, first["result"], probe)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
             result = probing.run(model, by_name[name], hooks=hooks, **task_options)
         unchanged = result if first is None else first["result"]
-        return {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
-                "columns": _point_columns(result, unchanged, seed), "result": result if first is None else None}
+        done = {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
+                "columns": _point_columns(result, unchanged, seed), "result": result if first is None else None,
+                "resumed": False}
+        if saved is not None:
+            points.save(checkpoint, saved, done)
+        return done
 
     results = passes.distribute(items, point, what="curve point", after=after)
     extracted = dict(zip(early, results[len(firsts):len(firsts) + len(early)], strict=True))
@@ -357,7 +384,8 @@ def curve(
             forward_seconds += seconds.get("features", 0.0)
             probe_seconds += seconds.get("probe", 0.0) + seconds.get("baseline", 0.0)
             timings.append(dict(task=part["task"], strategy=label, fraction=fraction, **seconds, rank=part["rank"],
-                                features_rank=extracted.get((name, key), part)["rank"]))
+                                features_rank=extracted.get((name, key), part)["rank"],
+                                resumed=part.get("resumed", False)))
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
@@ -418,6 +446,23 @@ def _constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], lm_text
                 f"constants={{..., {name!r}: papa.fit(model, <its training inputs>)}}."
             )
     return by_task
+
+
+def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dict, fast: bool) -> str:
+    """The key of a task's point under hooks of key ``hooks`` in a curve's checkpoint folder
+    (:func:`attnlens.evaluation.points.key`): its examples, its settings (``options``, the
+    point's :func:`attnlens.probing.run` arguments before the first point's choices, and
+    ``fast``) and, for a later point, the key of its first point (hooks ``first_hooks``)."""
+    from attnlens.evaluation import probing
+
+    train, evaluation, *_ = probing._examples(model, task, options["data_dir"], None, options["train_limit"],
+                                              options["eval_limit"], options["seed"], options["max_len"],
+                                              options["layout"])
+    settings = {name: value for name, value in options.items() if name not in ("data_dir", "progress")}
+    settings["fast"] = fast
+    first = points.key(model, train, evaluation, hooks=first_hooks, settings=settings, first=None)
+    return first if hooks == first_hooks else points.key(model, train, evaluation, hooks=hooks,
+                                                         settings=settings, first=first)
 
 
 def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:

@@ -101,12 +101,17 @@ def test_empty_corpus(tmp_path):
 def test_other_bad_input_in_process(tmp_path, capsys):
     from attnlens.cli import main
 
+    a_file = tmp_path / "constants.safetensors"
+    a_file.write_bytes(b"")
     cases = [
         (["compare", "--out", str(tmp_path / "r.txt")], "should end in .html"),
         (["fit-papa", "--corpus", "default"], "required: --out"),
         (["compare", "--n-examples", "0"], "positive integer"),
         (["compare", "--views", ",", "--out", "r.html"], "--views is empty"),
         (["compare", "--constants", str(tmp_path / "no.safetensors")], "constants file not found"),
+        (["curve", "--constants", str(a_file), "--task", "sst2", "--checkpoint", str(a_file),
+          "--out", str(tmp_path / "c.html")],
+         f"--checkpoint {a_file} is a file; give a folder"),
         (["nonsense"], "invalid choice"),
     ]
     for argv, expected in cases:

@@ -179,10 +179,11 @@ def test_cli_curve_writes_csv_and_html(tmp_path, minilm, constants):
     out = tmp_path / "curve.html"
     assert main(["curve", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
                  "--fractions", "0,1", "--train-limit", str(TRAIN), "--eval-limit", str(EVAL), "--seeds", "1",
-                 "--quiet", "--out", str(out)]) == 0
+                 "--quiet", "--out", str(out), "--checkpoint", str(tmp_path / "points")]) == 0
 
     table = pd.read_csv(out.with_suffix(".csv"))
     assert list(table["strategy"]) == ["input_dependence"] * 2 + ["identity", "toeplitz", "zeros"]
+    assert len(list((tmp_path / "points").glob("point-*.safetensors"))) == len(table)  # every point kept
     assert out.read_text(encoding="utf-8").count("<html") == 1
 
 
@@ -247,6 +248,63 @@ def test_an_interrupted_curve_resumes_from_the_feature_cache(minilm, constants, 
     monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a forward pass ran again"))
     again = papa.curve(minilm, constants, ["cola"], **options)
     assert again.table["score"].tolist() == first.table["score"].tolist()
+
+
+def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, constants, monkeypatch, tmp_path):
+    """``checkpoint=``: a curve interrupted after its first point (KeyboardInterrupt in the
+    second probing.run) runs again only the points it had not finished, and its table equals an
+    uninterrupted curve's in every column and digit: the later points start from the first
+    point's epochs, C and linear solution read back from the folder (the warm start is bit for
+    bit the same). Run a third time, it trains nothing. A point file changed on disk is refused
+    with one error naming it; a file given as the folder is refused before any work."""
+    import numpy as np
+
+    from attnlens.errors import DamagedFileError
+
+    options = dict(fractions=(0, 0.5, 1), baselines=(), data_dir=DATA, train_limit=100, eval_limit=50,
+                   seeds=1, progress=False)
+    calls, real_run = [], probing.run
+    monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(real_run(*a, **k)) or calls[-1])
+    whole = papa.curve(minilm, constants, ["cola"], **options)
+    linear, epochs = calls[0].linear, calls[0].settings["epochs_chosen"]
+    folder = tmp_path / "points"
+    calls.clear()
+
+    def interrupted(*args, **kwargs):
+        calls.append(kwargs["hooks"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(*args, **kwargs)
+
+    monkeypatch.setattr(probing, "run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
+    assert len(list(folder.glob("point-*.safetensors"))) == 1 and not list(folder.glob(".*"))
+    calls.clear()
+    monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(k) or real_run(*a, **k))
+    resumed = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
+    assert len(calls) == 2 and all(len(kwargs["hooks"]) for kwargs in calls)  # the later points only
+    for kwargs in calls:  # the first point's choices and solution, read back exactly
+        assert kwargs["probe"]["epochs"] == epochs and kwargs["baseline_C"] == linear.C
+        start = kwargs["baseline_start"].model
+        assert np.array_equal(start[-1].coef_, linear.model[-1].coef_)
+        assert np.array_equal(start[-1].intercept_, linear.model[-1].intercept_)
+    assert [timing["resumed"] for timing in resumed.timings] == [True, False, False]
+    pd.testing.assert_frame_equal(resumed.table, whole.table, check_exact=True)
+    monkeypatch.setattr(probing, "run", lambda *a, **k: pytest.fail("a probe was trained again"))
+    again = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
+    pd.testing.assert_frame_equal(again.table, whole.table, check_exact=True)
+    assert [timing["resumed"] for timing in again.timings] == [True, True, True]
+    damaged = sorted(folder.glob("point-*.safetensors"))[0]
+    raw = bytearray(damaged.read_bytes())
+    at = raw.index(b"seconds")
+    at += next(i for i, byte in enumerate(raw[at:]) if chr(byte).isdigit())  # a digit of a recorded time
+    raw[at] = ord("7") if raw[at] != ord("7") else ord("8")
+    damaged.write_bytes(bytes(raw))
+    with pytest.raises(DamagedFileError, match=str(damaged.name)):
+        papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
+    with pytest.raises(InputError, match="is a file; give a folder"):
+        papa.curve(minilm, constants, ["cola"], checkpoint=damaged, **options)
 
 
 def test_cache_features_extracts_what_run_reads(minilm, monkeypatch):

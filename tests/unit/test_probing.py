@@ -15,6 +15,7 @@ import torch
 
 import attnlens
 from attnlens import papa, passes, probing
+from attnlens.errors import NotFittedError
 from attnlens.inputs import Words
 from attnlens.probing import features as features_module
 from tests import tiny
@@ -476,6 +477,73 @@ def test_a_warm_started_linear_baseline_reaches_the_cold_fits_optimum_in_fewer_i
     assert warm.predict(features) == cold.predict(features)
     assert warm.model[-1].n_iter_[0] <= cold.model[-1].n_iter_[0]
     assert not np.array_equal(start.model[-1].coef_, cold.model[-1].coef_)  # a real start elsewhere
+
+
+def test_a_saved_linear_baseline_loads_back_exactly_and_starts_the_same_fit(bert, tmp_path):
+    """``LinearBaseline.save`` / ``load`` (papa.curve's checkpoint keeps a task's first baseline
+    this way): the loaded baseline has the same chosen ``C``, held-out scores, parameters and
+    arrays, bit for bit, predicts the same, and a fit warm-started from it equals, bit for bit,
+    one started from the original (the same lbfgs from the same first point). An unfitted
+    baseline has nothing to save."""
+    import numpy as np
+
+    texts, labels = _separable(bert)
+    labels = [label if index % 7 else 1 - label for index, label in enumerate(labels)]  # not separable
+    other = probing.extract(bert, texts, max_len=16, progress=False)
+    features = probing.extract(bert, texts, max_len=24, progress=False)
+    fitted = probing.LinearBaseline(seed=1).fit(other, labels)
+    loaded = probing.LinearBaseline.load(fitted.save(tmp_path / "linear.safetensors"))
+    assert (loaded.C, loaded.held_out, loaded.fallback) == (fitted.C, fitted.held_out, fitted.fallback)
+    assert loaded.get_params() == {**fitted.get_params(), "grid": list(fitted.grid)}
+    for name in ("mean_", "scale_", "var_"):
+        assert np.array_equal(getattr(loaded.model[0], name), getattr(fitted.model[0], name))
+    for name in ("coef_", "intercept_", "classes_"):
+        mine, theirs = getattr(loaded.model[-1], name), getattr(fitted.model[-1], name)
+        assert np.array_equal(mine, theirs) and mine.dtype == theirs.dtype
+    assert loaded.predict(features) == fitted.predict(features)
+    start = {"original": fitted, "loaded": loaded}
+    warm = {name: probing.LinearBaseline(grid=(0.1,)).fit(features, labels, start=value) for name, value in start.items()}
+    assert np.array_equal(warm["loaded"].model[-1].coef_, warm["original"].model[-1].coef_)
+    with pytest.raises(NotFittedError, match="not fitted yet"):
+        probing.LinearBaseline().save(tmp_path / "none.safetensors")
+
+
+def test_a_curve_point_file_reads_back_what_was_written(tmp_path):
+    """attnlens.evaluation.points (papa.curve's checkpoint): a point's row reads back equal,
+    NaN as NaN and NumPy values as Python's (a float64 to the bit); a first point's result
+    keeps its settings, every seed's predictions and its linear baseline's arrays. A key with
+    no file is ``None``; a file under another key's name is refused, naming it."""
+    import math
+
+    import numpy as np
+
+    from attnlens.errors import FileFormatError
+    from attnlens.evaluation import points
+
+    generator = torch.Generator().manual_seed(0)
+    features = probing.Features(torch.randn(18, 3, 8, generator=generator).half(), torch.full((6,), 3),
+                                torch.arange(3).repeat(6), torch.zeros(0, dtype=torch.long), "sequence", 8, "k")
+    linear = probing.LinearBaseline(grid=(0.1,)).fit(features, [0, 1, 0, 1, 0, 1])
+    result = probing.ProbeResult(task="sst2", split="dev", metric="accuracy", score=0.5, majority=0.5,
+                                 predictions=["neg", "pos"], runs=[["neg", "pos"], ["pos", "pos"]],
+                                 settings={"epochs_chosen": 7, "baseline_C": 0.1}, linear=linear)
+    columns = {"score": np.float64(1 / 3), "baseline": float("nan"), "significant": np.bool_(True)}
+    point = {"task": "sst2", "metric": "accuracy", "seconds": {"probe": 1.25}, "rank": 1, "columns": columns,
+             "result": result}
+    key = "ab" * 16
+    assert points.load(tmp_path, key) is None
+    points.save(tmp_path, key, point)
+    found = points.load(tmp_path, key)
+    assert found["resumed"] is True and (found["task"], found["rank"], found["seconds"]) == ("sst2", 1, {"probe": 1.25})
+    assert found["columns"]["score"] == 1 / 3 and math.isnan(found["columns"]["baseline"])
+    assert found["columns"]["significant"] is True
+    again = found["result"]
+    assert again.runs == result.runs and again.predictions == ["neg", "pos"]
+    assert again.settings["epochs_chosen"] == 7 and again.settings["baseline_C"] == 0.1
+    assert np.array_equal(again.linear.model[-1].coef_, linear.model[-1].coef_)
+    points.path_of(tmp_path, key).rename(points.path_of(tmp_path, "cd" * 16))
+    with pytest.raises(FileFormatError, match=f"point-{'cd' * 16}.*does not describe a curve point"):
+        points.load(tmp_path, "cd" * 16)
 
 
 def test_standardisation_and_baseline_rows_follow_their_definitions_across_chunks():

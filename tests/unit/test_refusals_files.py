@@ -110,8 +110,30 @@ def _pattern_cnn(folder: Path, bridge) -> tuple[Path, callable]:
     return cnn.save(folder / "cnn.safetensors"), PatternCNN.load
 
 
+def _linear_baseline(folder: Path, bridge) -> tuple[Path, callable]:
+    from attnlens.probing import LinearBaseline
+
+    linear = LinearBaseline(grid=(0.1,)).fit(features(), [0, 1, 0, 1, 0, 1])
+    return linear.save(folder / "linear.safetensors"), LinearBaseline.load
+
+
+def _curve_point(folder: Path, bridge) -> tuple[Path, callable]:
+    """A task's first point in a curve's checkpoint folder (its result and linear baseline)."""
+    from attnlens.evaluation import points
+    from attnlens.probing import LinearBaseline, ProbeResult
+
+    linear = LinearBaseline(grid=(0.1,)).fit(features(), [0, 1, 0, 1, 0, 1])
+    result = ProbeResult(task="sst2", split="dev", metric="accuracy", score=0.5, majority=0.5,
+                         predictions=["a", "b"], runs=[["a", "b"]], settings={"baseline_C": 0.1}, linear=linear)
+    point = {"task": "sst2", "metric": "accuracy", "seconds": {"probe": 1.5}, "rank": 0,
+             "columns": {"score": 0.5, "significant": False}, "result": result}
+    key = "0123456789abcdef" * 2
+    return points.save(folder, key, point), lambda path: points.load(path.parent, key)
+
+
 KINDS = {"constants": _constants, "checkpoint": _checkpoint, "features": _features, "probe": _probe,
-         "mlm head": _mlm_head, "pattern cnn": _pattern_cnn}
+         "mlm head": _mlm_head, "pattern cnn": _pattern_cnn, "linear baseline": _linear_baseline,
+         "curve point": _curve_point}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -200,6 +222,12 @@ def _with_a_nan(kind: str):
         made = features()
         made.vectors[1, 2, 3] = float("nan")
         return made, Features.load
+    if kind == "linear baseline":
+        from attnlens.probing import LinearBaseline
+
+        made = LinearBaseline(grid=(0.1,)).fit(features(), [0, 1, 0, 1, 0, 1])
+        made.model[-1].coef_[0, 3] = float("nan")
+        return made, LinearBaseline.load
     if kind == "probe":
         made = PapaProbe(epochs=1).fit(features(), [0, 1, 0, 1, 0, 1])
     elif kind == "mlm head":
@@ -213,7 +241,7 @@ def _with_a_nan(kind: str):
     return made, type(made).load
 
 
-@pytest.mark.parametrize("kind", ["features", "probe", "mlm head", "pattern cnn"])
+@pytest.mark.parametrize("kind", ["features", "probe", "mlm head", "pattern cnn", "linear baseline"])
 def test_a_saved_non_finite_weight_is_refused_on_load(kind, tmp_path):
     """A file whose checksum holds but whose tensors hold a NaN (a diverged fit, saved) is
     refused on load with one error naming the file and the non-finite values, never loaded to

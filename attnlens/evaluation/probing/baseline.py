@@ -15,16 +15,23 @@ Its features are the probe's (:class:`attnlens.probing.Features`), read without 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import json
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from jaxtyping import Float
 
+from attnlens.core.checks import all_finite
 from attnlens.core.estimator import Estimator
 from attnlens.errors import InputError, NotFittedError
 from attnlens.evaluation.probing.features import Features
+
+#: File format of a saved linear baseline.
+FORMAT = "attnlens.LinearBaseline/1"
 
 #: The grid of ``C`` tried on the held-out split (strong to weak regularisation).
 C_GRID: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
@@ -61,7 +68,8 @@ class LinearBaseline(Estimator):
 
     ``scorer(indices, predictions)``: how a ``C`` is judged on the held-out examples at
     ``indices`` (by default accuracy; :func:`attnlens.probing.run` passes the task's metric).
-    After :meth:`fit`: ``C`` (chosen), ``held_out`` (``{C: score}``).
+    After :meth:`fit`: ``C`` (chosen), ``held_out`` (``{C: score}``). :meth:`save` / :meth:`load`
+    keep a fitted baseline in one safetensors file (its scaler's and its model's arrays, exactly).
     """
 
     def __init__(self, *, grid: Sequence[float] = C_GRID, holdout: float = 0.2, seed: int = 0,
@@ -180,6 +188,72 @@ class LinearBaseline(Estimator):
                 tags[word] = int(label)
             out.append(tags)
         return out
+
+
+    # ---- files -------------------------------------------------------------------------------
+
+    def state(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """The fitted baseline as tensors and string metadata (what :meth:`save` writes and
+        :meth:`from_state` reads back): the scaler's ``mean_``, ``scale_`` and ``var_``, the
+        logistic regression's ``coef_``, ``intercept_`` and ``classes_``, every value exact."""
+        if self.model is None:
+            raise NotFittedError("this LinearBaseline is not fitted yet; nothing to save.")
+        scaler, model = self.model[0], self.model[-1]
+        tensors = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in (
+            ("mean", scaler.mean_), ("scale", scaler.scale_), ("var", scaler.var_), ("coef", model.coef_),
+            ("intercept", model.intercept_), ("classes", model.classes_))}
+        metadata = {"format": FORMAT, "params": json.dumps(self.get_params()), "C": repr(float(self.C)),
+                    "held_out": json.dumps([[float(c), score] for c, score in self.held_out.items()]),
+                    "fallback": str(self.fallback), "words": str(self._words),
+                    "n_samples_seen": str(int(scaler.n_samples_seen_)), "n_iter": json.dumps(model.n_iter_.tolist())}
+        return tensors, metadata
+
+    @classmethod
+    def from_state(cls, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> LinearBaseline:
+        """The baseline of :meth:`state`'s tensors and metadata (``KeyError`` / ``ValueError``
+        for a missing or mangled field)."""
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        params = json.loads(metadata["params"])
+        baseline = cls(**params)
+        baseline.C = float(metadata["C"])
+        baseline.held_out = {float(c): float(score) for c, score in json.loads(metadata["held_out"])}
+        baseline.fallback, baseline._words = int(metadata["fallback"]), metadata["words"] == "True"
+        arrays = {name: tensors[name].numpy() for name in ("mean", "scale", "var", "coef", "intercept", "classes")}
+        scaler = StandardScaler()
+        scaler.mean_, scaler.scale_, scaler.var_ = arrays["mean"], arrays["scale"], arrays["var"]
+        scaler.n_samples_seen_ = int(metadata["n_samples_seen"])
+        scaler.n_features_in_ = len(arrays["mean"])
+        model = LogisticRegression(C=baseline.C, max_iter=baseline.max_iter)
+        model.coef_, model.intercept_, model.classes_ = arrays["coef"], arrays["intercept"], arrays["classes"]
+        model.n_features_in_ = arrays["coef"].shape[1]
+        model.n_iter_ = np.asarray(json.loads(metadata["n_iter"]), dtype=np.int32)
+        baseline.model = make_pipeline(scaler, model)
+        return baseline
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the fitted baseline to one safetensors file (atomically, with a checksum)."""
+        from attnlens.core.files import safetensors_bytes, write_atomic
+
+        tensors, metadata = self.state()
+        return write_atomic(path, safetensors_bytes(tensors, metadata))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LinearBaseline:
+        """Read a baseline written by :meth:`save`: one error naming the file when it is missing,
+        damaged, of another kind, or holds non-finite values."""
+        from attnlens.core.files import read_checked
+
+        metadata, tensors = read_checked(path, what="linear baseline", format=FORMAT)
+        if not all(all_finite(value) for value in tensors.values()):
+            raise InputError(f"linear baseline file {path} holds non-finite weights.")
+        try:
+            return cls.from_state(tensors, metadata)
+        except (KeyError, TypeError, ValueError) as error:
+            raise InputError(f"linear baseline file {path} does not describe a LinearBaseline ({error}); "
+                             "fit and save it again.") from None
 
 
 def _accuracy(labels: list) -> Callable[[np.ndarray, list], float]:
