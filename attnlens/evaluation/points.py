@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.core.inputs import Words
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.errors import FileFormatError
 from attnlens.evaluation.probing import LinearBaseline, ProbeResult
@@ -112,7 +113,10 @@ def load(folder: str | os.PathLike, point_key: str) -> dict[str, Any] | None:
 
 def _ready(value: Any) -> Any:
     """``value`` as JSON-ready Python that reads back equal: NumPy and torch scalars as Python
-    numbers and bools (NaN stays NaN), containers as lists and dicts."""
+    numbers and bools (NaN stays NaN), containers as lists and dicts, a token task's
+    :class:`~attnlens.inputs.Words` as ``{"words": [...]}`` (as the features' key)."""
+    if isinstance(value, Words):
+        return {"words": list(value.words)}
     if isinstance(value, Mapping):
         return {str(name): _ready(item) for name, item in value.items()}
     if isinstance(value, Sequence) and not isinstance(value, str | bytes):

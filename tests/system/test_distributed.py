@@ -322,9 +322,13 @@ def _sharing_main(rank: int, init: str, folder: str, constants: str, out: str) -
                                                      after=[None, 0, 0, 0, 0, None])}
         except Exception as error:  # noqa: BLE001 - the message is what the test checks
             results[case] = {"error": f"{type(error).__name__}: {error}"}
-    curve = papa.curve(attnlens.load(folder), papa.load(constants), **CURVE)
+    points = Path(out).parent / "points"  # the curve's checkpoint, one folder for both ranks
+    curve = papa.curve(attnlens.load(folder), papa.load(constants), checkpoint=points, **CURVE)
     curve.to_csv(Path(out).with_suffix(f".{rank}.csv"))
-    results["curve"] = {"processes": curve.processes, "timings": sorted(t["task"] for t in curve.timings)}
+    again = papa.curve(attnlens.load(folder), papa.load(constants), checkpoint=points, **CURVE)
+    again.to_csv(Path(out).with_suffix(f".{rank}.again.csv"))
+    results["curve"] = {"processes": curve.processes, "timings": sorted(t["task"] for t in curve.timings),
+                        "resumed": [t["resumed"] for t in again.timings]}
     Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(results), encoding="utf-8")
     dist.destroy_process_group()
 
@@ -408,7 +412,8 @@ def test_a_curve_shared_by_two_ranks_equals_the_one_process_curve(shared, bert_f
     """Under torch.distributed the ranks share papa.curve's points, each task's later points
     after its first; both ranks return the table one process makes, value for value (each
     point is the same computation, on one thread, wherever it runs: its first point's result
-    reaches it through the store, pickled)."""
+    reaches it through the store, pickled). With a checkpoint folder shared by the ranks, each
+    point is written once, and the same curve again reads every point back, to the same table."""
     import json
 
     import pandas as pd
@@ -424,8 +429,10 @@ def test_a_curve_shared_by_two_ranks_equals_the_one_process_curve(shared, bert_f
     finally:
         torch.set_num_threads(threads)
     for rank in (0, 1):
-        table = pd.read_csv(out.with_suffix(f".{rank}.csv"))
-        pd.testing.assert_frame_equal(table, single.table.reset_index(drop=True), check_dtype=False)
+        for run in ("", ".again"):
+            table = pd.read_csv(out.with_suffix(f".{rank}{run}.csv"))
+            pd.testing.assert_frame_equal(table, single.table.reset_index(drop=True), check_dtype=False)
         seen = json.loads(out.with_suffix(f".{rank}.json").read_text(encoding="utf-8"))["curve"]
-        assert seen == {"processes": 2, "timings": ["cola"] * 3 + ["sst2"] * 3}
+        assert seen == {"processes": 2, "timings": ["cola"] * 3 + ["sst2"] * 3, "resumed": [True] * 6}
+    assert len(list((out.parent / "points").glob("point-*.safetensors"))) == 6
     assert single.processes == 1

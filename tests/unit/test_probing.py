@@ -546,6 +546,34 @@ def test_a_curve_point_file_reads_back_what_was_written(tmp_path):
         points.load(tmp_path, "cd" * 16)
 
 
+def test_a_curve_points_key_is_stable_and_changes_with_what_the_point_depends_on(bert):
+    """points.key (the name of a point's file): the same for the same token task loaded twice
+    (its Words written by their words, never by an object's address), different when a label,
+    the hooks, a setting or the first point differ."""
+    import dataclasses
+
+    from attnlens import tasks
+    from attnlens.evaluation import points
+    from tests.conftest import DATA
+
+    def loaded():
+        return (tasks.load("ner", "train", data_dir=DATA, limit=12, seed=0),
+                tasks.load("ner", "dev", data_dir=DATA, limit=6, seed=0))
+
+    train, evaluation = loaded()
+    base = dict(hooks="none", settings={"seeds": 3}, first=None)
+    key = points.key(bert, train, evaluation, **base)
+    assert points.key(bert, *loaded(), **base) == key and len(key) == 32
+    changed = [points.key(bert, train, evaluation, **{**base, **change}) for change in
+               ({"hooks": "papa:x"}, {"settings": {"seeds": 2}}, {"first": key})]
+    relabelled = train.examples.map(lambda example, index: {"tags": [(tag + 1) % 9 for tag in example["tags"]]
+                                                            if index == 0 else example["tags"]}, with_indices=True)
+    other = dataclasses.replace(train, examples=relabelled)  # one word's label changed
+    assert other.labels() != train.labels()
+    changed.append(points.key(bert, other, evaluation, **base))
+    assert len({key, *changed}) == 5
+
+
 def test_standardisation_and_baseline_rows_follow_their_definitions_across_chunks():
     """On more vectors than ``probe.CHUNK`` and more examples than ``baseline.EXAMPLES_AT_A_TIME``
     (synthetic float16 features): the probe's ``mean`` / ``scale`` are numpy's float64 mean and
