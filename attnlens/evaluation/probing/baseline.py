@@ -189,7 +189,6 @@ class LinearBaseline(Estimator):
             out.append(tags)
         return out
 
-
     # ---- files -------------------------------------------------------------------------------
 
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
