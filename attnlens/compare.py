@@ -38,13 +38,20 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens.core.checks import describe, index, optional_count, whole_number
 from attnlens.core.corpus import resolve_corpus
-from attnlens.core.inputs import as_max_len, tokenize, whole_number
+from attnlens.core.files import write_atomic
+from attnlens.core.inputs import as_max_len, tokenize
+from attnlens.core.loading import is_causal, load
 from attnlens.core.modes import eval_mode
 from attnlens.core.result import Result
 from attnlens.engine import passes
+from attnlens.engine.effective import warn_if_short
 from attnlens.errors import InputError, InputTypeError
+from attnlens.evaluation import lm, probing
+from attnlens.methods import effective, papa
 from attnlens.methods import views as registry
+from attnlens.methods.papa import PapaConstants, fitting
 from attnlens.methods.patterns.counts import PatternTypes
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import (
@@ -67,7 +74,8 @@ from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.com
     TYPE_COLUMNS,
     VIEWS,
 )
-from attnlens.present.display import Figures
+from attnlens.present.display import Figures, comparison_html
+from attnlens.present.export import comparison_maps, to_circuitsvis
 from attnlens.present.figures import MAX_TILED_TOKENS, blank_later_keys, build_figures  # noqa: F401
 from attnlens.present.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
 
@@ -84,8 +92,6 @@ REPORT_BUDGET = 1_500_000
 
 def validate_views(views: Iterable[str]) -> tuple[str, ...]:
     """``("standard", *views)`` without duplicates; unknown names raise ``ValueError``."""
-    from attnlens.core.checks import describe
-
     names: list[str] = ["standard"]
     for view in views:
         if not isinstance(view, str):
@@ -233,16 +239,12 @@ class Comparison(Result):
         """Write the self-contained, offline HTML report to ``path`` atomically (through
         :func:`attnlens.files.write_atomic`: never half a file, never through a symlink, a
         read-only file replaced only with ``overwrite_read_only``); returns the path."""
-        from attnlens.core.files import write_atomic
-
         html = self.to_html(full_html=True).encode("utf-8")
         return write_atomic(Path(path), html, overwrite_read_only=overwrite_read_only)
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a small summary without plotly.js (:func:`attnlens.display.comparison_html`);
         show a figure with ``c.figures[name]``, the whole report with :meth:`save_html`."""
-        from attnlens.present.display import comparison_html
-
         return comparison_html(self)
 
     def __repr__(self) -> str:
@@ -261,10 +263,7 @@ class Comparison(Result):
         query are blanked on a decoder, except for effective attention, which reaches them;
         signed views get a colour range symmetric about 0. Needs
         ``pip install "attnlens[circuitsvis]"``."""
-        from attnlens.present.export import comparison_maps, to_circuitsvis
-
         patterns, tokens = comparison_maps(self, example, view)
-        from attnlens.core.checks import index
 
         layers = range(self.n_layers) if layer is None else [index(layer, "layer", self.n_layers, "layers")]
         return to_circuitsvis(
@@ -353,7 +352,6 @@ def _as_model(model: Any) -> Any:
         )
     if hasattr(model, "run_with_cache") and hasattr(model, "cfg"):
         return model
-    from attnlens.core.loading import load
 
     return load(model)
 
@@ -447,7 +445,6 @@ def compare(
         _as_model(model)  # the view given as the model: say the model goes first
     names = validate_views(views or VIEWS)
     if isinstance(constants, str | os.PathLike):  # a constants file: load it (checked below)
-        from attnlens.methods.papa import PapaConstants
 
         constants = PapaConstants.load(constants)
     texts = resolve_corpus(corpus)
@@ -460,10 +457,7 @@ def compare(
         max_len = as_max_len(max_len)
     if example is not None:
         example = _check_example(example, len(texts))
-    from attnlens.core.checks import whole_number
-
     batch_size = whole_number(batch_size, "batch_size", " of examples (e.g. 32)", minimum=1)
-    from attnlens.core.checks import optional_count
 
     train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
@@ -503,9 +497,6 @@ def view_scores(
     max_len: int, layout: str, batch_size: int, progress: bool,
 ) -> pd.DataFrame:
     """Task and LM scores per view (:data:`SCORE_COLUMNS`); see :func:`compare`."""
-    from attnlens.evaluation import lm, probing
-    from attnlens.methods import effective, papa
-
     if isinstance(tasks, str):
         tasks = [tasks]
     views: dict[str, Any] = {"standard": ()}
@@ -536,7 +527,7 @@ def view_scores(
 
 
 def _check_count(value: Any, name: str) -> int:
-    """``value`` as an int (:func:`attnlens.inputs.whole_number`); a ``ValueError`` like the
+    """``value`` as an int (:func:`attnlens.checks.whole_number`); a ``ValueError`` like the
     other argument checks of :func:`compare`."""
     try:
         return whole_number(value, name)
@@ -585,8 +576,6 @@ def _papa_setup(
     if "papa" not in names:
         return None, DEFAULT_MAX_LEN if max_len is None else max_len, "padded"
     if constants is None:
-        from attnlens.methods.papa import fitting
-
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
         constants = fitting.fit(
             model, texts, max_len=max_len, layout=fitting.default_layout(model),
@@ -810,8 +799,6 @@ def _compare(
     report_budget: int = 0,
 ) -> Comparison:
     """The pass over the corpus of :func:`compare`, its arguments checked and resolved."""
-    from attnlens.core.loading import is_causal
-
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     causal = is_causal(model)
     views = ViewsAccumulator(
@@ -825,8 +812,6 @@ def _compare(
     n_tokens = summary.n_tokens
     meta: dict[str, Any] = {}
     if "effective" in names:
-        from attnlens.engine.effective import warn_if_short
-
         d_head = int(model.cfg.d_head)
         meta.update(d_head=d_head, longer_than_d_head=int(views.longer))
         warn_if_short(int(views.longer), d_head)

@@ -11,5 +11,6 @@ package's root.
 
 Layers, lowest first: ``core`` < ``engine`` < ``methods`` < ``evaluation`` < ``present`` <
 ``compare`` < ``cli``. A module imports only from its own layer or lower ones, never higher, not
-even inside a function (``tests/unit/test_layers.py``).
+even inside a function (``tests/unit/test_layers.py``). Imports sit at the top of the file; one
+waits inside a function only for a reason that test names (e.g. a module that loads plotly).
 """

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from attnlens.errors import FileFormatError, MissingFileError
+from attnlens.errors import AttnlensWarning, DamagedFileError, FileFormatError, MissingFileError
 
 #: prefix and suffix of temporary files (``.<name>.<random>.tmp`` beside the target)
 TEMPORARY_SUFFIX = ".tmp"
@@ -189,8 +189,6 @@ def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensor
     (load it, then ``save``; or rerun the command that wrote it) adds the full checksum.
     """
     import warnings
-
-    from attnlens.errors import AttnlensWarning, DamagedFileError
 
     recorded = metadata.get(CHECKSUM_KEY)
     if recorded is None:

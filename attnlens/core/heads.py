@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from attnlens.core.checks import describe, finite, whole_number
+from attnlens.core.notebook import headset_html
 from attnlens.errors import InputError, InputTypeError
 
 
@@ -105,8 +106,6 @@ class HeadSet:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: a ``layer × head`` grid of marks (:func:`attnlens.display.headset_html`)."""
-        from attnlens.core.notebook import headset_html
-
         return headset_html(self)
 
 

@@ -39,7 +39,9 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from attnlens.core.checks import flag
+from attnlens.core import models
+from attnlens.core.checks import describe, flag
+from attnlens.core.checks import whole_number as checked
 from attnlens.core.loading import is_causal
 from attnlens.errors import InputError, InputTypeError
 
@@ -244,8 +246,6 @@ def default_layout(model: Any) -> str:
     ``compare``, ``attnlens fit-papa``): its architecture's
     (:attr:`attnlens.models.Architecture.layout`): ``"padded"`` for a decoder, which has no
     [CLS]/[SEP] to fix in place, ``"papa"`` for an encoder. A bare tokenizer gets ``"papa"``."""
-    from attnlens.core import models
-
     architecture = models.find(model)
     return architecture.layout if architecture is not None else "papa"
 
@@ -253,8 +253,6 @@ def default_layout(model: Any) -> str:
 def _positions_from_mask(model: Any) -> bool:
     """Whether the model's position ids come from the mask: its architecture's fact
     (:attr:`attnlens.models.Architecture.positions_from_mask`), else whether it is causal."""
-    from attnlens.core import models
-
     architecture = models.find(model)
     return architecture.positions_from_mask if architecture is not None else is_causal(model)
 
@@ -262,8 +260,6 @@ def _positions_from_mask(model: Any) -> bool:
 def _counts_positions(model: Any) -> bool:
     """Whether the model numbers the real tokens itself, skipping padding: its architecture's
     fact (:attr:`attnlens.models.Architecture.counts_positions`), else whether it is causal."""
-    from attnlens.core import models
-
     architecture = models.find(model)
     return architecture.counts_positions if architecture is not None else is_causal(model)
 
@@ -285,8 +281,6 @@ def position_limit(model: Any) -> int | None:
 def _reserved_positions(config: Any) -> int:
     """Position embeddings a model never uses: the architecture's
     :attr:`~attnlens.models.Architecture.reserved_positions` (``padding_idx + 1`` for RoBERTa)."""
-    from attnlens.core import models
-
     architecture = models.find(config)
     return 0 if architecture is None else architecture.reserved_positions(config)
 
@@ -306,8 +300,6 @@ def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = Fals
 
 def whole_number(value: Any, name: str, unit: str = "") -> int:
     """``value`` as an ``int`` (:func:`attnlens.checks.whole_number`, kept here for callers)."""
-    from attnlens.core.checks import whole_number as checked
-
     return checked(value, name, unit)
 
 
@@ -422,8 +414,6 @@ def _as_examples(texts_or_pairs: Any) -> list:
         return _as_words(examples)
     for index, example in enumerate(examples):
         if example_kind(example) not in ("text", "pair"):
-            from attnlens.core.checks import describe
-
             raise InputTypeError(f"Expected a string or a (str, str) pair, got {describe(example)} (text {index}).")
         if any(not part.strip() for part in (example if isinstance(example, tuple) else (example,))):
             raise BlankText(index, "is blank (empty or only whitespace); remove blank texts from the corpus")

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from attnlens.core import models, seam
+from attnlens.core.models import gguf
 from attnlens.errors import (
     FileFormatError,
     InputError,
@@ -245,8 +246,6 @@ def _resolve(name: str) -> str:
     if folder is not None:
         return folder
     if name.lower().endswith(".gguf"):
-        from attnlens.core.models import gguf
-
         return str(gguf.convert(Path(name).expanduser()))
     return name
 

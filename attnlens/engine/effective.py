@@ -75,6 +75,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens.core.checks import describe, finite, finite_tensor
+from attnlens.core.seam import key_mask as infer_key_mask
 from attnlens.errors import InputError, InputTypeError
 
 #: smallest ``rtol`` the Gram routes resolve reliably; below it the QR route is used
@@ -172,8 +174,6 @@ def effective_attention(
     :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
     """
-    from attnlens.core.checks import describe, finite, finite_tensor
-
     for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
         if value is not None and not isinstance(value, Tensor):
             raise InputTypeError(
@@ -203,8 +203,6 @@ def effective_attention(
     if padded:
         valid = torch.ones(batch, n_keys, dtype=torch.bool, device=pattern.device)
     elif key_mask is None:
-        from attnlens.core.seam import key_mask as infer_key_mask
-
         valid = infer_key_mask(pattern)
     else:
         valid = key_mask.to(device=pattern.device, dtype=torch.bool)

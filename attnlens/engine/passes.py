@@ -64,6 +64,13 @@ from torch import Tensor
 from attnlens.core import memory, models, seam
 from attnlens.core.checks import flag
 from attnlens.core.corpus import corpus_iterator
+from attnlens.core.files import (
+    check_sealed,
+    clean_temporaries,
+    safetensors_bytes,
+    verify_checksum,
+    write_atomic,
+)
 from attnlens.core.inputs import (
     LAYOUTS,
     Batch,
@@ -78,6 +85,8 @@ from attnlens.core.inputs import (
 )
 from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
 from attnlens.core.modes import eval_mode
+from attnlens.core.notebook import in_notebook
+from attnlens.engine.effective import effective_attention
 from attnlens.engine.hooks import Hooks, as_hooks
 from attnlens.errors import (
     DamagedFileError,
@@ -184,7 +193,6 @@ class LayerPatterns:
                 "effective attention needs the layer's values: set needs_effective = True "
                 "on the accumulator that reads LayerPatterns.effective."
             )
-        from attnlens.engine.effective import effective_attention
 
         return self.shared("effective", lambda: effective_attention(
             self.pattern, self.values, key_mask=self.key_mask, **self.options
@@ -359,8 +367,6 @@ def tqdm_class() -> type:
     """``tqdm.notebook.tqdm`` (a widget) in a Jupyter kernel where ``ipywidgets`` imports, else
     ``tqdm.std.tqdm`` (text). Unlike ``tqdm.auto`` it never warns: without ``ipywidgets`` a
     notebook simply gets the text bar."""
-    from attnlens.core.notebook import in_notebook
-
     if in_notebook():
         try:
             import ipywidgets  # noqa: F401  (tqdm.notebook needs it for its widget)
@@ -820,8 +826,6 @@ def save_checkpoint(
     path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any]
 ) -> None:
     """Write every accumulator's state and the pass's counts atomically to ``path``."""
-    from attnlens.core.files import safetensors_bytes, write_atomic
-
     tensors: dict[str, Tensor] = {}
     for accumulator in accumulators:
         for key, value in accumulator.state_dict().items():
@@ -846,7 +850,6 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
         with safe_open(str(path), framework="pt") as handle:
             raw = handle.metadata() or {}
             tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-        from attnlens.core.files import check_sealed, verify_checksum
 
         if raw.get("format") != CHECKPOINT_FORMAT:
             check_sealed(path, raw, tensors)
@@ -1053,8 +1056,6 @@ def run(
     fingerprint = _Fingerprint()
     path = checkpoint_path(checkpoint, current) if checkpoint is not None else None
     if path is not None:
-        from attnlens.core.files import clean_temporaries
-
         clean_temporaries(path)
         check_world_size(checkpoint, current)
         if path.exists():

@@ -23,10 +23,20 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from attnlens.core import seam
+from attnlens.core.checks import finite, optional_count, whole_number
+from attnlens.core.files import write_atomic
+from attnlens.core.inputs import tokenize
+from attnlens.core.notebook import curve_html
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
-from attnlens.evaluation import points
+from attnlens.evaluation import lm, points, probing
+from attnlens.evaluation.probing import paired
+from attnlens.evaluation.probing.features import hooks_key
+from attnlens.evaluation.probing.intervals import paired_counts
+from attnlens.methods.papa import baselines as data_free
+from attnlens.methods.papa.intervene import hooks as papa_hooks
+from attnlens.methods.papa.selection import STRATEGIES, learn_lambda, select_heads
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
@@ -113,14 +123,10 @@ class Curve(Result):
 
     def _repr_html_(self) -> str:
         """Jupyter's view: tasks, the first rows of the table (:func:`attnlens.display.curve_html`)."""
-        from attnlens.core.notebook import curve_html
-
         return curve_html(self)
 
     def to_csv(self, path: Any, *, overwrite_read_only: bool = False) -> Any:
         """Write the table as CSV, atomically (:func:`attnlens.files.write_atomic`)."""
-        from attnlens.core.files import write_atomic
-
         return write_atomic(path, self.table.to_csv(index=False).encode("utf-8"),
                             overwrite_read_only=overwrite_read_only)
 
@@ -214,13 +220,6 @@ def curve(
     interrupted curve still reads its features from the feature cache, but trains every probe
     again.
     """
-    from attnlens.core.checks import finite, optional_count, whole_number
-    from attnlens.evaluation import probing
-    from attnlens.evaluation.probing.features import hooks_key
-    from attnlens.methods.papa import baselines as data_free
-    from attnlens.methods.papa.intervene import hooks as papa_hooks
-    from attnlens.methods.papa.selection import STRATEGIES, select_heads
-
     tasks = [tasks] if isinstance(tasks, str) else tasks  # one task's name: that task
     tasks = list(tasks)
     if not tasks and lm_texts is None:
@@ -328,8 +327,6 @@ def curve(
                 eval_limit=eval_limit, seed=seed, max_len=fitted.max_len, layout=fitted.layout,
                 batch_size=batch_size, progress=progress), "rank": rank}
         if name == "lm":
-            from attnlens.evaluation import lm
-
             started = time.perf_counter()
             score = lm.evaluate(model, lm_texts, hooks=hooks, max_len=fitted.max_len, layout=fitted.layout,
                                 seed=seed, progress=progress)
@@ -453,8 +450,6 @@ def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dic
     (:func:`attnlens.evaluation.points.key`): its examples, its settings (``options``, the
     point's :func:`attnlens.probing.run` arguments before the first point's choices, and
     ``fast``) and, for a later point, the key of its first point (hooks ``first_hooks``)."""
-    from attnlens.evaluation import probing
-
     train, evaluation, *_ = probing._examples(model, task, options["data_dir"], None, options["train_limit"],
                                               options["eval_limit"], options["seed"], options["max_len"],
                                               options["layout"])
@@ -468,8 +463,6 @@ def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dic
 def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
     """A curve point's score columns: its interval, baselines, and the paired test against the
     same task with no head replaced (``unchanged``), resampling the same examples."""
-    from attnlens.evaluation.probing import paired
-
     versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
                     resamples=result.settings["resamples"])
     linear = result.baseline_interval
@@ -500,7 +493,6 @@ def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
     per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
     if score.counts is None or unchanged.counts is None:
         return {}
-    from attnlens.evaluation.probing.intervals import paired_counts
 
     versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
     return dict(low=score.interval.low, high=score.interval.high, difference=versus.difference,
@@ -537,10 +529,7 @@ def lambda_order(
     """
     import torch
 
-    from attnlens.core.inputs import tokenize
-    from attnlens.evaluation import probing
     from attnlens.evaluation import tasks as task_module
-    from attnlens.methods.papa.selection import learn_lambda
 
     train = task if not isinstance(task, str) else task_module.load(
         task, "train", data_dir=data_dir, limit=train_limit, seed=seed)

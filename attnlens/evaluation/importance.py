@@ -20,8 +20,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core import checks
+from attnlens.core.inputs import default_layout
+from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
+from attnlens.evaluation import lm, probing
+from attnlens.evaluation.lm import UntrainedHead
+from attnlens.evaluation.probing.features import HiddenStates
 from attnlens.methods.ablation import Importance, _model_shape, normalize_by_layer, output_hook
 
 __all__ = ["Gates", "GatesUnused", "LossFn", "ProbeLoss", "importance", "task_loss"]
@@ -63,8 +68,6 @@ class Gates(passes.Accumulator):
         self.per: str | None = None
         self.default = None
         if loss is None:
-            from attnlens.core.loading import is_causal
-
             self.default = "causal" if is_causal(model) else "mlm"
         self.gates: Tensor | None = None
         self._targets: Tensor | None = None
@@ -92,7 +95,6 @@ class Gates(passes.Accumulator):
     def prepare(self, batch: Any) -> Any:
         if self.default != "mlm":
             return batch
-        from attnlens.evaluation import lm
 
         masked, targets = lm.mlm_masks(batch, self.model.tokenizer, rate=self.mask_rate, seed=self.seed)
         self._targets, self._original = targets, batch.input_ids
@@ -207,7 +209,6 @@ class ProbeLoss:
             raise InputError("ProbeLoss needs a fitted PapaProbe; call probe.fit(features, labels) first.")
         if len(labels) != len(examples):
             raise InputError(f"{len(labels)} labels for {len(examples)} examples; give one per example.")
-        from attnlens.evaluation.probing.features import HiddenStates
 
         self.model, self.probe, self.labels, self.examples = model, probe, list(labels), examples
         self.n_layers = int(model.cfg.n_layers)
@@ -272,8 +273,7 @@ def task_loss(
     fitted on ``train_limit`` examples of its train split (features of the model as it is,
     cached as :func:`attnlens.probing.run` caches them) and ``limit`` examples of its dev split
     (seeded subsets) with their labels."""
-    from attnlens.core.inputs import default_layout
-    from attnlens.evaluation import probing, tasks
+    from attnlens.evaluation import tasks
 
     layout = default_layout(model) if layout is None else layout
     train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
@@ -328,8 +328,6 @@ def importance(
     Raises :class:`GatesUnused` when the loss does not depend on the gates (no gradient reaches
     them, or every gradient is 0) instead of returning zeros.
     """
-    from attnlens.core.loading import lm_head_trained, model_id, require_bridge
-
     require_bridge(model, "ablation.importance")
     from attnlens.evaluation import tasks
 
@@ -352,8 +350,6 @@ def importance(
     if loss is not None and not callable(loss):
         raise InputTypeError(f"loss must be a callable loss(output, batch) -> tensor; got {checks.describe(loss)}.")
     if loss is None and lm_head_trained(model) is False:
-        from attnlens.evaluation.lm import UntrainedHead
-
         raise UntrainedHead(
             f"ablation.importance's default loss is the model's own LM loss, but the LM head of "
             f"{model_id(model)} was not in its checkpoint (transformers initialised it at load), so "

@@ -42,6 +42,7 @@ from torch import Tensor
 
 from attnlens.core import checks
 from attnlens.core.estimator import Estimator
+from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.core.result import Result, frame, plain
@@ -677,8 +678,6 @@ class MLMHead(Estimator):
         """Write the fitted head to one safetensors file (atomically, with a checksum)."""
         import json
 
-        from attnlens.core.files import safetensors_bytes, write_atomic
-
         if self.network is None:
             raise NotFittedError("this MLMHead is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
@@ -693,8 +692,6 @@ class MLMHead(Estimator):
         import json
 
         from torch import nn
-
-        from attnlens.core.files import read_checked
 
         metadata, tensors = read_checked(path, what="MLM head", format=HEAD_FORMAT)
         if set(tensors) != {"0.weight", "0.bias", "2.weight", "2.bias"} or not all(

@@ -47,7 +47,7 @@ def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mappin
     and evaluation examples and labels, ``hooks`` (their key), ``settings`` (everything else
     that the point's numbers depend on, JSON-ready) and ``first`` (the key of the task's first
     point; ``None`` for the first point itself)."""
-    from attnlens import __version__
+    from attnlens import __version__  # read at the call: the package's version now
 
     digest = hashlib.sha256()
     header = {"attnlens": __version__, "format": FORMAT, "model": model_id(model),

@@ -24,6 +24,7 @@ from attnlens.core.deprecation import renamed_fields
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
 from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
+from attnlens.evaluation.curve import DATA_FREE, curve
 
 #: The rows of Table 1, in order.
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
@@ -117,8 +118,6 @@ def table(model: Any, constants: Any, tasks: Sequence[Any], *, lm_texts: Sequenc
     """PAPA's Table 1 of ``model`` (see the module docstring): ``tasks`` (names or tasks),
     ``lm_texts`` (also the LM score: the MLM probe for an encoder with an untrained head), the
     other arguments as :func:`attnlens.papa.curve`'s (``seeds``, ``train_limit``, ...)."""
-    from attnlens.evaluation.curve import DATA_FREE, curve
-
     options.pop("fractions", None)
     measured = curve(model, constants, tasks, fractions=(0.0, 1.0), baselines=DATA_FREE,
                      lm_texts=lm_texts, **options)

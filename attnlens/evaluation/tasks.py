@@ -60,6 +60,7 @@ from typing import Any
 import datasets
 import numpy as np
 
+from attnlens.core.checks import indices as checked
 from attnlens.core.checks import whole_number
 from attnlens.core.inputs import Words
 from attnlens.errors import InputError
@@ -207,8 +208,6 @@ class Task:
 
     def select(self, indices: Iterable[int]) -> Task:
         """The task restricted to the examples at ``indices`` (in that order)."""
-        from attnlens.core.checks import indices as checked
-
         return dataclasses.replace(self, examples=self.examples.select(checked(indices, "indices", len(self))))
 
     def majority_label(self) -> int:

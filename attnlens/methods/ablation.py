@@ -14,12 +14,16 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens.core import checks, seam
+from attnlens.core import checks, models, seam
+from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet, n_selected
+from attnlens.core.loading import is_causal, model_id, require_bridge
 from attnlens.core.result import Result, frame, plain
 from attnlens.engine import passes
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
+from attnlens.methods import papa
+from attnlens.methods.papa.intervene import looks_causal
 
 __all__ = [
     "COLUMNS",
@@ -59,8 +63,6 @@ def output_hook(model: Any, layer: int) -> str:
     """The hook point carrying layer ``layer``'s per-head outputs ``z`` (``[batch, pos, head,
     d_head]``): the architecture's :attr:`~attnlens.models.Architecture.output_hook`, by default
     ``blocks.{layer}.attn.hook_z`` (it exists on every bridge, grouped-query models included)."""
-    from attnlens.core import models
-
     architecture = models.find(model) if model is not None and hasattr(model, "original_model") else None
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
     layer = checks.whole_number(layer, "layer") if n_layers is None else checks.index(layer, "layer", n_layers, "layers")
@@ -135,8 +137,6 @@ class AblationHooks(Hooks):
         points, means, causality; for ``"papa"`` the key of the PAPA hooks): equal keys, equal
         interventions. Probe features under these hooks are cached by it
         (:func:`attnlens.probing.features.hooks_key`)."""
-        from attnlens.core.files import tensor_checksum
-
         if self.papa is not None:
             return f"ablation:papa:{self.papa.key()}"
         tensors = {"heads": self.heads.mask.to(torch.uint8)}
@@ -189,8 +189,6 @@ def hooks(
         raise InputError(f"constants= is only used with mode='papa' (got mode={mode!r}).")
     known: list[tuple[str, tuple[int, int]]] = []
     if model is not None:
-        from attnlens.core.loading import model_id, require_bridge
-
         require_bridge(model, "ablation.hooks")
         known.append((f"the model {model_id(model)}", _model_shape(model)))
     if mode == "mean":
@@ -224,8 +222,6 @@ def hooks(
     _check_shape(heads, known)
 
     if mode == "papa":
-        from attnlens.methods import papa
-
         if model is not None:
             constants.check_compatible(model)
         delegated = papa.hooks(constants, heads=heads)
@@ -233,8 +229,6 @@ def hooks(
 
     causal: bool | None = None
     if mode == "uniform" and model is not None:
-        from attnlens.core.loading import is_causal
-
         if not seam.is_installed(model):
             raise InputError(
                 "mode='uniform' edits hook_pattern, and pattern edits do not reach this model's "
@@ -295,8 +289,6 @@ def uniform_pattern(
 
 
 def _uniform_hook(heads: HeadSet, selected: Tensor, causal: bool | None) -> Callable:
-    from attnlens.methods.papa.intervene import looks_causal
-
     def uniform(pattern: Float[Tensor, "batch head query key"], hook: Any) -> Tensor:
         _check_heads_in(pattern.shape[1], heads, "hook_pattern")
         is_causal = looks_causal(pattern) if causal is None else causal
@@ -362,8 +354,6 @@ def head_means(
     ``corpus`` (padding excluded), ``[layer, head, d_head]`` float32 on the CPU: the values of
     mean ablation (``hooks(heads, "mean", means=...)``). One pass of
     :func:`attnlens.passes.run` (summed in float64); ``hooks`` are active during it."""
-    from attnlens.core.loading import require_bridge
-
     require_bridge(model, "ablation.head_means")
     accumulator = HeadMeans(model)
     passes.run(model, corpus, [accumulator], max_len=max_len, layout=layout, batch_size=batch_size,
@@ -540,8 +530,6 @@ def prune_curve(
     against the percentage of heads pruned, one line per order.
     """
     import pandas as pd
-
-    from attnlens.core.loading import require_bridge
 
     require_bridge(model, "ablation.prune_curve")
     if not callable(score_fn):

@@ -54,9 +54,12 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.checks import describe, whole_number
+from attnlens.core.loading import require_bridge
 from attnlens.core.result import Result, frame_from_json, frame_to_json
+from attnlens.engine import passes
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
+from attnlens.methods import views
 
 #: the rows of one chunk of :class:`HeadDistances` take about this many bytes of temporaries
 CHUNK_BYTES = 200 * 2**20
@@ -144,8 +147,6 @@ class HeadDistances(Accumulator):
     def __init__(
         self, n_layers: int, n_heads: int, view: str = "standard", *, chunk_bytes: int = CHUNK_BYTES
     ) -> None:
-        from attnlens.methods import views
-
         self._view = views.get_view(view, among=views.NAMED, where=" for HeadDistances")
         view = self._view.name
         self.n_layers = whole_number(n_layers, "n_layers", minimum=1)
@@ -391,10 +392,6 @@ def cluster(
     :func:`attnlens.patterns.types` has them), shown as marker symbols;
     heads it does not name are ``"unknown"``. ``seed``: MDS's ``random_state``.
     """
-    from attnlens.core.loading import require_bridge
-    from attnlens.engine import passes
-    from attnlens.methods import views
-
     require_bridge(model, "cluster")
     chosen = views.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)
     name, max_len, layout = chosen.name, chosen.max_len, chosen.layout

@@ -28,6 +28,9 @@ from attnlens.core.checks import describe
 from attnlens.core.heads import HeadSet
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError
+from attnlens.methods import ablation, effective, papa
+from attnlens.methods.ablation import MODES as ABLATION_MODES
+from attnlens.methods.effective.model import EffectiveHooks
 
 
 @dataclass(frozen=True)
@@ -103,8 +106,6 @@ def _headset(model: Any, heads: Any) -> HeadSet:
 
 def _papa(mode: str) -> Callable[..., Hooks]:
     def make(model: Any, heads: HeadSet, *, constants: Any = None, lam: Any = None) -> Hooks:
-        from attnlens.methods import papa
-
         constants.check_compatible(model)
         return papa.hooks(constants, heads=heads, mode=mode, lam=lam)
 
@@ -113,9 +114,6 @@ def _papa(mode: str) -> Callable[..., Hooks]:
 
 def _effective(mode: str) -> Callable[..., Hooks]:
     def make(model: Any, heads: HeadSet, *, rtol: Any = None, padded: bool = False) -> Hooks:
-        from attnlens.methods import effective
-        from attnlens.methods.effective.model import EffectiveHooks
-
         layers = [layer for layer in range(heads.shape[0]) if bool(heads.mask[layer].any())]
         if not layers:  # no layer: no hook (effective.hooks takes an empty list as "none given")
             return EffectiveHooks([], f"effective:{mode}:layers=[]:rtol={rtol}:padded={padded}")
@@ -126,16 +124,12 @@ def _effective(mode: str) -> Callable[..., Hooks]:
 
 def _ablation(mode: str) -> Callable[..., Hooks]:
     def make(model: Any, heads: HeadSet, *, means: Any = None, constants: Any = None) -> Hooks:
-        from attnlens.methods import ablation
-
         return ablation.hooks(heads, mode, model=model, means=means, constants=constants)
 
     return make
 
 
 def _register_builtin() -> None:
-    from attnlens.methods.ablation import MODES as ABLATION_MODES
-
     register_intervention(Intervention(
         "papa", "the heads' attention replaced by PAPA constants (papa.hooks, mode='replace')",
         _papa("replace"), "hook_pattern", needs=("constants",)))

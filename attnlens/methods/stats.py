@@ -25,9 +25,11 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.core.heads import _sizes
 from attnlens.core.result import Result, frame
 from attnlens.engine.passes import Accumulator
 from attnlens.errors import InputError
+from attnlens.methods import views
 
 STATISTICS: tuple[str, ...] = (
     "to_cls",
@@ -215,8 +217,6 @@ class AttentionStatistics(Result):
     FORMAT: ClassVar[str] = "attnlens.AttentionStatistics/1"
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
-        from attnlens.core.heads import _sizes
-
         self.n_layers, self.n_heads = n_layers, n_heads = _sizes(n_layers, n_heads)
         self.sums = {name: torch.zeros(n_layers, n_heads, dtype=TOTAL_DTYPE) for name in STATISTICS}
         self.counts = torch.zeros(n_layers, dtype=TOTAL_DTYPE)
@@ -307,8 +307,6 @@ class Statistics(Accumulator):
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
                  causal: bool | None = None) -> None:
-        from attnlens.methods import views
-
         self.constants, self.causal = constants, causal
         self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
         view = self.view = self._view.name
@@ -357,8 +355,6 @@ class Distance(Accumulator):
 
     def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
                  causal: bool | None = None) -> None:
-        from attnlens.methods import views
-
         self.constants, self.causal = constants, causal
         self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
         self.view = self._view.name

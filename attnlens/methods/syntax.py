@@ -58,9 +58,12 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core.checks import describe, whole_number
-from attnlens.core.inputs import Words
+from attnlens.core.inputs import Words, _word_ids
+from attnlens.core.loading import require_bridge
+from attnlens.engine import passes
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError, MissingFileError
+from attnlens.methods import views
 
 #: the fixed offsets (in words) of the baseline, dependent -> head ("the word k to the right")
 OFFSETS: tuple[int, ...] = (-3, -2, -1, 1, 2, 3)
@@ -467,8 +470,6 @@ class DependencyCounts(Accumulator):
 def token_counts(model: Any, sentences: Sequence[Sentence], layout: str) -> list[int | None]:
     """How many positions each sentence takes in ``layout`` (its sub-tokens plus the special
     tokens), or None for one :func:`attnlens.tokenize` would refuse (a blank word, no token)."""
-    from attnlens.core.inputs import _word_ids
-
     tokenizer = getattr(model, "tokenizer", None) or model
     if layout == "papa":
         special = 2
@@ -535,9 +536,6 @@ def dependency_heads(
     ``dropped`` (arcs with a word that got no sub-token, not counted), ``view`` (``"standard"``,
     ``"effective"`` or ``"papa"``), ``layout`` and ``max_len``.
     """
-    from attnlens.core.loading import require_bridge
-    from attnlens.methods import views
-
     require_bridge(model, "dependency_heads")
     chosen = views.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)
     name, max_len, layout = chosen.name, chosen.max_len, chosen.layout
@@ -564,8 +562,6 @@ def dependency_heads(
         raise InputError(
             f"no sentence of the {len(sentences)} read fits in max_len={max_len} tokens; raise max_len."
         )
-
-    from attnlens.engine import passes
 
     counts = DependencyCounts(
         kept, int(model.cfg.n_layers), int(model.cfg.n_heads), effective=name == "effective"

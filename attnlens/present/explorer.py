@@ -31,6 +31,7 @@ import torch
 
 from attnlens.core import plots
 from attnlens.present import kept
+from attnlens.present.columns import SIGNED_VIEWS
 
 # a comparison (attnlens.compare.Comparison) arrives as an argument: the comparison imports the
 # presentation layer, never the other way round
@@ -228,7 +229,6 @@ def _kept(c: Comparison) -> kept.KeptPatterns:
     shown example, coded here from its exact maps (segments unknown: none drawn)."""
     if c.kept_patterns is not None and c.kept_patterns.examples:
         return c.kept_patterns
-    from attnlens.present.columns import SIGNED_VIEWS
 
     signed = tuple(view for view in c.views if view in SIGNED_VIEWS)
     codes, scales = {}, {}
@@ -245,8 +245,6 @@ def _kept(c: Comparison) -> kept.KeptPatterns:
 def data(c: Comparison, grids: list[str]) -> dict[str, Any]:
     """What the explorer's script reads (JSON-ready): the kept examples (tokens, segments,
     base64 codes, scales), the views and how to colour and blank them, the head grids' ids."""
-    from attnlens.present.columns import SIGNED_VIEWS
-
     store = _kept(c)
     views = [view for view in c.views if view in store.views]
     examples = store.to_dict()["examples"]

@@ -33,6 +33,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens.core.files import write_atomic
 from attnlens.errors import InputError, InputTypeError
 
 #: how to install the optional CircuitsVis extra
@@ -74,8 +75,6 @@ class OfflineHTML:
 
     def save(self, path: str | os.PathLike, *, overwrite_read_only: bool = False) -> Path:
         """Write :meth:`to_page` to ``path`` atomically (:func:`attnlens.files.write_atomic`)."""
-        from attnlens.core.files import write_atomic
-
         page = self.to_page(self.description).encode("utf-8")
         return write_atomic(Path(path), page, overwrite_read_only=overwrite_read_only)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from attnlens.methods import patterns
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import STATISTICS
 from attnlens.present.columns import BROAD_BELOW, COLUMN_DOCS, SIGNED_VIEWS, TARGETS
@@ -49,8 +50,6 @@ def build_figures(comparison: Any) -> dict[str, Any]:
         categories=[*TARGETS.values(), "broad"],
     )
     if c.pattern_types is not None:
-        from attnlens.methods import patterns
-
         figures["pattern_type"] = plots.head_grid(
             {view: c.pattern_type(view) for view in c.views},
             title="Each head's most frequent pattern type (Kovaleva et al. 2019)",

@@ -19,7 +19,9 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from attnlens.engine.effective import short_text_note
 from attnlens.present import explorer
+from attnlens.present.columns import COLUMN_DOCS, SCORE_COLUMNS
 
 # a comparison (attnlens.compare.Comparison) arrives as an argument: the comparison imports the
 # presentation layer, never the other way round
@@ -119,8 +121,6 @@ def _summary(c: Comparison) -> str:
         "focus head": f"layer {c.focus[0]}, head {c.focus[1]}",
     }
     if "effective" in c.views and "d_head" in c.meta:
-        from attnlens.engine.effective import short_text_note
-
         longer = c.meta.get("longer_than_d_head")
         items["effective attention"] = short_text_note(int(c.meta["d_head"])).capitalize() + (
             f"; {longer} of {c.n_examples} texts here are" if longer is not None else ""
@@ -132,8 +132,6 @@ def _summary(c: Comparison) -> str:
 
 
 def _table(c: Comparison) -> str:
-    from attnlens.present.columns import COLUMN_DOCS
-
     docs = "".join(
         f"<li><code>{html.escape(name)}</code>: {html.escape(text)}</li>"
         for name, text in COLUMN_DOCS.items()
@@ -146,8 +144,6 @@ def _table(c: Comparison) -> str:
 
 def _scores(c: Comparison) -> str:
     """The task and LM scores per view (``compare(..., tasks=..., lm_texts=...)``)."""
-    from attnlens.present.columns import SCORE_COLUMNS
-
     docs = "".join(
         f"<li><code>{html.escape(name)}</code>: {html.escape(text)}</li>"
         for name, text in SCORE_COLUMNS.items()

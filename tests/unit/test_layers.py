@@ -265,6 +265,54 @@ def test_no_import_cycles():
     assert cycles(imports, top_level_only=False) == []  # none hidden inside a function either
 
 
+#: What an import inside a function may wait for: a module that loads a heavy library (plotly,
+#: ``datasets``) which the importing module does not load otherwise. Every other import of
+#: attnlens sits at the top of its file, where a reader sees what the module stands on.
+DEFERRED_TARGETS = {
+    "attnlens.core.plots": "plotly, for a figure",
+    "attnlens.present.report": "plotly, for the HTML report",
+    "attnlens.evaluation.tasks": "datasets, for a task's examples",
+}
+#: Modules whose imports of attnlens may all wait for a call, and why.
+DEFERRING_MODULES = {
+    "attnlens.core.result": "a result's table is read and written with pandas alone, without torch",
+    "attnlens.methods.views": "the command line's parser reads the views' names without torch",
+    "attnlens.core.models.gguf": "attnlens.core.models imports every architecture's file for its registry",
+    "attnlens.core.models.llama": "attnlens.core.models imports every architecture's file for its registry",
+}
+#: Single imports that wait for a call, and why.
+DEFERRED_PAIRS = {
+    ("attnlens.methods.effective", "attnlens.engine.effective"):
+        "the old path attnlens.effective.core, imported on first use so that it warns then",
+}
+#: Layers that defer on purpose: the command line (``attnlens --help`` stays fast) and the
+#: package's lazy facade.
+DEFERRING_LAYERS = ("cli", "api")
+
+
+def needless_deferrals(imports: list[Import]) -> list[str]:
+    """Imports inside a function that none of the reasons above explains."""
+    return [str(item) for item in imports
+            if item.local and item.target not in DEFERRED_TARGETS and item.source not in DEFERRING_MODULES
+            and (item.source, item.target) not in DEFERRED_PAIRS and layer_of(item.source) not in DEFERRING_LAYERS]
+
+
+def test_imports_wait_inside_a_function_only_for_a_reason():
+    imports, _ = all_imports()
+    found = needless_deferrals(imports)
+    assert not found, "imports inside a function with no reason to wait (move them to the top):\n" + "\n".join(found)
+
+
+def test_the_deferral_check_catches_a_planted_import():
+    modules = set(modules_of(PACKAGE))
+    source = "def later():\n    from attnlens.core import checks, plots\n    return checks, plots\n"
+    found, _ = imports_of(source, "attnlens.engine.planted", "attnlens/engine/planted.py", modules)
+    assert needless_deferrals(found) == [
+        "attnlens/engine/planted.py:2 inside a function imports attnlens.core.checks (core) from engine"]
+    found, _ = imports_of(source, "attnlens.cli.planted", "attnlens/cli/planted.py", modules)
+    assert needless_deferrals(found) == []
+
+
 # -- the check itself fails ---------------------------------------------------------------------------
 
 

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlens.core.checks import finite, optional_count, whole_number
+from attnlens.core.inputs import default_layout
 from attnlens.core.result import Result, frame, plain
 from attnlens.errors import AttnlensWarning, InputError
 from attnlens.evaluation.probing.baseline import LinearBaseline
@@ -201,8 +203,6 @@ PATIENCE = 3
 
 
 def _as_seeds(seeds: Any, seed: int) -> list[int]:
-    from attnlens.core.checks import whole_number
-
     seed = whole_number(seed, "seed")
     if seeds is None:
         return [seed]
@@ -265,8 +265,6 @@ def run(
     interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
-    from attnlens.core.checks import finite, whole_number
-
     train_limit, eval_limit, batch_size, max_len = _sizes(train_limit, eval_limit, batch_size, max_len)
     chosen_seeds = _as_seeds(seeds, seed)
     resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
@@ -348,8 +346,6 @@ def run(
 def _sizes(train_limit: Any, eval_limit: Any, batch_size: Any, max_len: Any
            ) -> tuple[int | None, int | None, int, int | None]:
     """:func:`run`'s and :func:`cache_features`'s counts, checked (one clear error each)."""
-    from attnlens.core.checks import optional_count, whole_number
-
     return (optional_count(train_limit, "train_limit", " of training examples (or None for all)"),
             optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)"),
             whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1),
@@ -361,7 +357,6 @@ def _examples(model: Any, task: Any, data_dir: Any, eval_split: str | None, trai
               ) -> tuple[Any, Any, Recipe, int, str]:
     """:func:`run`'s training and evaluation examples, the task's Table 3 row, and the
     ``max_len`` and layout their features take (the row's and the model's by default)."""
-    from attnlens.core.inputs import default_layout
     from attnlens.evaluation import tasks
 
     train = (tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)

@@ -25,10 +25,12 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from attnlens.core.checks import all_finite
+from attnlens.core.checks import all_finite, finite, items, whole_number
 from attnlens.core.estimator import Estimator
+from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.errors import InputError, NotFittedError
 from attnlens.evaluation.probing.features import Features
+from attnlens.evaluation.probing.probe import PapaProbe
 
 #: File format of a saved linear baseline.
 FORMAT = "attnlens.LinearBaseline/1"
@@ -74,8 +76,6 @@ class LinearBaseline(Estimator):
 
     def __init__(self, *, grid: Sequence[float] = C_GRID, holdout: float = 0.2, seed: int = 0,
                  max_iter: int = 1000) -> None:
-        from attnlens.core.checks import finite, items, whole_number
-
         self._grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
         if not self._grid or min(self._grid) <= 0:
             raise InputError("grid must hold at least one C above 0.")
@@ -165,8 +165,6 @@ class LinearBaseline(Estimator):
 
     def _rows(self, features: Features, labels: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Inputs, targets and the example each row belongs to (every kept word is labelled)."""
-        from attnlens.evaluation.probing.probe import PapaProbe
-
         rows = design(features)
         targets = PapaProbe._targets(PapaProbe(), features, labels).numpy()
         owner = (np.arange(len(features)) if features.kind == "sequence"
@@ -234,8 +232,6 @@ class LinearBaseline(Estimator):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fitted baseline to one safetensors file (atomically, with a checksum)."""
-        from attnlens.core.files import safetensors_bytes, write_atomic
-
         tensors, metadata = self.state()
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
@@ -243,8 +239,6 @@ class LinearBaseline(Estimator):
     def load(cls, path: str | os.PathLike) -> LinearBaseline:
         """Read a baseline written by :meth:`save`: one error naming the file when it is missing,
         damaged, of another kind, or holds non-finite values."""
-        from attnlens.core.files import read_checked
-
         metadata, tensors = read_checked(path, what="linear baseline", format=FORMAT)
         if not all(all_finite(value) for value in tensors.values()):
             raise InputError(f"linear baseline file {path} holds non-finite weights.")

@@ -48,6 +48,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens.core.checks import all_finite
+from attnlens.core.checks import indices as checked
+from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.engine import passes
@@ -99,8 +101,6 @@ class Features:
 
     def subset(self, indices: Sequence[int] | Tensor) -> Features:
         """The features of the examples at ``indices`` (in that order)."""
-        from attnlens.core.checks import indices as checked
-
         indices = torch.as_tensor(checked(indices, "indices", len(self)), dtype=torch.long)
         offsets = self.offsets
         rows = [torch.arange(offsets[i], offsets[i + 1]) for i in indices.tolist()]
@@ -121,8 +121,6 @@ class Features:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write to one safetensors file atomically, with a checksum of the tensors."""
-        from attnlens.core.files import safetensors_bytes, write_atomic
-
         tensors = self._tensors()
         metadata = {"format": FORMAT, "kind": self.kind, "max_len": str(self.max_len),
                     "key": self.key}  # safetensors_bytes adds the checksum
@@ -136,8 +134,6 @@ class Features:
     def load(cls, path: str | os.PathLike) -> Features:
         """Read a file written by :meth:`save`, refusing a damaged one (``ValueError`` naming
         the file and what is wrong)."""
-        from attnlens.core.files import read_checked
-
         metadata, tensors = read_checked(path, what="features", format=FORMAT)
         if set(tensors) != {"vectors", "lengths", "positions", "n_words"}:
             raise InputError(f"features file {path} is damaged: it lacks tensors; delete it.")
@@ -278,7 +274,7 @@ def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, la
     """The hash naming a features file: attnlens's version, the format, the model (name and
     weights fingerprint), the hooks' key, the examples, ``max_len``, the layout and ``variant``
     (what else changes them: e.g. the masks of MLM-probe features)."""
-    from attnlens import __version__
+    from attnlens import __version__  # read at the call: the package's version now
 
     digest = hashlib.sha256()
     header = {"attnlens": __version__, "format": FORMAT, "model": model_id(model),

@@ -49,8 +49,10 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import memory
-from attnlens.core.checks import all_finite, flag
+from attnlens.core.checks import all_finite, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
+from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.engine.passes import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation.probing.features import Features
 
@@ -150,8 +152,6 @@ class PapaProbe(Estimator):
                  pooling: str = "mean", standardize: bool = True, early_stopping: bool = False,
                  validation_fraction: float = 0.1, n_iter_no_change: int = 2, min_epochs: int = 1,
                  progress: bool = False) -> None:
-        from attnlens.core.checks import finite, whole_number
-
         given = dict(locals())
         self.settings = ProbeSettings(
             hidden=None if hidden is None else whole_number(hidden, "hidden", minimum=1),
@@ -213,7 +213,6 @@ class PapaProbe(Estimator):
         self.max_len = features.max_len
         self.made_for = _made_for(features, task, label_names)
         generator = torch.Generator().manual_seed(self.settings.seed)
-        from attnlens.engine.passes import progress_bar
 
         n = len(features)
         train, held = _split(n, self.settings.validation_fraction if self.settings.early_stopping else 0.0,
@@ -341,8 +340,6 @@ class PapaProbe(Estimator):
         the ones without a vector given the most frequent training label).
         :class:`~attnlens.errors.MismatchError` for features of another kind or shape than the
         probe was fitted on, or of another ``task`` (given here, or the features' ``task``)."""
-        from attnlens.core.checks import whole_number
-
         batch_size = whole_number(batch_size, "batch_size", " of examples per batch", minimum=1)
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
@@ -396,8 +393,6 @@ class PapaProbe(Estimator):
         """Write the fitted probe to one safetensors file (atomically, with a checksum)."""
         import json
 
-        from attnlens.core.files import safetensors_bytes, write_atomic
-
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
@@ -411,8 +406,6 @@ class PapaProbe(Estimator):
     def load(cls, path: str | os.PathLike) -> PapaProbe:
         """Read a probe written by :meth:`save` (``ValueError`` for a damaged or foreign file)."""
         import json
-
-        from attnlens.core.files import read_checked
 
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
         if not all(all_finite(value) for value in tensors.values()):

@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core import seam
+from attnlens.core import models, seam
 from attnlens.core.checks import finite, index, items
 from attnlens.core.deprecation import warn_renamed
 from attnlens.core.inputs import Batch, as_max_len, tokenize
@@ -164,8 +164,6 @@ class EffectiveStatistics(Result):
 
 def kv_heads(model: Any) -> int:
     """Key-value heads per layer of a bridge (its architecture's fact; ``n_heads`` without one)."""
-    from attnlens.core import models
-
     architecture = models.find(model)
     if architecture is None:
         return int(model.cfg.n_heads)

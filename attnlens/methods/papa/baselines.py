@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from attnlens.core.checks import finite, finite_tensor, whole_number
 from attnlens.core.inputs import LAYOUTS
+from attnlens.core.notebook import constants_html
 from attnlens.errors import InputError
 from attnlens.methods.papa.constants import (
     PapaConstants,
@@ -259,6 +260,4 @@ class TrainableConstants(nn.Module):
 
     def _repr_html_(self) -> str:
         """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
-        from attnlens.core.notebook import constants_html
-
         return constants_html(self)

@@ -27,10 +27,18 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core.checks import index, whole_number
+from attnlens.core.checks import finite_tensor, index, whole_number
 from attnlens.core.deprecation import renamed_fields
-from attnlens.core.files import verify_checksum
+from attnlens.core.files import (
+    check_readable,
+    check_sealed,
+    safetensors_bytes,
+    verify_checksum,
+    write_atomic,
+)
 from attnlens.core.inputs import LAYOUTS
+from attnlens.core.loading import is_causal, model_id, weights_fingerprint
+from attnlens.core.notebook import constants_html
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
 from attnlens.methods.papa.replace import constant_pattern
 
@@ -42,22 +50,16 @@ _TENSORS = ("sums", "squares", "pair_counts")
 
 def model_info(model: Any) -> tuple[str, int, int]:
     """``(model id, n_layers, n_heads)`` of a bridge, as recorded in constants."""
-    from attnlens.core.loading import model_id
-
     return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
 def model_causal(model: Any) -> bool:
     """Whether ``model`` is a decoder (see :func:`attnlens.loading.is_causal`)."""
-    from attnlens.core.loading import is_causal
-
     return is_causal(model)
 
 
 def model_fingerprint(model: Any) -> str:
     """The weights fingerprint of ``model`` (see :func:`attnlens.loading.weights_fingerprint`)."""
-    from attnlens.core.loading import weights_fingerprint
-
     return weights_fingerprint(model)
 
 
@@ -287,8 +289,6 @@ class PapaConstants:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
-        from attnlens.core.notebook import constants_html
-
         return constants_html(self)
 
     # ---- merging ------------------------------------------------------------------------
@@ -377,8 +377,6 @@ class PapaConstants:
         self, path: str | os.PathLike, extra: dict[str, Any] | None = None, *,
         overwrite_read_only: bool = False,
     ) -> Path:
-        from attnlens.core.files import safetensors_bytes, write_atomic
-
         metadata = {key: json.dumps(value) for key, value in self.metadata.items()}
         metadata["format"] = FORMAT
         metadata["extra"] = json.dumps(extra or {}, sort_keys=True)
@@ -425,8 +423,6 @@ class PapaConstants:
         and, for fitted averages, counts no larger than the examples and whose diagonal adds up
         to the tokens seen. Each violation names the tensor, how many values break it and where
         the first one is."""
-        from attnlens.core.checks import finite_tensor
-
         finite_tensor(self.sums, "sums")
         finite_tensor(self.squares, "squares")
         counts = self.pair_counts
@@ -466,8 +462,6 @@ def _read(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, Tensor]]:
     """The raw string metadata and the tensors of a constants file, or a ``ValueError`` saying
     why the file is not one."""
     from safetensors import SafetensorError, safe_open
-
-    from attnlens.core.files import check_readable, check_sealed
 
     check_readable(path, "constants")
     try:

@@ -39,8 +39,10 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import seam
-from attnlens.core.checks import flag
+from attnlens.core.checks import describe, finite_tensor, flag, shape
+from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet
+from attnlens.core.loading import is_causal, require_bridge
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.baselines import TrainableConstants
@@ -108,8 +110,6 @@ class PapaHooks(Hooks):
         """A stable hash of everything that makes these hooks what they are (the constants'
         tensors, the heads, the mode, ``θ`` and causality): equal keys, equal interventions.
         Caches of what a model computes under hooks (probe features) are keyed by it."""
-        from attnlens.core.files import tensor_checksum
-
         tensors = {"heads": self.heads.mask.to(torch.uint8)}
         if self.theta is not None:
             tensors["theta"] = self.theta.detach()
@@ -188,8 +188,6 @@ def _theta(lam: Any, n_layers: int, n_heads: int) -> Float[Tensor, "layer head"]
     starts at ``θ ≈ 15.9`` (``λ = 1 − 1.2·10⁻⁷``) and ``lam=0`` at ``θ ≈ −16.1``
     (``λ = 10⁻⁷``); the blend then differs from the model (replacement) by about that share.
     """
-    from attnlens.core.checks import describe, finite_tensor, shape
-
     if lam is None:
         return torch.zeros(n_layers, n_heads)
     if isinstance(lam, bool) or not isinstance(lam, Tensor | float | int):  # not a bool, str, ndarray
@@ -329,8 +327,6 @@ def intervention(
     as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); in a layer with replaced
     heads, ``hook_q`` / ``hook_k`` do not run.
     """
-    from attnlens.core.loading import is_causal, require_bridge
-
     require_bridge(model, "papa.intervention")
     constants.check_compatible(model)
     if not seam.is_installed(model):

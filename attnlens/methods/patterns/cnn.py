@@ -56,6 +56,7 @@ from torch import Tensor, nn
 
 from attnlens.core.checks import all_finite, describe, finite, whole_number
 from attnlens.core.estimator import Estimator
+from attnlens.core.files import check_sealed, read_checked, safetensors_bytes, write_atomic
 from attnlens.errors import (
     FileFormatError,
     InputError,
@@ -371,8 +372,6 @@ class PatternCNN(Estimator):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fitted CNN to one safetensors file (atomically, with a checksum)."""
-        from attnlens.core.files import safetensors_bytes, write_atomic
-
         network = self._fitted()
         tensors = {name: value.detach().cpu().contiguous() for name, value in network.state_dict().items()}
         metadata = {
@@ -386,15 +385,11 @@ class PatternCNN(Estimator):
     def load(cls, path: str | os.PathLike) -> PatternCNN:
         """Read a CNN written by :meth:`save`: ``ValueError`` for a file that is missing,
         damaged, of another kind, or of another version of the format."""
-        from attnlens.core.files import read_checked
-
         path = Path(path)
         if not path.is_file():
             raise MissingFileError(f"PatternCNN file {path} does not exist; fit a PatternCNN and save() it.")
         found = _format_of(path)
         if found is not None and found.startswith("attnlens.PatternCNN/") and found != FORMAT:
-            from attnlens.core.files import check_sealed
-
             check_sealed(path)  # an edited format is an edit, not another version
             raise FileFormatError(
                 f"{path} is a PatternCNN file of format {found!r}, and this attnlens reads "

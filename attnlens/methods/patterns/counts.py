@@ -20,8 +20,13 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attnlens.core.corpus import resolve_corpus
+from attnlens.core.heads import _sizes
+from attnlens.core.loading import require_bridge
+from attnlens.engine import passes
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError
+from attnlens.methods import views
 from attnlens.methods.patterns.templates import TYPES, Positions, template_labels
 
 #: colours of the types in figures (one per :data:`TYPES`, Plotly's qualitative "Set2")
@@ -56,10 +61,7 @@ class PatternTypes(Accumulator):
 
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
                  constants: Any = None, causal: bool | None = None) -> None:
-        from attnlens.core.heads import _sizes
-
         n_layers, n_heads = _sizes(n_layers, n_heads)
-        from attnlens.methods import views
 
         if not isinstance(view, str):
             raise views.unknown_view(view)
@@ -140,11 +142,6 @@ def types(
     classified); ``attrs``: ``view`` (a tuple for several views), ``n_examples``, ``n_tokens``, ``max_len``, ``layout``,
     ``n_truncated``.
     """
-    from attnlens.core.corpus import resolve_corpus
-    from attnlens.core.loading import require_bridge
-    from attnlens.engine import passes
-    from attnlens.methods import views
-
     require_bridge(model, "patterns.types")
     if classifier is not None and not callable(getattr(classifier, "classify_batch", None)):
         raise InputTypeError(

@@ -33,11 +33,13 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.checks import describe, whole_number
-from attnlens.engine.passes import Accumulator
+from attnlens.core.corpus import corpus_iterator
+from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.engine.passes import Accumulator, run
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.methods import views
 from attnlens.methods.patterns.cnn import Maps, as_map_list
-from attnlens.methods.patterns.templates import TYPES
+from attnlens.methods.patterns.templates import TYPES, classify
 
 #: format of ``maps.safetensors``
 FORMAT = "attnlens.labelling/1"
@@ -141,9 +143,6 @@ def sample_maps(
     ``[query, key]`` cropped to the example's real tokens; ``tokens``, their token strings;
     ``meta``, a DataFrame with ``example`` (index in ``corpus``), ``layer``, ``head``, ``view`` and
     ``length`` (real tokens)."""
-    from attnlens.core.corpus import corpus_iterator
-    from attnlens.engine.passes import run
-
     if not isinstance(view, str) or view not in SAMPLE_VIEWS:
         raise views.unknown_view(view, among=SAMPLE_VIEWS, where=" for sample_maps")
     n = whole_number(n, "n", " of maps", minimum=1)
@@ -220,8 +219,6 @@ def _view_of(item: Tensor, frame: pd.DataFrame, index: int) -> str:
 
 def _suggestions(suggested: Any, maps: list[Tensor], tokens: list[list[str]] | None,
                  frame: pd.DataFrame) -> list[str]:
-    from attnlens.methods.patterns.templates import classify
-
     n = len(maps)
     if suggested is False or (suggested is None and tokens is None):
         return [""] * n
@@ -336,8 +333,6 @@ def export_for_labelling(
     :data:`~attnlens.patterns.TYPES`); ``maps.safetensors``, the maps padded to the longest with
     their lengths (and tokens) in float32, for :func:`read_labelled`. A ``labels.csv`` that already holds a
     label is never replaced unless ``overwrite=True`` (``FileExistsError``)."""
-    from attnlens.core.files import safetensors_bytes, write_atomic
-
     image_module = _pillow()
     items = as_map_list(maps)
     columns = whole_number(columns, "columns", " of tiles per row", minimum=1)
@@ -385,8 +380,6 @@ def read_labelled(
     :meth:`PatternCNN.fit`. Rows with an empty label are skipped; labels are matched to
     ``classes`` ignoring case and surrounding spaces; an unknown name is a ``ValueError`` naming
     its line and the valid names."""
-    from attnlens.core.files import read_checked
-
     folder = Path(path)
     missing = [name for name in (LABELS, MAPS) if not (folder / name).is_file()]
     if missing:

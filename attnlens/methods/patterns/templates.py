@@ -56,10 +56,12 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.core import models
 from attnlens.core.checks import describe, whole_number
 from attnlens.core.result import CallableTable, Result, frame
 from attnlens.errors import InputError
-from attnlens.methods.stats import _diagonal, adjacent
+from attnlens.methods import views
+from attnlens.methods.stats import _diagonal, adjacent, batch_classes, token_classes
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
 TYPES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -137,8 +139,6 @@ class Positions:
         """From a :class:`attnlens.inputs.Batch` and its tokenizer, or a
         :class:`attnlens.passes.PassBatch` (which knows its model). Special: the start and
         separator tokens of :func:`attnlens.stats.token_classes`."""
-        from attnlens.methods.stats import token_classes
-
         model = getattr(batch, "model", None)
         inputs = getattr(batch, "batch", batch)
         if tokenizer is None:
@@ -150,8 +150,6 @@ class Positions:
             )
         key_mask = inputs.attention_mask.bool()
         if hasattr(batch, "shared"):
-            from attnlens.methods.stats import batch_classes
-
             classes = batch_classes(batch)
         else:
             classes = token_classes(tokenizer, inputs.input_ids, key_mask)
@@ -165,7 +163,6 @@ class Positions:
 def _causal(model: Any) -> bool:
     if model is None:
         return False
-    from attnlens.core import models
 
     architecture = models.find(model)
     return bool(architecture.causal) if architecture is not None else False
@@ -462,8 +459,6 @@ def classify(
     ``|a|``) or ``"papa"`` (constant maps: rows sum to 1 too). ``causal``: the maps are a
     decoder's (default: from the model of a PassBatch, else False).
     """
-    from attnlens.methods import views
-
     if not isinstance(view, str):
         raise views.unknown_view(view)
     view = views.get_view(view).name
