@@ -40,8 +40,11 @@ from jaxtyping import Int
 from torch import Tensor
 
 from attnlens.core import models
-from attnlens.core.checks import describe, flag
-from attnlens.core.checks import whole_number as checked
+from attnlens.core.checks import (
+    describe,
+    flag,
+    whole_number,  # noqa: F401  (re-exported: attnlens.inputs.whole_number)
+)
 from attnlens.core.loading import is_causal
 from attnlens.errors import InputError, InputTypeError
 
@@ -298,13 +301,8 @@ def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = Fals
     return (count(pair=is_pair) if count is not None else 0) + segments
 
 
-def whole_number(value: Any, name: str, unit: str = "") -> int:
-    """``value`` as an ``int`` (:func:`attnlens.checks.whole_number`, kept here for callers)."""
-    return checked(value, name, unit)
-
-
 def as_max_len(max_len: Any) -> int:
-    """``max_len`` as an ``int`` (:func:`whole_number`)."""
+    """``max_len`` as an ``int`` (:func:`attnlens.checks.whole_number`)."""
     return whole_number(max_len, "max_len", " of tokens (e.g. max_len=128)")
 
 

@@ -62,7 +62,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import memory, models, seam
-from attnlens.core.checks import flag
+from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import (
     check_sealed,
@@ -81,7 +81,6 @@ from attnlens.core.inputs import (
     default_layout,
     example_kind,
     tokenize,
-    whole_number,
 )
 from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
 from attnlens.core.modes import eval_mode
