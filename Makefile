@@ -51,7 +51,7 @@ docs: install
 
 # Each benchmark writes its results to build/bench/<name>.json; the last step prints them as one
 # table (docs/performance.md). Every benchmark takes --device and --threads. The default PAPA
-# curve (benchmarks/curve.py, 55 to 110 minutes on 2 CPU cores, by the day) is its own target, bench-curve: its
+# curve (benchmarks/curve.py, 48 to 110 minutes on 2 CPU cores, by the machine and the day) is its own target, bench-curve: its
 # row joins the table of the next make bench (build/bench/curve.json is kept).
 bench: install
 	find build/bench -name '*.json' ! -name 'curve.json' -delete 2>/dev/null || true
