@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import sys
 import time
@@ -153,12 +154,36 @@ def pattern_pass_flops(model: Any, texts: Sequence, *, max_len: int, layout: str
     return flops
 
 
+def machine(device: str = "cpu") -> str:
+    """The hardware a benchmark ran on, in words: the processor's model name (``/proc/cpuinfo``,
+    else :func:`platform.processor`), the vector instructions torch's CPU kernels use (``AVX2``,
+    ``AVX512``: float32 sums round differently between them) and the CPU count; with a CUDA
+    ``device`` (or ``default`` where CUDA is available), the GPU's name too. Seconds compare only
+    between runs on the same machine; ratios measured in one run travel better."""
+    name = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    name = " ".join((name or platform.processor() or platform.machine() or "unknown CPU").split())
+    where = f"{name} ({torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} CPUs)"
+    gpu = str(device).startswith("cuda") or (str(device) == "default" and torch.cuda.is_available())
+    if gpu and torch.cuda.is_available():
+        index = torch.device(device).index if str(device).startswith("cuda:") else None
+        where = f"{torch.cuda.get_device_name(index)}; {where}"
+    return where
+
+
 def record(name: str, jobs: list[dict[str, Any]], **settings: Any) -> Path:
     """Write ``{"benchmark": name, "settings": ..., "jobs": jobs}`` as one JSON line to
-    ``BENCH_DIR/<name>.json``, atomically (a temporary file renamed over it)."""
+    ``BENCH_DIR/<name>.json``, atomically (a temporary file renamed over it). ``settings`` gains
+    ``machine`` (:func:`machine`, unless given) and ``argv``."""
     BENCH_DIR.mkdir(parents=True, exist_ok=True)
     path = BENCH_DIR / f"{name}.json"
-    line = json.dumps({"benchmark": name, "settings": {**settings, "argv": sys.argv[1:]}, "jobs": jobs})
+    settings = {"machine": machine(str(settings.get("device", "cpu"))), **settings, "argv": sys.argv[1:]}
+    line = json.dumps({"benchmark": name, "settings": settings, "jobs": jobs})
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(line + "\n", encoding="utf-8")
     os.replace(temporary, path)

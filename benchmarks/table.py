@@ -3,6 +3,11 @@ benchmarks write (:func:`common.record`), one row per job: its time, its ratio t
 of the same inputs measured in the same run, the flop-limit ratio (what it cannot beat), and the
 peer with the job's ratio to it where one exists. ``make bench`` runs it last.
 
+Each file names the machine it was measured on (:func:`common.machine`). When every row comes
+from one machine, the table says so in one line above it; when they come from several (for
+example a ``curve.json`` kept from a run on another machine), each row's device names its
+machine, and a line above the table says that their seconds do not compare, only their ratios.
+
 Run: ``python benchmarks/table.py [--dir build/bench] [--markdown]``.
 """
 
@@ -14,13 +19,29 @@ from pathlib import Path
 
 from common import BENCH_DIR
 
+#: the machine of a result written before benchmarks recorded it
+UNKNOWN = "an unrecorded machine"
+
+
+def results(folder: Path) -> list[dict]:
+    """Every benchmark's JSON line in ``folder``, by file name."""
+    return [json.loads(path.read_text(encoding="utf-8").splitlines()[0]) for path in sorted(folder.glob("*.json"))]
+
+
+def machines(found: list[dict]) -> list[str]:
+    """The machines of ``found``, each once, in order."""
+    return list(dict.fromkeys(data.get("settings", {}).get("machine", UNKNOWN) for data in found))
+
 
 def rows(folder: Path) -> list[list[str]]:
+    found = results(folder)
+    several = len(machines(found)) > 1
     out = []
-    for path in sorted(folder.glob("*.json")):
-        data = json.loads(path.read_text(encoding="utf-8").splitlines()[0])
+    for data in found:
         settings = data.get("settings", {})
         where = f"{settings.get('device', '?')}, {settings.get('threads', '?')} thr"
+        if several:
+            where += f", {settings.get('machine', UNKNOWN)}"
         for job in data["jobs"]:
             limit = job.get("limit_ratio")
             peer = job.get("peer")
@@ -43,7 +64,14 @@ def main() -> None:
     table = rows(args.dir)
     if not table:
         raise SystemExit(f"no benchmark results in {args.dir}; run the benchmarks first (make bench)")
+    found = machines(results(args.dir))
+    if len(found) == 1:
+        print(f"measured on {found[0]}")
+    else:
+        print(f"measured on {len(found)} machines (each row names its own): their seconds do not compare, "
+              "their ratios to a forward measured in the same run do")
     if args.markdown:
+        print()
         print("| " + " | ".join(HEADER) + " |")
         print("|" + "|".join("---" for _ in HEADER) + "|")
         for row in table:
