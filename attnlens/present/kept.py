@@ -12,7 +12,8 @@ stored as 8-bit codes with one scale per map:
 and ``a ≈ scale · (code − zero)`` (``zero`` 0 or :data:`SIGNED_ZERO`): the error is at most half
 a step, ``scale / 2``, i.e. 1/510 of the map's largest value (1/254 of its largest magnitude for
 signed maps). The codes of an example and view, ``[layer, head, query, key]`` in C order, are
-deflated (zlib, RFC 1950, which browsers inflate with ``DecompressionStream("deflate")``).
+deflated (zlib format, RFC 1950, which browsers inflate with ``DecompressionStream("deflate")``)
+by :func:`deflate`.
 
 Which examples: the first ``limit`` of the corpus, in order, as long as their compressed codes fit
 in ``budget`` bytes (an example that does not fit in what is left is skipped, a later shorter one
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from isal import isal_zlib
 from jaxtyping import Float, UInt8
 from torch import Tensor
 
@@ -37,13 +39,23 @@ from attnlens.errors import InputError
 
 #: the code of 0 in signed maps (codes 1 .. 255 stand for -127 .. 127 steps)
 SIGNED_ZERO = 128
-#: zlib level of the kept codes. Level 1 deflates the 8-bit maps 17x faster than level 9 for 8%
-#: more bytes (90 maps of MiniLM, 16.2 MB of codes: level 1 0.22 s and 8.45 MB, level 6 0.88 s
-#: and 7.86 MB, level 9 3.74 s and 7.80 MB); at level 9 deflating took 12% of ``compare``'s time
-#: (42% on 64 texts), at level 1 under 1% (``benchmarks/compare_cost.py``). The report's budget
-#: (:data:`attnlens.compare.REPORT_BUDGET`) bounds the bytes either way: the cost of level 1 is
-#: about 8% fewer examples in the explorer, not a larger report.
+#: level of the kept codes' deflate (:func:`deflate`). zlib's level 1 deflated the 8-bit maps 17x
+#: faster than its level 9 for 8% more bytes (90 maps of MiniLM, 16.2 MB of codes: level 1 0.22 s
+#: and 8.45 MB, level 6 0.88 s and 7.86 MB, level 9 3.74 s and 7.80 MB); at level 9 deflating
+#: took 12% of ``compare``'s time (42% on 64 texts). ISA-L's level 1 (``isal``, the same zlib
+#: format) is 6.6x faster again and 6% smaller than zlib's level 1 (24 WikiText paragraphs'
+#: maps, 20.6 MB of codes, one thread: 0.053 s and 7.69 MB against 0.351 s and 8.17 MB; zlib's
+#: level 6 1.39 s and 7.14 MB): zlib's level 1 had taken 4.4% of ``compare``'s time on a
+#: 2-thread Intel Xeon (``benchmarks/compare_cost.py``). The report's budget
+#: (:data:`attnlens.compare.REPORT_BUDGET`) bounds the bytes either way.
 COMPRESSION_LEVEL = 1
+def deflate(data: bytes) -> bytes:
+    """``data`` deflated in the zlib format (RFC 1950: what :func:`zlib.decompress` and the
+    browsers' ``DecompressionStream("deflate")`` inflate) at :data:`COMPRESSION_LEVEL`, by ISA-L
+    (``isal``), several times faster than :func:`zlib.compress` for the same format."""
+    return isal_zlib.compress(data, COMPRESSION_LEVEL)
+
+
 #: characters of an example's text shown in the report's example list
 LABEL_CHARS = 60
 
@@ -152,7 +164,7 @@ class KeptExample:
         return cls(
             index=int(index), label=label, tokens=list(tokens), segments=[int(s) for s in segments],
             blobs={
-                view: zlib.compress(np.ascontiguousarray(array).tobytes(), COMPRESSION_LEVEL)
+                view: deflate(np.ascontiguousarray(array).tobytes())
                 for view, array in codes.items()
             },
             scales={view: np.asarray(value, dtype=np.float32) for view, value in scales.items()},

@@ -73,6 +73,20 @@ def test_codes_follow_their_definition_and_error_bound():
         assert (kept.decode(codes.numpy(), scales.numpy(), signed=signed) == 0).all()
 
 
+def test_deflate_writes_the_zlib_format_that_zlib_inflates():
+    """kept.deflate (ISA-L) must stay the format the report's DecompressionStream("deflate")
+    reads: RFC 1950's zlib stream (a 0x78 header, an Adler-32 trailer), which zlib inflates to
+    the same bytes; and it must compress 8-bit maps (the budget counts its bytes)."""
+    rng = np.random.default_rng(0)
+    maps = torch.softmax(torch.from_numpy(rng.standard_normal((12, 40, 40)) * 3), dim=-1)
+    codes = kept.encode(maps, signed=False)[0].numpy().tobytes()
+    for data in (codes, rng.integers(0, 256, 5000, dtype=np.uint8).tobytes(), b"", b"\x00" * 100_000):
+        blob = kept.deflate(data)
+        assert blob[0] == 0x78 and zlib.decompress(blob) == data
+        assert int.from_bytes(blob[-4:], "big") == zlib.adler32(data)
+    assert len(kept.deflate(codes)) < len(codes) / 2
+
+
 def test_codes_refuse_bad_maps():
     with pytest.raises(ValueError, match="NaN"):
         kept.encode(torch.tensor([[[float("nan"), 0.0], [0.0, 1.0]]]), signed=False)
