@@ -49,6 +49,8 @@ SIGNED_ZERO = 128
 #: 2-thread Intel Xeon (``benchmarks/compare_cost.py``). The report's budget
 #: (:data:`attnlens.compare.REPORT_BUDGET`) bounds the bytes either way.
 COMPRESSION_LEVEL = 1
+
+
 def deflate(data: bytes) -> bytes:
     """``data`` deflated in the zlib format (RFC 1950: what :func:`zlib.decompress` and the
     browsers' ``DecompressionStream("deflate")`` inflate) at :data:`COMPRESSION_LEVEL`, by ISA-L
