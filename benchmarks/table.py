@@ -33,8 +33,9 @@ def machines(found: list[dict]) -> list[str]:
     return list(dict.fromkeys(data.get("settings", {}).get("machine", UNKNOWN) for data in found))
 
 
-def rows(folder: Path) -> list[list[str]]:
-    found = results(folder)
+def rows(found: list[dict]) -> list[list[str]]:
+    """One row per job of ``found`` (:func:`results`); the device names the machine when the
+    results come from several."""
     several = len(machines(found)) > 1
     out = []
     for data in found:
@@ -61,14 +62,15 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=BENCH_DIR)
     parser.add_argument("--markdown", action="store_true", help="a Markdown table (docs/performance.md)")
     args = parser.parse_args()
-    table = rows(args.dir)
+    found = results(args.dir)
+    table = rows(found)
     if not table:
         raise SystemExit(f"no benchmark results in {args.dir}; run the benchmarks first (make bench)")
-    found = machines(results(args.dir))
-    if len(found) == 1:
-        print(f"measured on {found[0]}")
+    where = machines(found)
+    if len(where) == 1:
+        print(f"measured on {where[0]}")
     else:
-        print(f"measured on {len(found)} machines (each row names its own): their seconds do not compare, "
+        print(f"measured on {len(where)} machines (each row names its own): their seconds do not compare, "
               "their ratios to a forward measured in the same run do")
     if args.markdown:
         print()
