@@ -26,10 +26,10 @@ GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 #: glibc's starting thresholds (128 KB), fixed for the fresh interpreters below: every block above
 #: them is mapped when made and unmapped when freed. Left to glibc, the mmap threshold rises as
 #: blocks are freed, and whether the heap's top is then trimmed depends on where torch's small
-#: allocations land: in 8 batches of the maps below, 20,000 to 95,000 faults on one machine, none
-#: at all in one CI run. Fixed, the same interpreter faults 48,684 to 73,740 pages a batch on every
-#: run, and :func:`reuse_freed_memory` must replace these thresholds (as it replaces glibc's own)
-#: for the pages to be reused.
+#: allocations land: in 8 batches of the maps below, 49,088 to 134,104 faults in five runs on one
+#: machine (25,000 to 95,000 earlier), none at all in one CI run. Fixed, the same interpreter
+#: faults 48,684 to 73,740 pages a batch on every run, and :func:`reuse_freed_memory` must replace
+#: these thresholds (as it replaces glibc's own) for the pages to be reused.
 STARTING_THRESHOLDS = {"MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 #: a fresh interpreter at one thread: batches of different lengths (as compact batches are), each
