@@ -31,7 +31,7 @@ the cost (an SST-2 sentence is about 25 of 64 positions).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, SupportsIndex
 
@@ -125,19 +125,29 @@ class Batch:
             kwargs["position_ids"] = None
         return kwargs
 
-    def to(self, device: str | torch.device) -> Batch:
+    def to(self, device: str | torch.device, *, non_blocking: bool = False) -> Batch:
+        """The batch on ``device``; ``non_blocking`` copies from pinned memory (:meth:`pin_memory`)
+        without waiting, as ``Tensor.to`` does."""
+        return self._apply(lambda value: value.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Batch:
+        """The batch in page-locked host memory, from which a copy to a GPU runs asynchronously
+        (``Tensor.pin_memory``; the input pipeline of :func:`attnlens.passes.run` on CUDA)."""
+        return self._apply(Tensor.pin_memory)
+
+    def _apply(self, move: Callable[[Tensor], Tensor]) -> Batch:
         return Batch(
-            self.input_ids.to(device),
-            self.attention_mask.to(device),
-            self.token_type_ids.to(device),
+            move(self.input_ids),
+            move(self.attention_mask),
+            move(self.token_type_ids),
             self.n_truncated,
             self.layout,
             self.max_len,
             self.is_pair,
-            {key: value.to(device) if isinstance(value, Tensor) else value for key, value in self.extra.items()},
+            {key: move(value) if isinstance(value, Tensor) else value for key, value in self.extra.items()},
             self.token_types,
             self.positions_from_mask,
-            None if self.position_ids is None else self.position_ids.to(device),
+            None if self.position_ids is None else move(self.position_ids),
             self.counts_positions,
         )
 

@@ -40,6 +40,7 @@ A minimal accumulator::
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import hashlib
@@ -123,7 +124,8 @@ class PassBatch:
     unless the pass runs by length, see :attr:`Accumulator.any_order`), ``key_mask``
     (``[batch, key]``, True for real tokens), ``positions`` (``[batch, key]``, the layout
     position of every column: :attr:`attnlens.Batch.positions`, which differ from the column
-    index in a compact batch) and ``model``.
+    index in a compact batch), ``model`` and ``n_tokens``, the batch's real tokens (a host
+    number, counted before the batch was copied to the device).
 
     :meth:`shared` computes something once per batch for every accumulator that asks for it by
     the same key (e.g. the token classes of :func:`attnlens.stats.token_classes`)."""
@@ -132,6 +134,7 @@ class PassBatch:
     start: int
     model: Any
     indices: list[int] = field(default_factory=list)
+    n_tokens: int | None = None
     key_mask: Bool[Tensor, "batch key"] = field(init=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -139,6 +142,8 @@ class PassBatch:
         self.key_mask = self.batch.attention_mask.bool()
         if not self.indices:
             self.indices = list(range(self.start, self.start + len(self.batch)))
+        if self.n_tokens is None:
+            self.n_tokens = int(self.batch.attention_mask.sum())
 
     @property
     def positions(self) -> Int[Tensor, "batch key"]:
@@ -303,6 +308,18 @@ class Accumulator:
         for value in self.state_dict().values():
             dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
 
+    def to(self, device: str | torch.device) -> Accumulator:
+        """Move the state (:meth:`state_dict`'s tensors) to ``device``, in place: every name
+        bound to a state tensor sees it there (``Tensor.data`` is swapped, as ``nn.Module``
+        did). :func:`run` moves the state to the model's device before the first batch, so that
+        :meth:`update` adds device tensors to device tensors and reads nothing back to the host,
+        and to the CPU after the last, so that :meth:`result` reads it once. Override it for
+        state kept outside :meth:`state_dict`."""
+        for value in self.state_dict().values():
+            if value.device != torch.device(device):
+                value.data = value.data.to(device)
+        return self
+
     def result(self) -> Any:
         """What the accumulator measured."""
         raise NotImplementedError
@@ -466,7 +483,12 @@ def run_with_hooks(
         )
     check_hooks(hooks, batch)
     check_token_ids(model, batch)
-    batch = batch.to(device_of(model))
+    return _forward(model, batch.to(device_of(model)), hooks, **kwargs)
+
+
+def _forward(model: Any, batch: Batch, hooks: FwdHooks = (), **kwargs: Any) -> Any:
+    """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
+    checks its batches on the host, before they are copied: no read of a device tensor)."""
     with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids), \
             as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
@@ -541,9 +563,10 @@ def pattern_hooks(
 
 
 def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | None = None) -> int:
-    """Run ``batch`` with ``fwd_hooks`` without gradients, stopping after the last layer's
-    ``hook_pattern`` hooks have run (or after the hook point ``until``, e.g. the last block's
-    ``hook_out``). Returns how many times that hook point fired (1 when the forward reached it)."""
+    """Run ``batch`` (on the model's device, checked: :func:`check_token_ids`) with
+    ``fwd_hooks`` without gradients, stopping after the last layer's ``hook_pattern`` hooks have
+    run (or after the hook point ``until``, e.g. the last block's ``hook_out``). Returns how many
+    times that hook point fired (1 when the forward reached it)."""
     last = until or f"blocks.{model.cfg.n_layers - 1}.attn.hook_pattern"
     reached = 0
 
@@ -554,7 +577,7 @@ def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | 
 
     try:
         with torch.no_grad():
-            run_with_hooks(model, batch, [*fwd_hooks, (last, stop)])
+            _forward(model, batch, [*fwd_hooks, (last, stop)])
     except _Stop:
         pass
     return reached
@@ -1111,18 +1134,22 @@ def run(
     # work) holds for the whole pass; the rest of it runs as hooks
     with signals, eval_mode(model), as_hooks(hooks).patched(model) as intervening:
         fwd_hooks = [*intervening, *extra, *reading]
+        for accumulator in accumulators:  # the state lives beside the patterns during the pass
+            accumulator.to(device)
+
+        def staged(pairs: list) -> _Staged:
+            return _stage(model, pairs, max_len=max_len, layout=layout, compact=compact)
+
+        # on a GPU the next batch is tokenized on the host while the device runs this one
+        ahead = _ahead(device, staged)
         try:
-            for pairs in chunks(numbered, batch_size):
+            for host in ahead(chunks(numbered, batch_size)):
                 signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
-                indices, chunk = [index for index, _ in pairs], [example for _, example in pairs]
-                try:
-                    batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=compact).to(device)
-                except BlankText as blank:  # name the text by its index in the corpus
-                    raise blank.at(indices[blank.index]) from None
-                inputs = _prepare(accumulators, batch)
-                check_hooks(hooks, batch)
+                indices, chunk = host.indices, host.chunk
+                inputs = _inputs(model, accumulators, hooks, host.batch, device)
                 done = counts["examples"]  # by this process; its batches before the last are whole
-                pass_batch = PassBatch(inputs, done if starts is None else starts[done // batch_size], model, indices)
+                pass_batch = PassBatch(inputs, done if starts is None else starts[done // batch_size], model,
+                                       indices, host.numbers["tokens"])
                 for accumulator in accumulators:  # may refuse the batch; changes no state
                     accumulator.start_batch(pass_batch)
                 consistent = False
@@ -1130,7 +1157,7 @@ def run(
                 grad = torch.enable_grad() if needs_grad else torch.inference_mode()
                 with grad:
                     if needs_output:
-                        output = run_with_hooks(model, inputs, fwd_hooks)
+                        output = _forward(model, inputs, fwd_hooks)
                         for accumulator in accumulators:
                             accumulator.update_output(pass_batch, output)
                     else:
@@ -1142,7 +1169,7 @@ def run(
                     )
                 for accumulator in accumulators:
                     accumulator.end_batch(pass_batch)
-                _count(counts, batch)
+                _count(counts, host.numbers)
                 fingerprint.update(chunk)
                 consistent = True
                 bar.update(len(chunk))
@@ -1165,6 +1192,8 @@ def run(
                 save()
     if current.distributed:
         _reduce(accumulators, counts, current)
+    for accumulator in accumulators:  # read back once: results are made on the host
+        accumulator.to("cpu")
     if counts["examples"] == 0:
         raise InputError(
             f"corpus is empty: {description} needs at least one string or (str, str) pair "
@@ -1220,12 +1249,71 @@ def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:
     return changed[0][1] if changed else batch
 
 
-def _count(counts: dict[str, Any], batch: Batch) -> None:
-    counts["examples"] += len(batch)
-    counts["tokens"] += int(batch.attention_mask.sum())
-    counts["truncated"] += int(batch.n_truncated)
-    counts["pairs"] = bool(batch.is_pair)
-    counts["longest"] = max(counts.get("longest", 0), int(batch.attention_mask.sum(-1).max()))
+@dataclass
+class _Staged:
+    """The host side of one batch: the corpus ``indices`` and examples (``chunk``) of its rows,
+    the tokenized ``batch`` and its counts (``numbers``: examples, real tokens, truncated,
+    pairs, longest), read off host tensors."""
+
+    indices: list[int]
+    chunk: list
+    batch: Batch
+    numbers: dict[str, Any]
+
+
+def _stage(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool) -> _Staged:
+    """Tokenize and count ``pairs`` (``(corpus index, example)``) on the host (no device tensor
+    is read); safe to run in a worker thread, since it touches no accumulator."""
+    indices, chunk = [index for index, _ in pairs], [example for _, example in pairs]
+    try:
+        batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=compact)
+    except BlankText as blank:  # name the text by its index in the corpus
+        raise blank.at(indices[blank.index]) from None
+    lengths = batch.attention_mask.sum(-1)
+    numbers = {"examples": len(batch), "tokens": int(lengths.sum()), "truncated": int(batch.n_truncated),
+               "pairs": bool(batch.is_pair), "longest": int(lengths.max())}
+    return _Staged(indices, chunk, batch, numbers)
+
+
+def _inputs(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, batch: Batch,
+            device: torch.device) -> Batch:
+    """The forward's inputs of a tokenized host ``batch``: made by the accumulators (:meth:`Accumulator.prepare`,
+    which may keep per-batch state: run in the pass's thread), checked on the host, then copied
+    to ``device`` (from pinned memory without waiting, on a GPU)."""
+    check_hooks(hooks, batch)
+    inputs = _prepare(accumulators, batch)
+    check_token_ids(model, inputs)
+    if device.type == "cuda":
+        return inputs.pin_memory().to(device, non_blocking=True)
+    return inputs.to(device)
+
+
+def _ahead(device: torch.device, stage: Callable[[list], _Staged]) -> Callable[[Iterable[list]], Iterator[_Staged]]:
+    """``stage`` over chunks of a corpus: in line on a CPU (its cores run the forward), one chunk
+    ahead in a worker thread on another device (concurrent.futures), so that the host prepares
+    batch k + 1 while the device runs batch k."""
+    def inline(parts: Iterable[list]) -> Iterator[_Staged]:
+        return map(stage, parts)
+
+    def threaded(parts: Iterable[list]) -> Iterator[_Staged]:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attnlens-input") as pool:
+            pending = None
+            for part in parts:
+                upcoming = pool.submit(stage, part)
+                if pending is not None:
+                    yield pending.result()
+                pending = upcoming
+            if pending is not None:
+                yield pending.result()
+
+    return inline if device.type == "cpu" else threaded
+
+
+def _count(counts: dict[str, Any], numbers: Mapping[str, Any]) -> None:
+    for key in ("examples", "tokens", "truncated"):
+        counts[key] += numbers[key]
+    counts["pairs"] = numbers["pairs"]
+    counts["longest"] = max(counts.get("longest", 0), numbers["longest"])
 
 
 def _positive(value: Any, name: str, unit: str) -> int:

@@ -187,16 +187,16 @@ class PatternSums(passes.Accumulator):
         if self.index is not None:
             size = state.max_len
             counts = torch.zeros(size * size, dtype=torch.int64, device=self.index.device)
-            counts = counts.index_add_(0, self.index, self.pairs.flatten().long()).view(size, size).cpu()
+            counts = counts.index_add_(0, self.index, self.pairs.flatten().long()).view(size, size)
         else:
-            counts = self.pairs.sum(0).cpu()
+            counts = self.pairs.sum(0)
         n = counts.shape[-1]
         for layer, (total, squares) in enumerate(zip(self.first, self.second, strict=True)):
             state.sums[layer, :, :n, :n] += total.to(state.sums.device)
             state.squares[layer, :, :n, :n] += squares.to(state.squares.device)
         state.pair_counts[:n, :n] += counts
         state.n_examples += len(batch)
-        state.n_tokens += int(batch.key_mask.sum())
+        state.n_tokens += batch.n_tokens
         state.n_truncated += int(batch.batch.n_truncated)
         state.pairs = bool(batch.batch.is_pair)
         self.first = [None] * len(self.first)
