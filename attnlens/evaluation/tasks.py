@@ -110,6 +110,38 @@ class TaskError(InputError):
     """A task cannot be loaded or scored; the message names the problem and the fix."""
 
 
+class _UnknownLabel(Exception):
+    """Internal: a prediction names a label outside the task's set (:meth:`Task.score` then
+    reports a few of them at once)."""
+
+
+class Predictions(list):
+    """Predictions that know their label set: a list (one label per example, or one list per
+    example for token tasks) whose ints index ``label_names``, made for ``task``.
+
+    :meth:`Task.score` reads ints of plain lists as indices into its own label set; with a
+    ``Predictions`` it translates them through ``label_names`` first, so a probe fitted on NER
+    whose predictions are scored on POS is refused (its labels ``'O'``, ``'B-PER'``, ... are no
+    POS tags) instead of scoring a meaningless number. Make one with :func:`labelled`."""
+
+    label_names: tuple[str, ...]
+    task: str | None
+
+    def __init__(self, values: Iterable[Any] = (), label_names: Iterable[str] = (), task: str | None = None) -> None:
+        super().__init__(values)
+        self.label_names = tuple(str(name) for name in label_names)
+        self.task = task
+
+
+def labelled(predictions: Iterable[Any], label_names: Iterable[str], task: str | None = None) -> Predictions:
+    """``predictions`` with the label set their ints index (and the task they were made for):
+    what :meth:`Task.score` needs to refuse predictions made for another task."""
+    names = tuple(label_names)
+    if not names or not all(isinstance(name, str) for name in names):
+        raise TaskError(f"label_names must be a non-empty sequence of label names (str), not {names!r}.")
+    return Predictions(predictions, names, task)
+
+
 @dataclass(frozen=True)
 class _Spec:
     kind: str
@@ -176,6 +208,11 @@ class Task:
                 f"metric {self.metric})")
 
     @property
+    def title(self) -> str:
+        """The task's name in messages (``"SST-2"``, ``"CoNLL-2003 POS"``)."""
+        return _SPECS[self.name].title
+
+    @property
     def n_labels(self) -> int:
         """How many labels (classes, or tags for a token task) the task has."""
         return len(self.label_names)
@@ -199,6 +236,9 @@ class Task:
         ``predictions``: one label per example (an int index into ``label_names``, or the label's
         name); for token tasks, one sequence of labels per example, one per word. A metric that
         is undefined for these predictions (e.g. F1 when nothing is predicted positive) is 0.
+        Predictions whose labels are not in this task's label set are refused, naming a few of
+        them: label names of another task, and the ints of a :class:`Predictions` (see
+        :func:`labelled`) whose label set is another task's.
         """
         gold = self.labels()
         predicted = self._as_indices(predictions, gold)
@@ -237,12 +277,24 @@ class Task:
         if isinstance(predictions, str):
             raise TaskError("score takes one prediction per example (a list), got a single string; "
                             "pass e.g. task.score(['positive', 'negative', ...]).")
+        source = getattr(predictions, "label_names", None)  # Predictions: the names its ints index
         predicted = list(predictions)
         if len(predicted) != len(gold):
             raise TaskError(f"{len(predicted)} predictions for the {len(gold)} examples of "
                             f"{self.name!r} {self.split!r}; pass exactly one per example.")
+        if source is not None and tuple(source) != self.label_names:
+            predicted = self._named(predicted, tuple(source), getattr(predictions, "task", None))
         index: dict[Any, int] = {name: i for i, name in enumerate(self.label_names)}
         index.update({i: i for i in range(self.n_labels)})  # looked up for exact ints and strs only
+        try:
+            return self._indices_of(predicted, gold, index)
+        except _UnknownLabel:
+            strings = predicted if self.kind != "token" else [
+                value for tags in predicted if not isinstance(tags, str) for value in tags]
+            raise self._unknown([value for value in strings if isinstance(value, str) and value not in index],
+                                getattr(predictions, "task", None)) from None
+
+    def _indices_of(self, predicted: list, gold: list, index: dict[Any, int]) -> list:
         if self.kind != "token":
             return self._indices(predicted, index, None)
         result = []
@@ -263,8 +315,51 @@ class Task:
         for i, value in enumerate(values):
             kind = type(value)
             number = index.get(value, -1) if kind is int or kind is str else -1
-            result.append(number if number >= 0 else self._index(value, index, i if example is None else example))
+            if number < 0:
+                if isinstance(value, str) and value not in index:
+                    raise _UnknownLabel  # _as_indices names every unknown label
+                number = self._index(value, index, i if example is None else example)
+            result.append(number)
         return result
+
+    def _named(self, predicted: list, source: tuple[str, ...], task: str | None) -> list:
+        """``predicted`` (made with the label set ``source``, for ``task``) as label names; an
+        int outside ``source`` is not a label, a name of ``source`` outside this task's set is
+        refused by :meth:`_unknown`."""
+
+        def name(value: Any) -> Any:
+            if type(value) is int and 0 <= value < len(source):
+                return source[value]
+            return value  # a name, or something _index refuses
+
+        if self.kind == "token":
+            named = [[name(value) for value in tags] if not isinstance(tags, str) else tags for tags in predicted]
+            flat = [value for tags in named if not isinstance(tags, str) for value in tags]
+        else:
+            named = [name(value) for value in predicted]
+            flat = named
+        known = set(self.label_names)
+        unknown = [value for value in flat if isinstance(value, str) and value not in known]
+        if unknown:
+            raise self._unknown(unknown, task, source)
+        return named
+
+    def _unknown(self, unknown: list[str], task: str | None, source: tuple[str, ...] | None = None) -> TaskError:
+        """The refusal of predictions whose labels (``unknown``: names, with repeats) are not in
+        this task's label set; ``task`` / ``source``: the task and label set they were made for."""
+        distinct = list(dict.fromkeys(unknown))
+        shown = ", ".join(repr(value) for value in distinct[:3])
+        more = f" and {len(distinct) - 3} more" if len(distinct) > 3 else ""
+        made = ""
+        if task is not None or source is not None:
+            made = (f"; they were made for {task!r}" if task is not None else "; they were made") + (
+                f" (labels {_shown(source, 5)})" if source is not None else "")
+        count = (f"{len(distinct)} labels that are" if len(distinct) > 1 else "1 label that is")
+        return TaskError(
+            f"predictions for {self.name!r} ({self.title}) name {count} not a label of "
+            f"{self.name!r}: {shown}{more}{made}. Pass predictions of a probe fitted on "
+            f"{self.name!r} (labels {_shown(self.label_names, 5)}), as these names or ints in "
+            f"0..{self.n_labels - 1}.")
 
     def _index(self, value: Any, index: dict[Any, int], example: int) -> int:
         if isinstance(value, str):
