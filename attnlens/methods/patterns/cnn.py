@@ -65,6 +65,7 @@ from attnlens.errors import (
     NotFittedError,
 )
 from attnlens.methods import views
+from attnlens.methods.patterns.maps_check import check_maps
 from attnlens.methods.patterns.templates import TYPES
 
 #: File format of a saved :class:`PatternCNN` (``"attnlens.PatternCNN/<version>"``).
@@ -329,6 +330,8 @@ class PatternCNN(Estimator):
         pattern: Float[Tensor, "batch head query key"],
         key_mask: Bool[Tensor, "batch key"],
         view: str = "standard",
+        *,
+        causal: bool = False,
     ) -> Int[Tensor, "batch head"]:
         """Label every (example, head) map of a pass's batch: indices into
         :data:`~attnlens.patterns.TYPES` (``[batch, head]``, on ``pattern``'s device).
@@ -338,7 +341,10 @@ class PatternCNN(Estimator):
         is) before it is resized. ``view``: ``"standard"``, ``"effective"`` or ``"papa"``; every
         view goes through the same ``|a|`` row normalisation (the identity for standard and PAPA
         rows), so which view the CNN should label is the user's call: train it on labelled maps
-        of that view. The CNN's classes must be names of ``TYPES``."""
+        of that view. The CNN's classes must be names of ``TYPES``. The maps are checked as
+        :func:`attnlens.patterns.classify` checks them (standard and PAPA maps: distributions
+        over their visible keys, ``causal``: a decoder's, which sees no later key; effective:
+        finite; :func:`attnlens.patterns.maps_check.check_maps`)."""
         self._fitted()
         if not isinstance(view, str):
             raise views.unknown_view(view)
@@ -354,8 +360,8 @@ class PatternCNN(Estimator):
                 f"pattern {tuple(pattern.shape)} and key_mask {tuple(key_mask.shape)} do not match: "
                 "expected [batch, head, n, n] and [batch, n]."
             )
-        if not bool(torch.isfinite(pattern).all()):
-            raise InputError("the maps hold NaN or infinite values.")
+        check_maps(pattern, key_mask.to(pattern.device), view=view, signed=views.get_view(view).signed,
+                   causal=causal)
         n_examples, n_heads = pattern.shape[:2]
         parts = []
         for example in range(n_examples):

@@ -61,6 +61,7 @@ from attnlens.core.checks import describe, whole_number
 from attnlens.core.result import CallableTable, Result, frame
 from attnlens.errors import InputError
 from attnlens.methods import views
+from attnlens.methods.patterns.maps_check import check_maps
 from attnlens.methods.stats import _diagonal, adjacent, batch_classes, token_classes
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
@@ -75,11 +76,6 @@ THRESHOLDS: dict[str, float] = {
 }
 #: offsets of the diagonal band
 BAND: tuple[int, ...] = (-1, 0, 1)
-#: rows of a standard map must sum to 1 within this (float32 softmax rows sum to 1 within
-#: n·2⁻²⁴ ≈ 3e-5 for n = 512; half precision rounds each entry to 2⁻¹¹ relative, hence 1e-2)
-ROW_SUM_TOLERANCE: dict[torch.dtype, float] = {
-    torch.float64: 1e-6, torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 2e-2,
-}
 #: token strings read as special by :meth:`Positions.from_tokens`
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|</?s>|<\|[^|]*\|>|<bos>|<eos>)$")
 _SEPARATORS = frozenset({"[SEP]", "</s>"})
@@ -416,25 +412,10 @@ def features(
     return out
 
 
-def check_rows(pattern: Tensor, positions: Positions) -> None:
-    """A standard map's visible part of every valid row sums to 1 (:data:`ROW_SUM_TOLERANCE`)."""
-    visible = visible_keys(positions)
-    sums = pattern.double().masked_fill(~visible[:, None], 0.0).sum(-1)  # [batch, head, query]
-    valid = positions.key_mask[:, None, :].expand_as(sums)
-    if not valid.any():
-        raise InputError("the maps have no valid query row (key_mask / tokens are all padding).")
-    error = (sums - 1.0).abs().masked_fill(~valid, 0.0)
-    tolerance = ROW_SUM_TOLERANCE.get(pattern.dtype, 1e-4)
-    if not bool(torch.isfinite(pattern).all()):
-        raise InputError("pattern: the maps hold NaN or infinite values.")
-    if float(error.max()) > tolerance:
-        b, h, q = np.unravel_index(int(error.argmax()), tuple(error.shape))
-        raise InputError(
-            f"row {q} of head {h} of example {b} sums to {float(sums[b, h, q]):.6g} over its visible "
-            f"keys, not 1 (tolerance {tolerance:g}): a standard attention map's rows are "
-            "distributions. For signed maps (effective attention) pass view='effective'; check "
-            "that tokens / key_mask match the map (padding, causal)."
-        )
+def check_rows(pattern: Tensor, positions: Positions, view: str = "standard") -> None:
+    """A ``view`` map (standard or PAPA) is a distribution over its visible keys
+    (:func:`attnlens.patterns.maps_check.check_maps`)."""
+    check_maps(pattern, positions.key_mask, view=view, signed=False, causal=positions.causal)
 
 
 def classify(
@@ -454,9 +435,11 @@ def classify(
     one example); axes: examples, heads, query positions, key positions. Where the maps' tokens
     are, give one of: ``tokens`` (the token strings, :meth:`Positions.from_tokens`), ``batch``
     (an :class:`attnlens.inputs.Batch` with ``tokenizer=``, or a
-    :class:`attnlens.passes.PassBatch`), or ``positions``. ``view``: ``"standard"`` (rows must sum
-    to 1 over their visible keys, else ``ValueError``), ``"effective"`` (signed, normalised by
-    ``|a|``) or ``"papa"`` (constant maps: rows sum to 1 too). ``causal``: the maps are a
+    :class:`attnlens.passes.PassBatch`), or ``positions``. ``view``: ``"standard"`` or ``"papa"``
+    (each valid row must be a distribution over its visible keys: finite, non-negative, 0 on
+    padding and, for a decoder, on later keys, summing to 1; else an ``InputError`` naming the
+    first offending head and row, :func:`attnlens.patterns.maps_check.check_maps`) or
+    ``"effective"`` (signed, finite, normalised by ``|a|``). ``causal``: the maps are a
     decoder's (default: from the model of a PassBatch, else False).
     """
     if not isinstance(view, str):
@@ -485,11 +468,9 @@ def classify(
         positions.segment.to(pattern.device), positions.causal,
         position=None if positions.position is None else positions.position.to(pattern.device),
     )
-    if view != "effective":
-        check_rows(pattern, positions)
-    elif not bool(torch.isfinite(pattern).all()):
-        raise InputError("pattern: the maps hold NaN or infinite values.")
-    shares = features(pattern, positions, signed=view == "effective")
+    signed = views.get_view(view).signed
+    check_maps(pattern, positions.key_mask, view=view, signed=signed, causal=positions.causal)
+    shares = features(pattern, positions, signed=signed)
     return label(shares, is_pair(positions))
 
 
