@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from attnlens import cli
@@ -35,6 +36,8 @@ def run(args: argparse.Namespace) -> int:
     """``attnlens importance`` with the parsed ``args``; returns the exit status."""
     if args.task is None and args.data_dir is not None:
         raise cli.UsageError("--data-dir is for --task; without --task the corpus is --corpus")
+    if args.data_dir is not None and not Path(args.data_dir).is_dir():
+        raise cli.UsageError(f"--data-dir {args.data_dir} is not a folder (of the --task {args.task} files)")
     inputs = [cli._corpus_file(args)]
     out, csv = cli._outputs(args, inputs)
     corpus: Any = args.task if args.task is not None else cli._texts(args)

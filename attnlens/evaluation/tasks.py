@@ -455,6 +455,8 @@ def load(
     else:
         columns = _from_files(name, split, Path(data_dir))
     size = len(columns["label" if "label" in columns else "tags"])
+    if size == 0:
+        raise _empty(name, split, None if data_dir is None else Path(data_dir))
     if limit is not None and limit < size:
         # the subset is chosen on the columns, before the Dataset is built (encoding all 67,349
         # SST-2 rows to keep 4,000 was most of a load)
@@ -475,6 +477,26 @@ def _features(spec: _Spec) -> datasets.Features:
     return datasets.Features({**text, "label": label})
 
 
+def _empty(name: str, split: str, data_dir: Path | None, why: str = "it holds no labelled example") -> TaskError:
+    """The refusal of a split with no example: it names the task, the split and the file read
+    (or the hub's repository), and what to pass instead."""
+    spec = _SPECS[name]
+    if data_dir is None:
+        repo, config, _, splits = HUB[name]
+        return TaskError(
+            f"the {split} split of task {name!r} ({spec.title}) is empty: the Hugging Face hub's "
+            f"{repo} ({config}, split {splits[split]!r}) has no example; pass data_dir=... with "
+            f"{spec.files[split]}.")
+    path = data_dir / spec.files[split]
+    if name == "mrpc" and split != "test":
+        why += (f" {'listed' if split == 'dev' else 'outside those listed'} in "
+                f"{data_dir / 'mrpc' / 'dev_ids.tsv'}")
+    return TaskError(
+        f"the {split} split of task {name!r} ({spec.title}) is empty: {path} was read and {why}; "
+        f"pass a data_dir whose {spec.files[split]} holds the {split} examples (or data_dir=None "
+        "for the Hugging Face hub).")
+
+
 def _from_files(name: str, split: str, data_dir: Path) -> dict[str, list]:
     """The columns of one split read from its file; a file read before (same path, size and
     modification time) is parsed once per process (a curve loads each split at every point)."""
@@ -483,9 +505,12 @@ def _from_files(name: str, split: str, data_dir: Path) -> dict[str, list]:
     if not path.is_file():
         hint = (" (the CoNLL-2003 test split may be held back; use split='dev')"
                 if spec.kind == "token" and split == "test" else "")
-        raise TaskError(f"{spec.title} {split} file not found: {path}{hint}; pass a data_dir that "
-                        f"holds {spec.files[split]} (or data_dir=None for the Hugging Face hub).")
+        raise TaskError(f"{spec.title} {split} file not found: {path}{hint} (the {split} split of task "
+                        f"{name!r}); pass a data_dir that holds {spec.files[split]} (or "
+                        "data_dir=None for the Hugging Face hub).")
     stat = path.stat()
+    if stat.st_size == 0:
+        raise _empty(name, split, data_dir, "it is an empty file (0 bytes)")
     extra = data_dir / "mrpc" / "dev_ids.tsv" if name == "mrpc" else None
     signature = (stat.st_size, stat.st_mtime_ns, extra.stat().st_mtime_ns if extra and extra.is_file() else None)
     return _parsed(name, split, str(path), str(data_dir), signature)  # errors name the path as given
@@ -595,6 +620,10 @@ def _read_mrpc(path: Path, split: str, dev_ids: Path) -> dict[str, list]:
         if not dev_ids.is_file():
             raise TaskError(f"MRPC dev ids not found: {dev_ids}; pass a data_dir that holds "
                             "mrpc/dev_ids.tsv (GLUE's mrpc_dev_ids.tsv), which splits train from dev.")
+        if dev_ids.stat().st_size == 0:
+            raise TaskError(f"MRPC dev ids file {dev_ids} is empty (0 bytes), so the {split} split of "
+                            "task 'mrpc' cannot be told apart; pass a data_dir that holds GLUE's "
+                            "mrpc_dev_ids.tsv as mrpc/dev_ids.tsv.")
         first, id_rows = _read_tsv(dev_ids, encoding="utf-8-sig")  # no header: first is a pair
         dev = {(row[0], row[1]) for row in [first, *id_rows] if len(row) >= 2}
         # malformed rows are kept, for _columns to report
