@@ -124,8 +124,10 @@ class PassBatch:
     unless the pass runs by length, see :attr:`Accumulator.any_order`), ``key_mask``
     (``[batch, key]``, True for real tokens), ``positions`` (``[batch, key]``, the layout
     position of every column: :attr:`attnlens.Batch.positions`, which differ from the column
-    index in a compact batch), ``model`` and ``n_tokens``, the batch's real tokens (a host
-    number, counted before the batch was copied to the device).
+    index in a compact batch), ``model``, ``n_tokens``, the batch's real tokens (a host
+    number, counted before the batch was copied to the device), and ``on_host``, the same inputs
+    on the host (``None`` when the pass was not given them): what a reader needs to know of the
+    batch's shape (which tokens are real, word indices) it reads there, never from the device.
 
     :meth:`shared` computes something once per batch for every accumulator that asks for it by
     the same key (e.g. the token classes of :func:`attnlens.stats.token_classes`)."""
@@ -135,6 +137,7 @@ class PassBatch:
     model: Any
     indices: list[int] = field(default_factory=list)
     n_tokens: int | None = None
+    on_host: Batch | None = None
     key_mask: Bool[Tensor, "batch key"] = field(init=False)
     _shared: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -845,9 +848,12 @@ def check_world_size(checkpoint: str | os.PathLike, current: World) -> None:
 
 
 def save_checkpoint(
-    path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any]
+    path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any],
+    tail: _Tail | None = None,
 ) -> None:
-    """Write every accumulator's state and the pass's counts atomically to ``path``."""
+    """Write every accumulator's state and the pass's counts atomically to ``path``; with
+    ``tail``, also the state and counts at the start of the unfinished last unit of the pass
+    (:class:`_Tail`: tensors ``@tail/<name>/<key>``, metadata ``tail``)."""
     tensors: dict[str, Tensor] = {}
     for accumulator in accumulators:
         for key, value in accumulator.state_dict().items():
@@ -860,6 +866,13 @@ def save_checkpoint(
             {a.name: a.metadata() for a in accumulators}, sort_keys=True
         ),
     }
+    if tail is not None:
+        for name, state in tail.states.items():
+            for key, value in state.items():
+                tensors[f"{TAIL}{name}/{key}"] = value.contiguous()
+        indices, examples = tail.seen()
+        metadata["tail"] = json.dumps({"counts": tail.counts, "accumulators": tail.metadata, "size": tail.size,
+                                       "indices": indices, "examples": examples}, sort_keys=True)
     write_atomic(path, safetensors_bytes(tensors, metadata))
 
 
@@ -878,6 +891,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
             raise InputError(f"its format is {raw.get('format')!r}, not {CHECKPOINT_FORMAT!r}")
         verify_checksum(path, raw, tensors)
         meta = {key: json.loads(raw[key]) for key in ("header", "counts", "accumulators")}
+        meta["tail"] = json.loads(raw["tail"]) if "tail" in raw else None
     except DamagedFileError:
         raise
     except (SafetensorError, ValueError, KeyError, json.JSONDecodeError) as error:
@@ -889,8 +903,9 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
 
 def _restore(
     path: Path, accumulators: Sequence[Accumulator], header: dict[str, Any]
-) -> dict[str, Any]:
-    """Load a checkpoint's states into ``accumulators``; its counts. Refuses another setting."""
+) -> tuple[dict[str, Any], _Tail | None]:
+    """Load a checkpoint's states into ``accumulators``; its counts and its :class:`_Tail` (or
+    None). Refuses another setting."""
     meta, tensors = read_checkpoint(path)
     saved = {"order": "corpus", **meta["header"]}  # checkpoints before passes by length ran in corpus order
     differing = [
@@ -909,7 +924,68 @@ def _restore(
         prefix = f"{accumulator.name}/"
         state = {key[len(prefix):]: value for key, value in tensors.items() if key.startswith(prefix)}
         accumulator.load_state_dict(state, meta["accumulators"].get(accumulator.name, {}))
-    return meta["counts"]
+    tail = None
+    if meta["tail"] is not None:
+        states: dict[str, dict[str, Tensor]] = {}
+        for key, value in tensors.items():
+            if key.startswith(TAIL):
+                name, _, rest = key[len(TAIL):].rpartition("/")
+                states.setdefault(name, {})[rest] = value
+        saved = meta["tail"]
+        tail = _Tail(saved["counts"], states, saved["accumulators"], saved["size"],
+                     recorded=(saved["indices"], saved["examples"]))
+    return meta["counts"], tail
+
+
+#: the prefix of a checkpoint's tensors that hold the state at the start of its last unit
+TAIL = "@tail/"
+
+
+@dataclass
+class _Tail:
+    """The state of a pass at the start of its last unit of examples when that unit is
+    unfinished: the corpus ended inside it (a batch shorter than ``batch_size`` in corpus order,
+    a window shorter than ``BY_LENGTH_BATCHES * batch_size`` by length). A checkpoint written
+    inside such a unit keeps it, so that the pass can resume on a longer corpus that starts with
+    the same examples: it goes back to the unit's start and runs the unit as the longer corpus
+    makes it (more rows in the batch, another length order in the window), exactly as a pass
+    over the whole longer corpus would. ``counts``: the pass's counts then (``corpus``: the
+    fingerprint of the examples before it); ``states``: each accumulator's :meth:`state_dict`,
+    on the host; ``metadata``: each one's :meth:`Accumulator.metadata`; ``size``: the examples
+    of the unit; ``unit``: the ``(corpus index, example)`` pairs the pass ran of it so far
+    (``recorded``: their indices and fingerprint, in corpus order, read from a checkpoint)."""
+
+    counts: dict[str, Any]
+    states: dict[str, dict[str, Tensor]]
+    metadata: dict[str, Any]
+    size: int
+    unit: list[tuple[int, Any]] = field(default_factory=list)
+    recorded: tuple[list[int], str] | None = None
+
+    def seen(self) -> tuple[list[int], str]:
+        """The corpus indices of the examples of the unit run so far, in order, and the
+        fingerprint of those examples in that order."""
+        if self.recorded is not None and not self.unit:
+            return self.recorded
+        ordered = sorted(self.unit, key=lambda pair: pair[0])
+        fingerprint = _Fingerprint()
+        fingerprint.update([example for _, example in ordered])
+        return [index for index, _ in ordered], fingerprint.hexdigest()
+
+    @classmethod
+    def take(cls, accumulators: Sequence[Accumulator], counts: dict[str, Any], corpus: str, size: int) -> _Tail:
+        """The current state (copied to the host: once per pass, at the start of its last unit)."""
+        return cls({**counts, "corpus": corpus},
+                   {a.name: {key: value.detach().to("cpu", copy=True) for key, value in a.state_dict().items()}
+                    for a in accumulators},
+                   {a.name: a.metadata() for a in accumulators}, size)
+
+    def load(self, accumulators: Sequence[Accumulator]) -> dict[str, Any]:
+        """Put the state back into ``accumulators``; the counts."""
+        for accumulator in accumulators:
+            state = {key: value.clone() for key, value in self.states.get(accumulator.name, {}).items()}
+            accumulator.load_state_dict(state, self.metadata.get(accumulator.name, {}))
+        return dict(self.counts)
 
 
 class _Signals:
@@ -1039,7 +1115,8 @@ def run(
     flag(by_length, "by_length")
     window = BY_LENGTH_BATCHES * batch_size if (
         by_length and all(a.any_order for a in accumulators) and (compact or layout != "papa")) else None
-    numbered = pass_order(examples, model.tokenizer, window)  # (corpus index, example) in the pass's order
+    sizes: dict[int, int] = {}  # the size of each window read, by its start in the pass's order
+    numbered = pass_order(examples, model.tokenizer, window, sizes=sizes)  # (corpus index, example) in the pass's order
     starts: list[int] | None = None  # where each of this process's batches starts in the pass's order
     if current.distributed:
         listed = list(numbered)
@@ -1077,28 +1154,64 @@ def run(
     }
     fingerprint = _Fingerprint()
     path = checkpoint_path(checkpoint, current) if checkpoint is not None else None
+    tail: _Tail | None = None  # the state at the start of an unfinished last unit (see _Tail)
     if path is not None:
         clean_temporaries(path)
         check_world_size(checkpoint, current)
         if path.exists():
-            counts = _restore(path, accumulators, header)
+            counts, tail = _restore(path, accumulators, header)
     resumed = counts["examples"]
-    consumed = [example for _, example in itertools.islice(numbered, resumed)]
-    fingerprint.update(consumed)
+    consumed = list(itertools.islice(numbered, resumed))
+    fingerprint.update([example for _, example in consumed])
     if len(consumed) < resumed:
         raise InputError(
             f"checkpoint {path} has consumed {resumed} examples but the corpus has only "
             f"{len(consumed)}: it belongs to another corpus."
         )
-    if resumed and fingerprint.hexdigest() != counts["corpus"]:
+    same = fingerprint.hexdigest() == counts["corpus"]
+    if resumed and tail is not None and not current.distributed:
+        # The checkpoint ended inside the corpus's last unit (a short batch, or a short window
+        # by length). If this corpus makes that unit longer (it goes on past it), go back to the
+        # unit's start: the pass then runs it as a pass over this whole corpus does (a fuller
+        # batch; a window in another length order), and the result is the same bit for bit.
+        start = tail.counts["examples"]
+        if window is None:
+            following = next(numbered, None)
+            if following is not None:
+                numbered = itertools.chain([following], numbered)
+            longer = following is not None  # a short batch is the end of the corpus it was run on
+            kept = same  # the unit's examples are among those the fingerprint covers
+        else:
+            longer = sizes.get(start, 0) > tail.size  # that window was read to consume `resumed`
+            if longer:  # the examples the unit ran must be in the longer window, at the same indices
+                consumed += itertools.islice(numbered, start + sizes[start] - len(consumed))
+                found = dict(consumed[start:])
+                indices, recorded = tail.seen()
+                mine = _Fingerprint()
+                mine.update([found[index] for index in indices if index in found])
+                kept = all(index in found for index in indices) and mine.hexdigest() == recorded
+                numbered = itertools.chain(consumed[resumed:], numbered)
+                del consumed[resumed:]
+            else:
+                kept = False
+        before = _Fingerprint()
+        before.update([example for _, example in consumed[:start]])
+        if longer and kept and before.hexdigest() == tail.counts["corpus"]:
+            counts, fingerprint, same = tail.load(accumulators), before, True
+            numbered = itertools.chain(consumed[start:], numbered)
+            resumed, tail = start, None  # taken again when the pass starts that unit
+        elif same:
+            tail.unit = consumed[start:]  # the same unit, resumed where it stopped
+    if resumed and not same:
         raise InputError(
             f"checkpoint {path} was written for another corpus: the first {resumed} examples "
             "given now differ from those it consumed. Resume it with the same corpus, or give "
             "another checkpoint path." + ("" if window is None else (
-                f" (The pass runs each window of {window} examples from the shortest to the longest, "
-                "so a longer corpus that starts the same reorders the window the checkpoint ended "
-                "in: run the new examples in a pass of their own and merge the results.)"))
+                f" (The pass runs each window of {window} examples from the shortest to the longest; "
+                "a checkpoint resumes on a longer corpus only if that corpus starts with the "
+                "examples it consumed, in the same order.)"))
         )
+    unit = batch_size if window is None else window  # what a _Tail starts
 
     device = device_of(model)
     needs_effective = any(a.needs_effective for a in accumulators)
@@ -1123,12 +1236,42 @@ def run(
         range(total) if total is not None else corpus, description,
         progress and current.rank == 0, initial=resumed,
     )
-    saved_at, since_save, consistent = counts["examples"], 0, True
+    saved_at, since_save = counts["examples"], 0
+    state["consistent"] = True  # the state holds whole batches (a checkpoint may be written)
     signals = _Signals()
 
     def save() -> None:
         counts["corpus"] = fingerprint.hexdigest()
-        save_checkpoint(path, accumulators, counts, header)
+        save_checkpoint(path, accumulators, counts, header, tail)
+
+    def one(host: _Staged, start: int, forwarded: Callable[[], None]) -> None:
+        """Run the batch (or part of a batch) ``host``, whose first row is example ``start`` of
+        the pass; count it. ``forwarded()`` is called after the forward, before ``end_batch``."""
+        on_host, inputs = _inputs(model, accumulators, hooks, host.batch, device)
+        pass_batch = PassBatch(inputs, start, model, host.indices, host.numbers["tokens"], on_host)
+        for accumulator in accumulators:  # may refuse the batch; changes no state
+            accumulator.start_batch(pass_batch)
+        state.update(batch=pass_batch, layers=0, consistent=False)
+        grad = torch.enable_grad() if needs_grad else torch.inference_mode()
+        with grad:
+            if needs_output:
+                output = _forward(model, inputs, fwd_hooks)
+                for accumulator in accumulators:
+                    accumulator.update_output(pass_batch, output)
+            else:
+                run_patterns(model, inputs, fwd_hooks, until=until)
+        if state["layers"] != n_layers:
+            raise ModelBehaviourError(
+                f"hook_pattern fired {state['layers']} times for {n_layers} layers; "
+                f"{description} needs every layer's attention pattern."
+            )
+        forwarded()
+        for accumulator in accumulators:
+            accumulator.end_batch(pass_batch)
+        _count(counts, host.numbers)
+        fingerprint.update(host.chunk)
+        state["consistent"] = True
+        bar.update(len(host.chunk))
 
     # an intervention that patches the model (PapaHooks(fast=True): replaced heads skip their
     # work) holds for the whole pass; the rest of it runs as hooks
@@ -1140,39 +1283,20 @@ def run(
         def staged(pairs: list) -> _Staged:
             return _stage(model, pairs, max_len=max_len, layout=layout, compact=compact)
 
+        # a batch that runs out of device memory is split in halves and run again (_Split)
+        split = _Split(accumulators, staged, device, state, splits=all(a.any_order for a in accumulators))
         # on a GPU the next batch is tokenized on the host while the device runs this one
         ahead = _ahead(device, staged)
         try:
             for host in ahead(chunks(numbered, batch_size)):
                 signals.batching = True  # a first SIGTERM / SIGINT now waits for the batch's end
-                indices, chunk = host.indices, host.chunk
-                inputs = _inputs(model, accumulators, hooks, host.batch, device)
                 done = counts["examples"]  # by this process; its batches before the last are whole
-                pass_batch = PassBatch(inputs, done if starts is None else starts[done // batch_size], model,
-                                       indices, host.numbers["tokens"])
-                for accumulator in accumulators:  # may refuse the batch; changes no state
-                    accumulator.start_batch(pass_batch)
-                consistent = False
-                state.update(batch=pass_batch, layers=0)
-                grad = torch.enable_grad() if needs_grad else torch.inference_mode()
-                with grad:
-                    if needs_output:
-                        output = _forward(model, inputs, fwd_hooks)
-                        for accumulator in accumulators:
-                            accumulator.update_output(pass_batch, output)
-                    else:
-                        run_patterns(model, inputs, fwd_hooks, until=until)
-                if state["layers"] != n_layers:
-                    raise ModelBehaviourError(
-                        f"hook_pattern fired {state['layers']} times for {n_layers} layers; "
-                        f"{description} needs every layer's attention pattern."
-                    )
-                for accumulator in accumulators:
-                    accumulator.end_batch(pass_batch)
-                _count(counts, host.numbers)
-                fingerprint.update(chunk)
-                consistent = True
-                bar.update(len(chunk))
+                size = len(host.chunk) if window is None else sizes.get(done, unit)
+                if path is not None and starts is None and done % unit == 0 and size < unit:
+                    tail = _Tail.take(accumulators, counts, fingerprint.hexdigest(), size)  # the last unit, unfinished
+                split.run(host, done if starts is None else starts[done // batch_size], one)
+                if tail is not None:
+                    tail.unit.extend(zip(host.indices, host.chunk, strict=True))
                 since_save += 1
                 signals.end_batch()  # interrupted during the batch: stop now, saving it
                 if path is not None and since_save >= checkpoint_every:
@@ -1181,7 +1305,7 @@ def run(
                     saved_at, since_save = counts["examples"], 0
         except BaseException:
             # Keep what was done; a batch cut half-way leaves the last periodic checkpoint in place.
-            if path is not None and consistent and counts["examples"] > saved_at:
+            if path is not None and state["consistent"] and counts["examples"] > saved_at:
                 with signals.saving():
                     save()
             raise
@@ -1212,16 +1336,23 @@ def run(
     )
 
 
-def pass_order(examples: Iterable, tokenizer: Any, window: int | None) -> Iterator[tuple[int, Any]]:
+def pass_order(examples: Iterable, tokenizer: Any, window: int | None, *,
+               sizes: dict[int, int] | None = None) -> Iterator[tuple[int, Any]]:
     """``(corpus index, example)`` of every example, in the order a pass runs them: the corpus's
     (``window=None``), or each ``window`` of consecutive examples from its shortest to its
     longest (:func:`_length_order`; :func:`run` by length uses ``BY_LENGTH_BATCHES *
-    batch_size``). Lazy: a window is read when the pass reaches it."""
+    batch_size``). Lazy: a window is read when the pass reaches it. ``sizes``: filled with the
+    number of examples of each window read, by the position of its first example (only the
+    corpus's last window may be shorter than ``window``)."""
     numbered = enumerate(examples)
     if window is None:
         yield from numbered
         return
+    position = 0
     while part := list(itertools.islice(numbered, window)):
+        if sizes is not None:
+            sizes[position] = len(part)
+        position += len(part)
         order = _length_order(tokenizer, [example for _, example in part])
         yield from part if order is None else (part[index] for index in order)
 
@@ -1276,16 +1407,17 @@ def _stage(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool)
 
 
 def _inputs(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, batch: Batch,
-            device: torch.device) -> Batch:
-    """The forward's inputs of a tokenized host ``batch``: made by the accumulators (:meth:`Accumulator.prepare`,
-    which may keep per-batch state: run in the pass's thread), checked on the host, then copied
-    to ``device`` (from pinned memory without waiting, on a GPU)."""
+            device: torch.device) -> tuple[Batch, Batch]:
+    """The forward's inputs of a tokenized host ``batch``, on the host and on ``device``: made by
+    the accumulators (:meth:`Accumulator.prepare`, which may keep per-batch state: run in the
+    pass's thread), checked on the host, then copied (from pinned memory without waiting, on a
+    GPU)."""
     check_hooks(hooks, batch)
     inputs = _prepare(accumulators, batch)
     check_token_ids(model, inputs)
     if device.type == "cuda":
-        return inputs.pin_memory().to(device, non_blocking=True)
-    return inputs.to(device)
+        return inputs, inputs.pin_memory().to(device, non_blocking=True)
+    return inputs, inputs.to(device)
 
 
 def _ahead(device: torch.device, stage: Callable[[list], _Staged]) -> Callable[[Iterable[list]], Iterator[_Staged]]:
@@ -1307,6 +1439,107 @@ def _ahead(device: torch.device, stage: Callable[[list], _Staged]) -> Callable[[
                 yield pending.result()
 
     return inline if device.type == "cpu" else threaded
+
+
+class _Split:
+    """Runs each batch of a pass, and the halves of one that runs out of device memory.
+
+    A batch whose forward (or copy to the device) raises ``torch.OutOfMemoryError``
+    (``torch.cuda.OutOfMemoryError`` is the same class) is split in two halves, re-tokenized on
+    the host, and each half is run, split again if it fails too, down to one example; one example
+    that does not fit re-raises the error, with the state as it was before that example, so that
+    the pass writes its checkpoint (if it has one) before it stops. The first batch that fits
+    after a failure warns once, naming its size; every later batch of the pass is then run in
+    parts of at most that size (:attr:`limit`; it only shrinks), rather than failing again.
+    Splitting is only done when every accumulator is :attr:`Accumulator.any_order` (its result
+    does not depend on which examples share a batch): the result is then that of the unsplit pass
+    up to float32 rounding of per-batch sums (a sum over ``B`` rows in float32 is within
+    ``(B - 1)·2⁻²⁴`` of its exact value, relatively; split, within the same bound), and of a
+    forward at another padded length. Otherwise the error is raised, the state put back.
+
+    A failed batch leaves no partial state: before each batch, the versions of the
+    accumulators' state tensors (``Tensor._version``, a host counter that every in-place change
+    bumps) are noted, and the state of the accumulators that change it during a forward (before
+    :meth:`Accumulator.end_batch`) is copied on the device (``clone``; no host read); after a
+    failure, that copy is put back (:meth:`Accumulator.load_state_dict`). Which accumulators those
+    are is learnt on the pass's first batch, for which every state is copied: :class:`PatternSums`
+    and others that add their batch in ``end_batch`` are never copied after it, so the normal path
+    costs a few attribute reads per batch (and a copy of the small states of accumulators that
+    add in ``update``, such as :class:`attnlens.stats.Statistics`)."""
+
+    def __init__(self, accumulators: Sequence[Accumulator], stage: Callable[[list], _Staged],
+                 device: torch.device, state: dict[str, Any], *, splits: bool) -> None:
+        self.accumulators, self.stage, self.device, self.splits = list(accumulators), stage, device, splits
+        self.state = state  # run's: "consistent" is set again once the state is put back
+        self.limit: int | None = None  # after a failure: the most examples run at once
+        self.writers: set[int] | None = None  # accumulators that change their state in a forward
+        self.warned = False
+
+    def run(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> None:
+        """Run ``host`` (its first row is example ``start`` of the pass) with ``one``, in parts
+        of at most :attr:`limit` examples, halving a part that runs out of memory."""
+        pending = [host]
+        while pending:
+            part = pending.pop(0)
+            if self.limit is not None and len(part.chunk) > self.limit:
+                pairs = list(zip(part.indices, part.chunk, strict=True))
+                pending[:0] = [self.stage(pairs[i : i + self.limit]) for i in range(0, len(pairs), self.limit)]
+            elif self._attempt(part, start, one):
+                start += len(part.chunk)
+            else:  # out of memory: the limit is now below its size, and it is split above
+                pending.insert(0, part)
+
+    def _versions(self) -> list[list[int]]:
+        return [[value._version for value in a.state_dict().values()] for a in self.accumulators]
+
+    def _attempt(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> bool:
+        """Run ``host``: True; or False when it ran out of memory (the state put back, and
+        :attr:`limit` lowered to half its size); the error when it cannot be split."""
+        before = self._versions()
+        copied = {i: ({key: value.clone() for key, value in a.state_dict().items()}, a.metadata())
+                  for i, a in enumerate(self.accumulators) if self.writers is None or i in self.writers}
+
+        def forwarded() -> None:  # which accumulators changed their state during the forward
+            changed = {i for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)) if now != then}
+            self.writers = changed | (self.writers or set())
+
+        try:
+            one(host, start, forwarded)
+        except torch.OutOfMemoryError:
+            self._put_back(before, copied)
+            self.state["consistent"] = True  # as before the batch: a checkpoint may be written
+            if not self.splits or len(host.chunk) == 1:
+                raise
+        else:
+            if self.limit is not None and not self.warned:
+                self.warned = True
+                import warnings
+
+                warnings.warn(
+                    f"out of memory on {self.device}: batches are split in halves until they fit; a "
+                    f"batch of {len(host.chunk)} examples fitted, and the pass goes on with batches "
+                    f"of at most {self.limit} examples (the same result up to float32 rounding; pass "
+                    f"batch_size={self.limit} to avoid the failed tries).", stacklevel=4)
+            return True
+        # returned out of the except block: the failed forward's tensors (held by the traceback) are freed
+        half = (len(host.chunk) + 1) // 2
+        self.limit = half if self.limit is None else min(self.limit, half)
+        return False
+
+    def _put_back(self, before: list[list[int]], copied: dict[int, tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
+        """The state as it was before the failed batch: the copies of the accumulators whose
+        state changed; an unchanged state stays. A change without a copy (an accumulator that
+        never changed its state in a forward before) cannot be undone: the error then says so."""
+        for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)):
+            if now == then:
+                continue
+            if i not in copied:
+                raise ModelBehaviourError(
+                    f"out of memory in a batch, and accumulator {self.accumulators[i].name!r} changed its "
+                    "state during it where no earlier batch did, so the state cannot be put back; run "
+                    "the pass again with a smaller batch_size (from its checkpoint, if it has one).")
+            state, metadata = copied[i]
+            self.accumulators[i].load_state_dict(state, metadata)
 
 
 def _count(counts: dict[str, Any], numbers: Mapping[str, Any]) -> None:

@@ -1,0 +1,96 @@
+"""A pass survives running out of device memory (issue 61, item 5): a batch whose forward raises
+``torch.OutOfMemoryError`` is split in halves and run again, down to one example; the result is
+the unsplit pass's, up to float32 rounding of per-batch sums; a warning names the batch size
+that fitted; a batch that failed half-way leaves no partial state; one example that does not fit
+stops the pass after writing its checkpoint. The error is injected on the CPU, for every batch
+of more than 4 examples, half-way through the forward (after 4 of the 6 layers were read)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnlens
+from attnlens import papa, passes
+from tests.precision import float32_sum_error
+
+LIMIT = 4
+
+
+def inject(monkeypatch, limit: int = LIMIT) -> list[int]:
+    """Batches of more than ``limit`` examples raise torch.OutOfMemoryError at layer 3's
+    pattern, after the accumulators read layers 0 to 3; the sizes of the batches run."""
+    original, sizes = passes.run_patterns, []
+
+    def run_patterns(model, batch, fwd_hooks, *, until=None):
+        sizes.append(len(batch))
+        if len(batch) > limit:
+            def fail(pattern, hook):
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+
+            fwd_hooks = [*fwd_hooks, ("blocks.3.attn.hook_pattern", fail)]
+        return original(model, batch, fwd_hooks, until=until)
+
+    monkeypatch.setattr(passes, "run_patterns", run_patterns)
+    return sizes
+
+
+def close(got: torch.Tensor, expected: torch.Tensor, batch_size: int) -> None:
+    """Float32 per-batch sums of ``batch_size`` rows (or of its halves), added into float64:
+    each batch sum is within float32_sum_error(batch_size) of its exact value relatively (all
+    terms are non-negative), so the totals are within twice that of each other; a forward at
+    another padded length rounds each attention weight differently, within a few float32 ulps
+    (2⁻²² relative), which the absolute part covers."""
+    rtol = 2 * float32_sum_error(batch_size) + 2.0**-22
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=rtol * float(expected.abs().max()))
+
+
+@pytest.mark.slow
+def test_papa_fit_splits_batches_that_run_out_of_memory(minilm, sst2_sentences, monkeypatch, tmp_path):
+    texts = sst2_sentences[:48]
+    fresh = papa.fit(minilm, texts, max_len=32, batch_size=16, progress=False)
+    sizes = inject(monkeypatch)
+    with pytest.warns(UserWarning, match=r"a batch of 4 examples fitted, and the pass goes on with "
+                                         r"batches of at most 4 examples .* pass batch_size=4"):
+        split = papa.fit(minilm, texts, max_len=32, batch_size=16, progress=False,
+                         checkpoint=tmp_path / "fit.safetensors")
+    assert sizes[:3] == [16, 8, 4] and max(sizes[3:]) == 4  # later batches: parts of 4 at once
+    assert (split.n_examples, split.n_tokens) == (fresh.n_examples, fresh.n_tokens)
+    assert torch.equal(split.pair_counts, fresh.pair_counts)
+    for name in ("sums", "squares"):
+        close(getattr(split, name), getattr(fresh, name), 16)
+
+
+@pytest.mark.slow
+def test_compare_splits_batches_and_keeps_no_partial_state(minilm, sst2_sentences, monkeypatch):
+    """compare's statistics add each layer in ``update``: the layers 0 to 3 read before the
+    failure must not count."""
+    texts = sst2_sentences[:40]
+    constants = papa.fit(minilm, texts, max_len=32, batch_size=16, progress=False)
+    fresh = attnlens.compare(minilm, "papa", "effective", constants=constants, corpus=texts, max_len=32, batch_size=16,
+                             progress=False)
+    inject(monkeypatch)
+    with pytest.warns(UserWarning, match=r"batches of at most 4 examples"):
+        split = attnlens.compare(minilm, "papa", "effective", constants=constants, corpus=texts, max_len=32, batch_size=16,
+                                 progress=False)
+    numbers = fresh.table.select_dtypes("number").columns
+    assert list(split.table.columns) == list(fresh.table.columns)
+    for column in numbers:
+        close(torch.tensor(split.table[column].to_numpy()), torch.tensor(fresh.table[column].to_numpy()), 16)
+
+
+@pytest.mark.slow
+def test_one_example_that_does_not_fit_stops_after_the_checkpoint(minilm, sst2_sentences, monkeypatch, tmp_path):
+    texts = sst2_sentences[:12]
+    checkpoint = tmp_path / "fit.safetensors"
+    papa.fit(minilm, texts[:8], max_len=32, batch_size=4, progress=False, checkpoint=checkpoint, by_length=False)
+    inject(monkeypatch, limit=0)  # nothing fits
+    with pytest.raises(torch.OutOfMemoryError, match="injected"):
+        papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False, checkpoint=checkpoint, by_length=False)
+    meta, _ = passes.read_checkpoint(checkpoint)
+    assert meta["counts"]["examples"] == 8  # the state as before the batch that failed
+    monkeypatch.undo()
+    resumed = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False, checkpoint=checkpoint,
+                       by_length=False)
+    whole = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False, by_length=False)
+    assert torch.equal(resumed.sums, whole.sums) and torch.equal(resumed.squares, whole.squares)
