@@ -38,6 +38,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens.core import devices
 from attnlens.core.checks import describe, index, optional_count, whole_number
 from attnlens.core.corpus import resolve_corpus
 from attnlens.core.files import write_atomic
@@ -59,7 +60,7 @@ from attnlens.methods.stats import (
     AttentionStatistics,
     Distance,
     Statistics,
-    batch_classes,
+    token_classes,
     token_texts,
     total_variation,
 )
@@ -77,7 +78,7 @@ from attnlens.present.columns import (  # noqa: F401  (re-exported: attnlens.com
 from attnlens.present.display import Figures, comparison_html
 from attnlens.present.export import comparison_maps, to_circuitsvis
 from attnlens.present.figures import MAX_TILED_TOKENS, blank_later_keys, build_figures  # noqa: F401
-from attnlens.present.kept import KeptExample, KeptPatterns, encode, label_of, segments_of
+from attnlens.present.kept import KeptExample, KeptPatterns, encode, label_of, refused, segments_of
 
 DEFAULT_MAX_LEN = 128
 
@@ -644,19 +645,22 @@ class ViewsAccumulator(passes.Accumulator):
         signed = tuple(view for view in names if view in SIGNED_VIEWS)
         self.kept_patterns = KeptPatterns(names, signed, n_layers, n_heads, limit=report_examples)
         self.report_rows: list[_ReportRow] = []
+        # off the CPU the kept maps wait on the device until the pass ends (to("cpu")), and so
+        # does whether any of them was one encode refuses: nothing is read per batch
+        self.pending: list[_ReportRow] = []
+        self.staged_kept: dict[str, Tensor] = {}
+        self.refused = torch.zeros((), dtype=torch.bool)
 
     def start_batch(self, batch: passes.PassBatch) -> None:
         if self.constants is not None:
-            _check_constants(self.constants, self.model, batch.batch)
+            _check_constants(self.constants, batch.batch)
         indices = batch.indices
         self.row = indices.index(self.example) if self.example in indices else None
         if self.row is not None:
-            self.keep = batch.key_mask[self.row].nonzero().squeeze(-1)
+            keep, self.staged_tokens, _ = _row_tokens(batch, self.row)
+            self.keep = keep.to(batch.key_mask.device, non_blocking=True)
             self.layers: list[Any] = [None] * self.n_layers
             self.staged = {view: [None] * self.n_layers for view in self.names}
-            tokenizer = self.model.tokenizer
-            ids = batch.batch.input_ids[self.row, self.keep].tolist()
-            self.staged_tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids))
         self.report_rows = []
         if self.report_examples:
             for row, index in enumerate(indices):
@@ -683,29 +687,56 @@ class ViewsAccumulator(passes.Accumulator):
             if self.row is not None:
                 keep = self.keep
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
+            signed = self.views[view].signed
             for kept in self.report_rows:
                 block = pattern[kept.row][:, kept.keep][:, :, kept.keep]
-                codes, scales = encode(block, signed=self.views[view].signed)
+                check = devices.reads_are_free(block)
+                codes, scales = encode(block, signed=signed, check=check)
+                if not check:
+                    self.refused = self.refused.to(block.device) | refused(block, signed=signed)
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
-
-    def _to_device(self, device: torch.device) -> None:
-        """Keep the count of long texts beside the patterns (no copy to the CPU per batch)."""
-        if self.longer.device == device:
-            return
-        self.longer = self.longer.to(device)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
         for _, type_counter in self.parts.values():
             type_counter.end_batch(batch)
-        self._to_device(batch.key_mask.device)
-        self.longer += (batch.key_mask.sum(-1) > self.d_head).sum()
+        self.longer += (batch.key_mask.sum(-1) > self.d_head).sum().to(self.longer.device)
+        on_host = devices.reads_are_free(batch.key_mask)
         if self.row is not None:
-            self.kept = {view: torch.stack(layers).cpu().numpy() for view, layers in self.staged.items()}
+            self.staged_kept = {view: torch.stack(layers) for view, layers in self.staged.items()}
             self.kept_tokens = self.staged_tokens
             self.row = None
-        for kept in self.report_rows:  # in corpus order, whatever order the pass runs
-            bisect.insort(self.kept_patterns.examples, kept.example(), key=lambda example: example.index)
+            if on_host:
+                self._read_kept()
+        for kept in self.report_rows:
+            if on_host:
+                self._insert(kept.example())
+            else:
+                kept.stacked()
+                self.pending.append(kept)
         self.report_rows = []
+
+    def _insert(self, example: KeptExample) -> None:
+        """Keep ``example`` in corpus order, whatever order the pass runs."""
+        bisect.insort(self.kept_patterns.examples, example, key=lambda kept: kept.index)
+
+    def _read_kept(self) -> None:
+        """The maps kept on the device, read: the figures' example and the report's examples."""
+        if bool(self.refused):
+            raise InputError("attention maps to keep hold NaN or infinite values (or an unsigned view "
+                             "negative ones): the model's patterns are not distributions")
+        if self.staged_kept:
+            self.kept = {view: maps.cpu().numpy() for view, maps in self.staged_kept.items()}
+            self.staged_kept = {}
+        for kept in self.pending:
+            self._insert(kept.example())
+        self.pending = []
+
+    def to(self, device: str | torch.device) -> ViewsAccumulator:
+        """Move the state; to the CPU (the end of a pass) the kept maps are read too, once."""
+        super().to(device)
+        if torch.device(device).type == "cpu":
+            self._read_kept()
+        return self
 
     def state_dict(self) -> dict[str, Tensor]:
         state: dict[str, Tensor] = {}
@@ -765,22 +796,41 @@ class _ReportRow:
 
     @classmethod
     def of(cls, batch: passes.PassBatch, row: int, n_layers: int, views: Sequence[str]) -> _ReportRow:
-        keep = batch.key_mask[row].nonzero().squeeze(-1)
-        tokenizer = batch.model.tokenizer
-        ids = batch.batch.input_ids[row, keep].tolist()
-        tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids))
-        separators = batch_classes(batch)["sep"][row, keep].tolist()
+        keep, tokens, separators = _row_tokens(batch, row)
         return cls(
-            batch.indices[row], row, keep, tokens, segments_of(separators, bool(batch.batch.is_pair)),
+            batch.indices[row], row, keep.to(batch.key_mask.device, non_blocking=True), tokens,
+            segments_of(separators, bool(batch.batch.is_pair)),
             {view: [None] * n_layers for view in views}, {view: [None] * n_layers for view in views},
         )
 
+    def stacked(self) -> None:
+        """Stack each view's layers (on the device, nothing read): the codes wait so until
+        :meth:`example`."""
+        for part in (self.codes, self.scales):
+            for view, layers in part.items():
+                part[view] = torch.stack(layers) if isinstance(layers, list) else layers
+
     def example(self) -> KeptExample:
+        self.stacked()
         return KeptExample.from_codes(
             self.index, "", self.tokens, self.segments,
-            {view: torch.stack(layers).cpu().numpy() for view, layers in self.codes.items()},
-            {view: torch.stack(layers).cpu().numpy() for view, layers in self.scales.items()},
+            {view: codes.cpu().numpy() for view, codes in self.codes.items()},
+            {view: scales.cpu().numpy() for view, scales in self.scales.items()},
         )
+
+
+def _row_tokens(batch: passes.PassBatch, row: int) -> tuple[Tensor, list[str], list[int]]:
+    """``(keep, tokens, separators)`` of one row of a pass's batch, read on the host (the pass's
+    copy of the inputs there, :attr:`PassBatch.on_host`): the columns of its real tokens, their
+    texts, and which of them are separators."""
+    host = batch.on_host if batch.on_host is not None else batch.batch.to("cpu")
+    mask = host.attention_mask.bool()
+    keep = mask[row].nonzero().squeeze(-1)
+    tokenizer = batch.model.tokenizer
+    ids = host.input_ids[row, keep]
+    tokens = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(ids.tolist()))
+    separators = batch.shared("compare.host_classes", lambda: token_classes(tokenizer, host.input_ids, mask))["sep"]
+    return keep, tokens, separators[row, keep].tolist()
 
 
 def _compare(
@@ -864,10 +914,11 @@ def _compare(
     )
 
 
-def _check_constants(constants: Any, model: Any, batch: Any) -> None:
-    """Refuse constants that do not fit ``batch`` (layout, ``max_len``, sentences or pairs)."""
+def _check_constants(constants: Any, batch: Any) -> None:
+    """Refuse constants that do not fit ``batch`` (layout, ``max_len``, sentences or pairs; the
+    model was checked once, by :func:`_papa_setup`)."""
     try:
-        constants.check_compatible(model, batch)
+        constants.check_compatible(batch=batch)
     except ValueError as error:
         raise InputError(
             f"the PAPA constants do not fit this corpus: {error} Pass constants fitted on a corpus "

@@ -3,8 +3,12 @@
 Three jobs on the same texts (the embedded corpus, or its first ``--n``), MiniLM, max_len 128,
 batch 32, in the PAPA layout (the one compare uses with the ``papa`` view), timed alternately:
 
-- *full forward*: ``model(input_ids, ...)`` of every batch, tokenization included, under
-  ``torch.inference_mode``: the embeddings, every layer and the MLM head (the bridge's unembed);
+- *forward*: the cheapest full forward a user writes: the texts sorted by length, each batch
+  padded to its longest text, ``model(input_ids, ...)`` of every batch, tokenization included,
+  under ``torch.inference_mode``: the embeddings, every layer and the MLM head (the bridge's
+  unembed). The ratios are over it;
+- *padded forward*: the same with every text padded to ``max_len`` in the PAPA layout, in corpus
+  order (the reference of the tables before 2026-11-28), printed beside;
 - *compare*: ``attnlens.compare(model, "papa", "effective")`` (fit the constants: one pass;
   the comparison: a second pass; the report's kept examples, 8-bit and deflated);
 - *CLI job*: ``attnlens compare --quiet --out report.html --json comparison.json`` on a corpus
@@ -13,12 +17,13 @@ batch 32, in the PAPA layout (the one compare uses with the ``papa`` view), time
 Limit: compare's two passes each stop after the last layer's pattern (no last MLP, no unembed)
 and run the texts by length, each batch as wide as its longest text (:func:`attnlens.passes.run`),
 so in flops they are ``2 · (5 layers + the last layer's Q/K/QKᵀ)`` over those batches, over the
-full forward's of every text padded to ``max_len``; the statistics, effective attention and the
+forward's; the statistics, effective attention and the
 report's encoding are extra work the limit leaves out.
 The deflate share is the time spent in ``kept.deflate`` (the kept examples' codes, ISA-L's zlib format) over compare's time.
 Target: the CLI job <= 1.4x the full forward (2.02x before issue 25).
 
-Run: ``HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/compare_cost.py [--quick] [--n N]``.
+Run: ``HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/compare_cost.py [--quick] [--n N] [--batch B]``
+(on a GPU, ``--device cuda --batch 128``: batches that fill it).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from common import (
 import attnlens
 from attnlens import cli, kept
 from attnlens.corpus import default_corpus
+from attnlens.inputs import by_length
 
 TARGET = 1.4
 MAX_LEN, BATCH = 128, 32
@@ -70,7 +76,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=None, help="first N texts of the embedded corpus (default all)")
     parser.add_argument("--repeats", type=int, default=None, help="rounds of the three jobs (default 3: one round moved the job by 0.3x between runs)")
     parser.add_argument("--quick", action="store_true", help="64 texts, 3 rounds")
+    parser.add_argument("--batch", type=int, default=BATCH, help=f"texts per batch (default {BATCH})")
     args = parser.parse_args()
+    batch_size = args.batch
     device = setup(args)
     n = args.n or (64 if args.quick else None)
     repeats = args.repeats or 3
@@ -79,12 +87,20 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="attnlens-bench-"))
     corpus_file = folder / "corpus.txt"
     corpus_file.write_text("\n".join(texts) + "\n", encoding="utf-8")
-    print(f"compare cost: MiniLM, {len(texts)} texts, max_len {MAX_LEN}, batch {BATCH}, device {device}, "
+    print(f"compare cost: MiniLM, {len(texts)} texts, max_len {MAX_LEN}, batch {batch_size}, device {device}, "
           f"torch threads {torch.get_num_threads()}, {repeats} round(s)")
+    ordered = [texts[index] for index in by_length(model.tokenizer, texts)]
 
-    def forward() -> None:
-        for start in range(0, len(texts), BATCH):
-            batch = attnlens.tokenize(model, texts[start : start + BATCH], max_len=MAX_LEN, layout="papa")
+    def forward() -> None:  # the cheapest full forward: by length, each batch padded to its longest
+        for start in range(0, len(ordered), batch_size):
+            batch = attnlens.tokenize(model, ordered[start : start + batch_size], max_len=MAX_LEN, layout="padded")
+            batch = batch.to(device)
+            with torch.inference_mode():
+                model(batch.input_ids, **batch.model_kwargs())
+
+    def padded_forward() -> None:
+        for start in range(0, len(texts), batch_size):
+            batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=MAX_LEN, layout="papa")
             batch = batch.to(device)
             with torch.inference_mode():
                 model(batch.input_ids, **batch.model_kwargs())
@@ -96,42 +112,49 @@ def main() -> None:
         timed.seconds = 0.0
         kept.deflate = timed
         try:
-            attnlens.compare(model, "papa", "effective", corpus=texts, progress=False)
+            attnlens.compare(model, "papa", "effective", corpus=texts, batch_size=batch_size, progress=False)
         finally:
             kept.deflate = DEFLATE
         deflate_seconds.append(timed.seconds)
 
     def job() -> None:
-        cli.main(["compare", "--quiet", "--force", "--device", device, "--corpus", str(corpus_file),
+        cli.main(["compare", "--quiet", "--force", "--device", device, "--batch-size", str(batch_size),
+                  "--corpus", str(corpus_file),
                   "--out", str(folder / "report.html"), "--json", str(folder / "comparison.json")])
 
     forward()  # warm-up
-    attnlens.compare(model, "papa", "effective", corpus=texts[:BATCH], progress=False)
-    t_forward, t_compare, t_job = alternate([forward, compare, job], repeats, device)
+    padded_forward()
+    attnlens.compare(model, "papa", "effective", corpus=texts[:batch_size], batch_size=batch_size, progress=False)
+    t_forward, t_padded, t_compare, t_job = alternate([forward, padded_forward, compare, job], repeats, device)
     report_mb = (folder / "report.html").stat().st_size / 1e6
     shutil.rmtree(folder, ignore_errors=True)  # the corpus, the report and its JSON
 
-    batch = attnlens.tokenize(model, texts, max_len=MAX_LEN, layout="papa")
-    tokens = batch.input_ids.numel()  # the full forward computes every padded position
-    full = encoder_flops(model.cfg, tokens, MAX_LEN)
+    full = 0.0  # the forward computes every position of each batch, padded to its longest text
+    for start in range(0, len(ordered), batch_size):
+        width = attnlens.tokenize(model, ordered[start : start + batch_size], max_len=MAX_LEN,
+                                  layout="padded").input_ids.shape
+        full += encoder_flops(model.cfg, width[0] * width[1], width[1])
     # compare's two passes run by length, each batch as wide as its longest text
-    one_pass = pattern_pass_flops(model, texts, max_len=MAX_LEN, layout="papa", batch_size=BATCH)
+    one_pass = pattern_pass_flops(model, texts, max_len=MAX_LEN, layout="papa", batch_size=batch_size)
     limit = 2 * one_pass / full
     r_compare, r_job = median_ratio(t_compare, t_forward), median_ratio(t_job, t_forward)
     share = statistics.median(z / c for z, c in zip(deflate_seconds, t_compare, strict=True))
     med = statistics.median
-    print(f"full forward  median {med(t_forward):7.2f} s  (runs {', '.join(f'{t:.2f}' for t in t_forward)})")
+    print(f"forward       median {med(t_forward):7.2f} s  (runs {', '.join(f'{t:.2f}' for t in t_forward)}; "
+          f"by length, padded to each batch's longest)")
+    print(f"padded fwd    median {med(t_padded):7.2f} s  (every text padded to {MAX_LEN}: "
+          f"{median_ratio(t_padded, t_forward):.2f}x the forward)")
     print(f"compare       median {med(t_compare):7.2f} s  ratio {r_compare:.2f}x  (limit {limit:.2f}x in flops)")
     print(f"CLI job       median {med(t_job):7.2f} s  ratio {r_job:.2f}x  (target <= {TARGET:.1f}x: "
           f"{'met' if r_job <= TARGET else 'missed'}; report {report_mb:.2f} MB)")
     print(f"deflate share of compare: {100 * share:.1f}% (ISA-L level {kept.COMPRESSION_LEVEL}; target <= 3%)")
     record("compare_cost", [
         {"job": "attnlens.compare(papa, effective)", "seconds": med(t_compare), "forward_ratio": r_compare,
-         "limit_ratio": limit, "note": f"deflate {100 * share:.1f}%"},
+         "limit_ratio": limit, "note": f"deflate {100 * share:.1f}%; batch {batch_size}"},
         {"job": "attnlens compare (CLI job)", "seconds": med(t_job), "forward_ratio": r_job,
          "limit_ratio": limit, "note": f"target <= {TARGET}x; report {report_mb:.1f} MB"},
     ], texts=len(texts), max_len=MAX_LEN, device=device, threads=torch.get_num_threads(),
-        forward_seconds=med(t_forward))
+        forward_seconds=med(t_forward), padded_forward_seconds=med(t_padded), batch=batch_size)
 
 
 if __name__ == "__main__":

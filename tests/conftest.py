@@ -128,7 +128,7 @@ def wikitext_paragraphs() -> list[str]:
 def minilm():
     import attnlens
 
-    return attnlens.load()
+    return attnlens.load(device="cpu")  # the CPU even where a GPU is (attnlens.load's default)
 
 
 @pytest.fixture(scope="module")

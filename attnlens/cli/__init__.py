@@ -31,8 +31,9 @@ the corpus (gloo on CPU, NCCL on GPU), the sums are all-reduced, and rank 0 writ
 a corpus (a Slurm array, Ray, Kubernetes, another day).
 
 ``--model`` is anything :func:`attnlens.load` accepts (a hub name or a local folder; default: the
-embedded all-MiniLM-L6-v2); ``--device`` is where it runs: ``cpu`` (the default), ``cuda``
-(``cuda:N``), ``mps`` or ``auto`` (a CUDA GPU, else Apple's MPS, else the CPU); a device this
+embedded all-MiniLM-L6-v2); ``--device`` is where it runs: ``cpu``, ``cuda``
+(``cuda:N``), ``mps`` or ``auto`` (a CUDA GPU, else Apple's MPS, else the CPU); by default a CUDA
+GPU when there is one, else the CPU, as :func:`attnlens.load`; a device this
 machine lacks is refused before the model is loaded. ``--corpus`` is a file (one text per line, or a TSV/CSV with a
 header; see :func:`attnlens.corpus.read_corpus`) or ``default``, the embedded corpus. Passes over
 the corpus (and the loading of the model's weights) show progress bars on stderr unless
@@ -133,8 +134,8 @@ def _model_option(parser: argparse.ArgumentParser) -> None:
 def _add_device(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--device", type=_device_name, default=None, metavar="{cpu,cuda,mps,auto}",
-        help="where the model runs: cpu (default), cuda or cuda:N, mps, or auto (a CUDA GPU, "
-        "else MPS, else the CPU)",
+        help="where the model runs: cpu, cuda or cuda:N, mps, or auto (a CUDA GPU, else MPS, "
+        "else the CPU); default: a CUDA GPU when there is one, else the CPU",
     )
 
 
@@ -350,7 +351,8 @@ def _out(
 
 
 def _resolve_device(name: str | None) -> str | None:
-    """The torch device of ``--device`` (``None``: :func:`attnlens.load`'s default, the CPU);
+    """The torch device of ``--device`` (``None``: :func:`attnlens.load`'s default, a CUDA GPU
+    when there is one, else the CPU);
     ``auto`` is a CUDA GPU, else MPS, else the CPU. A device this machine lacks is a
     :class:`UsageError` naming the devices it has."""
     if name is None or name == "cpu":

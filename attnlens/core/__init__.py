@@ -5,8 +5,8 @@ Inputs and their layouts (:mod:`attnlens.core.inputs`), loading a model
 architecture (:mod:`attnlens.core.models`), argument checks (:mod:`attnlens.core.checks`), files
 (:mod:`attnlens.core.files`), corpora (:mod:`attnlens.core.corpus`), head sets
 (:mod:`attnlens.core.heads`), plotly figures of arrays (:mod:`attnlens.core.plots`), the
-compact notebook views (:mod:`attnlens.core.notebook`) and a model's eval mode for a pass
-(:mod:`attnlens.core.modes`). The errors (:mod:`attnlens.errors`) sit here too, a leaf at the
+compact notebook views (:mod:`attnlens.core.notebook`) a model's eval mode for a pass
+(:mod:`attnlens.core.modes`) and where host reads are free (:mod:`attnlens.core.devices`). The errors (:mod:`attnlens.errors`) sit here too, a leaf at the
 package's root.
 
 Layers, lowest first: ``core`` < ``engine`` < ``methods`` < ``evaluation`` < ``present`` <

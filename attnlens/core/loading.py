@@ -73,7 +73,8 @@ def load(
     the noise of a randomly initialised head; ``None`` (unknown) for a model object.
 
     ``device`` / ``dtype``: where and in which precision the model runs; by default a model
-    object keeps its own, a name or folder loads on the CPU in float32. The tokenizer must be the
+    object keeps its own, a name or folder loads in float32 on a CUDA GPU when torch sees one
+    (as TransformerLens does), else on the CPU. The tokenizer must be the
     model's: one that knows far fewer tokens than the model's vocabulary (what transformers makes
     up for a folder without tokenizer files) is refused.
     """
@@ -92,7 +93,7 @@ def load(
     elif _is_pretrained_model(model):
         bridge = _wrap(model, device=device, dtype=dtype, tokenizer=tokenizer)
     elif model is None or isinstance(model, str | os.PathLike):
-        device, dtype = str(device) if device is not None else "cpu", dtype or torch.float32
+        device, dtype = str(device) if device is not None else default_device(), dtype or torch.float32
         if model is None:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(DEFAULT_HEAD_SEED)
@@ -115,6 +116,12 @@ def load(
     seam.install(bridge)
     bridge.eval()
     return bridge
+
+
+def default_device() -> str:
+    """Where :func:`load` puts a model by default: ``"cuda"`` when torch sees a CUDA GPU, else
+    ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 #: dtype names :func:`load` accepts as strings (``dtype="float16"``), and what they mean

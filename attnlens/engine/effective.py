@@ -75,6 +75,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from attnlens.core import devices
 from attnlens.core.checks import describe, finite, finite_tensor
 from attnlens.core.seam import key_mask as infer_key_mask
 from attnlens.errors import InputError, InputTypeError
@@ -135,6 +136,7 @@ def effective_attention(
     key_mask: Bool[Tensor, "batch key"] | None = None,
     rtol: float | None = None,
     padded: bool = False,
+    check: bool = True,
 ) -> Float[Tensor, "batch head query key"]:
     """Effective attention ``A⊥ = A P``: the part of each attention row that reaches the output.
 
@@ -173,6 +175,15 @@ def effective_attention(
     values are badly conditioned; the products run in float32 (float64 for float64 inputs); see
     :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
+
+    ``check``: refuse a pattern or values with NaN or infinite entries (one read of the device
+    per call). A pass leaves it off: its patterns and values come from the model, and a read per
+    layer would make the host wait for the device at every layer.
+
+    On a device other than the CPU nothing is read back to the host: every sequence is
+    decomposed and the short ones keep ``A`` (``torch.where``), and each head's float64
+    fallback is computed for every head and chosen where the fast route is not certified. The
+    result is the CPU route's, computed with the same routes.
     """
     for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
         if value is not None and not isinstance(value, Tensor):
@@ -184,7 +195,9 @@ def effective_attention(
         if isinstance(rtol, str):
             raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
         rtol = finite(rtol, "rtol", low=0.0)
-    finite_tensor(v, "v (the values)")
+    if check:
+        finite_tensor(v, "v (the values)")
+        finite_tensor(pattern, "pattern (the attention)")
     if pattern.ndim != 4:
         raise InputError(
             f"pattern must be [batch, head, query, key], got shape {tuple(pattern.shape)}; "
@@ -209,6 +222,12 @@ def effective_attention(
     lengths = valid.sum(-1)
     if rtol is not None and not (math.isfinite(rtol) and rtol >= 0):
         raise InputError(f"rtol must be a finite number >= 0, got {rtol}")
+    # The QR route for float64 values or a tolerance the Gram routes cannot resolve. The default
+    # tolerance, max(n, d_head) · eps, is below GRAM_MIN_RTOL only for n <= 8 keys in float32,
+    # and such a sequence (n <= d_head for every model attnlens supports) is not decomposed.
+    use_qr = v.dtype == torch.float64 or (rtol is not None and rtol < GRAM_MIN_RTOL)
+    if not devices.reads_are_free(pattern):
+        return _on_device(pattern, v, valid, lengths, rtol, use_qr)
     if rtol is None:
         eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
         tolerance = lengths.cpu().clamp_min(d_head).to(torch.float64) * eps
@@ -226,7 +245,6 @@ def effective_attention(
     take = (lambda x: x) if rows is None else (lambda x: x[rows])
     compute = torch.promote_types(pattern.dtype, torch.float32)
     tolerance = tolerance[long.cpu()]  # one per long sequence
-    use_qr = v.dtype == torch.float64 or bool((tolerance < GRAM_MIN_RTOL).any())
     basis = _column_space_basis(take(v), take(valid), tolerance, use_qr=use_qr)
     basis = basis.to(compute)
     effective = (take(pattern).to(compute) @ basis) @ basis.mT
@@ -237,12 +255,37 @@ def effective_attention(
     return out
 
 
+def _on_device(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch head key d_head"],
+    valid: Bool[Tensor, "batch key"],
+    lengths: Tensor,
+    rtol: float | None,
+    use_qr: bool,
+) -> Float[Tensor, "batch head query key"]:
+    """:func:`effective_attention` without a read of the device: every sequence decomposed, the
+    short ones (at most ``d_head`` keys, default tolerance) keeping ``A`` on their valid keys."""
+    d_head = v.shape[-1]
+    if rtol is None:
+        eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
+        tolerance = lengths.clamp_min(d_head).to(torch.float64) * eps
+    else:
+        tolerance = torch.full(lengths.shape, float(rtol), dtype=torch.float64, device=v.device)
+    compute = torch.promote_types(pattern.dtype, torch.float32)
+    basis = _column_space_basis(v, valid, tolerance, use_qr=use_qr, reads=False).to(compute)
+    effective = ((pattern.to(compute) @ basis) @ basis.mT).to(pattern.dtype)
+    kept = pattern.masked_fill(~valid[:, None, None, :], 0)
+    long = lengths > (d_head if rtol is None else 0)
+    return torch.where(long[:, None, None, None], effective, kept)
+
+
 def _column_space_basis(
     v: Float[Tensor, "batch head key d_head"],
     valid: Bool[Tensor, "batch key"],
     tolerance: Float[Tensor, "batch"],
     *,
     use_qr: bool,
+    reads: bool = True,
 ) -> Float[Tensor, "batch head key d_head"]:
     """Orthonormal basis of the column space of each head's ``V_valid``.
 
@@ -255,17 +298,21 @@ def _column_space_basis(
     if device.type == "mps":  # no float64 on MPS: decompose on the CPU
         v, valid = v.cpu(), valid.cpu()
     values = v.to(torch.float64 if use_qr else torch.float32)
-    if not bool(valid.all()):
+    padded = not reads or not bool(valid.all())
+    if padded:
         values = values * valid[:, None, :, None].to(values.dtype)
     flat = values.reshape(batch * n_heads, n_keys, d_head)
     tolerance = tolerance.to(device=flat.device).repeat_interleave(n_heads)  # one per matrix
     if use_qr:
         basis = _basis_qr(flat, tolerance)
-        if not bool(valid.all()):  # Householder vectors may leave rounding on the zeroed rows
+        if padded:  # Householder vectors may leave rounding on the zeroed rows
             basis = basis * valid.repeat_interleave(n_heads, dim=0)[:, :, None].to(basis.dtype)
     else:
         basis, certified = _basis_refined(flat, tolerance)
-        if not bool(certified.all()):
+        if not reads:  # the float64 route for every head, taken where the fast one fails
+            fallback = _basis_gram(flat.double(), tolerance, reads=False).to(basis.dtype)
+            basis = torch.where(certified[:, None, None], basis, fallback)
+        elif not bool(certified.all()):
             heads = (~certified).nonzero().squeeze(-1)
             basis[heads] = _basis_gram(flat[heads].double(), tolerance[heads]).to(basis.dtype)
     basis = basis.reshape(batch, n_heads, n_keys, d_head)
@@ -349,7 +396,9 @@ def _basis_qr(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, 
     return torch.nn.functional.pad(basis, (0, short)) if short else basis
 
 
-def _basis_gram(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]) -> Tensor:
+def _basis_gram(
+    v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"], *, reads: bool = True
+) -> Tensor:
     """float64 Gram route: ``U = V L⁻ᵀ`` where certified, the exact eigen rule elsewhere."""
     gram = v64.mT @ v64  # [matrix, d_head, d_head]; eigenvalues sigma ** 2
     factor_inv, info = _cholesky_inverse_factor(gram)
@@ -358,12 +407,19 @@ def _basis_gram(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor
     # Heads that fail the certificate (rank-deficient, badly conditioned, or Cholesky failed)
     # get the exact treatment: U = V Q_r Σ_r⁻¹ over the kept eigenpairs of G.
     certain = (info == 0) & _full_rank_certified(gram, factor_inv, tolerance)
+    if not reads:  # the exact rule for every head, taken where the certificate fails
+        return torch.where(certain[:, None, None], basis, _eigen_basis(v64, gram, tolerance))
     if not bool(certain.all()):
         heads = (~certain).nonzero().squeeze(-1)
-        with _single_threaded(gram.device):
-            eigenvalues, vectors = torch.linalg.eigh(gram[heads])
-        eigenvalues = eigenvalues.clamp_min(0.0)
-        keep = eigenvalues > tolerance[heads, None] ** 2 * eigenvalues[:, -1:]
-        scale = torch.where(keep, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)
-        basis[heads] = v64[heads] @ (vectors * scale[:, None, :])
+        basis[heads] = _eigen_basis(v64[heads], gram[heads], tolerance[heads])
     return basis
+
+
+def _eigen_basis(v64: Tensor, gram: Tensor, tolerance: Tensor) -> Tensor:
+    """The exact rule ``U = V Q_r Σ_r⁻¹`` over the eigenpairs of ``G = VᵀV`` kept by ``tolerance``."""
+    with _single_threaded(gram.device):
+        eigenvalues, vectors = torch.linalg.eigh(gram)
+    eigenvalues = eigenvalues.clamp_min(0.0)
+    keep = eigenvalues > tolerance[:, None] ** 2 * eigenvalues[:, -1:]
+    scale = torch.where(keep, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)
+    return v64 @ (vectors * scale[:, None, :])

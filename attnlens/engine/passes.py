@@ -201,8 +201,8 @@ class LayerPatterns:
                 "on the accumulator that reads LayerPatterns.effective."
             )
 
-        return self.shared("effective", lambda: effective_attention(
-            self.pattern, self.values, key_mask=self.key_mask, **self.options
+        return self.shared("effective", lambda: effective_attention(  # the model's: not checked
+            self.pattern, self.values, key_mask=self.key_mask, check=False, **self.options
         ))
 
 
@@ -566,7 +566,7 @@ def pattern_hooks(
 
 
 def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | None = None) -> int:
-    """Run ``batch`` (on the model's device, checked: :func:`check_token_ids`) with
+    """Run ``batch`` (checked: :func:`check_token_ids`; moved to the model's device) with
     ``fwd_hooks`` without gradients, stopping after the last layer's ``hook_pattern`` hooks have
     run (or after the hook point ``until``, e.g. the last block's ``hook_out``). Returns how many
     times that hook point fired (1 when the forward reached it)."""
@@ -580,7 +580,7 @@ def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | 
 
     try:
         with torch.no_grad():
-            _forward(model, batch, [*fwd_hooks, (last, stop)])
+            _forward(model, batch.to(device_of(model)), [*fwd_hooks, (last, stop)])
     except _Stop:
         pass
     return reached
@@ -1281,6 +1281,8 @@ def run(
             accumulator.to(device)
 
         def staged(pairs: list) -> _Staged:
+            # a batch starts with its tokenization: a first SIGTERM / SIGINT now waits for its end
+            signals.batching = True
             return _stage(model, pairs, max_len=max_len, layout=layout, compact=compact)
 
         # a batch that runs out of device memory is split in halves and run again (_Split)

@@ -438,8 +438,8 @@ class LMScorer(passes.Accumulator):
         else:
             logits = logits[self._rows, self._positions]
         nll = token_nll(logits, self._targets.to(logits.device))
-        self.nll += nll.detach().double().sum().cpu()
-        self.count += int(nll.numel())
+        self.nll += nll.detach().double().sum().to(self.nll.device)  # on the device in a pass
+        self.count += nll.numel()  # a host number: the positions were chosen on the host
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"nll": self.nll, "count": self.count}

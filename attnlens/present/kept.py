@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from isal import isal_zlib
-from jaxtyping import Float, UInt8
+from jaxtyping import Bool, Float, UInt8
 from torch import Tensor
 
 from attnlens.errors import InputError
@@ -63,16 +63,18 @@ LABEL_CHARS = 60
 
 
 def encode(
-    maps: Float[Tensor, "*maps query key"], *, signed: bool
+    maps: Float[Tensor, "*maps query key"], *, signed: bool, check: bool = True
 ) -> tuple[UInt8[Tensor, "*maps query key"], Float[Tensor, "*maps"]]:
     """8-bit codes and one scale per map (the module docstring gives the formulas).
 
     ``maps``: any leading axes (e.g. ``[head, query, key]``), each ``[query, key]`` map coded with
     its own scale; ``signed``: code around :data:`SIGNED_ZERO` (for values that can be negative).
-    An all-zero map gets scale 0 and the code of 0. Non-finite values raise ``ValueError``.
+    An all-zero map gets scale 0 and the code of 0. Non-finite values raise ``ValueError``, and
+    so do negative values of an unsigned view; ``check=False`` leaves both to the caller
+    (:func:`refused`, which reads nothing off a device).
     """
     values = maps.detach().float()
-    if not bool(torch.isfinite(values).all()):
+    if check and not bool(torch.isfinite(values).all()):
         raise InputError("attention maps to keep hold NaN or infinite values")
     if signed:
         top = values.abs().amax(dim=(-2, -1))
@@ -80,12 +82,20 @@ def encode(
         steps = (values / _nonzero(scale)[..., None, None]).round().clamp(-127, 127)
         codes = (steps + SIGNED_ZERO).to(torch.uint8)
     else:
-        if bool((values < -1e-6).any()):
+        if check and bool((values < -1e-6).any()):
             raise InputError("a view coded as non-negative has negative values; code it as signed")
         scale = values.clamp_min(0).amax(dim=(-2, -1)) / 255
         codes = (values.clamp_min(0) / _nonzero(scale)[..., None, None]).round().clamp(0, 255)
         codes = codes.to(torch.uint8)
     return codes, scale
+
+
+def refused(maps: Float[Tensor, "*maps query key"], *, signed: bool) -> Bool[Tensor, ""]:
+    """True (a tensor on ``maps``' device, not read) where :func:`encode` would refuse ``maps``:
+    a value that is not finite, or for an unsigned view a negative one."""
+    values = maps.detach()
+    bad = ~torch.isfinite(values).all()
+    return bad if signed else bad | (values < -1e-6).any()
 
 
 def decode(

@@ -70,3 +70,47 @@ def test_fast_constant_heads_agree_on_cpu_and_cuda(minilm, cuda_minilm, sst2_sen
     atol = tolerance(minilm) * scale
     torch.testing.assert_close(outputs["cuda", True], outputs["cuda", False], atol=atol, rtol=0)
     torch.testing.assert_close(outputs["cuda", True], outputs["cpu", True], atol=atol, rtol=0)
+
+
+def test_load_puts_the_model_on_cuda_by_default():
+    model = attnlens.load()
+    assert next(model.parameters()).device.type == "cuda"
+
+
+def _synchronisations(job) -> list[str]:
+    """The messages of CUDA's synchronisation detector (``torch.cuda.set_sync_debug_mode``) while
+    ``job`` runs: one per call that made the host wait for the device."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            job()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [str(item.message) for item in caught if "synchroniz" in str(item.message).lower()]
+
+
+@pytest.mark.parametrize("job", ["papa.fit", "compare", "features", "effective.statistics"])
+def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job):
+    """On n and 2n batches of 8 texts, the synchronisations may grow by at most one per batch:
+    the model's own forward (transformers' mask code) makes one."""
+    from attnlens import effective, probing
+    from attnlens.corpus import default_corpus
+
+    texts = default_corpus(128)
+    constants = papa.fit(cuda_minilm, texts, max_len=MAX_LEN, progress=False)
+    jobs = {
+        "papa.fit": lambda t: papa.fit(cuda_minilm, t, max_len=MAX_LEN, batch_size=8, progress=False),
+        "compare": lambda t: attnlens.compare(cuda_minilm, "papa", "effective", corpus=t, constants=constants,
+                                              batch_size=8, progress=False),
+        "features": lambda t: probing.extract(cuda_minilm, t, max_len=MAX_LEN, batch_size=8, cache=False,
+                                              progress=False),
+        "effective.statistics": lambda t: effective.statistics(cuda_minilm, t, max_len=MAX_LEN, batch_size=8,
+                                                               progress=False),
+    }
+    few = _synchronisations(lambda: jobs[job](texts[:64]))
+    many = _synchronisations(lambda: jobs[job](texts[:128]))
+    assert len(many) - len(few) <= 8, (len(few), len(many), many[:5])

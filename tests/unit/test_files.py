@@ -63,9 +63,12 @@ def test_a_checkpoint_refuses_another_corpus(bert, tmp_path):
     other = ["a different text ."] + list(tiny.CORPUS[1:12])
     with pytest.raises(ValueError, match="written for another corpus: the first 8 examples"):
         papa.fit(bert, other, max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
-    # by length, a longer corpus that starts the same reorders the window the checkpoint ended in
-    with pytest.raises(ValueError, match="reorders the window the checkpoint ended in: run the new examples"):
-        papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    # by length, a longer corpus that starts the same resumes: the checkpoint goes back to the
+    # start of the window it ended in, which the longer corpus fills, and equals a fresh fit
+    extended = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False, checkpoint=checkpoint)
+    fresh = papa.fit(bert, tiny.CORPUS[:12], max_len=16, batch_size=4, progress=False)
+    assert extended.n_examples == 12 and torch.equal(extended.sums, fresh.sums)
+    assert torch.equal(extended.squares, fresh.squares) and torch.equal(extended.pair_counts, fresh.pair_counts)
     # in corpus order, a finished checkpoint resumed with a longer corpus that starts the same continues it
     ordered = tmp_path / "ordered.safetensors"
     kwargs = dict(max_len=16, batch_size=4, progress=False, by_length=False)

@@ -75,3 +75,18 @@ def test_a_single_unknown_sentence_label(tmp_path):
     cola = tasks.labelled([1, 0], ("unacceptable", "acceptable"), task="cola")
     with pytest.raises(InputError, match=r"'acceptable', 'unacceptable'; they were made for 'cola'"):
         sst2.score(cola)
+
+
+def test_a_probes_own_predictions_carry_its_label_set(conll):
+    """End to end: a probe fitted with NER's label names predicts ints that POS refuses."""
+    from attnlens import probing
+    from tests import tiny
+
+    pos, ner = conll
+    features = probing.extract(tiny.bert_bridge(), ner.inputs(), max_len=16, progress=False)
+    probe = probing.PapaProbe(epochs=1).fit(features, ner.labels(), task="ner", label_names=tasks.NER_TAGS)
+    predicted = probe.predict(features)
+    assert predicted.label_names == tuple(tasks.NER_TAGS) and predicted.task == "ner"
+    ner.score(predicted)  # its own task takes them
+    with pytest.raises(InputError, match="they were made for 'ner'"):
+        pos.score(predicted)

@@ -189,23 +189,28 @@ class HiddenStates(passes.Accumulator):
 
     def select(self, batch: passes.PassBatch) -> tuple[Tensor, Tensor, Tensor]:
         """``(keep [batch, pos], positions [kept], n_words [batch or 0])``: which tokens of the
-        batch are kept, what :attr:`Features.positions` records for each, and word counts."""
-        words = batch.batch.extra.get("word_index")
+        batch are kept, what :attr:`Features.positions` records for each, and word counts; all on
+        the host (the pass's own copy of the inputs there: nothing is read from the device)."""
+        inputs = batch.on_host if batch.on_host is not None else batch.batch.to("cpu")
+        words = inputs.extra.get("word_index")
         if words is not None:
             self.kind = "words"
             keep = words >= 0
             given = self.examples[batch.start : batch.start + len(batch)]
             return keep, words[keep], torch.tensor([len(example) for example in given], dtype=torch.long)
         self.kind = "sequence"
-        keep = batch.batch.attention_mask.bool()
-        positions = batch.positions[keep]
+        keep = inputs.attention_mask.bool()
+        positions = inputs.positions[keep]
         return keep, positions, torch.zeros(0, dtype=torch.long)
 
     def end_batch(self, batch: passes.PassBatch) -> None:
+        """Keep the batch's vectors on the model's device (gathered by rows found on the host, so
+        nothing is read back); :meth:`result` moves them to the host once."""
         stacked = torch.stack([self.layers[layer] for layer in range(self.n_layers + 1)], dim=2)
         keep, positions, n_words = self.select(batch)
-        vectors = stacked[keep].to(torch.float16).cpu()
-        self.parts.append((vectors, keep.sum(1).cpu(), positions.cpu(), n_words))
+        rows = keep.flatten().nonzero().squeeze(-1)  # keep is the host's mask (select)
+        vectors = stacked.flatten(0, 1).index_select(0, rows.to(stacked.device, non_blocking=True))
+        self.parts.append((vectors.to(torch.float16), keep.sum(1), positions, n_words))
         self.layers = {}
 
     def result(self, order: Sequence[int] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -213,6 +218,9 @@ class HiddenStates(passes.Accumulator):
         when they ran in ``order`` (the ``j``-th example run is example ``order[j]`` of the
         corpus), back in corpus order (one concatenation either way)."""
         vectors, lengths, positions, n_words = (list(column) for column in zip(*self.parts, strict=True))
+        vectors = [torch.cat(vectors).cpu()]  # one read of the device for the whole pass
+        lengths = [torch.cat(lengths)]
+        positions = [torch.cat(positions)]
         if order is None:
             return torch.cat(vectors), torch.cat(lengths), torch.cat(positions), torch.cat(n_words)
         counts = torch.cat(lengths)

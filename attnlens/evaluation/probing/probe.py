@@ -54,6 +54,7 @@ from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.engine.passes import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
+from attnlens.evaluation import tasks
 from attnlens.evaluation.probing.features import Features
 
 #: File format of a saved probe.
@@ -344,7 +345,12 @@ class PapaProbe(Estimator):
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
         _check_made_for(self.made_for, features, task if task is not None else getattr(features, "task", None))
-        return self._predict(features, torch.arange(len(features)), batch_size)
+        predicted = self._predict(features, torch.arange(len(features)), batch_size)
+        names = self.made_for.get("label_names")
+        if not names:
+            return predicted
+        # the ints with the label set they index: a task refuses them unless they are its own labels
+        return tasks.labelled(predicted, names, self.made_for.get("task"))
 
     def _predict(self, features: Features, examples: Tensor, batch_size: int = 256) -> list:
         """:meth:`predict`'s lists for the examples at ``examples`` (in evaluation mode)."""

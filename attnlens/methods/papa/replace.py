@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.core import devices
 from attnlens.errors import InputError
 
 
@@ -38,9 +39,13 @@ def gather(
     constant: Float[Tensor, "head max_len max_len"], positions: Int[Tensor, "batch key"]
 ) -> Float[Tensor, "batch head key key"]:
     """``C[positions[b, i], positions[b, j]]`` for every example ``b`` and column pair ``(i, j)``:
-    a constant (or logits) indexed by the layout positions of a compact batch."""
+    a constant (or logits) indexed by the layout positions of a compact batch.
+
+    Positions on the host are checked to lie in ``0 .. max_len - 1``; on a device that check
+    would wait for the device, so it is the caller's there (a compact batch tokenized with the
+    constants' ``max_len``, which :meth:`PapaConstants.check_compatible` checks, is in range)."""
     size = constant.shape[-1]
-    if bool((positions < 0).any()) or bool((positions >= size).any()):
+    if devices.reads_are_free(positions) and (bool((positions < 0).any()) or bool((positions >= size).any())):
         raise InputError(
             f"the constant covers positions 0 .. {size - 1} but the batch has positions up to "
             f"{int(positions.max())}; tokenize with the max_len the constants were fitted with."
@@ -51,6 +56,8 @@ def gather(
     n_batch, n = index.shape
     flat = (index[:, :, None] * size + index[:, None, :]).reshape(n_batch, n * n)  # (query, key) pairs
     source = constant.reshape(constant.shape[0], size * size)
+    if not devices.reads_are_free(constant):  # one kernel for the batch (a launch per example costs more there)
+        return torch.index_select(source, 1, flat.reshape(-1)).view(-1, n_batch, n, n).transpose(0, 1)
     out = constant.new_empty(n_batch, constant.shape[0], n, n)
     for example in range(n_batch):  # one index_select per example: out stays [batch, head, ...]
         torch.index_select(source, 1, flat[example], out=out[example].view(-1, n * n))
@@ -123,6 +130,9 @@ def constant_pattern(
     total = masked.sum(-1, keepdim=True)
     has_mass = total > 0
     masked.div_(torch.where(has_mass, total, torch.ones_like(total)))
+    if not devices.reads_are_free(masked):  # rows with no mass left are 0: add the uniform rows there,
+        # with no read of which rows they are (that read would wait for the device)
+        return masked.addcmul_((~has_mass).to(masked.dtype), _uniform(allowed, masked.dtype))
     example, _, query = (~has_mass[:, :, :, 0]).nonzero(as_tuple=True)  # rows with no mass left
     if example.numel():
         masked[example, _, query] = _uniform(allowed[example, 0, query], dtype)

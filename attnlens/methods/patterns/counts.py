@@ -78,11 +78,12 @@ class PatternTypes(Accumulator):
         """The type index of every (example, head) map of one layer."""
         pattern = self._view.read(layer, self.constants, causal=self.causal)
         if self.classifier is not None:
-            return self.classifier.classify_batch(pattern.detach(), layer.key_mask, self.view)
+            return self.classifier.classify_batch(pattern.detach(), layer.key_mask, self.view,
+                                                  causal=bool(self.causal))
         return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self._view.signed)
 
     def update(self, layer: LayerPatterns) -> None:
-        self.counts[layer.layer] += type_counts(self.labels(layer)).cpu()
+        self.counts[layer.layer] += type_counts(self.labels(layer)).to(self.counts.device)
 
     def end_batch(self, batch: PassBatch) -> None:
         self.maps += len(batch)

@@ -101,6 +101,9 @@ class Positions:
     #: diagonal band is ``|position(key) − position(query)| ≤ 1``, so a compact batch is
     #: classified as its padded layout is.
     position: Int[Tensor, "batch key"] | None = None
+    #: how many segments the batch has (``None``: read off ``segment``), known on the host in a
+    #: pass (:attr:`attnlens.passes.PassBatch.on_host`), so that no value is read off the device
+    n_segments: int | None = None
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[str] | Sequence[Sequence[str]], *, causal: bool = False,
@@ -153,7 +156,14 @@ class Positions:
             causal = _causal(model)
         special = (classes["cls"] | classes["sep"]) & key_mask
         position = inputs.positions if getattr(inputs, "compact", False) else None
-        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal), position=position)
+        host = getattr(batch, "on_host", None)
+        n_segments = None
+        if host is not None:  # the segments' count from the host's copy of the inputs
+            host_mask = host.attention_mask.bool()
+            separators = token_classes(tokenizer, host.input_ids, host_mask)["sep"] & host_mask
+            n_segments = int(_segments(separators).masked_fill(~host_mask, 0).max()) + 1
+        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal), position=position,
+                   n_segments=n_segments)
 
 
 def _causal(model: Any) -> bool:
@@ -327,7 +337,9 @@ def _terms(positions: Positions) -> dict[str, Any]:
     mask = positions.key_mask
     special = positions.special & mask
     plain = mask & ~special
-    n_segments = int(positions.segment.masked_fill(~mask, 0).max()) + 1
+    n_segments = positions.n_segments
+    if n_segments is None:
+        n_segments = int(positions.segment.masked_fill(~mask, 0).max()) + 1
     segment = positions.segment.clamp(0, n_segments - 1)
     weights = torch.cat(
         [special[..., None], torch.nn.functional.one_hot(segment, n_segments).bool() & plain[..., None]], dim=-1

@@ -1,0 +1,26 @@
+"""Where reading a tensor's value on the host is free, and where it waits for a device.
+
+On the CPU a tensor's value is in host memory: ``bool(t.any())``, ``int(t.sum())`` or
+``t.nonzero()`` cost what the arithmetic costs, and branching on them lets a computation skip
+work (the short sequences of effective attention, the heads the fast route certifies). On a GPU
+each such read is a synchronisation: the host waits until the device has run everything queued
+before it, and the device then idles while the host prepares the next kernels. Code that runs
+once per batch therefore takes, off the CPU, a route that reads nothing back (``torch.where``
+over every case instead of a branch on which cases occur), and reads values once per pass.
+
+:func:`reads_are_free` is the one test every such branch uses, so that a test can force the
+device routes on a CPU (``monkeypatch.setattr(devices, "reads_are_free", lambda _: False)``)
+and check both that they read nothing and that they give the CPU route's results.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def reads_are_free(where: Tensor | torch.device) -> bool:
+    """True when reading the value of a tensor on ``where`` (a tensor or a device) does not
+    wait for a device: the CPU."""
+    device = where.device if isinstance(where, Tensor) else torch.device(where)
+    return device.type == "cpu"

@@ -1,0 +1,229 @@
+"""No read of a device tensor per batch: the jobs of a pass read values back once per pass.
+
+On a GPU each read of a tensor's value on the host (``.item()``, ``.tolist()``, ``.cpu()``,
+``.numpy()``, ``bool()``, ``float()``, ``int()``, ``nonzero()``) makes the host wait for the
+device. These tests count those calls on the CPU, with every branch that would read a device
+tensor forced onto its device route (:func:`attnlens.core.devices.reads_are_free` patched to
+False), for each job on ``n`` and on ``2n`` batches: the count may grow by at most one read per
+extra batch, the one the model's own forward makes (transformers' mask code tests whether the
+mask has padding; a hand-written loop pays it too).
+
+Reads of host tensors are not counted: those inside the pass's host stage
+(:func:`attnlens.engine.passes._stage` and ``_inputs``: tokenizing, counting, checking and
+preparing a batch, on the tokenizer's output before the batch is copied to the device), and
+reads of tensors made only from the pass's host copy of the inputs
+(:attr:`attnlens.passes.PassBatch.on_host`; here a :class:`HostTensor`, whose results stay
+host tensors only when every tensor an operation takes is one). They cost no synchronisation.
+``tests/system/test_cuda.py`` checks the same jobs on a real GPU with CUDA's own
+synchronisation detector.
+
+The device routes must also give the CPU routes' results: the routes differ only in which
+cases they compute (every sequence, every head's float64 fallback, chosen by ``torch.where``)
+and in kernels of the same float32 arithmetic, so results agree exactly or to float32 rounding
+(``FLOAT32``: a few ulps of values at most 1, summed over at most a few thousand terms).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import sys
+
+import pytest
+import torch
+
+import attnlens
+from attnlens import effective, lm, papa, probing
+from attnlens.core import devices
+from attnlens.engine import passes
+from tests import tiny
+
+#: batches of the shorter run; the longer runs twice as many
+N_BATCHES = 8
+BATCH = 8
+MAX_LEN = 32
+#: host reads of the model's own forward per batch (transformers' mask code)
+FORWARD_READS = 1
+#: results of the device and CPU routes: float32 sums of up to ~10^4 terms of size <= 1
+FLOAT32 = 1e-4
+
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero")
+HOST_STAGE = {passes._stage.__code__, passes._inputs.__code__}
+
+
+class HostTensor(torch.Tensor):
+    """A tensor of the host's copy of a batch, and what is computed from such tensors alone."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        given = [value for value in torch.utils._pytree.tree_leaves((args, kwargs))
+                 if isinstance(value, torch.Tensor)]
+        if all(isinstance(value, HostTensor) for value in given):
+            return result
+        return torch.utils._pytree.tree_map(
+            lambda value: value.as_subclass(torch.Tensor) if isinstance(value, HostTensor) else value, result)
+
+
+class Counter:
+    """Counts host reads of tensors outside the pass's host stage, by call site."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.sites: collections.Counter = collections.Counter()
+
+    def wrap(self, name: str):
+        original = getattr(torch.Tensor, name)
+
+        @functools.wraps(original)
+        def counted(tensor, *args, **kwargs):
+            if self.active and not isinstance(tensor, HostTensor):
+                self.record(name)
+            return original(tensor, *args, **kwargs)
+
+        return counted
+
+    def record(self, name: str) -> None:
+        frame = sys._getframe(2)
+        site = None
+        while frame is not None:
+            if frame.f_code in HOST_STAGE:
+                return
+            if site is None and "attnlens" in frame.f_code.co_filename:
+                site = f"{frame.f_code.co_filename.rsplit('attnlens/', 1)[-1]}:{frame.f_lineno}"
+            frame = frame.f_back
+        self.sites[f"{name} at {site}"] += 1
+
+    def count(self, job) -> tuple[int, collections.Counter]:
+        self.sites.clear()
+        self.active = True
+        try:
+            result = job()
+        finally:
+            self.active = False
+        return result, collections.Counter(self.sites)
+
+
+@pytest.fixture
+def counter(monkeypatch):
+    counting = Counter()
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, counting.wrap(name))
+    original = passes._inputs
+
+    def tagged(*args, **kwargs):  # the host's copy as HostTensors, the "device" copy a plain one
+        host, inputs = original(*args, **kwargs)
+        return host._apply(lambda value: value.as_subclass(HostTensor)), inputs._apply(torch.clone)
+
+    monkeypatch.setattr(passes, "_inputs", tagged)
+    return counting
+
+
+@pytest.fixture
+def device_routes(monkeypatch):
+    """Every branch that would read a device tensor takes its device route, here on the CPU."""
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+
+
+def growth(counter, job, texts):
+    """``(reads per extra batch, sites that grew, results)`` of ``job`` on N and 2N batches."""
+    short, few = counter.count(lambda: job(texts[: N_BATCHES * BATCH]))
+    long, many = counter.count(lambda: job(texts[: 2 * N_BATCHES * BATCH]))
+    grew = {site: many[site] - few[site] for site in many if many[site] > few[site]}
+    return (sum(many.values()) - sum(few.values())) / N_BATCHES, grew, (short, long)
+
+
+def texts_for(minilm):
+    return attnlens.corpus.default_corpus(2 * N_BATCHES * BATCH)
+
+
+def test_papa_fit_reads_nothing_per_batch(minilm, counter, device_routes):
+    texts = texts_for(minilm)
+    per_batch, grew, (_, fitted) = growth(
+        counter, lambda t: papa.fit(minilm, t, max_len=MAX_LEN, batch_size=BATCH, progress=False), texts)
+    assert per_batch <= FORWARD_READS, grew
+    assert fitted.mean.device.type == "cpu"  # the result is read back once, at the end
+
+
+@pytest.mark.slow
+def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeypatch):
+    texts = texts_for(minilm)
+    constants = papa.fit(minilm, texts, max_len=MAX_LEN, progress=False)
+
+    def job(t):
+        return attnlens.compare(minilm, "papa", "effective", corpus=t, constants=constants,
+                                batch_size=BATCH, progress=False)
+
+    per_batch, grew, (_, on_device) = growth(counter, job, texts)
+    assert per_batch <= FORWARD_READS, grew
+    # the device routes give the CPU routes' statistics
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: True)
+    on_cpu = job(texts[: 2 * N_BATCHES * BATCH])
+    for view in ("standard", "papa", "effective"):
+        for column in ("to_cls", "to_sep", "entropy", "to_self", "distance_from_standard"):
+            if column == "distance_from_standard" and view == "standard":
+                continue
+            difference = abs(on_device.grid(column, view) - on_cpu.grid(column, view)).max()
+            assert difference <= FLOAT32, (view, column, difference)
+
+
+def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_routes):
+    texts = texts_for(minilm)
+    per_batch, grew, (_, features) = growth(
+        counter, lambda t: probing.extract(minilm, t, max_len=MAX_LEN, batch_size=BATCH, cache=False,
+                                           progress=False), texts)
+    assert per_batch <= FORWARD_READS, grew
+    assert features.vectors.device.type == "cpu"
+
+
+def test_effective_statistics_read_nothing_per_batch(minilm, counter, device_routes):
+    texts = texts_for(minilm)
+    per_batch, grew, _ = growth(
+        counter, lambda t: effective.statistics(minilm, t, max_len=MAX_LEN, batch_size=BATCH, progress=False),
+        texts)
+    assert per_batch <= FORWARD_READS, grew
+
+
+def test_effective_run_reads_do_not_grow_with_the_batch(minilm, counter, device_routes):
+    texts = [text for text in texts_for(minilm) if len(minilm.tokenizer(text)["input_ids"]) > 40][:4]
+    batches = {n: attnlens.tokenize(minilm, texts * n, max_len=48) for n in (2, 4)}
+    _, few = counter.count(lambda: effective.run(minilm, batches[2]))
+    _, many = counter.count(lambda: effective.run(minilm, batches[4]))
+    assert sum(many.values()) == sum(few.values()), (few, many)
+
+
+@pytest.mark.parametrize("kind", ["causal", "mlm"])
+def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
+    bridge = tiny.gpt2_bridge() if kind == "causal" else tiny.bert_bridge()
+    texts = attnlens.corpus.default_corpus(2 * N_BATCHES * BATCH)
+    per_batch, grew, _ = growth(
+        counter, lambda t: lm.score(bridge, t, kind=kind, max_len=MAX_LEN, batch_size=BATCH, progress=False),
+        texts)
+    assert per_batch <= FORWARD_READS, grew
+
+
+def test_effective_device_route_equals_the_cpu_route():
+    """The device route of effective attention (every sequence decomposed, the float64 fallback
+    of every head chosen by ``torch.where``) gives the CPU route's maps exactly: each matrix goes
+    through the same kernels; only which ones are kept differs."""
+    from attnlens.engine import effective as engine
+
+    generator = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        for n_keys, lengths, d_head in ((40, [40, 20, 33, 0], 32), (12, [12, 5, 9, 1], 8)):
+            v = torch.randn(4, 3, n_keys, d_head, generator=generator, dtype=dtype)
+            mask = torch.arange(n_keys)[None] < torch.tensor(lengths)[:, None]
+            logits = torch.randn(4, 3, n_keys, n_keys, generator=generator, dtype=dtype)
+            pattern = logits.masked_fill(~mask[:, None, None], -torch.inf).softmax(-1).nan_to_num(0.0)
+            for rtol in (None, 1e-3, 1e-7):
+                cpu = engine.effective_attention(pattern, v, key_mask=mask, rtol=rtol)
+                use_qr = dtype == torch.float64 or (rtol is not None and rtol < engine.GRAM_MIN_RTOL)
+                device = engine._on_device(pattern, v, mask, mask.sum(-1), rtol, use_qr)
+                assert torch.equal(device, cpu), (dtype, n_keys, rtol)
+    # a rank-deficient V (its last 20 keys repeat the first 20): the float64 fallback is taken
+    v = torch.randn(2, 2, 40, 32, generator=generator)
+    v[:, :, 20:] = v[:, :, :20]
+    pattern = torch.randn(2, 2, 40, 40, generator=generator).softmax(-1)
+    mask = torch.ones(2, 40, dtype=torch.bool)
+    cpu = engine.effective_attention(pattern, v, key_mask=mask)
+    assert torch.equal(engine._on_device(pattern, v, mask, mask.sum(-1), None, False), cpu)
