@@ -644,10 +644,10 @@ class ViewsAccumulator(passes.Accumulator):
         self.report_examples = report_examples
         signed = tuple(view for view in names if view in SIGNED_VIEWS)
         self.kept_patterns = KeptPatterns(names, signed, n_layers, n_heads, limit=report_examples)
-        self.report_rows: list[_ReportRow] = []
+        self.report_rows: _ReportRows | None = None
         # off the CPU the kept maps wait on the device until the pass ends (to("cpu")), and so
         # does whether any of them was one encode refuses: nothing is read per batch
-        self.pending: list[_ReportRow] = []
+        self.pending: list[_ReportRows] = []
         self.staged_kept: dict[str, Tensor] = {}
         self.refused = torch.zeros((), dtype=torch.bool)
 
@@ -661,11 +661,11 @@ class ViewsAccumulator(passes.Accumulator):
             self.keep = keep.to(batch.key_mask.device, non_blocking=True)
             self.layers: list[Any] = [None] * self.n_layers
             self.staged = {view: [None] * self.n_layers for view in self.names}
-        self.report_rows = []
+        self.report_rows = None
         if self.report_examples:
-            for row, index in enumerate(indices):
-                if index < self.report_examples or index == self.example:
-                    self.report_rows.append(_ReportRow.of(batch, row, self.n_layers, self.names))
+            rows = [row for row, index in enumerate(indices) if index < self.report_examples or index == self.example]
+            if rows:
+                self.report_rows = _ReportRows.of(batch, rows, self.n_layers, self.names)
 
     @property
     def types(self) -> dict[str, Tensor]:
@@ -679,7 +679,7 @@ class ViewsAccumulator(passes.Accumulator):
             type_counter.update(layer)
         for distance in self.distances.values():
             distance.update(layer)
-        if self.row is None and not self.report_rows:
+        if self.row is None and self.report_rows is None:
             return
         per_view = {view: value.read(layer, self.constants, causal=self.causal).float()
                     for view, value in self.views.items()}
@@ -687,13 +687,14 @@ class ViewsAccumulator(passes.Accumulator):
             if self.row is not None:
                 keep = self.keep
                 self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
-            signed = self.views[view].signed
-            for kept in self.report_rows:
-                block = pattern[kept.row][:, kept.keep][:, :, kept.keep]
-                check = devices.reads_are_free(block)
-                codes, scales = encode(block, signed=signed, check=check)
+            kept = self.report_rows
+            if kept is not None:  # the kept rows' maps, coded together (one call per view and layer)
+                signed = self.views[view].signed
+                blocks = kept.blocks(pattern)
+                check = devices.reads_are_free(blocks)
+                codes, scales = encode(blocks, signed=signed, check=check)
                 if not check:
-                    self.refused = self.refused.to(block.device) | refused(block, signed=signed)
+                    self.refused = self.refused.to(blocks.device) | refused(blocks, signed=signed)
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
 
     def end_batch(self, batch: passes.PassBatch) -> None:
@@ -707,13 +708,13 @@ class ViewsAccumulator(passes.Accumulator):
             self.row = None
             if on_host:
                 self._read_kept()
-        for kept in self.report_rows:
+        if self.report_rows is not None:
             if on_host:
-                self._insert(kept.example())
+                for example in self.report_rows.examples():
+                    self._insert(example)
             else:
-                kept.stacked()
-                self.pending.append(kept)
-        self.report_rows = []
+                self.pending.append(self.report_rows)
+        self.report_rows = None
 
     def _insert(self, example: KeptExample) -> None:
         """Keep ``example`` in corpus order, whatever order the pass runs."""
@@ -728,7 +729,8 @@ class ViewsAccumulator(passes.Accumulator):
             self.kept = {view: maps.cpu().numpy() for view, maps in self.staged_kept.items()}
             self.staged_kept = {}
         for kept in self.pending:
-            self._insert(kept.example())
+            for example in kept.examples():
+                self._insert(example)
         self.pending = []
 
     def to(self, device: str | torch.device) -> ViewsAccumulator:
@@ -781,42 +783,62 @@ class ViewsAccumulator(passes.Accumulator):
 
 
 @dataclass
-class _ReportRow:
-    """A row of the batch being run whose maps :class:`ViewsAccumulator` keeps for the report:
-    its valid positions, tokens and segments, and per view and layer the codes and scales of
-    :func:`attnlens.kept.encode` (``[head, query, key]`` and ``[head]``)."""
+class _ReportRows:
+    """The rows of the batch being run whose maps :class:`ViewsAccumulator` keeps for the report,
+    coded together: their corpus ``indices``, ``rows`` in the batch, each row's real columns
+    (``columns`` ``[row, most]``, padded with column 0, and ``valid`` where they are real; found
+    on the host), tokens and segments, and per view and layer the codes and scales of
+    :func:`attnlens.kept.encode` of all of them at once (``[row, head, most, most]`` and
+    ``[row, head]``; a row's own map is its first ``n × n`` block, zero beyond it, which changes
+    no scale)."""
 
-    index: int
-    row: int
-    keep: Tensor
-    tokens: list[str]
-    segments: list[int]
+    indices: list[int]
+    rows: Tensor
+    columns: Tensor
+    valid: Tensor
+    tokens: list[list[str]]
+    segments: list[list[int]]
     codes: dict[str, list[Any]]
     scales: dict[str, list[Any]]
 
     @classmethod
-    def of(cls, batch: passes.PassBatch, row: int, n_layers: int, views: Sequence[str]) -> _ReportRow:
-        keep, tokens, separators = _row_tokens(batch, row)
+    def of(cls, batch: passes.PassBatch, rows: list[int], n_layers: int, views: Sequence[str]) -> _ReportRows:
+        found = [_row_tokens(batch, row) for row in rows]
+        most = max(len(keep) for keep, _, _ in found)
+        columns = torch.zeros(len(rows), most, dtype=torch.long)
+        valid = torch.zeros(len(rows), most, dtype=torch.bool)
+        for i, (keep, _, _) in enumerate(found):
+            columns[i, : len(keep)], valid[i, : len(keep)] = keep, True
+        device = batch.key_mask.device
         return cls(
-            batch.indices[row], row, keep.to(batch.key_mask.device, non_blocking=True), tokens,
-            segments_of(separators, bool(batch.batch.is_pair)),
+            [batch.indices[row] for row in rows], torch.tensor(rows).to(device, non_blocking=True),
+            columns.to(device, non_blocking=True), valid.to(device, non_blocking=True),
+            [tokens for _, tokens, _ in found],
+            [segments_of(separators, bool(batch.batch.is_pair)) for _, _, separators in found],
             {view: [None] * n_layers for view in views}, {view: [None] * n_layers for view in views},
         )
 
-    def stacked(self) -> None:
-        """Stack each view's layers (on the device, nothing read): the codes wait so until
-        :meth:`example`."""
-        for part in (self.codes, self.scales):
-            for view, layers in part.items():
-                part[view] = torch.stack(layers) if isinstance(layers, list) else layers
+    def blocks(self, pattern: Float[Tensor, "batch head query key"]) -> Float[Tensor, "row head most most"]:
+        """Each kept row's map on its real tokens, in the top-left corner, zero elsewhere."""
+        chosen = pattern.index_select(0, self.rows)
+        n_rows, n_heads, width, _ = chosen.shape
+        most = self.columns.shape[1]
+        queries = chosen.gather(2, self.columns[:, None, :, None].expand(n_rows, n_heads, most, width))
+        block = queries.gather(3, self.columns[:, None, None, :].expand(n_rows, n_heads, most, most))
+        return block * (self.valid[:, None, :, None] & self.valid[:, None, None, :])
 
-    def example(self) -> KeptExample:
-        self.stacked()
-        return KeptExample.from_codes(
-            self.index, "", self.tokens, self.segments,
-            {view: codes.cpu().numpy() for view, codes in self.codes.items()},
-            {view: scales.cpu().numpy() for view, scales in self.scales.items()},
-        )
+    def examples(self) -> list[KeptExample]:
+        """The kept examples (their codes read from the device, one copy per view)."""
+        codes = {view: torch.stack(layers, 1).cpu().numpy() for view, layers in self.codes.items()}
+        scales = {view: torch.stack(layers, 1).cpu().numpy() for view, layers in self.scales.items()}
+        return [
+            KeptExample.from_codes(
+                index, "", tokens, segments,
+                {view: every[i, :, :, : len(tokens), : len(tokens)] for view, every in codes.items()},
+                {view: every[i] for view, every in scales.items()},
+            )
+            for i, (index, tokens, segments) in enumerate(zip(self.indices, self.tokens, self.segments, strict=True))
+        ]
 
 
 def _row_tokens(batch: passes.PassBatch, row: int) -> tuple[Tensor, list[str], list[int]]:

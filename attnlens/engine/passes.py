@@ -1491,8 +1491,12 @@ class _Split:
             else:  # out of memory: the limit is now below its size, and it is split above
                 pending.insert(0, part)
 
-    def _versions(self) -> list[list[int]]:
-        return [[value._version for value in a.state_dict().values()] for a in self.accumulators]
+    def _versions(self) -> list[list[Any]]:
+        """Each state tensor's version; an inference tensor (state made under
+        ``torch.inference_mode``) keeps none, so it gets a new object each time: always changed,
+        always copied."""
+        return [[object() if value.is_inference() else value._version for value in a.state_dict().values()]
+                for a in self.accumulators]
 
     def _attempt(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> bool:
         """Run ``host``: True; or False when it ran out of memory (the state put back, and

@@ -165,6 +165,13 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
                 continue
             difference = abs(on_device.grid(column, view) - on_cpu.grid(column, view)).max()
             assert difference <= FLOAT32, (view, column, difference)
+    # the report's kept maps, coded on the device and read once at the end, are the same codes
+    device_kept, cpu_kept = on_device.kept_patterns.examples, on_cpu.kept_patterns.examples
+    assert [e.index for e in device_kept] == [e.index for e in cpu_kept] and len(cpu_kept) > 8
+    for mine, theirs in zip(device_kept, cpu_kept, strict=True):
+        for view in ("standard", "papa", "effective"):
+            # 8-bit codes of equal maps; an entry at a rounding boundary may move by one step
+            assert abs(mine.codes(view).astype(int) - theirs.codes(view).astype(int)).max() <= 1
 
 
 def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_routes):

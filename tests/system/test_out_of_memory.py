@@ -94,3 +94,14 @@ def test_one_example_that_does_not_fit_stops_after_the_checkpoint(minilm, sst2_s
                        by_length=False)
     whole = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False, by_length=False)
     assert torch.equal(resumed.sums, whole.sums) and torch.equal(resumed.squares, whole.squares)
+
+
+def test_a_pass_inside_inference_mode_keeps_working(minilm):
+    """State made under ``torch.inference_mode`` has no version counter: the pass copies it
+    before each batch instead of reading one (it used to raise "Inference tensors do not track
+    version counter")."""
+    texts = attnlens.corpus.default_corpus(12)
+    with torch.inference_mode():
+        inside = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False)
+    outside = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False)
+    assert torch.equal(inside.sums, outside.sums)
