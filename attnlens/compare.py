@@ -53,13 +53,15 @@ from attnlens.evaluation import lm, probing
 from attnlens.methods import effective, papa
 from attnlens.methods import views as registry
 from attnlens.methods.papa import PapaConstants, fitting
-from attnlens.methods.patterns.counts import PatternTypes
-from attnlens.methods.patterns.templates import TYPES
+from attnlens.methods.patterns.counts import PatternTypes, batch_positions
+from attnlens.methods.patterns.templates import TYPES, template_labels, tiled
 from attnlens.methods.stats import (
     STATISTICS,
     AttentionStatistics,
     Distance,
     Statistics,
+    batch_classes,
+    row_statistics,
     token_classes,
     token_texts,
     total_variation,
@@ -674,9 +676,13 @@ class ViewsAccumulator(passes.Accumulator):
 
     def update(self, layer: passes.LayerPatterns) -> None:
         index = layer.layer
-        for statistics, type_counter in self.parts.values():
-            statistics.update(layer)
-            type_counter.update(layer)
+        classifiers = any(type_counter.classifier is not None for _, type_counter in self.parts.values())
+        if devices.reads_are_free(layer.pattern) or classifiers:  # the CPU: each view's accumulators in turn
+            for statistics, type_counter in self.parts.values():
+                statistics.update(layer)
+                type_counter.update(layer)
+        else:  # a device: every view's maps in one call of each (a third of the kernel launches)
+            self._update_together(layer)
         for distance in self.distances.values():
             distance.update(layer)
         if self.row is None and self.report_rows is None:
@@ -696,6 +702,32 @@ class ViewsAccumulator(passes.Accumulator):
                 if not check:
                     self.refused = self.refused.to(blocks.device) | refused(blocks, signed=signed)
                 kept.codes[view][index], kept.scales[view][index] = codes, scales
+
+    def _update_together(self, layer: passes.LayerPatterns) -> None:
+        """What each view's :class:`Statistics` and :class:`PatternTypes` add for ``layer``,
+        computed for the views' maps stacked along the batch axis: the same per-example
+        arithmetic (every statistic and template share is a function of one map), split back by
+        view before it is summed."""
+        batch = layer.batch
+        maps = {view: value.read(layer, self.constants, causal=self.causal).detach()
+                for view, value in self.views.items()}
+        n, times = len(batch), len(maps)
+        classes = {name: mask.repeat(times, 1) for name, mask in batch_classes(batch).items()}
+        positions = None if batch.compact_positions is None else batch.compact_positions.repeat(times, 1)
+        rows = row_statistics(torch.cat([pattern.float() for pattern in maps.values()]), classes,
+                              layer.key_mask.repeat(times, 1), positions)
+        for i, (statistics, _) in enumerate(self.parts.values()):
+            statistics.statistics.add_rows(layer.layer, {name: values[i * n : (i + 1) * n]
+                                                         for name, values in rows.items()}, layer.key_mask)
+        for signed in (False, True):  # the template rules read signed maps their own way
+            group = [view for view in maps if self.views[view].signed == signed]
+            if not group:
+                continue
+            positions = batch.shared(f"patterns.positions.tiled.{len(group)}",  # once per batch
+                                     lambda times=len(group): tiled(batch_positions(batch), times))
+            labels = template_labels(torch.cat([maps[view] for view in group]), positions, signed=signed)
+            for i, view in enumerate(group):
+                self.parts[view][1].add_labels(layer.layer, labels[i * n : (i + 1) * n])
 
     def end_batch(self, batch: passes.PassBatch) -> None:
         for _, type_counter in self.parts.values():

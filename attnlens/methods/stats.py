@@ -218,8 +218,15 @@ class AttentionStatistics(Result):
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
         self.n_layers, self.n_heads = n_layers, n_heads = _sizes(n_layers, n_heads)
-        self.sums = {name: torch.zeros(n_layers, n_heads, dtype=TOTAL_DTYPE) for name in STATISTICS}
+        #: ``[statistic, layer, head]``: the running sums of :data:`STATISTICS`, in one tensor so
+        #: that a batch adds all of them at once (:attr:`sums` names them)
+        self.totals = torch.zeros(len(STATISTICS), n_layers, n_heads, dtype=TOTAL_DTYPE)
         self.counts = torch.zeros(n_layers, dtype=TOTAL_DTYPE)
+
+    @property
+    def sums(self) -> dict[str, Float[Tensor, "layer head"]]:
+        """The running sum of each statistic, ``[layer, head]`` (views of :attr:`totals`)."""
+        return {name: self.totals[index] for index, name in enumerate(STATISTICS)}
 
     def update(
         self,
@@ -229,14 +236,18 @@ class AttentionStatistics(Result):
         valid: Bool[Tensor, "batch pos"],
         positions: Int[Tensor, "batch pos"] | None = None,
     ) -> None:
-        device = pattern.device
+        self.add_rows(layer, row_statistics(pattern.detach(), classes, valid, positions), valid)
+
+    def add_rows(self, layer: int, rows: dict[str, Float[Tensor, "batch head query"]],
+                 valid: Bool[Tensor, "batch pos"]) -> None:
+        """Add :func:`row_statistics`' rows of one layer's batch (``valid``: its real query
+        tokens), every statistic in one sum."""
+        device = rows["entropy"].device
         if self.counts.device != device:
-            self.sums = {name: total.to(device, _total_dtype(device)) for name, total in self.sums.items()}
+            self.totals = self.totals.to(device, _total_dtype(device))
             self.counts = self.counts.to(device, _total_dtype(device))
-        rows = row_statistics(pattern.detach(), classes, valid, positions)
-        query_valid = valid[:, None, :].to(BATCH_DTYPE)
-        for name, values in rows.items():
-            self.sums[name][layer] += (values * query_valid).sum(dim=(0, 2))
+        stacked = torch.stack([rows[name] for name in STATISTICS])  # [statistic, batch, head, query]
+        self.totals[:, layer] += (stacked * valid[:, None, :].to(BATCH_DTYPE)).sum(dim=(1, 3))
         self.counts[layer] += valid.sum()
 
     def means(self) -> dict[str, Float[Tensor, "layer head"]]:
@@ -277,7 +288,7 @@ class AttentionStatistics(Result):
         counts = torch.tensor(data["counts"], dtype=TOTAL_DTYPE)
         if any(total.shape != made.sums[name].shape for name, total in sums.items()) or counts.shape != made.counts.shape:
             raise ValueError(f"sums must be [{made.n_layers}, {made.n_heads}] and counts [{made.n_layers}]")
-        made.sums, made.counts = sums, counts
+        made.totals, made.counts = torch.stack([sums[name] for name in STATISTICS]), counts
         return made
 
 
@@ -320,7 +331,7 @@ class Statistics(Accumulator):
                                layer.batch.compact_positions)
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {**{f"sums.{k}": v for k, v in self.statistics.sums.items()}, "counts": self.statistics.counts}
+        return {"sums": self.statistics.totals, "counts": self.statistics.counts}
 
     def result(self) -> dict[str, Float[Tensor, "layer head"]]:
         return self.statistics.means()

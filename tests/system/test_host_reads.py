@@ -165,6 +165,8 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
                 continue
             difference = abs(on_device.grid(column, view) - on_cpu.grid(column, view)).max()
             assert difference <= FLOAT32, (view, column, difference)
+    # the pattern types (template rules on every view's maps at once, on the device route)
+    assert on_device.pattern_types.equals(on_cpu.pattern_types)
     # the report's kept maps, coded on the device and read once at the end, are the same codes
     device_kept, cpu_kept = on_device.kept_patterns.examples, on_cpu.kept_patterns.examples
     assert [e.index for e in device_kept] == [e.index for e in cpu_kept] and len(cpu_kept) > 8

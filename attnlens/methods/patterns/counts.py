@@ -83,7 +83,12 @@ class PatternTypes(Accumulator):
         return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self._view.signed)
 
     def update(self, layer: LayerPatterns) -> None:
-        self.counts[layer.layer] += type_counts(self.labels(layer)).to(self.counts.device)
+        self.add_labels(layer.layer, self.labels(layer))
+
+    def add_labels(self, layer: int, labels: Int[Tensor, "batch head"]) -> None:
+        """Count one layer's labels (:meth:`labels`, or the template rules' labels of this view's
+        maps computed with other views' in one call)."""
+        self.counts[layer] += type_counts(labels).to(self.counts.device)
 
     def end_batch(self, batch: PassBatch) -> None:
         self.maps += len(batch)

@@ -166,6 +166,16 @@ class Positions:
                    n_segments=n_segments)
 
 
+def tiled(positions: Positions, times: int) -> Positions:
+    """``positions`` of a batch repeated ``times`` times along the batch axis (the maps of
+    several views of one batch, classified in one call)."""
+    def repeat(value: Tensor | None) -> Tensor | None:
+        return None if value is None else value.repeat(times, 1)
+
+    return Positions(repeat(positions.key_mask), repeat(positions.special), repeat(positions.segment),
+                     positions.causal, position=repeat(positions.position), n_segments=positions.n_segments)
+
+
 def _causal(model: Any) -> bool:
     if model is None:
         return False
@@ -510,7 +520,7 @@ def label(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "b
         (both, "vertical+diagonal"),
     ]  # applied last to first, so the first rule of the docstring wins
     for condition, name in rules:
-        labels = torch.where(condition, torch.tensor(TYPES.index(name)), labels)
+        labels = torch.where(condition, TYPES.index(name), labels)  # a number: no tensor to copy to a device
     block_score = torch.where(pair, block, torch.zeros_like(block))
     scores = torch.stack(
         [
