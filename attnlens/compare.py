@@ -723,8 +723,9 @@ class ViewsAccumulator(passes.Accumulator):
             group = [view for view in maps if self.views[view].signed == signed]
             if not group:
                 continue
-            positions = batch.shared(f"patterns.positions.tiled.{len(group)}",  # once per batch
-                                     lambda times=len(group): tiled(batch_positions(batch), times))
+            times = len(group)
+            positions = batch.shared(f"patterns.positions.tiled.{times}",  # once per batch
+                                     lambda times=times: tiled(batch_positions(batch), times))
             labels = template_labels(torch.cat([maps[view] for view in group]), positions, signed=signed)
             for i, view in enumerate(group):
                 self.parts[view][1].add_labels(layer.layer, labels[i * n : (i + 1) * n])

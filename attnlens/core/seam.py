@@ -318,8 +318,8 @@ def _constant_forward(
     device = hidden_states.device
     value = module.value(hidden_states).view(batch, n, n_heads, d_head)
     valid = _key_mask_from_additive(attention_mask, batch, n, device)
-    fixed_heads = replaced.nonzero().squeeze(-1).to(device)
-    computed = (~replaced).nonzero().squeeze(-1).to(device)
+    fixed_heads = replaced.nonzero().squeeze(-1).to(device, non_blocking=True)  # replaced: on the host
+    computed = (~replaced).nonzero().squeeze(-1).to(device, non_blocking=True)
     fixed = constant(valid, value.dtype, fixed_heads)
     own = _own_pattern(module, hidden_states, attention_mask, computed) if computed.numel() else None
     if _wants_pattern(pattern_fn, readers):

@@ -515,9 +515,15 @@ def check_token_ids(model: Any, batch: Batch) -> None:
 
 def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
     """:class:`~attnlens.errors.MismatchError` when a hook of :func:`attnlens.papa.hooks` holds
-    constants fitted on sentence pairs and ``batch`` holds single sentences, or the reverse."""
+    constants fitted on sentence pairs and ``batch`` holds single sentences, or the reverse; and
+    what each hook checks of a batch (its ``check_batch``, e.g. PAPA's layout), once per batch on
+    the host rather than at every layer on the device."""
     for item in hooks:
-        constants = getattr(item[1], "constants", None) if isinstance(item, tuple | list) and len(item) == 2 else None
+        function = item[1] if isinstance(item, tuple | list) and len(item) == 2 else None
+        check = getattr(function, "check_batch", None)  # what a hook checks of a batch, on the host
+        if check is not None:
+            check(batch)
+        constants = getattr(function, "constants", None)
         pairs = getattr(constants, "pairs", None)
         if pairs is not None and bool(batch.is_pair) != bool(pairs):
             fitted = "sentence pairs" if pairs else "single sentences"

@@ -7,6 +7,7 @@ import torch
 
 import attnlens
 from attnlens import papa
+from attnlens.core import devices
 from tests import tiny
 from tests.precision import U32, renormalized_row_error
 from tests.typechecks import unchecked
@@ -189,7 +190,17 @@ def test_replacing_all_half_or_no_heads_changes_the_logits_accordingly(minilm, b
     assert set(papa.hooks(constants, heads=0.5).heads) == {divmod(int(i), 12) for i in ranking}
 
 
-def test_mismatched_inputs_raise_errors_naming_both(minilm, sst2_sentences, constants):
+@pytest.mark.parametrize("device_route", [False, True])
+def test_mismatched_inputs_raise_errors_naming_both(minilm, sst2_sentences, constants, device_route, monkeypatch):
+    if device_route:  # off the CPU the layout's values are checked once per batch, on the host,
+        # by attnlens.run_with_hooks (and the pass): a bare TransformerLens call checks shapes only
+        monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+
+        def run(model, batch, fwd_hooks):
+            with torch.no_grad():
+                return attnlens.run_with_hooks(model, batch, fwd_hooks)
+    else:
+        run = globals()["run"]
     padded = attnlens.tokenize(minilm, sst2_sentences[:4], max_len=MAX_LEN, layout="padded")
     longer = attnlens.tokenize(minilm, sst2_sentences[:4], max_len=48)
     with pytest.raises(ValueError, match="layout='papa', max_len=32; the inputs have length"):

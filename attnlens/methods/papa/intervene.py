@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.core import seam
+from attnlens.core import devices, seam
 from attnlens.core.checks import describe, finite_tensor, flag, shape
 from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet
@@ -240,7 +240,18 @@ def _layer_hook(
         return torch.where(selected, constant, pattern)
 
     intervene.constants = constants  # what the hook was made for (passes.check_hooks reads it)
+    intervene.check_batch = _batch_check(constants, head_mask.shape[0])  # and calls, on the host
     return intervene
+
+
+def _batch_check(constants: Constants, n_heads: int):
+    """:func:`_check_layout` of a :class:`attnlens.Batch` on the host, once per batch."""
+    def check(batch: Any) -> None:
+        positions = batch.position_ids if getattr(batch, "compact", False) else None
+        _check_layout(constants, n_heads, batch.attention_mask.bool().cpu(),
+                      None if positions is None else positions.cpu(), on_host=True)
+
+    return check
 
 
 def check_inputs(
@@ -260,16 +271,24 @@ def _check_layout(
     n_heads: int,
     key_mask: Bool[Tensor, "batch key"],
     positions: Int[Tensor, "batch key"] | None,
+    *,
+    on_host: bool = False,
 ) -> None:
-    """:func:`check_inputs` for a batch known by its head count and key mask (no pattern)."""
+    """:func:`check_inputs` for a batch known by its head count and key mask (no pattern).
+
+    The checks of the mask's values (where the padding is, the positions' range) read the
+    device, so off the CPU they run once per batch on the host, where :func:`check_hooks`
+    (:attr:`check_batch` of a hook, which :func:`attnlens.passes.run_with_hooks` and the pass call)
+    checks it (``on_host``); here only the shapes are checked there."""
     length = key_mask.shape[-1]
+    reads = on_host or devices.reads_are_free(key_mask)
     fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
     if n_heads != constants.n_heads:
         raise InputError(f"{fitted} for {constants.n_heads} heads; the pattern has {n_heads} heads.")
     if positions is not None:
         if constants.layout != "papa":
             raise InputError(f"{fitted}; the inputs are a compact 'papa' batch. Tokenize with layout='padded'.")
-        if length > constants.max_len or bool((positions[key_mask] >= constants.max_len).any()):
+        if length > constants.max_len or reads and bool((positions[key_mask] >= constants.max_len).any()):
             raise InputError(
                 f"{fitted}; the inputs have positions up to {int(positions.max())}. Tokenize with "
                 f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
@@ -285,7 +304,7 @@ def _check_layout(
                 f"{fitted}; the inputs have length {length}. Tokenize with "
                 f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa').{compact}"
             )
-        if not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
+        if reads and not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
             raise InputError(
                 f"{fitted}; the inputs are not in the 'papa' layout (they look like layout='padded': "
                 "the last position is padding). Tokenize with layout='papa'."
@@ -293,7 +312,7 @@ def _check_layout(
     else:
         if length > constants.max_len:
             raise InputError(f"{fitted}; the inputs have length {length}.")
-        if bool((key_mask[:, 1:] & ~key_mask[:, :-1]).any()):
+        if reads and bool((key_mask[:, 1:] & ~key_mask[:, :-1]).any()):
             raise InputError(
                 f"{fitted}; the inputs are not right-padded (they look like layout='papa': a real "
                 "token follows padding). Tokenize with layout='padded'."
@@ -350,7 +369,8 @@ def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.Const
             # a compact batch's layout positions, as the hook path reads them (by batch and length)
             positions = seam.mask_positions(valid)
             _check_layout(constants, constants.n_heads, valid, positions)
-            if _same_rows(valid) and (positions is None or _same_rows(positions)):
+            same = devices.reads_are_free(valid) and _same_rows(valid) and (positions is None or _same_rows(positions))
+            if same:
                 # every example gets the same pattern (e.g. no padding): make it once, [1, ...]
                 valid = valid[:1]
                 positions = None if positions is None else positions[:1]
