@@ -415,10 +415,20 @@ def _basis_gram(
     return basis
 
 
+def _eigh(gram: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh(gram)``, without its read of the error codes off the CPU."""
+    if devices.reads_are_free(gram) or not hasattr(torch, "_linalg_eigh"):
+        return torch.linalg.eigh(gram)
+    eigenvalues, vectors = torch._linalg_eigh(gram, "L", True)
+    return eigenvalues, vectors
+
+
 def _eigen_basis(v64: Tensor, gram: Tensor, tolerance: Tensor) -> Tensor:
     """The exact rule ``U = V Q_r Σ_r⁻¹`` over the eigenpairs of ``G = VᵀV`` kept by ``tolerance``."""
     with _single_threaded(gram.device):
-        eigenvalues, vectors = torch.linalg.eigh(gram)
+        # torch.linalg.eigh reads LAPACK's error codes back (a wait on a GPU); its kernel without
+        # that check gives the same pairs (a symmetric matrix has them; NaN input gives NaN)
+        eigenvalues, vectors = _eigh(gram)
     eigenvalues = eigenvalues.clamp_min(0.0)
     keep = eigenvalues > tolerance[:, None] ** 2 * eigenvalues[:, -1:]
     scale = torch.where(keep, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)

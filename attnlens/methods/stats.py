@@ -49,7 +49,7 @@ BATCH_DTYPE = torch.float32
 TOTAL_DTYPE = torch.float64
 
 #: one table per tokenizer, dropped with it (an ``id()`` key could be reused by a new tokenizer)
-_PUNCT_TABLES: weakref.WeakKeyDictionary[Any, Tensor] = weakref.WeakKeyDictionary()
+_PUNCT_TABLES: weakref.WeakKeyDictionary[Any, dict[torch.device, Tensor]] = weakref.WeakKeyDictionary()
 
 
 def _punctuation_flags(texts: Sequence[str]) -> list[bool]:
@@ -91,16 +91,21 @@ def token_text(tokenizer: Any, token: str | None) -> str:
     return token_texts(tokenizer, [token])[0]
 
 
-def punctuation_table(tokenizer: Any) -> Bool[Tensor, "vocab"]:
-    """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached."""
+def punctuation_table(tokenizer: Any, device: str | torch.device = "cpu") -> Bool[Tensor, "vocab"]:
+    """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached, on each
+    ``device`` it is asked for (a copy to a GPU per batch would make the host wait)."""
     if tokenizer not in _PUNCT_TABLES:
         texts = token_texts(tokenizer, tokenizer.convert_ids_to_tokens(list(range(len(tokenizer)))))
         special = set(tokenizer.all_special_ids)
         flags = _punctuation_flags(texts)
-        _PUNCT_TABLES[tokenizer] = torch.tensor(
+        _PUNCT_TABLES[tokenizer] = {torch.device("cpu"): torch.tensor(
             [flag and i not in special for i, flag in enumerate(flags)], dtype=torch.bool
-        )
-    return _PUNCT_TABLES[tokenizer]
+        )}
+    tables = _PUNCT_TABLES[tokenizer]
+    device = torch.device(device)
+    if device not in tables:
+        tables[device] = tables[torch.device("cpu")].to(device)
+    return tables[device]
 
 
 def token_classes(
@@ -114,7 +119,7 @@ def token_classes(
     """
     start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
-    table = punctuation_table(tokenizer).to(input_ids.device)
+    table = punctuation_table(tokenizer, input_ids.device)
     clipped = input_ids.clamp(max=table.shape[0] - 1)
     none = torch.zeros_like(input_ids, dtype=torch.bool)
     cls = input_ids == start if start is not None else none
