@@ -53,22 +53,26 @@ docs: install
 # table (docs/performance.md). Every benchmark takes --device and --threads. The default PAPA
 # curve (benchmarks/curve.py, 48 to 110 minutes on 2 CPU cores, by the machine and the day) is its own target, bench-curve: its
 # row joins the table of the next make bench (build/bench/curve.json is kept).
+# DEVICE=cuda runs every benchmark that runs a model on the GPU (the table names it); the ones
+# that time the host's own work (feature files, probe rows, the CLI's start) stay on the CPU
+DEVICE ?= cpu
+BENCH = HF_HUB_OFFLINE=1 $(PY)
 bench: install
 	find build/bench -name '*.json' ! -name 'curve.json' -delete 2>/dev/null || true
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/papa_fit.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/papa_fit.py --model smollm2-135m
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/effective.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/effective.py --length 512
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/distributed.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/probing.py
+	$(BENCH) benchmarks/papa_fit.py --device $(DEVICE)
+	$(BENCH) benchmarks/papa_fit.py --model smollm2-135m --device $(DEVICE)
+	$(BENCH) benchmarks/effective.py --device $(DEVICE)
+	$(BENCH) benchmarks/effective.py --length 512 --device $(DEVICE)
+	$(BENCH) benchmarks/distributed.py
+	$(BENCH) benchmarks/probing.py --device $(DEVICE)
 	$(PY) benchmarks/probe_rows.py
 	$(PY) benchmarks/feature_files.py
-	$(PY) benchmarks/probe_cost.py
+	$(PY) benchmarks/probe_cost.py --device $(DEVICE)
 	$(PY) benchmarks/probe_memory.py --threads 1
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/heads.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/report_size.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/compare_cost.py
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/constant_speed.py
+	$(BENCH) benchmarks/heads.py --device $(DEVICE)
+	$(BENCH) benchmarks/report_size.py --device $(DEVICE)
+	$(BENCH) benchmarks/compare_cost.py --device $(DEVICE)
+	$(BENCH) benchmarks/constant_speed.py --device $(DEVICE)
 	$(PY) benchmarks/cli_help.py
 	# every job of the runs above (build/bench/*.json), one table
 	$(PY) benchmarks/table.py

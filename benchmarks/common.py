@@ -52,6 +52,38 @@ def setup(args: argparse.Namespace) -> str:
     return device
 
 
+#: models a benchmark can time besides the embedded MiniLM: random weights of the shapes users run
+RANDOM_MODELS = ("bert-base-random",)
+
+
+def load_model(name: str, device: str) -> tuple[Any, str | None]:
+    """``(model, folder)``: ``"minilm"`` (the embedded all-MiniLM-L6-v2; folder ``None``) or a
+    model of :data:`RANDOM_MODELS`: ``"bert-base-random"``, BERT-base's shape (12 layers, 12
+    heads, d_model 768, d_mlp 3072, MiniLM's WordPiece vocabulary and tokenizer) with random
+    weights (seed 0), written once to ``build/models/<name>`` (what ``attnlens --model``
+    takes), for timings."""
+    import attnlens
+
+    if name == "minilm":
+        return attnlens.load(device=device), None
+    if name != "bert-base-random":
+        raise SystemExit(f"--model {name}: use minilm or one of {', '.join(RANDOM_MODELS)}")
+    folder = ROOT / "build" / "models" / name
+    if not (folder / "config.json").exists():
+        from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+
+        from attnlens.core.loading import default_model_path
+
+        config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                            intermediate_size=3072, max_position_embeddings=512)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = BertForMaskedLM(config)
+        model.save_pretrained(folder)
+        AutoTokenizer.from_pretrained(str(default_model_path())).save_pretrained(folder)
+    return attnlens.load(str(folder), device=device), str(folder)
+
+
 def synchronize(device: str) -> None:
     """Wait for the device's queued work (timings on CUDA must include it)."""
     if str(device).startswith("cuda"):

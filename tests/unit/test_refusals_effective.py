@@ -45,6 +45,16 @@ def test_an_inf_in_v_is_named():
         effective_attention(pattern, v)
 
 
+def test_a_nan_row_of_the_pattern_is_named():
+    """The pattern goes through the values' finiteness check (it used to give NaN rows back)."""
+    pattern, v = inputs()
+    pattern[0, 0, 1] = float("nan")
+    count = pattern.shape[-1]
+    with pytest.raises(InputError, match=rf"pattern \(the attention\): {count} of {pattern.numel()} values "
+                                         r"are not finite \(NaN or inf\) \(first at index \(0, 0, 1, 0\)\)"):
+        effective_attention(pattern, v)
+
+
 @pytest.fixture(scope="module")
 def bridge():
     from tests import tiny
