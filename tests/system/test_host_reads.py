@@ -176,6 +176,7 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
             assert abs(mine.codes(view).astype(int) - theirs.codes(view).astype(int)).max() <= 1
 
 
+@pytest.mark.slow
 def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_routes):
     texts = texts_for(minilm)
     per_batch, grew, (_, features) = growth(
@@ -185,6 +186,7 @@ def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_rout
     assert features.vectors.device.type == "cpu"
 
 
+@pytest.mark.slow
 def test_effective_statistics_read_nothing_per_batch(minilm, counter, device_routes):
     texts = texts_for(minilm)
     per_batch, grew, _ = growth(
