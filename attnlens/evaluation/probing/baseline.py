@@ -6,6 +6,12 @@ standardised features (``StandardScaler``), with its inverse regularisation ``C`
 held-out part of the training examples (``holdout``, never the evaluation split), then refitted
 on all of them.
 
+Two solvers fit it (``LinearBaseline(solver=...)``): ``"sklearn"`` (those classes, on the
+host) and ``"torch"`` (:class:`attnlens.probing.logistic.Logistic`: the same scaler and
+objective, minimised by ``torch.optim.LBFGS`` to the same gradient tolerance, on the features'
+device). By default the features' device decides: scikit-learn for features on the CPU (what
+the committed results measured), torch for features anywhere else (no copy to the host).
+
 Its features are the probe's (:class:`attnlens.probing.Features`), read without learning:
 
 - sequence examples: the **mean** of the example's kept token vectors, per layer, the layers
@@ -30,6 +36,8 @@ from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.errors import InputError, NotFittedError
 from attnlens.evaluation.probing.features import Features
+from attnlens.evaluation.probing.logistic import Logistic
+from attnlens.evaluation.probing.logistic import fit as fit_logistic
 from attnlens.evaluation.probing.probe import PapaProbe
 
 #: File format of a saved linear baseline.
@@ -41,26 +49,41 @@ C_GRID: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
 #: sequence examples pooled at a time by :func:`design` (a float32 copy of their vectors that
 #: stays in the processor's cache)
 EXAMPLES_AT_A_TIME = 16
+#: the same off the CPU (fewer, larger kernels; a float32 copy of 1,024 examples' vectors)
+EXAMPLES_AT_A_TIME_OFF_CPU = 1024
+
+#: the solvers of :class:`LinearBaseline` (``None``: chosen by the features' device)
+SOLVERS = ("sklearn", "torch")
 
 
-def design(features: Features) -> Float[np.ndarray, "row feature"]:
+def design(features: Features, *, tensor: bool = False
+           ) -> Float[np.ndarray, "row feature"] | Float[torch.Tensor, "row feature"]:
     """The baseline's inputs: one row per example (mean-pooled layers, concatenated) for
-    sequence features, one per kept word for word features (see the module docstring).
-    Sequence examples are pooled :data:`EXAMPLES_AT_A_TIME` at a time (the same sums, each
-    example's tokens added in order, without a float32 copy of every vector: 6.5x faster on
-    MRPC's 4,000 pairs at one thread, ``benchmarks/probe_rows.py``)."""
+    sequence features, one per kept word for word features (see the module docstring), float32;
+    a NumPy array on the host, or with ``tensor=True`` a tensor on the features' device (the
+    torch solver's rows: nothing is copied to the host).
+    Sequence examples are pooled :data:`EXAMPLES_AT_A_TIME` at a time on the CPU (the same sums,
+    each example's tokens added in order, without a float32 copy of every vector: 6.5x faster on
+    MRPC's 4,000 pairs at one thread, ``benchmarks/probe_rows.py``), and
+    :data:`EXAMPLES_AT_A_TIME_OFF_CPU` at a time elsewhere (its offsets read from the host's
+    lengths, so the loop waits for no kernel)."""
+    vectors = features.vectors
     if features.kind != "sequence":
-        return features.vectors.float().flatten(1).numpy()
-    n, offsets = len(features), features.offsets
-    rows = torch.empty((n, features.vectors.shape[1] * features.vectors.shape[2]))
-    for start in range(0, n, EXAMPLES_AT_A_TIME):
-        end = min(n, start + EXAMPLES_AT_A_TIME)
-        lengths = features.lengths[start:end]
-        vectors = features.vectors[offsets[start] : offsets[end]].float()
-        example = torch.repeat_interleave(torch.arange(end - start), lengths)
-        sums = torch.zeros((end - start, *vectors.shape[1:])).index_add_(0, example, vectors)
-        rows[start:end] = (sums / lengths.clamp_min(1)[:, None, None]).flatten(1)
-    return rows.numpy()
+        rows = vectors.float().flatten(1)
+    else:
+        device, n = vectors.device, len(features)
+        lengths = features.lengths.to(device)
+        offsets = [0, *features.lengths.cpu().cumsum(0).tolist()]
+        at_a_time = EXAMPLES_AT_A_TIME if device.type == "cpu" else EXAMPLES_AT_A_TIME_OFF_CPU
+        rows = torch.empty((n, vectors.shape[1] * vectors.shape[2]), device=device)
+        for start in range(0, n, at_a_time):
+            end = min(n, start + at_a_time)
+            block = vectors[offsets[start] : offsets[end]].float()
+            example = torch.repeat_interleave(torch.arange(end - start, device=device), lengths[start:end],
+                                              output_size=offsets[end] - offsets[start])
+            sums = torch.zeros((end - start, *block.shape[1:]), device=device).index_add_(0, example, block)
+            rows[start:end] = (sums / lengths[start:end].clamp_min(1)[:, None, None]).flatten(1)
+    return rows if tensor else rows.numpy(force=True)
 
 
 class LinearBaseline(Estimator):
@@ -68,37 +91,62 @@ class LinearBaseline(Estimator):
     training examples (scikit-learn style: :meth:`fit`, :meth:`predict`, :meth:`score`,
     ``get_params`` / ``set_params``).
 
+    ``solver``: ``"sklearn"`` (scikit-learn's ``StandardScaler`` and ``LogisticRegression``, on
+    the host), ``"torch"`` (:class:`~attnlens.probing.logistic.Logistic`, the same scaler and
+    objective by ``torch.optim.LBFGS`` to the same gradient tolerance, on the features' device)
+    or ``None`` (the default): scikit-learn for features on the CPU, torch for features anywhere
+    else. After :meth:`fit`, ``solver_`` names the one that fitted ``model`` (a scikit-learn
+    pipeline, or a :class:`Logistic`).
+
     ``scorer(indices, predictions)``: how a ``C`` is judged on the held-out examples at
     ``indices`` (by default accuracy; :func:`attnlens.probing.run` passes the task's metric).
     After :meth:`fit`: ``C`` (chosen), ``held_out`` (``{C: score}``). :meth:`save` / :meth:`load`
-    keep a fitted baseline in one safetensors file (its scaler's and its model's arrays, exactly).
+    keep a fitted baseline in one safetensors file (its scaler's and its model's arrays, exactly,
+    and its solver's name; a file without one was scikit-learn's).
     """
 
     def __init__(self, *, grid: Sequence[float] = C_GRID, holdout: float = 0.2, seed: int = 0,
-                 max_iter: int = 1000) -> None:
+                 max_iter: int = 1000, solver: str | None = None) -> None:
         self._grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
         if not self._grid or min(self._grid) <= 0:
             raise InputError("grid must hold at least one C above 0.")
         finite(holdout, "holdout", low=0.0, high=0.9)
         whole_number(seed, "seed")
         whole_number(max_iter, "max_iter", minimum=1)
+        if solver is not None and (not isinstance(solver, str) or solver not in SOLVERS):
+            raise InputError(f"solver must be one of {', '.join(map(repr, SOLVERS))} or None (chosen by the "
+                             f"features' device), not {solver!r}.")
         # scikit-learn's contract: every argument stored unchanged (checked above)
         self.grid, self.holdout, self.seed, self.max_iter = grid, holdout, seed, max_iter
+        self.solver = solver
         self.C: float | None = None
         self.held_out: dict[float, float] = {}
         self.model: Any = None
+        self.solver_: str | None = None
 
-    def _fit(self, rows: np.ndarray, targets: np.ndarray, C: float, start: Any = None) -> Any:
-        """A standardised logistic regression of inverse regularisation ``C`` on ``rows``; with
-        ``start`` (a fitted one on the same labels), its solution is the solver's first point
-        (warm start: the same optimum, fewer iterations)."""
+    def _solver_for(self, features: Features) -> str:
+        """The solver that fits ``features``: the one given, else by the features' device."""
+        if self.solver is not None:
+            return self.solver
+        return "sklearn" if features.vectors.device.type == "cpu" else "torch"
+
+    def _fit(self, rows: np.ndarray | torch.Tensor, targets: np.ndarray | torch.Tensor, C: float,
+             start: Any = None) -> Any:
+        """A standardised logistic regression of inverse regularisation ``C`` on ``rows`` (a
+        scikit-learn pipeline for NumPy rows, a :class:`Logistic` for a tensor); with ``start``
+        (a fitted one on the same labels, of either solver), its solution is the solver's first
+        point (warm start: the same optimum, fewer iterations)."""
+        if isinstance(rows, torch.Tensor):
+            return fit_logistic(rows, targets, C, _as_logistic(start), max_iter=self.max_iter)
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
         from sklearn.preprocessing import StandardScaler
 
         model = LogisticRegression(C=C, max_iter=self.max_iter, warm_start=start is not None)
-        if start is not None and np.array_equal(start.classes_, np.unique(targets)):
-            model.coef_, model.intercept_ = start.coef_.copy(), start.intercept_.copy()
+        if start is not None:
+            coef, intercept, classes = _solution(start)
+            if np.array_equal(classes, np.unique(targets)):
+                model.coef_, model.intercept_ = coef.copy(), intercept.copy()
         scaler = StandardScaler().fit(rows)
         model.fit(scaler.transform(rows), targets)
         return make_pipeline(scaler, model)
@@ -119,7 +167,11 @@ class LinearBaseline(Estimator):
 
         from sklearn.exceptions import ConvergenceWarning
 
-        rows, targets, owner = self._rows(features, labels)
+        features = _indexed_on_host(features)
+        solver = self._solver_for(features)
+        rows, targets, owner = self._rows(features, labels, tensor=solver == "torch")
+        # the torch solver's targets, on its rows' device (NumPy's for the bookkeeping)
+        fit_targets = torch.from_numpy(targets).to(rows.device) if solver == "torch" else targets
         n = len(features)
         order = np.random.default_rng(self.seed).permutation(n)
         cut = int(round(n * self.holdout))
@@ -132,10 +184,10 @@ class LinearBaseline(Estimator):
                 if len(np.unique(targets[fit_rows])) > 1:
                     previous = None
                     for C in sorted(self._grid):
-                        model = self._fit(rows[fit_rows], targets[fit_rows], C, previous)
-                        previous = fitted[C] = model[-1]
+                        model = self._fit(_take(rows, fit_rows), _take(fit_targets, fit_rows), C, previous)
+                        previous = fitted[C] = _last(model)
                         predicted = np.zeros(len(rows), dtype=np.int64)
-                        predicted[held_rows] = model.predict(rows[held_rows])
+                        predicted[held_rows] = _predict(model, _take(rows, held_rows))
                         predicted = self._per_example(features, predicted, targets, held)
                         self.held_out[C] = float((scorer or _accuracy(labels))(held, predicted))
             # the best held-out score; ties go to the stronger regularisation (the smaller C)
@@ -143,8 +195,9 @@ class LinearBaseline(Estimator):
                       else self._grid[0])
             if len(np.unique(targets)) < 2:
                 raise InputError("the linear baseline needs at least two labels in the training examples.")
-            first = fitted.get(self.C, start.model[-1] if start is not None and start.model is not None else None)
-            self.model = self._fit(rows, targets, self.C, first)
+            first = fitted.get(self.C, _last(start.model) if start is not None and start.model is not None else None)
+            self.model = self._fit(rows, fit_targets, self.C, first)
+        self.solver_ = solver
         self._words = features.kind != "sequence"
         self.fallback = int(np.bincount(targets).argmax())
         return self
@@ -154,7 +207,8 @@ class LinearBaseline(Estimator):
         vector get the most frequent training label), as :meth:`PapaProbe.predict`."""
         if self.model is None:
             raise NotFittedError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
-        predicted = self.model.predict(design(features))
+        features = _indexed_on_host(features)
+        predicted = _predict(self.model, design(features, tensor=isinstance(self.model, Logistic)))
         return self._per_example(features, predicted, None, np.arange(len(features)))
 
     def score(self, features: Features, labels: list) -> float:
@@ -163,9 +217,12 @@ class LinearBaseline(Estimator):
         predicted = self.predict(features)
         return _accuracy(labels)(np.arange(len(labels)), predicted)
 
-    def _rows(self, features: Features, labels: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Inputs, targets and the example each row belongs to (every kept word is labelled)."""
-        rows = design(features)
+    def _rows(self, features: Features, labels: list, *, tensor: bool = False
+              ) -> tuple[np.ndarray | torch.Tensor, np.ndarray, np.ndarray]:
+        """Inputs (``tensor``: on the features' device), targets and the example each row
+        belongs to (every kept word is labelled)."""
+        features = _indexed_on_host(features)
+        rows = design(features, tensor=tensor)
         targets = PapaProbe._targets(PapaProbe(), features, labels).numpy()
         owner = (np.arange(len(features)) if features.kind == "sequence"
                  else np.repeat(np.arange(len(features)), features.lengths.numpy()))
@@ -176,6 +233,7 @@ class LinearBaseline(Estimator):
         """Predictions of every row, as the lists of :meth:`predict` for ``examples``."""
         if features.kind == "sequence":
             return [int(predicted[i]) for i in examples]
+        features = _indexed_on_host(features)
         offsets = features.offsets.numpy()
         fallback = int(np.bincount(targets).argmax()) if targets is not None else self.fallback
         out = []
@@ -192,33 +250,51 @@ class LinearBaseline(Estimator):
     def state(self) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
         """The fitted baseline as tensors and string metadata (what :meth:`save` writes and
         :meth:`from_state` reads back): the scaler's ``mean_``, ``scale_`` and ``var_``, the
-        logistic regression's ``coef_``, ``intercept_`` and ``classes_``, every value exact."""
+        logistic regression's ``coef_``, ``intercept_`` and ``classes_``, every value exact, on
+        the host, and the solver that fitted them (``"sklearn"`` or ``"torch"``: the same arrays
+        of the same meaning)."""
         if self.model is None:
             raise NotFittedError("this LinearBaseline is not fitted yet; nothing to save.")
-        scaler, model = self.model[0], self.model[-1]
-        tensors = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in (
-            ("mean", scaler.mean_), ("scale", scaler.scale_), ("var", scaler.var_), ("coef", model.coef_),
-            ("intercept", model.intercept_), ("classes", model.classes_))}
+        if isinstance(self.model, Logistic):
+            model = self.model
+            values = (model.mean, model.scale, model.var, model.coef, model.intercept, model.classes)
+            tensors = {name: value.detach().cpu().contiguous() for name, value in zip(_ARRAYS, values, strict=True)}
+            seen, n_iter, solver = model.n_samples_seen, [int(model.n_iter)], "torch"
+        else:
+            scaler, model = self.model[0], self.model[-1]
+            values = (scaler.mean_, scaler.scale_, scaler.var_, model.coef_, model.intercept_, model.classes_)
+            tensors = {name: torch.from_numpy(np.ascontiguousarray(value))
+                       for name, value in zip(_ARRAYS, values, strict=True)}
+            seen, n_iter, solver = int(scaler.n_samples_seen_), model.n_iter_.tolist(), "sklearn"
         metadata = {"format": FORMAT, "params": json.dumps(self.get_params()), "C": repr(float(self.C)),
                     "held_out": json.dumps([[float(c), score] for c, score in self.held_out.items()]),
                     "fallback": str(self.fallback), "words": str(self._words),
-                    "n_samples_seen": str(int(scaler.n_samples_seen_)), "n_iter": json.dumps(model.n_iter_.tolist())}
+                    "n_samples_seen": str(int(seen)), "n_iter": json.dumps(n_iter), "solver": solver}
         return tensors, metadata
 
     @classmethod
     def from_state(cls, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> LinearBaseline:
         """The baseline of :meth:`state`'s tensors and metadata (``KeyError`` / ``ValueError``
-        for a missing or mangled field)."""
-        from sklearn.linear_model import LogisticRegression
-        from sklearn.pipeline import make_pipeline
-        from sklearn.preprocessing import StandardScaler
-
+        for a missing or mangled field; a file without ``solver`` is scikit-learn's)."""
         params = json.loads(metadata["params"])
         baseline = cls(**params)
         baseline.C = float(metadata["C"])
         baseline.held_out = {float(c): float(score) for c, score in json.loads(metadata["held_out"])}
         baseline.fallback, baseline._words = int(metadata["fallback"]), metadata["words"] == "True"
-        arrays = {name: tensors[name].numpy() for name in ("mean", "scale", "var", "coef", "intercept", "classes")}
+        solver = metadata.get("solver", "sklearn")
+        if solver not in SOLVERS:
+            raise ValueError(f"unknown solver {solver!r}")
+        n_iter = json.loads(metadata["n_iter"])
+        if solver == "torch":
+            model = Logistic(**{name: tensors[name] for name in _ARRAYS}, C=baseline.C,
+                             n_iter=int(n_iter[0]), n_samples_seen=int(metadata["n_samples_seen"]))
+            baseline.model, baseline.solver_ = model, solver
+            return baseline
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        arrays = {name: tensors[name].numpy() for name in _ARRAYS}
         scaler = StandardScaler()
         scaler.mean_, scaler.scale_, scaler.var_ = arrays["mean"], arrays["scale"], arrays["var"]
         scaler.n_samples_seen_ = int(metadata["n_samples_seen"])
@@ -226,8 +302,8 @@ class LinearBaseline(Estimator):
         model = LogisticRegression(C=baseline.C, max_iter=baseline.max_iter)
         model.coef_, model.intercept_, model.classes_ = arrays["coef"], arrays["intercept"], arrays["classes"]
         model.n_features_in_ = arrays["coef"].shape[1]
-        model.n_iter_ = np.asarray(json.loads(metadata["n_iter"]), dtype=np.int32)
-        baseline.model = make_pipeline(scaler, model)
+        model.n_iter_ = np.asarray(n_iter, dtype=np.int32)
+        baseline.model, baseline.solver_ = make_pipeline(scaler, model), solver
         return baseline
 
     def save(self, path: str | os.PathLike) -> Path:
@@ -259,3 +335,52 @@ def _accuracy(labels: list) -> Callable[[np.ndarray, list], float]:
         return sum(p == g for p, g in pairs) / max(1, len(pairs))
 
     return score
+
+
+#: the arrays of a saved baseline: the scaler's, then the logistic regression's
+_ARRAYS = ("mean", "scale", "var", "coef", "intercept", "classes")
+
+
+def _indexed_on_host(features: Features) -> Features:
+    """``features`` with its lengths, positions and word counts on the host (its vectors where
+    they are): the bookkeeping of rows and labels reads them there."""
+    index = (features.lengths, features.positions, features.n_words)
+    if all(value.device.type == "cpu" for value in index):
+        return features
+    return Features(features.vectors, *(value.cpu() for value in index), features.kind, features.max_len,
+                    features.key)
+
+
+def _take(values: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray | torch.Tensor:
+    """The rows of ``values`` where the host's boolean ``mask`` is true (on their device)."""
+    if isinstance(values, torch.Tensor):
+        return values[torch.from_numpy(mask).to(values.device)]
+    return values[mask]
+
+
+def _last(model: Any) -> Any:
+    """The logistic regression of a fitted model (a pipeline's last step, or a Logistic)."""
+    return model if isinstance(model, Logistic) else model[-1]
+
+
+def _predict(model: Any, rows: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A fitted model's labels of ``rows``, on the host (one copy for the torch solver)."""
+    if isinstance(model, Logistic):
+        return model.predict(rows).cpu().numpy()
+    return model.predict(rows)
+
+
+def _solution(model: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A fitted logistic regression's ``coef``, ``intercept`` and ``classes`` (either solver's)."""
+    if isinstance(model, Logistic):
+        return tuple(value.detach().cpu().numpy() for value in (model.coef, model.intercept, model.classes))
+    return model.coef_, model.intercept_, model.classes_
+
+
+def _as_logistic(model: Any) -> Logistic | None:
+    """A warm start for the torch solver from a fitted model of either solver."""
+    if model is None or isinstance(model, Logistic):
+        return model
+    coef, intercept, classes = (torch.from_numpy(np.asarray(value)) for value in _solution(model))
+    return Logistic(mean=torch.zeros(0), scale=torch.ones(0), var=torch.ones(0), classes=classes, C=1.0,
+                    coef=coef, intercept=intercept)
