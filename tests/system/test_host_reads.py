@@ -137,12 +137,16 @@ def texts_for(minilm):
     return attnlens.corpus.default_corpus(2 * N_BATCHES * BATCH)
 
 
+@pytest.mark.slow
 def test_papa_fit_reads_nothing_per_batch(minilm, counter, device_routes):
     texts = texts_for(minilm)
     per_batch, grew, (_, fitted) = growth(
         counter, lambda t: papa.fit(minilm, t, max_len=MAX_LEN, batch_size=BATCH, progress=False), texts)
     assert per_batch <= FORWARD_READS, grew
     assert fitted.mean.device.type == "cpu"  # the result is read back once, at the end
+    devices.reads_are_free = lambda where: True  # the CPU route: the same sums, bit for bit
+    on_cpu = papa.fit(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
+    assert torch.equal(fitted.sums, on_cpu.sums) and torch.equal(fitted.pair_counts, on_cpu.pair_counts)
 
 
 @pytest.mark.slow
@@ -184,6 +188,10 @@ def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_rout
                                            progress=False), texts)
     assert per_batch <= FORWARD_READS, grew
     assert features.vectors.device.type == "cpu"
+    devices.reads_are_free = lambda where: True  # the CPU route: the same vectors, bit for bit
+    on_cpu = probing.extract(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, cache=False, progress=False)
+    assert torch.equal(features.vectors, on_cpu.vectors) and torch.equal(features.lengths, on_cpu.lengths)
+    assert torch.equal(features.positions, on_cpu.positions)
 
 
 @pytest.mark.slow
