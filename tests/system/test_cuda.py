@@ -97,13 +97,21 @@ def _synchronisations(job) -> list[str]:
 
 @pytest.mark.parametrize("job", ["papa.fit", "compare", "features", "effective.statistics"])
 def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job):
-    """On n and 2n batches of 8 texts, the synchronisations may grow by at most one per batch:
-    the model's own forward (transformers' mask code) makes one."""
+    """On n and 2n batches of 8 texts, the synchronisations may grow by one per batch, or by as
+    many as a plain forward of the same batches makes if that is more (transformers' mask code
+    waits about once per batch); the sites that grew are named."""
     from attnlens import effective, probing
     from attnlens.corpus import default_corpus
 
     texts = default_corpus(128)
     constants = papa.fit(cuda_minilm, texts, max_len=MAX_LEN, progress=False)
+
+    def forward(t):
+        for start in range(0, len(t), 8):
+            batch = attnlens.tokenize(cuda_minilm, t[start : start + 8], max_len=MAX_LEN).to("cuda")
+            with torch.inference_mode():
+                cuda_minilm(batch.input_ids, **batch.model_kwargs())
+
     jobs = {
         "papa.fit": lambda t: papa.fit(cuda_minilm, t, max_len=MAX_LEN, batch_size=8, progress=False),
         "compare": lambda t: attnlens.compare(cuda_minilm, "papa", "effective", corpus=t, constants=constants,
@@ -113,7 +121,12 @@ def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job
         "effective.statistics": lambda t: effective.statistics(cuda_minilm, t, max_len=MAX_LEN, batch_size=8,
                                                                progress=False),
     }
-    few = collections.Counter(_synchronisations(lambda: jobs[job](texts[:64])))
-    many = collections.Counter(_synchronisations(lambda: jobs[job](texts[:128])))
-    grew = {site: many[site] - few[site] for site in many if many[site] > few[site]}
-    assert many.total() - few.total() <= 8, (few.total(), many.total(), grew)
+
+    def growth(function):
+        few = collections.Counter(_synchronisations(lambda: function(texts[:64])))
+        many = collections.Counter(_synchronisations(lambda: function(texts[:128])))
+        return many.total() - few.total(), {site: many[site] - few[site] for site in many if many[site] > few[site]}
+
+    allowed, _ = growth(forward)
+    grew, sites = growth(jobs[job])
+    assert grew <= max(allowed, 8), (grew, allowed, sites)
