@@ -223,9 +223,11 @@ def effective_attention(
     if rtol is not None and not (math.isfinite(rtol) and rtol >= 0):
         raise InputError(f"rtol must be a finite number >= 0, got {rtol}")
     # The QR route for float64 values or a tolerance the Gram routes cannot resolve. The default
-    # tolerance, max(n, d_head) · eps, is below GRAM_MIN_RTOL only for n <= 8 keys in float32,
-    # and such a sequence (n <= d_head for every model attnlens supports) is not decomposed.
-    use_qr = v.dtype == torch.float64 or (rtol is not None and rtol < GRAM_MIN_RTOL)
+    # tolerance of a decomposed sequence, n · eps with n > d_head, is at least (d_head + 1) · eps
+    # (decided on the host, from the shapes: no read of the device)
+    eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
+    smallest = rtol if rtol is not None else (d_head + 1) * eps
+    use_qr = v.dtype == torch.float64 or smallest < GRAM_MIN_RTOL
     if not devices.reads_are_free(pattern):
         return _on_device(pattern, v, valid, lengths, rtol, use_qr)
     if rtol is None:
