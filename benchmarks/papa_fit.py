@@ -33,7 +33,16 @@ import statistics
 import time
 
 import torch
-from common import add_arguments, encoder_flops, pass_order, pattern_pass_flops, record, setup
+from common import (
+    RANDOM_MODELS,
+    add_arguments,
+    encoder_flops,
+    load_model,
+    pass_order,
+    pattern_pass_flops,
+    record,
+    setup,
+)
 from realdata import wikitext_paragraphs
 
 import attnlens
@@ -92,7 +101,9 @@ def plain_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default=None, help="default: the embedded MiniLM; or smollm2-135m")
+    parser.add_argument("--model", default=None,
+                        help=f"default: the embedded MiniLM; or smollm2-135m, or {', '.join(RANDOM_MODELS)} "
+                             "(random weights of a user's size)")
     parser.add_argument("--n", type=int, default=None, help="paragraphs (MiniLM 512, SmolLM2 64)")
     parser.add_argument("--max-len", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=None, help="MiniLM 32, SmolLM2 16")
@@ -104,7 +115,10 @@ def main() -> None:
     n = args.n or (64 if small else 512)
     batch_size = args.batch_size or (16 if small else 32)
 
-    model = attnlens.load(args.model, device=device)
+    if args.model in RANDOM_MODELS:
+        model, _ = load_model(args.model, device)
+    else:
+        model = attnlens.load(args.model, device=device)
     layout = default_layout(model)
     texts = wikitext_paragraphs()[:n]
     shape = dict(max_len=args.max_len, layout=layout, batch_size=batch_size)
