@@ -214,11 +214,14 @@ def tokenize(
     return compact_batch(batch) if compact and layout == "papa" else batch
 
 
-def compact_batch(batch: Batch) -> Batch:
+def compact_batch(batch: Batch, *, multiple: int = 1) -> Batch:
     """``batch`` (PAPA layout, padded to ``max_len``) as a compact batch: each row's real tokens
     in order, left-aligned, the batch as wide as its longest row, and the position of each kept
     column in ``position_ids`` (0 on the padding after it). The inputs are the same (see the
     module docstring); ``extra`` tensors of ``[batch, pos]`` (word indices) are moved alike.
+    ``multiple``: the width is rounded up to a multiple of it (at most the padded width), so that
+    a pass sees few distinct shapes (a GPU's kernels are chosen, and cached, per shape); the
+    extra columns are padding.
     A compact batch is returned as it is; a batch of another layout raises ``ValueError``."""
     if batch.compact:
         return batch
@@ -230,7 +233,7 @@ def compact_batch(batch: Batch) -> Batch:
     keep = batch.attention_mask.bool()
     n, length = keep.shape
     counts = keep.sum(1)
-    width = int(counts.max()) if n else 0
+    width = min(-(-int(counts.max()) // multiple) * multiple, length) if n else 0
     rows = torch.arange(n, device=keep.device)[:, None].expand(n, length)[keep]
     columns = (keep.cumsum(1) - 1)[keep]  # the kept token's column in the compact row
     source = torch.arange(length, device=keep.device).expand(n, length)[keep]

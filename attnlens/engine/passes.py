@@ -62,7 +62,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core import memory, models, seam
+from attnlens.core import devices, memory, models, seam
 from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import (
@@ -79,6 +79,7 @@ from attnlens.core.inputs import (
     Words,
     by_length,
     check_max_len,
+    compact_batch,
     default_layout,
     example_kind,
     tokenize,
@@ -1286,10 +1287,12 @@ def run(
         for accumulator in accumulators:  # the state lives beside the patterns during the pass
             accumulator.to(device)
 
+        multiple = devices.width_multiple(device)  # compact widths in buckets off the CPU
+
         def staged(pairs: list) -> _Staged:
             # a batch starts with its tokenization: a first SIGTERM / SIGINT now waits for its end
             signals.batching = True
-            return _stage(model, pairs, max_len=max_len, layout=layout, compact=compact)
+            return _stage(model, pairs, max_len=max_len, layout=layout, compact=compact, multiple=multiple)
 
         # a batch that runs out of device memory is split in halves and run again (_Split)
         split = _Split(accumulators, staged, device, state, splits=all(a.any_order for a in accumulators))
@@ -1400,14 +1403,16 @@ class _Staged:
     numbers: dict[str, Any]
 
 
-def _stage(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool) -> _Staged:
+def _stage(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool, multiple: int = 1) -> _Staged:
     """Tokenize and count ``pairs`` (``(corpus index, example)``) on the host (no device tensor
     is read); safe to run in a worker thread, since it touches no accumulator."""
     indices, chunk = [index for index, _ in pairs], [example for _, example in pairs]
     try:
-        batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=compact)
+        batch = tokenize(model, chunk, max_len=max_len, layout=layout, compact=False)
     except BlankText as blank:  # name the text by its index in the corpus
         raise blank.at(indices[blank.index]) from None
+    if compact and layout == "papa":
+        batch = compact_batch(batch, multiple=multiple)
     lengths = batch.attention_mask.sum(-1)
     numbers = {"examples": len(batch), "tokens": int(lengths.sum()), "truncated": int(batch.n_truncated),
                "pairs": bool(batch.is_pair), "longest": int(lengths.max())}

@@ -121,8 +121,10 @@ def counter(monkeypatch):
 
 @pytest.fixture
 def device_routes(monkeypatch):
-    """Every branch that would read a device tensor takes its device route, here on the CPU."""
+    """Every branch that would read a device tensor takes its device route, here on the CPU,
+    and compact widths are rounded up as off the CPU."""
     monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    monkeypatch.setattr(devices, "width_multiple", lambda where: 16)
 
 
 def growth(counter, job, texts):
@@ -246,3 +248,25 @@ def test_effective_device_route_equals_the_cpu_route():
     mask = torch.ones(2, 40, dtype=torch.bool)
     cpu = engine.effective_attention(pattern, v, key_mask=mask)
     assert torch.equal(engine._on_device(pattern, v, mask, mask.sum(-1), None, False), cpu)
+
+
+def test_compact_widths_in_buckets_change_no_result(minilm, monkeypatch):
+    """Off the CPU a pass rounds compact widths up to a multiple of 16 (few distinct shapes):
+    padding columns, which every accumulator masks, so the same sums up to float32 rounding of
+    the batch sums (``FLOAT32``) and the same counts."""
+    texts = texts_for(minilm)[:48]
+    plain = papa.fit(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
+    widths = []
+    original = passes._stage
+
+    def seen(*args, **kwargs):
+        staged = original(*args, **kwargs)
+        widths.append(staged.batch.input_ids.shape[1])
+        return staged
+
+    monkeypatch.setattr(passes, "_stage", seen)
+    monkeypatch.setattr(devices, "width_multiple", lambda where: 16)
+    bucketed = papa.fit(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
+    assert set(widths) <= {16, MAX_LEN} and len(widths) == len(texts) // BATCH
+    assert torch.equal(plain.pair_counts, bucketed.pair_counts) and plain.n_tokens == bucketed.n_tokens
+    assert torch.allclose(plain.sums, bucketed.sums, rtol=0, atol=FLOAT32)
