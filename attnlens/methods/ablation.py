@@ -321,15 +321,15 @@ class HeadMeans(passes.Accumulator):
     def hooks(self, model: Any) -> list[tuple[str, Any]]:
         def keep(layer: int) -> Callable:
             def hook(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> None:
-                real = self.current.key_mask.to(z.device)
-                self.sums[layer] += z.detach()[real].double().sum(0).cpu()
+                real = self.current.key_mask.to(torch.float64)  # a product, not a selection: nothing read
+                self.sums[layer] += torch.einsum("bphd,bp->hd", z.detach().double(), real).to(self.sums.device)
 
             return hook
 
         return [(output_hook(model, layer), keep(layer)) for layer in range(self.sums.shape[0])]
 
     def end_batch(self, batch: passes.PassBatch) -> None:
-        self.tokens += float(batch.key_mask.sum())
+        self.tokens += batch.n_tokens  # counted on the host
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"sums": self.sums, "tokens": self.tokens}
