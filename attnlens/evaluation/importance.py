@@ -148,7 +148,7 @@ class Gates(passes.Accumulator):
         (grad,) = torch.autograd.grad(value.sum(), self.gates, allow_unused=True)
         if grad is None:
             raise unused
-        grad = grad.detach().double().cpu()
+        grad = grad.detach().double().to(self.total.device)  # where the state is (the pass's device)
         if per == "example":
             self.total += grad.abs().sum(0)
             self.count += grad.shape[0]

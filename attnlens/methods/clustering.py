@@ -187,7 +187,7 @@ class HeadDistances(Accumulator):
             total += self._pair_sums(distributions(example_rows.double()))
             tokens += positions.numel()
         i, j = self._pairs
-        total = total.cpu()
+        total = total.to(self.total.device)  # where the state is (the pass's device)
         self.total[i, j] += total
         self.total[j, i] += total
         self.tokens += tokens

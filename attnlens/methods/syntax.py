@@ -399,12 +399,12 @@ class DependencyCounts(Accumulator):
         for direction, hit in enumerate(hits):
             counts = torch.zeros(len(self.relations), n_heads, dtype=torch.int64, device=hit.device)
             counts.index_add_(0, gold["relations"], hit.long())
-            self.correct[:, direction, layer.layer] += counts.cpu()
+            self.correct[:, direction, layer.layer] += counts.to(self.correct.device)  # the pass's device
 
     def end_batch(self, batch: PassBatch) -> None:
         gold = self._gold
-        relations = gold["relations"].cpu()
-        distance = (gold["heads"] - gold["dependents"]).cpu()  # the head is `distance` words away
+        relations = gold["relations"].to(self.arcs.device)  # where the state is (the pass's device)
+        distance = (gold["heads"] - gold["dependents"]).to(self.arcs.device)  # the head is `distance` words away
         self.arcs += torch.bincount(relations, minlength=len(self.relations))
         for column, offset in enumerate(OFFSETS):
             for direction, correct in enumerate((distance == offset, distance == -offset)):
