@@ -3,12 +3,12 @@
 Methods are hooks on TransformerLens hook points of an unmodified model:
 
 - :mod:`attnlens.papa`: constant attention (Hassid et al. 2022);
-- :mod:`attnlens.effective`: effective attention (Brunner et al. 2020; Sun & Marasović 2021);
-- :mod:`attnlens.stats`: what heads look at (Clark et al. 2019);
-- :mod:`attnlens.compare` and :mod:`attnlens.plots`: head-grid views and reports;
-- :mod:`attnlens.passes`: the one loop over a corpus (accumulators, checkpoints, torchrun);
-- :mod:`attnlens.models`: one file of facts per architecture (BERT, RoBERTa, GPT-2, Llama);
-- :mod:`attnlens.tasks`, :mod:`attnlens.probing` and :mod:`attnlens.lm`: what an intervention
+- :mod:`attnlens.methods.effective`: effective attention (Brunner et al. 2020; Sun & Marasović 2021);
+- :mod:`attnlens.methods.stats`: what heads look at (Clark et al. 2019);
+- :mod:`attnlens.compare` and :mod:`attnlens.core.plots`: head-grid views and reports;
+- :mod:`attnlens.engine.passes`: the one loop over a corpus (accumulators, checkpoints, torchrun);
+- :mod:`attnlens.core.models`: one file of facts per architecture (BERT, RoBERTa, GPT-2, Llama);
+- :mod:`attnlens.evaluation.tasks`, :mod:`attnlens.evaluation.probing` and :mod:`attnlens.evaluation.lm`: what an intervention
   costs (task probes, LM scores; :func:`attnlens.papa.curve`).
 
 The modules live in one-way layers, lowest first; a module imports only its own layer and lower
@@ -28,15 +28,16 @@ ones, not even inside a function, and no imports form a cycle
 - ``compare``: :mod:`attnlens.compare`;
 - ``cli`` (:mod:`attnlens.cli`): one module per command.
 
-The short names above (``attnlens.passes``, ``attnlens.probing.features``, ...) are the same
-module objects as their homes in the layers (:mod:`attnlens._aliases`); ``attnlens.papa`` and
-``attnlens.ablation`` gather the names of two layers each.
+Each module has one name, its path in the layers (``attnlens.engine.passes``,
+``attnlens.evaluation.probing.features``, ...). ``attnlens.papa`` and ``attnlens.ablation`` are
+facades: they gather the public names of two layers each; the lazily imported names below
+(``attnlens.load``, ``attnlens.compare``, ...) are the entry points.
 
 ``attnlens.run_with_hooks(model, batch, hooks)`` runs a :class:`Batch` with its mask and
 positions (never forget ``**batch.model_kwargs()``).
 
 ``attnlens.load()`` returns a ``TransformerBridge`` on which ``blocks.{l}.attn.hook_pattern``
-is a real intervention point (see :mod:`attnlens.seam`).
+is a real intervention point (see :mod:`attnlens.core.seam`).
 
 ``attnlens.compare`` is both a module and callable: ``attnlens.compare(model, "papa",
 "effective")`` calls :func:`attnlens.compare.compare`.
@@ -56,23 +57,18 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is
     from attnlens.methods.effective import effective_attention
     from attnlens.present.export import to_circuitsvis
 
-from attnlens import _aliases
+from attnlens.core.version import __version__  # noqa: F401  (attnlens.__version__)
 from attnlens.errors import AttnlensError  # a leaf module: every error attnlens raises on purpose
-
-_aliases.install()  # the module paths of before the layers (attnlens.passes, ...) keep importing
-
-__version__ = "0.1.0"
 
 if "ipykernel.zmqshell" in sys.modules:  # a Jupyter kernel: keep tqdm.auto (transformers and the
     importlib.import_module("attnlens.core.notebook").quiet_tqdm_auto()  # hub use it) from warning
 
-#: submodules imported on first use (keeps ``import attnlens`` light: no torch, transformers,
+#: the layers and facades, imported on first use (keeps ``import attnlens`` light: no torch, transformers,
 #: TransformerLens, plotly or pandas until a name that needs them is used; ``attnlens --help``
 #: stays fast)
 _SUBMODULES = (
-    "papa", "effective", "stats", "plots", "compare", "seam", "corpus", "cli", "passes", "models",
-    "files", "tasks", "probing", "lm", "checks", "heads", "ablation", "syntax", "inputs", "loading",
-    "export", "display", "patterns", "clustering", "views", "errors",
+    "core", "engine", "methods", "evaluation", "present", "compare", "cli",  # the layers
+    "papa", "ablation", "errors",  # the facades and the errors
 )
 #: names re-exported lazily from submodules
 _LAZY = {

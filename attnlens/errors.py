@@ -25,7 +25,7 @@ from __future__ import annotations
 __all__ = [
     "AttnlensError", "AttnlensWarning", "InputError", "InputTypeError", "FileFormatError",
     "DamagedFileError", "MissingFileError", "MismatchError", "NotFittedError", "UnavailableError",
-    "ModelBehaviourError", "AttnlensDeprecationWarning",
+    "ModelBehaviourError",
 ]
 
 
@@ -36,12 +36,6 @@ class AttnlensError(Exception):
 
 class AttnlensWarning(UserWarning):
     """The base of attnlens's warnings: a result that is computed, but with a caveat."""
-
-
-class AttnlensDeprecationWarning(AttnlensWarning, DeprecationWarning):
-    """A spelling that still works for one release, and the one to write instead (an old module
-    path, :mod:`attnlens._aliases`). A ``DeprecationWarning``: shown by default only in
-    ``__main__``, by test runners, and with ``python -W default``."""
 
 
 class InputError(AttnlensError, ValueError):

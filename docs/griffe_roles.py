@@ -19,11 +19,6 @@ from typing import Any
 
 import griffe
 
-try:  # the module paths of before the layers, in docstrings, link to the modules' new homes
-    from attnlens._aliases import MOVED, PACKAGES
-except ImportError:  # pragma: no cover - attnlens not importable: links to old paths stay plain
-    MOVED, PACKAGES = {}, {}
-
 ROLE = re.compile(r":(?:py:)?(?:func|class|meth|mod|data|attr|exc|obj|const):`(?P<target>[^`]+)`")
 MATH = re.compile(r"^(?P<indent>[ \t]*)\.\. math::[ \t]*(?P<first>.*)$")
 
@@ -37,21 +32,9 @@ def autoref(target: str, module: str) -> str:
     else:
         title = target[1:].rsplit(".", 1)[-1] if target.startswith("~") else target
     target = target.lstrip("~").removesuffix("()")
-    identifier = new_path(target if target.startswith("attnlens") else f"{module}.{target}")
+    identifier = target if target.startswith("attnlens") else f"{module}.{target}"
     return (f'<autoref identifier="{html.escape(identifier)}" optional>'
             f"<code>{html.escape(title)}</code></autoref>")
-
-
-def new_path(identifier: str) -> str:
-    """``attnlens.passes.run`` -> ``attnlens.engine.passes.run``: an old module path (a public
-    short name, or a module that moved) as the path the API reference documents it under."""
-    parts = identifier.split(".")
-    for end in range(len(parts), 1, -1):
-        prefix = ".".join(parts[:end])
-        new = MOVED.get(prefix) or PACKAGES.get(prefix)
-        if new is not None:
-            return ".".join([new, *parts[end:]])
-    return identifier
 
 
 def convert_math(text: str) -> str:

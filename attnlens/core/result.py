@@ -8,7 +8,7 @@ derives from :class:`Result` and gives:
   (a property, or a dataclass field the result was built with);
 - ``.figure(**options)``: a ``plotly.graph_objects.Figure`` of the result;
 - ``to_json(path=None)`` / ``from_json(text_or_path)``: the result as JSON text (written
-  atomically to ``path`` when given, :func:`attnlens.files.write_atomic`), and back. The JSON
+  atomically to ``path`` when given, :func:`attnlens.core.files.write_atomic`), and back. The JSON
   is an object with a ``"format"`` field, ``FORMAT`` (e.g. ``"attnlens.Curve/1"``); reading a
   file of another format, or one that is damaged, raises
   :class:`~attnlens.errors.FileFormatError` saying what is wrong and how to write it again.
@@ -27,19 +27,18 @@ import json
 import math
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pandas as pd
 
-from attnlens.errors import AttnlensDeprecationWarning, FileFormatError
+from attnlens.errors import FileFormatError
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-__all__ = ["CallableTable", "Result", "frame", "frame_from_json", "frame_to_json", "plain"]
+__all__ = ["Result", "frame", "frame_from_json", "frame_to_json", "plain"]
 
 
 class Result:
@@ -76,7 +75,7 @@ class Result:
                 overwrite_read_only: bool = False) -> str:
         """The result as JSON text (an object whose ``"format"`` is :attr:`FORMAT`); also written
         to ``path`` if given (atomically, missing folders created,
-        :func:`attnlens.files.write_atomic`)."""
+        :func:`attnlens.core.files.write_atomic`)."""
         from attnlens.core.checks import whole_number
 
         indent = None if indent is None else whole_number(indent, "indent", " of spaces", minimum=0)
@@ -195,28 +194,3 @@ def frame_from_json(data: dict[str, Any]) -> pd.DataFrame:
             table[column] = table[column].astype("float64" if dtype.startswith("float") else object).astype(dtype)
     table.attrs.update(data.get("attrs") or {})
     return table
-
-
-class CallableTable(pd.DataFrame):
-    """The ``.table`` of a result whose ``table`` was a method: a DataFrame which, called as
-    before (``result.table()``), returns itself with an
-    :class:`~attnlens.errors.AttnlensDeprecationWarning`. Frames derived from it are plain."""
-
-    _metadata = ["_owner"]
-
-    @property
-    def _constructor(self) -> type:
-        return pd.DataFrame
-
-    def __call__(self) -> CallableTable:
-        owner = getattr(self, "_owner", "the result")
-        warnings.warn(f"{owner}.table is a property now: write .table, not .table()",
-                      AttnlensDeprecationWarning, stacklevel=2)
-        return self
-
-    @classmethod
-    def of(cls, table: pd.DataFrame, owner: str) -> CallableTable:
-        """``table`` as a :class:`CallableTable` whose warning names ``owner`` (a class name)."""
-        made = cls(table)
-        made._owner = owner
-        return made

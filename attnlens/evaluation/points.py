@@ -1,7 +1,7 @@
 """A PAPA curve's finished points, kept in a folder so that an interrupted curve resumes.
 
 ``papa.curve(..., checkpoint=folder)`` writes every finished point of a task to one file in
-``folder``, atomically (:func:`attnlens.files.write_atomic`, with a checksum): the row's columns
+``folder``, atomically (:func:`attnlens.core.files.write_atomic`, with a checksum): the row's columns
 (score, intervals, baselines, the paired test against no head replaced) and its seconds, and
 for a task's first point (no head replaced) also what its later points need: the chosen epochs
 and ``C`` (in the result's settings), every seed's predictions and the fitted linear baseline,
@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from attnlens.core import version  # read at each call: the version now (tests set it)
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Words
 from attnlens.core.loading import model_id, weights_fingerprint
@@ -47,10 +48,9 @@ def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mappin
     and evaluation examples and labels, ``hooks`` (their key), ``settings`` (everything else
     that the point's numbers depend on, JSON-ready) and ``first`` (the key of the task's first
     point; ``None`` for the first point itself)."""
-    from attnlens import __version__  # read at the call: the package's version now
 
     digest = hashlib.sha256()
-    header = {"attnlens": __version__, "format": FORMAT, "model": model_id(model),
+    header = {"attnlens": version.__version__, "format": FORMAT, "model": model_id(model),
               "weights": weights_fingerprint(model), "task": train.name, "split": evaluation.split,
               "hooks": hooks, "settings": settings, "first": first}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
@@ -67,7 +67,7 @@ def path_of(folder: str | os.PathLike, point_key: str) -> Path:
 
 def save(folder: str | os.PathLike, point_key: str, point: Mapping[str, Any]) -> Path:
     """Write ``point`` (a curve point: :data:`FIELDS`, and ``result``, a task's first point's
-    :class:`attnlens.probing.ProbeResult` or ``None``) to its file in ``folder``."""
+    :class:`attnlens.evaluation.probing.ProbeResult` or ``None``) to its file in ``folder``."""
     metadata = {"format": FORMAT, "key": point_key,
                 "point": json.dumps({name: _ready(point[name]) for name in FIELDS})}
     tensors: dict[str, Any] = {}
@@ -114,7 +114,7 @@ def load(folder: str | os.PathLike, point_key: str) -> dict[str, Any] | None:
 def _ready(value: Any) -> Any:
     """``value`` as JSON-ready Python that reads back equal: NumPy and torch scalars as Python
     numbers and bools (NaN stays NaN), containers as lists and dicts, a token task's
-    :class:`~attnlens.inputs.Words` as ``{"words": [...]}`` (as the features' key)."""
+    :class:`~attnlens.core.inputs.Words` as ``{"words": [...]}`` (as the features' key)."""
     if isinstance(value, Words):
         return {"words": list(value.words)}
     if isinstance(value, Mapping):

@@ -20,7 +20,6 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from attnlens.core.deprecation import renamed_fields
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
 from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
@@ -30,11 +29,10 @@ from attnlens.evaluation.curve import DATA_FREE, curve
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
 
 
-@renamed_fields(long="table")
 @dataclass
 class PapaTable(Result):
     """Table 1 of a model. ``table``: one row per (row, task) with :attr:`COLUMNS` (those of
-    :data:`attnlens.papa.curves.COLUMNS`, then ``row``; its older name ``long`` is deprecated);
+    :data:`attnlens.evaluation.curve.COLUMNS`, then ``row``);
     :meth:`frame`: the paper's layout (rows × tasks, ``score [low, high]``); :meth:`figure`:
     bars with their intervals; :meth:`to_json` / :meth:`from_json` (a
     :class:`~attnlens.core.result.Result`)."""
@@ -64,7 +62,7 @@ class PapaTable(Result):
         return wide.loc[order, list(dict.fromkeys(cells["task"]))]
 
     def figure(self) -> Any:
-        """One panel per task: a bar per row with its 95% interval (:func:`attnlens.plots.papa_table`)."""
+        """One panel per task: a bar per row with its 95% interval (:func:`attnlens.core.plots.papa_table`)."""
         from attnlens.core.plots import papa_table
 
         return papa_table(self.table)

@@ -32,9 +32,8 @@ unlabeled corpus, with hooks on an unmodified model::
 
 ``attnlens.papa`` gathers names of two layers: the method, :mod:`attnlens.methods.papa`
 (constants, their hooks, head selection), and what replacing heads costs,
-:mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`. Its old submodules
-import as before (``attnlens.papa.fitting`` is :mod:`attnlens.methods.papa.fitting`;
-``attnlens.papa.curves`` and ``attnlens.papa.tables`` warn, see :mod:`attnlens._aliases`).
+:mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`. It is a facade of names
+only: the modules themselves are imported from their layers (``attnlens.methods.papa.fitting``).
 """
 
 import importlib
@@ -93,7 +92,7 @@ _SUBMODULES = ("baselines", "constants", "curves", "fitting", "intervene", "repl
 
 
 def __getattr__(name: str) -> Any:
-    """``attnlens.papa.fitting`` and the other submodules of before, imported on first use
+    """``attnlens.methods.papa.fitting`` and the other submodules of before, imported on first use
     (PEP 562): :mod:`attnlens.methods.papa`'s, or for ``curves`` and ``tables`` (which warn)
     :mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`."""
     if name in _SUBMODULES:

@@ -11,9 +11,6 @@ tensors and frames (no model, no data). A new result without one fails
 3. ``to_json`` / ``from_json`` round-trip to an equal ``.table`` (through a file too), the JSON
    carries the class's ``"format"``, and ``from_json`` refuses JSON of another result, damaged
    JSON and JSON without the fields with :class:`~attnlens.errors.FileFormatError`.
-
-Then the old spellings the protocol renamed: each still works, with an
-:class:`~attnlens.errors.AttnlensDeprecationWarning` naming the new one.
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ import importlib
 import inspect
 import json
 import pkgutil
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -32,17 +28,15 @@ import torch
 
 import attnlens
 from attnlens.core.result import Result, frame
-from attnlens.errors import AttnlensDeprecationWarning, FileFormatError
+from attnlens.errors import FileFormatError
 
 
 def _results() -> set[type]:
     found = set()
     for info in pkgutil.walk_packages(attnlens.__path__, "attnlens."):
-        if info.name.endswith("__main__") or info.name == "attnlens.streaming":
+        if info.name.endswith("__main__") or info.name == "attnlens.engine.passes":
             continue
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", AttnlensDeprecationWarning)
-            module = importlib.import_module(info.name)
+        module = importlib.import_module(info.name)
         for value in vars(module).values():
             if (inspect.isclass(value) and value.__module__.startswith("attnlens")
                     and issubclass(value, Result) and value is not Result):
@@ -89,7 +83,7 @@ def _probe_result():
 
 
 def _lm_score():
-    from attnlens.evaluation.lm import LMScore
+    from attnlens.evaluation.lm.result import LMScore
     from attnlens.evaluation.probing import Interval
 
     return LMScore(value=-2.5, kind="probe", n_tokens=12, n_examples=3, perplexity=float(np.exp(2.5)),
@@ -246,50 +240,3 @@ def test_a_comparison_keeps_its_messages():
 
     with pytest.raises(FileFormatError, match="lacks or mangles the field 'views'.*attnlens compare --json"):
         Comparison.from_json(json.dumps({"table": []}))
-
-
-# -- the old spellings ---------------------------------------------------------------------------------
-
-
-def _warns(new: str):
-    return pytest.warns(AttnlensDeprecationWarning, match=rf"write {new}")
-
-
-def test_old_spellings_still_work_and_warn():
-    from attnlens.evaluation.table import PapaTable
-    from attnlens.methods.papa.constants import PapaConstants
-
-    table = _papa_table()
-    with _warns("PapaTable.table"):
-        assert table.long is table.table
-    with _warns(r"PapaTable\(table=\)"):
-        assert PapaTable(long=table.table).table is table.table
-
-    statistics = _effective_statistics()
-    with _warns("EffectiveStatistics.table"):
-        pd.testing.assert_frame_equal(statistics.to_frame(), statistics.table)
-    with _warns("EffectiveStatistics.n_examples"):
-        assert statistics.n_sequences == 4
-
-    classification = _classification()
-    with pytest.warns(AttnlensDeprecationWarning, match=r"Classification.table is a property now"):
-        called = classification.table()
-    pd.testing.assert_frame_equal(called, classification.table)
-    assert type(classification.table.head()) is pd.DataFrame  # derived frames are plain
-
-    constants = PapaConstants(sums=torch.zeros(2, 2, 4, 4), squares=torch.zeros(2, 2, 4, 4),
-                              pair_counts=torch.zeros(4, 4, dtype=torch.int64), model_id="tiny",
-                              layout="papa", max_len=4)
-    for old, new in (("examples", "n_examples"), ("tokens", "n_tokens"), ("truncated", "n_truncated")):
-        with _warns(f"PapaConstants.{new}"):
-            assert getattr(constants, old) == getattr(constants, new) == 0
-        with _warns(f"PapaConstants.{new}"):
-            setattr(constants, old, 3)
-        assert getattr(constants, new) == 3
-    with _warns(r"PapaConstants\(n_examples=\)"):
-        again = constants.replace(examples=7)
-    assert again.n_examples == 7 and again.n_tokens == 3
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert constants.replace(n_truncated=1).n_truncated == 1  # the new names are quiet
-        assert statistics.table is not None and _lm_score().n_truncated == 1

@@ -1,19 +1,20 @@
-"""attnlens' package tree is one-way layers, and the paths of before the layers still work.
+"""attnlens' package tree is one-way layers, and each module has one name.
 
 Layers, lowest first (:data:`LAYERS`): ``core`` (inputs, loading, seam, models, checks, files,
 heads, plots), ``engine`` (the pass: accumulators, ``run``, checkpoints, distributed, hooks),
 ``methods`` (papa, effective, stats, patterns, clustering, ablation, syntax), ``evaluation``
 (tasks, probing, lm, the PAPA curve and table, head importance), ``present`` (figures, report,
 explorer, export), ``compare`` (:mod:`attnlens.compare`), ``cli``, and ``api`` (the package's
-facade: ``attnlens/__init__.py``, the alias finder, and the public modules ``attnlens.papa`` and
+facade: ``attnlens/__init__.py`` and the public modules ``attnlens.papa`` and
 ``attnlens.ablation`` that gather names of several layers). A module's layer is its folder
 (``attnlens/<layer>/...``), or :data:`OUTSIDE` for the modules at the package's root.
 
 The check is an AST walk over every module of ``attnlens/``: every ``import`` and ``from ...
 import`` (at the top of the file, inside a function, under ``if TYPE_CHECKING``, relative or
 not) and every ``importlib.import_module("attnlens....")`` with a literal name. Each import is
-resolved to the module it loads (old paths through :mod:`attnlens._aliases`, ``from attnlens
-import x`` to ``attnlens.x``, the package's lazy names to their module); a module may import
+resolved to the module it loads (``from attnlens import x`` to the submodule ``attnlens.x``, and
+any other name of the package, its lazy names and dunders such as ``__version__`` included, to
+the package itself, ``api``: importing it runs ``attnlens/__init__.py``); a module may import
 its own layer and lower ones only. An ``import_module`` whose name is not a literal is refused
 below ``api``: the check could not see where it goes.
 """
@@ -21,19 +22,9 @@ below ``api``: the check could not see where it goes.
 from __future__ import annotations
 
 import ast
-import importlib
 import shutil
-import subprocess
-import sys
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
-
-import attnlens
-from attnlens import _aliases
-from attnlens.errors import AttnlensDeprecationWarning
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnlens"
@@ -46,7 +37,6 @@ OUTSIDE = {
     "attnlens.compare": "compare",  # attnlens.compare(model, "papa", "effective") and Comparison
     "attnlens": "api",  # the package: lazy names and submodules
     "attnlens.__main__": "api",
-    "attnlens._aliases": "api",
     "attnlens.papa": "api",  # PAPA's public names: methods.papa, evaluation.curve and .table
     "attnlens.ablation": "api",  # methods.ablation and evaluation.importance
 }
@@ -86,20 +76,9 @@ def layer_of(module: str) -> str:
     raise KeyError(f"{module} has no layer: put it in a layer folder or in OUTSIDE")
 
 
-def follow(name: str) -> str:
-    """``name``, or the new path of the old path ``name`` (:func:`attnlens._aliases.resolve`)."""
-    for _ in range(5):
-        found = _aliases.resolve(name)
-        if found is None:
-            break
-        name = found[0]
-    return name
-
-
 def canonical(name: str, modules: set[str]) -> str | None:
-    """The module ``name`` loads: an old path followed to its new one, then the longest prefix
-    that is a module of the tree (``attnlens.core.inputs.Batch`` -> ``attnlens.core.inputs``)."""
-    name = follow(name)
+    """The module ``name`` loads: the longest prefix of ``name`` that is a module of the tree
+    (``attnlens.core.inputs.Batch`` -> ``attnlens.core.inputs``)."""
     while name:
         if name in modules:
             return name
@@ -122,7 +101,6 @@ def imports_of(source: str, module: str, path: str, modules: set[str], *,
             local.update(id(node) for node in ast.walk(function) if node is not function)
     found: list[Import] = []
     problems: list[str] = []
-    lazy = getattr(attnlens, "_LAZY", {})
 
     def add(node: ast.AST, name: str) -> None:
         target = canonical(name, modules)
@@ -149,14 +127,10 @@ def imports_of(source: str, module: str, path: str, modules: set[str], *,
                 continue
             for alias in node.names:
                 name = f"{origin}.{alias.name}"
-                if origin == "attnlens" and alias.name in lazy:
-                    add(node, lazy[alias.name][0])
-                elif origin == "attnlens" and alias.name.startswith("__"):
-                    continue  # the package's own metadata (__version__): no module
-                elif follow(name) in modules:
-                    add(node, name)  # a submodule (or an old path of one)
+                if name in modules:
+                    add(node, name)  # a submodule
                 else:
-                    add(node, origin)  # a name defined in ``origin``
+                    add(node, origin)  # a name defined in ``origin`` (``attnlens``: the facade)
         elif isinstance(node, ast.Call):
             function = node.func
             called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
@@ -281,10 +255,7 @@ DEFERRING_MODULES = {
     "attnlens.core.models.llama": "attnlens.core.models imports every architecture's file for its registry",
 }
 #: Single imports that wait for a call, and why.
-DEFERRED_PAIRS = {
-    ("attnlens.methods.effective", "attnlens.engine.effective"):
-        "the old path attnlens.effective.core, imported on first use so that it warns then",
-}
+DEFERRED_PAIRS: dict[tuple[str, str], str] = {}
 #: Layers that defer on purpose: the command line (``attnlens --help`` stays fast) and the
 #: package's lazy facade.
 DEFERRING_LAYERS = ("cli", "api")
@@ -325,17 +296,17 @@ from typing import TYPE_CHECKING
 from attnlens.core import checks                 # down: fine
 from attnlens.present import report              # up: present
 from ..evaluation import tasks                   # up: evaluation (relative)
-import attnlens.probing.features                 # up: evaluation, through an old path
-from attnlens import __version__, compare        # __version__ is no module; compare is up
+import attnlens.evaluation.probing.features      # up: evaluation
+from attnlens import __version__, compare        # the package (api) itself; compare is up
 
 if TYPE_CHECKING:
     from attnlens.cli import main                # up: cli, even for type checkers
 
 
 def later(name):
-    from attnlens import plots                   # down (core), through an old path
+    from attnlens.core import plots              # down (core)
     from attnlens.methods.papa import fitting    # up: methods, inside a function
-    importlib.import_module("attnlens.lm")       # up: evaluation, by name
+    importlib.import_module("attnlens.evaluation.lm")  # up: evaluation, by name
     return importlib.import_module(name)         # unreadable
 '''
 
@@ -348,6 +319,7 @@ def test_the_check_catches_planted_upward_imports():
         (8, "attnlens.present.report", False),
         (9, "attnlens.evaluation.tasks", False),
         (10, "attnlens.evaluation.probing.features", False),
+        (11, "attnlens", False),
         (11, "attnlens.compare", False),
         (14, "attnlens.cli", False),
         (19, "attnlens.methods.papa.fitting", True),
@@ -373,176 +345,6 @@ def test_the_check_fails_on_a_tree_with_an_upward_import(tmp_path):
         f"attnlens/core/checks.py:{len(lines) - 1} inside a function imports attnlens.present.report "
         "(present) from core"
     ]
-
-
-# -- the paths of before the layers ---------------------------------------------------------------------
-
-#: every module path of attnlens before the layers
-OLD_MODULES = (
-    "attnlens.ablation", "attnlens.checks", "attnlens.cli", "attnlens.clustering",
-    "attnlens.compare", "attnlens.corpus", "attnlens.display", "attnlens.effective",
-    "attnlens.effective.core", "attnlens.effective.model", "attnlens.effective.reference",
-    "attnlens.errors", "attnlens.explorer", "attnlens.export", "attnlens.files", "attnlens.heads",
-    "attnlens.inputs", "attnlens.kept", "attnlens.lm", "attnlens.loading", "attnlens.models",
-    "attnlens.models.base", "attnlens.models.bert", "attnlens.models.gguf", "attnlens.models.gpt2",
-    "attnlens.models.llama", "attnlens.models.roberta", "attnlens.papa", "attnlens.papa.baselines",
-    "attnlens.papa.constants", "attnlens.papa.curves", "attnlens.papa.fitting",
-    "attnlens.papa.intervene", "attnlens.papa.replace", "attnlens.papa.selection",
-    "attnlens.papa.tables", "attnlens.passes", "attnlens.patterns", "attnlens.patterns.cnn",
-    "attnlens.patterns.counts", "attnlens.patterns.labelling", "attnlens.patterns.synthetic",
-    "attnlens.patterns.templates", "attnlens.plots", "attnlens.probing", "attnlens.probing.baseline",
-    "attnlens.probing.features", "attnlens.probing.intervals", "attnlens.probing.probe",
-    "attnlens.probing.recipes", "attnlens.report", "attnlens.seam", "attnlens.stats",
-    "attnlens.streaming", "attnlens.syntax", "attnlens.tasks", "attnlens.views",
-)
-#: some old paths and the new module each is
-SAME = {
-    "attnlens.passes": "attnlens.engine.passes",
-    "attnlens.seam": "attnlens.core.seam",
-    "attnlens.models.gguf": "attnlens.core.models.gguf",
-    "attnlens.probing.features": "attnlens.evaluation.probing.features",
-    "attnlens.papa.fitting": "attnlens.methods.papa.fitting",
-    "attnlens.papa.curves": "attnlens.evaluation.curve",
-    "attnlens.papa.tables": "attnlens.evaluation.table",
-    "attnlens.effective.core": "attnlens.engine.effective",
-    "attnlens.streaming": "attnlens.engine.passes",
-    "attnlens.display": "attnlens.present.display",
-}
-
-
-#: the ``__all__`` of every module that had one before the layers
-OLD_ALL = {
-    "attnlens": (
-        "AttnlensError Batch Comparison Words ablation checks cli clustering compare corpus display "
-        "effective effective_attention errors export files heads inputs lm load loading "
-        "model_inputs models papa passes patterns plots probing run_with_hooks seam stats syntax "
-        "tasks to_circuitsvis tokenize views "
-    ),
-    "attnlens.ablation": (
-        "AblationHooks COLUMNS FRACTIONS Gates GatesUnused HeadMeans Importance MODES ORDERS "
-        "head_means hooks importance normalize_by_layer output_hook prune_curve prune_figure "
-        "uniform_pattern "
-    ),
-    "attnlens.effective": (
-        "EffectiveRun EffectiveStatistics MODES effective_attention hooked hooks pattern_hooks run "
-        "statistics "
-    ),
-    "attnlens.errors": (
-        "AttnlensError AttnlensWarning DamagedFileError FileFormatError InputError InputTypeError "
-        "MismatchError MissingFileError ModelBehaviourError NotFittedError UnavailableError "
-    ),
-    "attnlens.lm": (
-        "KINDS LMScore LMScorer UntrainedHead candidates evaluate mlm_masks pll_copies probe score "
-    ),
-    "attnlens.models": (
-        "ARCHITECTURES Architecture Seam UnsupportedArchitecture of resolve_alias "
-    ),
-    "attnlens.papa": (
-        "Curve HeadSet PapaConstants PapaHooks PapaTable STRATEGIES TrainableConstants check_inputs "
-        "constant_pattern curve fit hooks identity intervention learn_lambda load select_heads "
-        "softmax_pattern table toeplitz uniform zeros "
-    ),
-    "attnlens.papa.fitting": (
-        "CHECKPOINT_EVERY PatternSums default_layout fit "
-    ),
-    "attnlens.patterns": (
-        "Classification PatternCNN PatternTypes Positions REGIONS SyntheticMaps THRESHOLDS TYPES "
-        "classify export_for_labelling features figure layer_shares read_labelled sample_maps "
-        "synthetic types "
-    ),
-    "attnlens.probing": (
-        "Features Interval LinearBaseline Paired PapaProbe ProbeResult ProbeSettings ProbeWarning "
-        "Recipe TABLE3 bootstrap cache_dir clear_cache extract hooks_key paired recipe run "
-    ),
-    "attnlens.streaming": (
-        "chunks corpus_iterator device_of progress_bar run_patterns "
-    ),
-}
-
-
-@pytest.mark.parametrize("old", sorted(OLD_ALL))
-def test_every_public_name_of_before_is_still_there(old):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
-        module = importlib.import_module(old)
-        missing = [name for name in OLD_ALL[old].split() if not hasattr(module, name)]
-    assert not missing, f"{old} lost {missing}"
-
-
-def test_old_submodules_are_attributes_of_their_package():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
-        assert attnlens.papa.fitting is importlib.import_module("attnlens.methods.papa.fitting")
-        assert attnlens.papa.curves is importlib.import_module("attnlens.evaluation.curve")
-        assert attnlens.effective.core is importlib.import_module("attnlens.engine.effective")
-        assert attnlens.probing.probe.PapaProbe is importlib.import_module("attnlens.evaluation.probing.probe").PapaProbe
-
-
-def test_an_old_submodule_path_leaves_its_package_names_alone():
-    """``attnlens.patterns`` exports the function ``synthetic`` beside its submodule of that name:
-    importing the submodule by its old path must not put the module in the function's place."""
-    code = ("import importlib, attnlens; importlib.import_module('attnlens.patterns.synthetic'); "
-            "from attnlens import patterns; import attnlens.methods.patterns as new; "
-            "assert callable(patterns.synthetic) and callable(new.synthetic), patterns.synthetic")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                            timeout=300)
-    assert result.returncode == 0, result.stderr
-
-
-def _fresh_import(name: str, monkeypatch: pytest.MonkeyPatch) -> object:
-    """Import ``name`` through the import system again (its module stays the one loaded)."""
-    monkeypatch.delitem(sys.modules, name, raising=False)
-    return importlib.import_module(name)
-
-
-@pytest.mark.parametrize("old", OLD_MODULES)
-def test_every_old_path_imports_as_the_new_module(old):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", AttnlensDeprecationWarning)
-        module = importlib.import_module(old)
-    found = _aliases.resolve(old)
-    if found is None:  # still where it was
-        assert module.__name__ == old
-    else:
-        assert module is importlib.import_module(found[0])
-        assert module.__name__ == found[0] and module.__spec__.name == found[0]
-    if old in SAME:
-        assert module is importlib.import_module(SAME[old])
-
-
-def test_old_paths_are_attributes_too():
-    import attnlens.probing.features  # noqa: F401
-
-    assert attnlens.passes is importlib.import_module("attnlens.engine.passes")
-    assert attnlens.probing.features is importlib.import_module("attnlens.evaluation.probing.features")
-    assert attnlens.compare.Comparison is attnlens.Comparison
-
-
-@pytest.mark.parametrize("old", sorted(_aliases.MOVED))
-def test_a_moved_module_warns_with_its_new_path(old, monkeypatch):
-    new = _aliases.MOVED[old]
-    with pytest.warns(AttnlensDeprecationWarning, match=rf"{old} is deprecated .* import {new} instead") as caught:
-        module = _fresh_import(old, monkeypatch)
-    assert module is importlib.import_module(new)
-    assert caught[0].filename == __file__  # the warning points at the line that imported it
-
-
-@pytest.mark.parametrize("old", [*sorted(_aliases.PACKAGES), "attnlens.probing.features", "attnlens.papa.fitting"])
-def test_a_public_path_imports_without_a_warning(old, monkeypatch):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        _fresh_import(old, monkeypatch)
-
-
-def test_from_package_import_of_a_moved_submodule_warns(monkeypatch):
-    """``from attnlens.effective import core``: the import system asks for the submodule under
-    the package's real name, ``attnlens.methods.effective.core``."""
-    monkeypatch.delitem(sys.modules, "attnlens.methods.effective.core", raising=False)
-    monkeypatch.delitem(sys.modules, "attnlens.effective.core", raising=False)
-    monkeypatch.delattr(importlib.import_module("attnlens.methods.effective"), "core", raising=False)
-    with pytest.warns(AttnlensDeprecationWarning, match="import attnlens.engine.effective instead"):
-        from attnlens.effective import core
-    assert core is importlib.import_module("attnlens.engine.effective")
 
 
 def test_the_check_finds_a_cycle_planted_inside_a_function(tmp_path):

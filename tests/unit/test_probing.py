@@ -14,10 +14,12 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, passes, probing
+from attnlens import papa
+from attnlens.core.inputs import Words
+from attnlens.engine import passes
 from attnlens.errors import NotFittedError
-from attnlens.inputs import Words
-from attnlens.probing import features as features_module
+from attnlens.evaluation import probing
+from attnlens.evaluation.probing import features as features_module
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -243,32 +245,33 @@ def test_probe_arguments_and_labels_are_checked(bert):
 
 
 def test_an_mlm_head_round_trips_and_a_damaged_file_is_refused(bert, tmp_path):
-    from attnlens import lm
+    from attnlens.evaluation.lm.masks import mlm_masks
+    from attnlens.evaluation.probing import mlm
 
     texts = tiny.CORPUS[:8]
     features = probing.extract(bert, texts, max_len=24, progress=False, variant="mlm-test",
-                               states=lm.MaskedStates(bert, rate=0.3, seed=0, examples=texts))
+                               states=mlm.MaskedStates(bert, rate=0.3, seed=0, examples=texts))
     assert features.kind == "masked"
     batch = attnlens.tokenize(bert, texts, max_len=24, layout="papa")
-    masked, targets = lm.mlm_masks(batch, bert.tokenizer, rate=0.3, seed=0, mix=lm.PROBE_MIX)
+    masked, targets = mlm_masks(batch, bert.tokenizer, rate=0.3, seed=0, mix=mlm.PROBE_MIX)
     assert torch.equal(features.positions, batch.input_ids[targets])  # the original tokens
-    head = lm.MLMHead(epochs=2).fit(features, int(bert.cfg.d_vocab))
+    head = mlm.MLMHead(epochs=2).fit(features, int(bert.cfg.d_vocab))
     path = head.save(tmp_path / "head.safetensors")
-    assert lm.MLMHead.load(path).score(features) == head.score(features)
+    assert mlm.MLMHead.load(path).score(features) == head.score(features)
     data = bytearray(path.read_bytes())
     data[-5] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(ValueError, match="checksum"):
-        lm.MLMHead.load(path)
+        mlm.MLMHead.load(path)
 
 
 def test_the_cache_key_names_the_attnlens_version(bert, monkeypatch):
     """Features cached by another attnlens version are never reused."""
-    import attnlens as package
+    from attnlens.core import version
 
     texts = tiny.CORPUS[:3]
     key = features_module.features_key(bert, texts, hooks="none", max_len=16, layout="papa")
-    monkeypatch.setattr(package, "__version__", "9.9.9")
+    monkeypatch.setattr(version, "__version__", "9.9.9")
     assert features_module.features_key(bert, texts, hooks="none", max_len=16, layout="papa") != key
 
 
@@ -438,7 +441,7 @@ def test_the_linear_baseline_is_scikit_learns_logistic_regression_with_c_chosen_
     from sklearn.pipeline import make_pipeline
     from sklearn.preprocessing import StandardScaler
 
-    from attnlens.probing.baseline import C_GRID, design
+    from attnlens.evaluation.probing.baseline import C_GRID, design
 
     texts, labels = _separable(bert)
     labels = [label if index % 7 else 1 - label for index, label in enumerate(labels)]  # not separable
@@ -552,8 +555,7 @@ def test_a_curve_points_key_is_stable_and_changes_with_what_the_point_depends_on
     the hooks, a setting or the first point differ."""
     import dataclasses
 
-    from attnlens import tasks
-    from attnlens.evaluation import points
+    from attnlens.evaluation import points, tasks
     from tests.conftest import DATA
 
     def loaded():
@@ -585,7 +587,7 @@ def test_standardisation_and_baseline_rows_follow_their_definitions_across_chunk
     import numpy as np
 
     from attnlens.evaluation.probing import baseline, probe
-    from attnlens.probing.baseline import design
+    from attnlens.evaluation.probing.baseline import design
 
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(5, 40, (50,), generator=generator)

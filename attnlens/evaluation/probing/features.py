@@ -9,7 +9,7 @@ What is kept (``Features``):
 
 - sentence and pair examples: every real token (``attention_mask`` 1, special tokens included),
   with its position in the layout (the PAPA probe learns one weight per layer and position);
-- token examples (:class:`attnlens.inputs.Words`): the *first* sub-token of each word only, with
+- token examples (:class:`attnlens.core.inputs.Words`): the *first* sub-token of each word only, with
   its word index (the other sub-tokens are never labelled, as in PAPA and BERT's NER recipe).
 
 Vectors are stored in float16: a probe's score does not depend on the last bits of its input
@@ -22,10 +22,10 @@ shards, and rank 0 writes the whole file.
 
 **The cache.** Features depend on the model's weights, the interventions (``hooks``), the
 examples, ``max_len`` and the layout (not whether batches ran compact, which gives the same
-features: :func:`attnlens.inputs.compact_batch`); their hash (with attnlens's version and the format) names a
+features: :func:`attnlens.core.inputs.compact_batch`); their hash (with attnlens's version and the format) names a
 safetensors file in :func:`cache_dir` (``$ATTNLENS_CACHE/features``, else
 ``~/.cache/attnlens/features``). A second extraction with the same key reads the file and runs no
-forward pass. Files are written atomically with a checksum (:mod:`attnlens.files`), verified on
+forward pass. Files are written atomically with a checksum (:mod:`attnlens.core.files`), verified on
 load; a damaged file is refused and recomputed. :func:`clear_cache` removes them all. Hooks are
 keyed by their ``key()`` (:meth:`attnlens.papa.PapaHooks.key`); other hooks cannot be told apart,
 so with them nothing is cached unless ``cache_key=`` names them.
@@ -47,6 +47,7 @@ from filelock import FileLock
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attnlens.core import version  # read at each call: the version now (tests set it)
 from attnlens.core.checks import all_finite
 from attnlens.core.checks import indices as checked
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
@@ -282,10 +283,9 @@ def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, la
     """The hash naming a features file: attnlens's version, the format, the model (name and
     weights fingerprint), the hooks' key, the examples, ``max_len``, the layout and ``variant``
     (what else changes them: e.g. the masks of MLM-probe features)."""
-    from attnlens import __version__  # read at the call: the package's version now
 
     digest = hashlib.sha256()
-    header = {"attnlens": __version__, "format": FORMAT, "model": model_id(model),
+    header = {"attnlens": version.__version__, "format": FORMAT, "model": model_id(model),
               "weights": weights_fingerprint(model), "hooks": hooks, "max_len": max_len,
               "layout": layout, "n": len(examples), "variant": variant}
     digest.update(json.dumps(header, sort_keys=True).encode())
@@ -312,14 +312,14 @@ def extract(
     compact: bool = True,
 ) -> Features:
     """Every layer's vectors of ``examples`` (strings, ``(str, str)`` pairs or
-    :class:`attnlens.inputs.Words`) under ``hooks``, from the cache when it holds them.
+    :class:`attnlens.core.inputs.Words`) under ``hooks``, from the cache when it holds them.
 
-    One pass of the engine (:func:`attnlens.passes.run`), stopped after the last layer. ``cache``:
+    One pass of the engine (:func:`attnlens.engine.passes.run`), stopped after the last layer. ``cache``:
     read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
     string that changes when they do). ``states``: the accumulator that keeps the vectors (a
     :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
     naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
-    of their longest real text (:func:`attnlens.passes.run`; the same features up to float32
+    of their longest real text (:func:`attnlens.engine.passes.run`; the same features up to float32
     rounding, so one cache entry serves both), the examples run from the shortest to the longest
     (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`.
 

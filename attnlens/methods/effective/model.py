@@ -2,15 +2,15 @@
 
 Every layer's value vectors are read at ``blocks.{l}.attn.hook_v`` (``[batch, key, head,
 d_head]``), which fires just before ``blocks.{l}.attn.hook_pattern`` in the same layer; the pattern
-hook then computes :func:`~attnlens.effective.core.effective_attention` on the valid keys given by
-:func:`attnlens.seam.key_mask`.
+hook then computes :func:`~attnlens.engine.effective.effective_attention` on the valid keys given by
+:func:`attnlens.core.seam.key_mask`.
 
 - :func:`run`: one forward pass; standard and effective patterns of every layer.
 - :func:`hooks` / :func:`hooked`: replace each pattern at run time by its effective attention
   (``mode="effective"``, as Sun & Marasović do; the output is unchanged since ``A⊥ V = A V``) or
   by its null-space part ``A - A⊥`` (``mode="null"``; the heads' outputs ``z`` become ~0).
 - :func:`statistics`: per-head mean attention to [CLS], [SEP] and punctuation (and the other
-  :data:`attnlens.stats.STATISTICS`) for standard and effective attention, streamed over a corpus.
+  :data:`attnlens.methods.stats.STATISTICS`) for standard and effective attention, streamed over a corpus.
 
 Works on every model :func:`attnlens.load` supports (BERT, RoBERTa, GPT-2). On a causal decoder
 the projector spans all of a sequence's value vectors, so ``A⊥`` is in general not causal: it can
@@ -30,7 +30,6 @@ from torch import Tensor
 
 from attnlens.core import models, seam
 from attnlens.core.checks import finite, index, items
-from attnlens.core.deprecation import warn_renamed
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
 from attnlens.core.result import Result, frame
@@ -83,7 +82,7 @@ class EffectiveStatistics(Result):
     """Per-head corpus means for standard and effective attention.
 
     ``standard[name]`` / ``effective[name]`` are ``[layer, head]`` for each name in
-    :data:`attnlens.stats.STATISTICS` (``to_cls``, ``to_sep``, ``to_punct``, ...): the mean over
+    :data:`attnlens.methods.stats.STATISTICS` (``to_cls``, ``to_sep``, ``to_punct``, ...): the mean over
     every valid query token of the corpus; ``n_examples``, ``n_tokens``, ``n_truncated``: the
     corpus read. A :class:`~attnlens.core.result.Result`: :attr:`table` (long, one row per
     attention, statistic and head; ``to_frame()`` is its deprecated older name),
@@ -92,7 +91,7 @@ class EffectiveStatistics(Result):
 
     COLUMNS: ClassVar[dict[str, str]] = {
         "attention": "standard (the model's pattern) or effective (effective attention)",
-        "statistic": "a name of attnlens.stats.STATISTICS (to_cls, to_sep, ..., entropy)",
+        "statistic": "a name of attnlens.methods.stats.STATISTICS (to_cls, to_sep, ..., entropy)",
         "layer": "layer index, from 0",
         "head": "head index within the layer, from 0",
         "value": "the statistic's mean over every valid query token of the corpus",
@@ -104,12 +103,6 @@ class EffectiveStatistics(Result):
     n_examples: int
     n_tokens: int
     n_truncated: int
-
-    @property
-    def n_sequences(self) -> int:
-        """Deprecated name of :attr:`n_examples`."""
-        warn_renamed("EffectiveStatistics.n_sequences", "EffectiveStatistics.n_examples")
-        return self.n_examples
 
     def __repr__(self) -> str:
         shape = list(next(iter(self.standard.values())).shape) if self.standard else []
@@ -130,14 +123,9 @@ class EffectiveStatistics(Result):
                         records.append((attention, name, layer, head, value))
         return frame([dict(zip(self.COLUMNS, record, strict=True)) for record in records], self.COLUMNS)
 
-    def to_frame(self) -> Any:
-        """Deprecated: :attr:`table`."""
-        warn_renamed("EffectiveStatistics.to_frame()", "EffectiveStatistics.table")
-        return self.table
-
     def figure(self, statistic: str = "to_cls") -> Any:
         """One statistic's ``[layer, head]`` grids, standard beside effective
-        (:func:`attnlens.plots.head_grid`)."""
+        (:func:`attnlens.core.plots.head_grid`)."""
         from attnlens.core.plots import head_grid
 
         if statistic not in self.standard:
@@ -184,7 +172,7 @@ def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
 
 
 def _require_bridge(model: Any) -> None:
-    require_bridge(model, "attnlens.effective")
+    require_bridge(model, "attnlens.methods.effective")
 
 
 def pattern_hooks(
@@ -240,7 +228,7 @@ def hooks(
     every head's output ``z = (A - A⊥) V`` is then ~0.
 
     ``layers``: which layers to hook (default all). ``rtol``/``padded``: as in
-    :func:`~attnlens.effective.core.effective_attention`. Use with
+    :func:`~attnlens.engine.effective.effective_attention`. Use with
     ``model.run_with_hooks(..., fwd_hooks=hooks(model))`` or the :func:`hooked` context manager.
     """
     if mode not in MODES:
@@ -302,7 +290,7 @@ def run(
     ``tokens``: a :class:`attnlens.Batch`, an ``input_ids`` tensor ``[batch, pos]`` (no padding),
     or text(s) tokenized with ``max_len``/``layout``. The forward itself is unchanged (hooks only
     read). Patterns are ``[layer, batch, head, query, key]``; effective attention as in
-    :func:`~attnlens.effective.core.effective_attention` (``rtol``, ``padded``).
+    :func:`~attnlens.engine.effective.effective_attention` (``rtol``, ``padded``).
     """
     _require_bridge(model)
     batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
@@ -347,9 +335,9 @@ def statistics(
 
     Texts (or pairs) are tokenized ``batch_size`` at a time with ``max_len``/``layout``. For every
     layer the standard pattern and its effective attention update two
-    :class:`attnlens.stats.AttentionStatistics` accumulators, so no attention map outlives its
+    :class:`attnlens.methods.stats.AttentionStatistics` accumulators, so no attention map outlives its
     batch. Means are over every valid query token; attention to [CLS] / [SEP] / punctuation is
-    the mass on those key positions (:func:`attnlens.stats.token_classes`). The forward stops
+    the mass on those key positions (:func:`attnlens.methods.stats.token_classes`). The forward stops
     after the last layer's pattern hook (the rest of the model is not needed).
     """
     _require_bridge(model)

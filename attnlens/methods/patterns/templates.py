@@ -9,8 +9,8 @@ Kovaleva et al. sort BERT's self-attention maps into five types:
 - **heterogeneous**: anything else (input-dependent, no fixed template).
 
 Their labels came from a CNN trained on about 400 maps they labelled by hand; those labels were
-never published (:class:`attnlens.patterns.PatternCNN` reproduces the CNN for maps you label,
-:func:`attnlens.patterns.export_for_labelling` writes maps to label). The default classifier here
+never published (:class:`attnlens.methods.patterns.PatternCNN` reproduces the CNN for maps you label,
+:func:`attnlens.methods.patterns.export_for_labelling` writes maps to label). The default classifier here
 is transparent instead: every row of a map is split into disjoint template regions of keys,
 
 - ``special``: the special-token columns ([CLS]/[SEP], <s>/</s>, a decoder's BOS);
@@ -29,7 +29,7 @@ corrected for chance, the share uniform attention over the same visible keys wou
 (``n_q``: the keys query ``q`` can see: the valid keys, those ``≤ q`` for a decoder). A uniform
 map scores 0 in every region whatever its length, a map with all its mass in a region scores 1.
 Signed maps (effective attention) are made distributions by ``|a| / Σ|a|`` per row first, as
-:mod:`attnlens.stats` does for entropy. The rules, in order (:data:`THRESHOLDS`):
+:mod:`attnlens.methods.stats` does for entropy. The rules, in order (:data:`THRESHOLDS`):
 
 1. **vertical+diagonal** if ``ŝ_special ≥ 0.2`` and ``ŝ_diagonal ≥ 0.2`` and their sum ``≥ 0.5``:
    both templates clearly present (0.2 each), and together they hold most of the mass
@@ -58,7 +58,7 @@ from torch import Tensor
 
 from attnlens.core import models
 from attnlens.core.checks import describe, whole_number
-from attnlens.core.result import CallableTable, Result, frame
+from attnlens.core.result import Result, frame
 from attnlens.errors import InputError
 from attnlens.methods import views
 from attnlens.methods.patterns.maps_check import check_maps
@@ -97,12 +97,12 @@ class Positions:
     causal: bool = False
     _terms: dict = field(default_factory=dict, repr=False, compare=False)
     #: ``[batch, key]``: the layout position of every column of a compact batch
-    #: (:attr:`attnlens.inputs.Batch.positions`); ``None``: the columns are the positions. The
+    #: (:attr:`attnlens.core.inputs.Batch.positions`); ``None``: the columns are the positions. The
     #: diagonal band is ``|position(key) − position(query)| ≤ 1``, so a compact batch is
     #: classified as its padded layout is.
     position: Int[Tensor, "batch key"] | None = None
     #: how many segments the batch has (``None``: read off ``segment``), known on the host in a
-    #: pass (:attr:`attnlens.passes.PassBatch.on_host`), so that no value is read off the device
+    #: pass (:attr:`attnlens.engine.passes.PassBatch.on_host`), so that no value is read off the device
     n_segments: int | None = None
 
     @classmethod
@@ -135,9 +135,9 @@ class Positions:
 
     @classmethod
     def from_batch(cls, batch: Any, tokenizer: Any = None, *, causal: bool | None = None) -> Positions:
-        """From a :class:`attnlens.inputs.Batch` and its tokenizer, or a
-        :class:`attnlens.passes.PassBatch` (which knows its model). Special: the start and
-        separator tokens of :func:`attnlens.stats.token_classes`."""
+        """From a :class:`attnlens.core.inputs.Batch` and its tokenizer, or a
+        :class:`attnlens.engine.passes.PassBatch` (which knows its model). Special: the start and
+        separator tokens of :func:`attnlens.methods.stats.token_classes`."""
         model = getattr(batch, "model", None)
         inputs = getattr(batch, "batch", batch)
         if tokenizer is None:
@@ -227,7 +227,7 @@ class Classification(Result):
         return np.asarray(TYPES, dtype=object)[self.labels.cpu().numpy()]
 
     @property
-    def table(self) -> CallableTable:
+    def table(self) -> Any:
         """One row per (example, head): :attr:`COLUMNS` (``example``, ``head``, ``type``, a score
         per type and the features)."""
         n_examples, n_heads = self.labels.shape
@@ -237,7 +237,7 @@ class Classification(Result):
             columns[f"score_{name}"] = self.scores[..., i].reshape(-1).cpu().numpy()
         for name, value in self.features.items():
             columns[name] = value.reshape(-1).cpu().numpy()
-        return CallableTable.of(frame(columns, self.COLUMNS), "Classification")
+        return frame(columns, self.COLUMNS)
 
     def figure(self) -> Any:
         """Each head's share of maps of each type, as stacked bars (one colour per type)."""
@@ -436,7 +436,7 @@ def features(
 
 def check_rows(pattern: Tensor, positions: Positions, view: str = "standard") -> None:
     """A ``view`` map (standard or PAPA) is a distribution over its visible keys
-    (:func:`attnlens.patterns.maps_check.check_maps`)."""
+    (:func:`attnlens.methods.patterns.maps_check.check_maps`)."""
     check_maps(pattern, positions.key_mask, view=view, signed=False, causal=positions.causal)
 
 
@@ -456,11 +456,11 @@ def classify(
     ``pattern``: ``[batch, head, query, key]`` (or ``[head, query, key]`` / ``[query, key]`` for
     one example); axes: examples, heads, query positions, key positions. Where the maps' tokens
     are, give one of: ``tokens`` (the token strings, :meth:`Positions.from_tokens`), ``batch``
-    (an :class:`attnlens.inputs.Batch` with ``tokenizer=``, or a
-    :class:`attnlens.passes.PassBatch`), or ``positions``. ``view``: ``"standard"`` or ``"papa"``
+    (an :class:`attnlens.core.inputs.Batch` with ``tokenizer=``, or a
+    :class:`attnlens.engine.passes.PassBatch`), or ``positions``. ``view``: ``"standard"`` or ``"papa"``
     (each valid row must be a distribution over its visible keys: finite, non-negative, 0 on
     padding and, for a decoder, on later keys, summing to 1; else an ``InputError`` naming the
-    first offending head and row, :func:`attnlens.patterns.maps_check.check_maps`) or
+    first offending head and row, :func:`attnlens.methods.patterns.maps_check.check_maps`) or
     ``"effective"`` (signed, finite, normalised by ``|a|``). ``causal``: the maps are a
     decoder's (default: from the model of a PassBatch, else False).
     """
