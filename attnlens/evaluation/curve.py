@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,18 +25,18 @@ import pandas as pd
 from attnlens.core import seam
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
-from attnlens.core.inputs import tokenize
 from attnlens.core.notebook import curve_html
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation import lm, points, probing
+from attnlens.evaluation.curve_inputs import checked_constants, lambda_order
 from attnlens.evaluation.probing import paired
 from attnlens.evaluation.probing.features import hooks_key
 from attnlens.evaluation.probing.intervals import paired_counts
 from attnlens.methods.papa import baselines as data_free
 from attnlens.methods.papa.intervene import hooks as papa_hooks
-from attnlens.methods.papa.selection import STRATEGIES, learn_lambda, select_heads
+from attnlens.methods.papa.selection import STRATEGIES, select_heads
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
@@ -71,6 +71,15 @@ COLUMNS = {
     "majority_low": "95% bootstrap interval of majority: lower end",
     "majority_high": "95% bootstrap interval of majority: upper end",
 }
+
+
+#: The columns of :meth:`Curve.to_markdown`, in order.
+MARKDOWN_COLUMNS: tuple[str, ...] = ("task", "strategy", "kept", "heads", "score", "95% interval", "relative",
+                                     "drop [paired 95%]", "significant", "linear", "majority")
+
+
+def _number(value: float) -> str:
+    return "–" if pd.isna(value) else f"{value:.4f}"
 
 
 @dataclass
@@ -130,6 +139,72 @@ class Curve(Result):
         return write_atomic(path, self.table.to_csv(index=False).encode("utf-8"),
                             overwrite_read_only=overwrite_read_only)
 
+    def to_markdown(self) -> str:
+        """The table as the docs show it (``docs/probing.md``), in Markdown: one row per task,
+        strategy and fraction, with the share of heads kept, the heads replaced, the score and
+        its 95% interval, the relative score, the paired drop against no head replaced with its
+        95% interval and whether it is significant, and the linear and majority baselines;
+        ``–`` where a row has no such number (the LM's model head)."""
+        lines = ["| " + " | ".join(MARKDOWN_COLUMNS) + " |", "|" + " --- |" * len(MARKDOWN_COLUMNS)]
+        for row in self.table.itertuples(index=False):
+            interval = "–" if pd.isna(row.low) else f"[{row.low:.4f}, {row.high:.4f}]"
+            drop = ("–" if pd.isna(row.difference_low) else
+                    f"{row.difference:+.4f} [{row.difference_low:+.4f}, {row.difference_high:+.4f}]")
+            significant = "–" if pd.isna(row.significant) else ("yes" if bool(row.significant) else "no")
+            cells = [row.task, row.strategy, f"{row.fraction_kept:.4f}", str(int(row.heads)), _number(row.score),
+                     interval, _number(row.relative), drop, significant, _number(row.baseline),
+                     _number(row.majority)]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+    @classmethod
+    def read_csv(cls, path: str | os.PathLike) -> Curve:
+        """A curve from the CSV of its table (:meth:`to_csv`), seconds 0. Its ``settings``:
+        the ``strategy`` (the first row's: a curve starts with no head replaced, in its
+        strategy's order), the ``fractions`` of that strategy and the other strategies as
+        ``baselines``."""
+        table = pd.read_csv(path)
+        missing = [name for name in ("task", "strategy", "fraction_replaced", "score") if name not in table]
+        if missing or table.empty:
+            raise InputError(f"{path} is not the CSV of a curve (Curve.to_csv): "
+                             f"{f'it has no {missing[0]!r} column' if missing else 'it has no row'}.")
+        strategy = str(table["strategy"].iloc[0])
+        ordered = table["strategy"] == strategy
+        settings = {"strategy": strategy,
+                    "fractions": [float(f) for f in dict.fromkeys(table.loc[ordered, "fraction_replaced"])],
+                    "baselines": list(dict.fromkeys(table.loc[~ordered, "strategy"]))}
+        return cls(table.reindex(columns=list(COLUMNS)), settings=settings)
+
+    @classmethod
+    def combine(cls, curves: Sequence[Curve]) -> Curve:
+        """One curve from the curves of runs split by task (a task's rows depend on its own
+        probes only, so they join as those of one run would): their tables in order, the LM's
+        rows last; their seconds summed (the cold time of the whole is the sum of the runs'),
+        their ``timings`` joined, and the ``fractions`` and ``baselines`` of any of them in
+        ``settings``. Refused: a task in more than one curve, or curves of different
+        strategies."""
+        curves = list(curves)
+        if not curves or not all(isinstance(one, Curve) for one in curves):
+            raise InputTypeError("Curve.combine takes a list of curves (e.g. [Curve.read_csv(path), ...]).")
+        seen: dict[str, int] = {}
+        for index, one in enumerate(curves):
+            for task in dict.fromkeys(one.table["task"]):
+                if task in seen:
+                    raise InputError(f"task {task!r} is in curves {seen[task]} and {index}; give each task once.")
+                seen[task] = index
+        strategies = list(dict.fromkeys(str(one.settings.get("strategy")) for one in curves))
+        if len(strategies) > 1:
+            raise MismatchError(f"the curves replace heads in different orders ({', '.join(strategies)}); "
+                                "combine curves of one strategy.")
+        table = pd.concat([one.table for one in curves], ignore_index=True)
+        table = pd.concat([table[table["task"] != "lm"], table[table["task"] == "lm"]], ignore_index=True)
+        settings = {**curves[0].settings,
+                    "fractions": sorted({float(f) for one in curves for f in one.settings.get("fractions", ())}),
+                    "baselines": list(dict.fromkeys(b for one in curves for b in one.settings.get("baselines", ())))}
+        return cls(table, sum(one.seconds for one in curves), sum(one.forward_seconds for one in curves),
+                   settings, [timing for one in curves for timing in one.timings],
+                   sum(one.probe_seconds for one in curves))
+
     def to_dict(self) -> dict[str, Any]:
         return {"table": frame_to_json(self.table), "seconds": self.seconds,
                 "forward_seconds": self.forward_seconds, "probe_seconds": self.probe_seconds,
@@ -170,7 +245,8 @@ def curve(
     ``constants``: fitted :class:`PapaConstants` (their ``max_len`` and layout are used for
     every pass), or a mapping from each task's name (and ``"lm"`` for ``lm_texts``) to its own
     (PAPA §4 fits them on each task's unlabelled training inputs; a pair task needs constants
-    fitted on pairs: refused up front otherwise). ``fractions``: replaced shares of all heads. ``strategy``: the order heads are
+    fitted on pairs: refused up front otherwise;
+    :func:`attnlens.evaluation.curve_inputs.constants_by_task` gives it some). ``fractions``: replaced shares of all heads. ``strategy``: the order heads are
     replaced in (:func:`attnlens.papa.select_heads`; ``"input_dependence"``, label-free, by
     default; ``"lambda"`` learns λ with the first task's probe loss, see :func:`lambda_order`;
     its cost and the Spearman correlation of λ with the input dependence are in ``settings``).
@@ -256,7 +332,7 @@ def curve(
     if checkpoint is not None and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):
         raise InputError(f"checkpoint {checkpoint} is a file; give a folder (made if missing) for the "
                          "curve's finished points.")
-    by_task = _constants_by_task(model, constants, tasks, lm_texts, data_dir)
+    by_task = checked_constants(model, constants, tasks, lm_texts)
     constants = by_task[_task_name(tasks[0])] if tasks else by_task["lm"]  # the settings' and λ's
     started = time.perf_counter()
     options = dict(data_dir=data_dir, train_limit=train_limit, eval_limit=eval_limit, seed=seed,
@@ -404,46 +480,6 @@ def _task_name(task: Any) -> str:
     return task if isinstance(task, str) else str(getattr(task, "name", task))
 
 
-def _constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], lm_texts: Any,
-                       data_dir: Any) -> dict[str, Any]:
-    """``{task name (and "lm"): constants}`` from one :class:`PapaConstants` or a mapping, each
-    checked against the model and against its task's inputs before any work: constants are
-    positional, and a sentence pair's layout puts its middle [SEP] at ``max_len // 2``, which
-    constants fitted on single sentences never saw (and the reverse)."""
-    from attnlens.evaluation import tasks as task_module
-
-    names = [_task_name(task) for task in tasks] + (["lm"] if lm_texts is not None else [])
-    if isinstance(constants, Mapping):
-        missing = [name for name in names if name not in constants]
-        if missing:
-            raise InputError(f"constants has no entry for {missing[0]!r}; give one PapaConstants per "
-                             f"task (keys {', '.join(map(repr, names))}; 'lm' for lm_texts).")
-        by_task = {name: constants[name] for name in names}
-    else:
-        by_task = dict.fromkeys(names, constants)
-    for name, fitted in by_task.items():
-        check = getattr(fitted, "check_compatible", None)
-        if check is None:
-            raise InputTypeError(f"constants for {name!r} must be PapaConstants (papa.fit(model, texts)), "
-                                 f"not {type(fitted).__name__}.")
-        check(model)
-        pairs = getattr(fitted, "pairs", None)
-        if name == "lm" or pairs is None:
-            continue
-        task = next(task for task in tasks if _task_name(task) == name)
-        kind = task_module._SPECS[name].kind if isinstance(task, str) and name in task_module._SPECS else (
-            getattr(task, "kind", None))
-        is_pair = kind == "pair"
-        if bool(pairs) != is_pair:
-            fitted_on = "sentence pairs" if pairs else "single sentences"
-            given = "sentence pairs" if is_pair else "single sentences"
-            raise MismatchError(
-                f"the constants for {name!r} were fitted on {fitted_on}, and {name!r} has {given}. "
-                f"Give constants as a mapping with constants fitted on {given} for it, e.g. "
-                f"constants={{..., {name!r}: papa.fit(model, <its training inputs>)}}."
-            )
-    return by_task
-
 
 def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dict, fast: bool) -> str:
     """The key of a task's point under hooks of key ``hooks`` in a curve's checkpoint folder
@@ -506,78 +542,3 @@ def _relative(table: pd.DataFrame, row: Any) -> float:
         return float("nan")
     return float(row["score"] / base["score"].iloc[0])
 
-
-#: The documented cheaper recipe of ``strategy="lambda"``: steps and training examples.
-LAMBDA_STEPS, LAMBDA_EXAMPLES, LAMBDA_BATCH = 100, 512, 16
-
-
-def lambda_order(
-    model: Any, constants: Any, task: Any, *, data_dir: Any = None, train_limit: Any = 4000,
-    seed: int = 0, max_len: int = 128, layout: str | None = None, batch_size: int = 32,
-    probe: dict | None = None, progress: bool = True, steps: int = LAMBDA_STEPS,
-    examples: int = LAMBDA_EXAMPLES, **_: Any,
-) -> Any:
-    """λ per head, for ``strategy="lambda"`` (Hassid et al. 2022, §3.2): every head blended,
-    ``B = λ·A + (1 − λ)·C``, and λ learned with the task probe's loss, jointly with the probe.
-
-    That needs a forward and a backward pass through the model per step, which the feature
-    cache cannot serve. attnlens's recipe, cheaper than the paper's full training: the probe is
-    first fitted on the unmodified model's cached features (``train_limit`` examples), then λ and
-    the probe are trained together (:func:`attnlens.papa.learn_lambda` with ``jointly=``) for
-    ``steps`` steps of ``LAMBDA_BATCH`` examples drawn from the first ``examples`` training
-    examples. Returns λ ``[layer, head]``; its cost is printed by benchmarks/curve.py.
-    """
-    import torch
-
-    from attnlens.evaluation import tasks as task_module
-
-    train = task if not isinstance(task, str) else task_module.load(
-        task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
-    features = probing.extract(model, train.inputs(), max_len=max_len, layout=layout,
-                               batch_size=batch_size, progress=progress)
-    fitted = probing.PapaProbe(**{"seed": seed, **(probe or {})}).fit(features, train.labels())
-    inputs, labels = train.inputs()[:examples], train.labels()[:examples]
-    batches = []
-    for start in range(0, len(inputs), LAMBDA_BATCH):
-        batch = tokenize(model, inputs[start : start + LAMBDA_BATCH], max_len=max_len, layout=layout,
-                         compact=True)
-        batch.extra["labels"] = labels[start : start + LAMBDA_BATCH]
-        batches.append(batch)
-    n_layers = int(model.cfg.n_layers)
-    names = ["blocks.0.hook_in"] + [f"blocks.{layer}.hook_out" for layer in range(n_layers)]
-    captured: dict[int, Any] = {}
-
-    def keep(index: int):
-        def hook(residual: Any, hook: Any) -> None:
-            captured[index] = residual
-
-        return hook
-
-    network = fitted.network
-    loss_of = torch.nn.CrossEntropyLoss(ignore_index=-1)
-
-    def loss_fn(logits: Any, batch: Any) -> Any:
-        stacked = torch.stack([captured[index] for index in range(n_layers + 1)], dim=2)
-        words = batch.extra.get("word_index")
-        if words is None:
-            keep_mask = batch.attention_mask.bool()
-            positions = batch.positions[keep_mask]
-            targets = torch.as_tensor(batch.extra["labels"], dtype=torch.long)
-        else:
-            keep_mask = words >= 0
-            positions = words[keep_mask]
-            rows = keep_mask.nonzero()[:, 0]
-            targets = torch.as_tensor([batch.extra["labels"][row][word] for row, word in
-                                       zip(rows.tolist(), positions.tolist(), strict=True)], dtype=torch.long)
-        example = keep_mask.nonzero()[:, 0]
-        output = network(stacked[keep_mask], positions, example, keep_mask.shape[0])
-        return loss_of(output, targets)
-
-    network.train()
-    try:
-        with model.hooks(fwd_hooks=[(name, keep(index)) for index, name in enumerate(names)]):
-            lam = learn_lambda(model, constants, loss_fn=loss_fn, batches=batches, steps=steps,
-                               progress=progress, jointly=list(network.parameters()))
-    finally:
-        network.eval()
-    return lam
