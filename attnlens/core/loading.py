@@ -69,7 +69,7 @@ def load(
 
     Whether the model's LM head was in its checkpoint is recorded as
     ``bridge.cfg.attnlens_lm_head_trained`` (:func:`lm_head_trained`): ``False`` for a checkpoint
-    without it, such as the default model's, so that :func:`attnlens.lm.score` refuses to report
+    without it, such as the default model's, so that :func:`attnlens.evaluation.lm.scorer.score` refuses to report
     the noise of a randomly initialised head; ``None`` (unknown) for a model object.
 
     ``device`` / ``dtype``: where and in which precision the model runs; by default a model

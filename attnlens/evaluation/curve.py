@@ -7,7 +7,7 @@ constants (identity, Toeplitz, zeros) replacing every head are the baselines.
 
 :func:`curve` probes every (task, fraction) with :func:`attnlens.probing.run` (features cached,
 so a repeated or interrupted curve reuses every finished point) and, with ``lm_texts``, adds the
-language-model score of each point (:func:`attnlens.lm.evaluate`: the model's own trained head,
+language-model score of each point (:func:`attnlens.evaluation.lm.scorer.evaluate`: the model's own trained head,
 or the MLM probe when its head is untrained), named by its kind.
 """
 
@@ -29,7 +29,8 @@ from attnlens.core.notebook import curve_html
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, MismatchError
-from attnlens.evaluation import lm, points, probing
+from attnlens.evaluation import points, probing
+from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.curve_inputs import checked_constants, lambda_order
 from attnlens.evaluation.probing import paired
 from attnlens.evaluation.probing.features import hooks_key
@@ -404,7 +405,7 @@ def curve(
                 batch_size=batch_size, progress=progress), "rank": rank}
         if name == "lm":
             started = time.perf_counter()
-            score = lm.evaluate(model, lm_texts, hooks=hooks, max_len=fitted.max_len, layout=fitted.layout,
+            score = scorer.evaluate(model, lm_texts, hooks=hooks, max_len=fitted.max_len, layout=fitted.layout,
                                 seed=seed, progress=progress)
             return {"score": score, "forward": time.perf_counter() - started}
         task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}

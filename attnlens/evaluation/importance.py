@@ -3,7 +3,7 @@
 over a corpus as one pass of the pass engine (:func:`attnlens.engine.passes.run`, with
 gradients) and normalised per layer by the ℓ2 norm (:func:`attnlens.methods.ablation.normalize_by_layer`).
 
-Evaluation: the loss is the model's own LM loss (:func:`attnlens.evaluation.lm.mlm_masks` for
+Evaluation: the loss is the model's own LM loss (:func:`attnlens.evaluation.lm.masks.mlm_masks` for
 an encoder) or a task probe's (:class:`ProbeLoss`, :func:`task_loss`: a PAPA probe of
 :mod:`attnlens.evaluation.probing` on a task of :mod:`attnlens.evaluation.tasks`). The
 ablation itself (hooks, head means, the pruning curve) is :mod:`attnlens.methods.ablation`;
@@ -24,8 +24,9 @@ from attnlens.core.inputs import default_layout
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.engine import passes
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
-from attnlens.evaluation import lm, probing
-from attnlens.evaluation.lm import UntrainedHead
+from attnlens.evaluation import probing
+from attnlens.evaluation.lm.masks import mlm_masks
+from attnlens.evaluation.lm.scorer import UntrainedHead
 from attnlens.evaluation.probing.features import HiddenStates
 from attnlens.methods.ablation import Importance, _model_shape, normalize_by_layer, output_hook
 
@@ -96,7 +97,7 @@ class Gates(passes.Accumulator):
         if self.default != "mlm":
             return batch
 
-        masked, targets = lm.mlm_masks(batch, self.model.tokenizer, rate=self.mask_rate, seed=self.seed)
+        masked, targets = mlm_masks(batch, self.model.tokenizer, rate=self.mask_rate, seed=self.seed)
         self._targets, self._original = targets, batch.input_ids
         return masked
 
@@ -321,9 +322,9 @@ def importance(
     points through ``hooks`` (e.g. keep ``blocks.{L-1}.hook_out``, the residual stream, for a
     task read-out). By default, the model's own LM loss: for a decoder the mean next-token
     negative log-likelihood of each text's real tokens; for an encoder the masked-LM loss on
-    fixed masks (:func:`attnlens.lm.mlm_masks`, ``mask_rate``, ``seed``). A head that is not in
+    fixed masks (:func:`attnlens.evaluation.lm.masks.mlm_masks`, ``mask_rate``, ``seed``). A head that is not in
     the model's checkpoint (:func:`attnlens.loading.lm_head_trained` is False, e.g. the default
-    all-MiniLM-L6-v2) is refused with :class:`attnlens.lm.UntrainedHead`: pass ``loss=``.
+    all-MiniLM-L6-v2) is refused with :class:`attnlens.evaluation.lm.scorer.UntrainedHead`: pass ``loss=``.
 
     Raises :class:`GatesUnused` when the loss does not depend on the gates (no gradient reaches
     them, or every gradient is 0) instead of returning zeros.

@@ -111,7 +111,7 @@ def _check_heads_in(z_or_pattern_heads: int, heads: HeadSet, what: str) -> None:
 
 class AblationHooks(Hooks):
     """``(hook_name, hook_fn)`` pairs for ``run_with_hooks`` (and ``hooks=`` of
-    :func:`attnlens.probing.run`, :func:`attnlens.lm.score`, :func:`attnlens.passes.run`) that
+    :func:`attnlens.probing.run`, :func:`attnlens.evaluation.lm.scorer.score`, :func:`attnlens.passes.run`) that
     ablate ``heads`` in ``mode`` (:data:`MODES`). Attributes: ``heads``, ``mode``, ``means``
     (``"mean"``), ``constants`` and ``papa`` (the delegated :class:`attnlens.papa.PapaHooks`,
     ``"papa"``), ``causal`` (``"uniform"``: True / False, or None when read off each pattern).

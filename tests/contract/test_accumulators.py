@@ -162,7 +162,9 @@ def _sampled(model, start, stop):
 
 
 def _cases() -> list[Case]:
-    from attnlens import ablation, clustering, lm, papa, stats, syntax
+    from attnlens import ablation, clustering, papa, stats, syntax
+    from attnlens.evaluation.lm.scorer import LMScorer
+    from attnlens.evaluation.probing.mlm import MaskedStates
     from attnlens.compare import ViewsAccumulator
     from attnlens.papa import PapaConstants
     from attnlens.papa.fitting import PatternSums
@@ -180,7 +182,7 @@ def _cases() -> list[Case]:
         Case(clustering.HeadDistances, lambda m, a, b: clustering.HeadDistances(*shape)),
         Case(ablation.HeadMeans, lambda m, a, b: ablation.HeadMeans(m)),
         Case(ablation.Gates, lambda m, a, b: ablation.Gates(m, None)),
-        Case(lm.LMScorer, lambda m, a, b: lm.LMScorer(m, "mlm", mask_rate=0.3)),
+        Case(LMScorer, lambda m, a, b: LMScorer(m, "mlm", mask_rate=0.3)),
         Case(PatternSums, lambda m, a, b: PatternSums(PapaConstants.empty(m, max_len=MAX_LEN, layout="papa"))),
         Case(ViewsAccumulator, _views,
              kept=lambda a: (a.kept, a.kept_tokens, a.kept_patterns.to_dict())),
@@ -189,7 +191,7 @@ def _cases() -> list[Case]:
              lambda m, a, b: syntax.DependencyCounts(_sentences(), *shape, relations=("dep", "mod")),
              corpus=words),
         Case(HiddenStates, lambda m, a, b: HiddenStates(2, words()), corpus=words, ordered=True),
-        Case(lm.MaskedStates, lambda m, a, b: lm.MaskedStates(m, rate=0.3, seed=0), ordered=True),
+        Case(MaskedStates, lambda m, a, b: MaskedStates(m, rate=0.3, seed=0), ordered=True),
     ]
 
 

@@ -38,7 +38,7 @@ def _learners() -> set[type]:
 
 
 def _cases():
-    from attnlens.lm import MLMHead
+    from attnlens.evaluation.probing.mlm import MLMHead
     from attnlens.patterns import PatternCNN
     from attnlens.probing import LinearBaseline, PapaProbe
 

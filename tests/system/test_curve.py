@@ -1,4 +1,4 @@
-"""The cost of an intervention: the MLM probe, lm.evaluate and the PAPA curve on real data.
+"""The cost of an intervention: the MLM probe, scorer.evaluate and the PAPA curve on real data.
 
 Small training sets keep this file to a couple of minutes on 2 cores; the full curve (4,000
 training examples per task, full dev sets) is measured by benchmarks/curve.py.
@@ -13,10 +13,12 @@ import pandas as pd
 import pytest
 import torch
 
-from attnlens import AttnlensError, lm, papa, probing, tasks
+from attnlens import AttnlensError, papa, probing, tasks
 from attnlens.errors import InputError, MismatchError
 from attnlens.papa.curves import DATA_FREE, Curve
 from attnlens.papa.tables import ROWS
+from attnlens.evaluation.lm import scorer
+from attnlens.evaluation.probing import mlm
 from tests.conftest import DATA, data_file
 
 # every test here runs probes on real data, or needs the fit of the `constants` fixture
@@ -47,26 +49,26 @@ def constants(minilm, paragraphs):
 def test_the_mlm_probe_beats_the_unigram_distribution(minilm, paragraphs):
     """The MLM probe on WikiText-2 must do better than the unigram distribution of its own
     training targets (add-one smoothed) on the same masked evaluation tokens; the untrained
-    head of the default model is refused by lm.score, and lm.evaluate picks the probe."""
+    head of the default model is refused by scorer.score, and scorer.evaluate picks the probe."""
     # 400 paragraphs (the head trains on 320): a margin of 0.61 nats over the unigram (0.73
     # with 1,000, at 2.5x the time), three times the 0.2 asked
     texts = paragraphs[:400]
-    result = lm.probe(minilm, texts, max_len=64, progress=False)
-    states = lm.MaskedStates(minilm, rate=0.15, seed=0, examples=texts[:320])
+    result = mlm.probe(minilm, texts, max_len=64, progress=False)
+    states = mlm.MaskedStates(minilm, rate=0.15, seed=0, examples=texts[:320])
     train = probing.extract(minilm, texts[:320], max_len=64, states=states, progress=False,
-                            variant=f"mlm-probe/0.15/0/{lm.PROBE_MIX}")
+                            variant=f"mlm-probe/0.15/0/{mlm.PROBE_MIX}")
     evaluation = probing.extract(minilm, texts[320:], max_len=64, progress=False,
-                                 states=lm.MaskedStates(minilm, rate=0.15, seed=0),
-                                 variant=f"mlm-probe/0.15/0/{lm.PROBE_MIX}")
+                                 states=mlm.MaskedStates(minilm, rate=0.15, seed=0),
+                                 variant=f"mlm-probe/0.15/0/{mlm.PROBE_MIX}")
     counts = torch.bincount(train.positions, minlength=minilm.cfg.d_vocab).double() + 1
     unigram = float((counts / counts.sum()).log()[evaluation.positions].mean())
     assert result.kind == "probe" and result.name == "MLM probe"
     assert result.n_tokens == evaluation.vectors.shape[0]
     assert result.value > unigram + 0.2, (result.value, unigram)
     assert math.isclose(result.perplexity, math.exp(-result.value))
-    with pytest.raises(lm.UntrainedHead):
-        lm.score(minilm, texts[:4], progress=False)
-    again = lm.evaluate(minilm, texts, max_len=64, progress=False)
+    with pytest.raises(scorer.UntrainedHead):
+        scorer.score(minilm, texts[:4], progress=False)
+    again = scorer.evaluate(minilm, texts, max_len=64, progress=False)
     assert again.kind == "probe" and again.value == result.value  # cached features, same seed
 
 
@@ -195,7 +197,7 @@ def test_the_curve_scores_the_language_model_named_by_its_kind(minilm, constants
     table = curve.table
     assert list(table["task"]) == ["lm", "lm"] and (table["metric"] == "MLM probe").all()
     assert table["score"].iloc[0] != table["score"].iloc[1]
-    plain = lm.probe(minilm, paragraphs[:120], max_len=64, layout=constants.layout, progress=False)
+    plain = mlm.probe(minilm, paragraphs[:120], max_len=64, layout=constants.layout, progress=False)
     assert table["score"].iloc[0] == plain.value
     # intervals over the evaluation texts and the paired test against no head replaced
     assert ((table["low"] <= table["score"]) & (table["score"] <= table["high"])).all()

@@ -33,7 +33,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import effective, lm, papa, probing
+from attnlens import effective, papa, probing
+from attnlens.evaluation.lm import scorer
 from attnlens.core import devices
 from attnlens.engine import passes
 from tests import tiny
@@ -218,7 +219,7 @@ def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
     bridge = tiny.gpt2_bridge() if kind == "causal" else tiny.bert_bridge()
     texts = attnlens.corpus.default_corpus(2 * N_BATCHES * BATCH)
     per_batch, grew, _ = growth(
-        counter, lambda t: lm.score(bridge, t, kind=kind, max_len=MAX_LEN, batch_size=BATCH, progress=False),
+        counter, lambda t: scorer.score(bridge, t, kind=kind, max_len=MAX_LEN, batch_size=BATCH, progress=False),
         texts)
     assert per_batch <= FORWARD_READS, grew
 

@@ -1,4 +1,4 @@
-"""attnlens.lm.score: the model's own LM head as negative log-perplexity, against references.
+"""attnlens.evaluation.lm.scorer.score: the model's own LM head as negative log-perplexity, against references.
 
 Every score is compared with a plain loop over the Hugging Face model called directly, one text
 at a time (no padding, no attnlens code in the forward): HF's own causal-LM loss, or HF logits at
@@ -30,8 +30,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import attnlens
-from attnlens import lm, papa
+from attnlens import papa
 from attnlens.loading import checkpoint_keys, lm_head_in_checkpoint, lm_head_trained
+from attnlens.evaluation.lm import scorer
+from attnlens.evaluation.lm.masks import mlm_masks
 from tests import tiny
 from tests.conftest import required
 from tests.typechecks import unchecked
@@ -154,11 +156,11 @@ def hf_logits(hf_model, ids):
 
 
 def hf_mlm_nll(bridge, hf_model, texts, *, max_len, rate, seed):
-    """Each text alone: the masks of lm.mlm_masks, HF logits, cross-entropy of the originals."""
+    """Each text alone: the masks of mlm_masks, HF logits, cross-entropy of the originals."""
     total, count = 0.0, 0
     for text in texts:
         batch = attnlens.tokenize(bridge, [text], max_len=max_len, layout="padded")
-        masked, targets = lm.mlm_masks(batch, bridge.tokenizer, rate=rate, seed=seed)
+        masked, targets = mlm_masks(batch, bridge.tokenizer, rate=rate, seed=seed)
         logits = hf_logits(hf_model, masked.input_ids)
         positions = targets[0].nonzero().flatten()
         originals = batch.input_ids[0, positions]
@@ -192,7 +194,7 @@ def hf_pll_nll(tokenizer, hf_model, texts, *, max_len):
 def test_causal_equals_hf_loss_on_smollm2(smollm2, smollm2_hf, wikitext_paragraphs):
     texts = [wikitext_paragraphs[0][:500], wikitext_paragraphs[1][:150], "It rained all day .",
              wikitext_paragraphs[2][:300]]
-    got = lm.score(smollm2, texts, max_len=64, batch_size=4, progress=False)
+    got = scorer.score(smollm2, texts, max_len=64, batch_size=4, progress=False)
     total, count = hf_causal_nll(smollm2_hf, smollm2.tokenizer, texts, 64)
     assert got.kind == "causal" and got.n_tokens == count and got.n_examples == 4
     assert abs(got.value - (-total / count)) <= ATOL, (got.value, -total / count)
@@ -206,7 +208,7 @@ def test_causal_equals_hf_loss_on_tiny_decoders(family):
     bridge = attnlens.load(TINY_DECODERS[family](), tokenizer=tiny.gpt2_tokenizer())
     reference = TINY_DECODERS[family]()  # the same seed: the same weights, never wrapped
     texts = ["the quick brown fox jumps over the lazy dog .", "a film .", tiny.CORPUS[2], "it rained ."]
-    got = lm.score(bridge, texts, kind="auto", max_len=32, batch_size=3, progress=False)
+    got = scorer.score(bridge, texts, kind="auto", max_len=32, batch_size=3, progress=False)
     # the bridge's tokenizer (TransformerLens sets add_bos_token: "<s>" starts every text)
     total, count = hf_causal_nll(reference, bridge.tokenizer, texts, 32)
     lengths = [len(bridge.tokenizer(t)["input_ids"]) for t in texts]
@@ -222,7 +224,7 @@ def test_causal_equals_hf_loss_on_tiny_decoders(family):
 def test_mlm_equals_a_plain_hf_loop_on_tiny_bert(tiny_bert):
     reference = tiny.tiny_bert()
     texts = tiny.CORPUS[:5]
-    got = lm.score(tiny_bert, texts, kind="mlm", max_len=32, batch_size=3, progress=False, seed=3)
+    got = scorer.score(tiny_bert, texts, kind="mlm", max_len=32, batch_size=3, progress=False, seed=3)
     total, count = hf_mlm_nll(tiny_bert, reference, texts, max_len=32, rate=0.15, seed=3)
     assert got.kind == "mlm" and got.n_tokens == count
     assert abs(got.value - (-total / count)) <= ATOL
@@ -231,7 +233,7 @@ def test_mlm_equals_a_plain_hf_loop_on_tiny_bert(tiny_bert):
 
 def test_mlm_equals_a_plain_hf_loop_on_antiberty(antiberty, antiberty_hf):
     texts = [residues(HEAVY), residues(LIGHT[:40]), residues(LIGHT)]
-    got = lm.score(antiberty, texts, kind="mlm", max_len=128, batch_size=3, progress=False)
+    got = scorer.score(antiberty, texts, kind="mlm", max_len=128, batch_size=3, progress=False)
     total, count = hf_mlm_nll(antiberty, antiberty_hf, texts, max_len=128, rate=0.15, seed=0)
     assert got.n_tokens == count == sum(max(1, math.floor(0.15 * n + 0.5)) for n in (98, 40, len(LIGHT)))
     assert abs(got.value - (-total / count)) <= ATOL
@@ -240,17 +242,17 @@ def test_mlm_equals_a_plain_hf_loop_on_antiberty(antiberty, antiberty_hf):
 
 def test_masks_are_the_same_in_any_batch_and_any_call(tiny_bert):
     texts = tiny.CORPUS[:3]
-    alone = [lm.mlm_masks(attnlens.tokenize(tiny_bert, [t], max_len=32, layout="padded"),
+    alone = [mlm_masks(attnlens.tokenize(tiny_bert, [t], max_len=32, layout="padded"),
                           tiny_bert, rate=0.3, seed=1)[1][0] for t in texts]
-    together = lm.mlm_masks(attnlens.tokenize(tiny_bert, texts, max_len=32, layout="padded"),
+    together = mlm_masks(attnlens.tokenize(tiny_bert, texts, max_len=32, layout="padded"),
                             tiny_bert, rate=0.3, seed=1)[1]
     for row, mask in enumerate(alone):
         assert torch.equal(together[row, : mask.numel()], mask)
         assert not together[row, mask.numel():].any()
-    other_seed = lm.mlm_masks(attnlens.tokenize(tiny_bert, texts, max_len=32, layout="padded"),
+    other_seed = mlm_masks(attnlens.tokenize(tiny_bert, texts, max_len=32, layout="padded"),
                               tiny_bert, rate=0.3, seed=2)[1]
     assert not torch.equal(other_seed, together)
-    scores = [lm.score(tiny_bert, texts, kind="mlm", batch_size=size, max_len=32, progress=False)
+    scores = [scorer.score(tiny_bert, texts, kind="mlm", batch_size=size, max_len=32, progress=False)
               for size in (1, 3, 3)]
     assert scores[1].value == scores[2].value  # two calls: the same masks, the same number
     assert abs(scores[0].value - scores[1].value) <= ATOL and scores[0].n_tokens == scores[1].n_tokens
@@ -258,8 +260,8 @@ def test_masks_are_the_same_in_any_batch_and_any_call(tiny_bert):
 
 def test_mask_mix_replaces_chosen_tokens_by_mask_random_or_keep(tiny_bert):
     batch = attnlens.tokenize(tiny_bert, tiny.CORPUS[:8], max_len=32, layout="padded")
-    plain, targets = lm.mlm_masks(batch, tiny_bert, rate=0.5, seed=0)
-    mixed, mixed_targets = lm.mlm_masks(batch, tiny_bert, rate=0.5, seed=0, mix=(0.8, 0.1, 0.1))
+    plain, targets = mlm_masks(batch, tiny_bert, rate=0.5, seed=0)
+    mixed, mixed_targets = mlm_masks(batch, tiny_bert, rate=0.5, seed=0, mix=(0.8, 0.1, 0.1))
     assert torch.equal(targets, mixed_targets)  # the positions do not depend on the mix
     mask_id = tiny_bert.tokenizer.mask_token_id
     assert (plain.input_ids[targets] == mask_id).all()
@@ -279,7 +281,7 @@ def test_mask_mix_replaces_chosen_tokens_by_mask_random_or_keep(tiny_bert):
 def test_pll_equals_a_plain_hf_loop_on_tiny_bert(tiny_bert):
     reference = tiny.tiny_bert()
     texts = tiny.CORPUS[:3]
-    got = lm.score(tiny_bert, texts, kind="pll", max_len=32, batch_size=2, progress=False)
+    got = scorer.score(tiny_bert, texts, kind="pll", max_len=32, batch_size=2, progress=False)
     total, count = hf_pll_nll(tiny_bert.tokenizer, reference, texts, max_len=32)
     assert got.kind == "pll" and got.n_tokens == count
     assert abs(got.value - (-total / count)) <= ATOL
@@ -289,7 +291,7 @@ def test_pll_equals_a_plain_hf_loop_on_tiny_bert(tiny_bert):
 
 def test_pll_equals_a_plain_hf_loop_on_antiberty(antiberty, antiberty_hf):
     texts = [residues(HEAVY[:20]), residues(LIGHT[:12])]
-    got = lm.score(antiberty, texts, kind="pll", max_len=128, batch_size=2, progress=False)
+    got = scorer.score(antiberty, texts, kind="pll", max_len=128, batch_size=2, progress=False)
     total, count = hf_pll_nll(antiberty.tokenizer, antiberty_hf, texts, max_len=128)
     assert got.n_tokens == count == 32
     assert abs(got.value - (-total / count)) <= ATOL
@@ -302,8 +304,8 @@ def test_antiberty_pseudo_perplexity_tells_a_real_chain_from_its_shuffle(antiber
     residue, each as long as the chain); a head that knew nothing of antibodies would give ~20
     (its 20 amino acids) for both."""
     chain = HEAVY[:50]
-    real = lm.score(antiberty, [residues(chain)], kind="pll", batch_size=1, progress=False)
-    scrambled = lm.score(antiberty, [residues(shuffled(chain))], kind="pll", batch_size=1, progress=False)
+    real = scorer.score(antiberty, [residues(chain)], kind="pll", batch_size=1, progress=False)
+    scrambled = scorer.score(antiberty, [residues(shuffled(chain))], kind="pll", batch_size=1, progress=False)
     assert real.n_tokens == scrambled.n_tokens == len(chain)
     assert real.pseudo_perplexity < 2, real
     assert scrambled.pseudo_perplexity > 10, scrambled
@@ -315,10 +317,10 @@ def test_antiberty_pseudo_perplexity_tells_a_real_chain_from_its_shuffle(antiber
 
 def test_the_default_model_has_no_trained_head(minilm):
     assert lm_head_trained(minilm) is False
-    with pytest.raises(lm.UntrainedHead, match="MLM head of sentence-transformers/all-MiniLM-L6-v2 was not in its checkpoint"):
-        lm.score(minilm, ["a film ."], progress=False)
-    with pytest.raises(lm.UntrainedHead, match="noise"):
-        lm.score(minilm, ["a film ."], kind="pll", progress=False)
+    with pytest.raises(scorer.UntrainedHead, match="MLM head of sentence-transformers/all-MiniLM-L6-v2 was not in its checkpoint"):
+        scorer.score(minilm, ["a film ."], progress=False)
+    with pytest.raises(scorer.UntrainedHead, match="noise"):
+        scorer.score(minilm, ["a film ."], kind="pll", progress=False)
 
 
 def _save(model, tokenizer, folder: Path, **options) -> Path:
@@ -339,21 +341,21 @@ def test_a_saved_head_is_trained_and_a_removed_one_is_not(tmp_path):
     folder = _save(tiny.tiny_bert(), tiny.bert_tokenizer(), tmp_path / "bert")
     bridge = attnlens.load(folder)
     assert lm_head_trained(bridge) is True
-    lm.score(bridge, tiny.CORPUS[:2], max_len=32, progress=False)  # a number, no error
+    scorer.score(bridge, tiny.CORPUS[:2], max_len=32, progress=False)  # a number, no error
     _drop_keys(folder, "cls.")
     assert "cls.predictions.transform.dense.weight" not in checkpoint_keys(folder)
     headless = attnlens.load(folder)
     assert lm_head_trained(headless) is False
-    with pytest.raises(lm.UntrainedHead, match="was not in its checkpoint"):
-        lm.score(headless, tiny.CORPUS[:2], max_len=32, progress=False)
+    with pytest.raises(scorer.UntrainedHead, match="was not in its checkpoint"):
+        scorer.score(headless, tiny.CORPUS[:2], max_len=32, progress=False)
 
 
 def test_an_untied_decoder_head_must_be_in_the_checkpoint(tmp_path):
     folder = _save(tiny_llama(), tiny.gpt2_tokenizer(), tmp_path / "llama")
     assert lm_head_trained(attnlens.load(folder)) is True
     _drop_keys(folder, "lm_head.")
-    with pytest.raises(lm.UntrainedHead, match="LM head"):
-        lm.score(attnlens.load(folder), tiny.CORPUS[:2], max_len=32, progress=False)
+    with pytest.raises(scorer.UntrainedHead, match="LM head"):
+        scorer.score(attnlens.load(folder), tiny.CORPUS[:2], max_len=32, progress=False)
 
 
 def test_head_keys_are_read_from_shards_and_without_the_base_prefix(tmp_path):
@@ -401,9 +403,9 @@ def test_papa_hooks_change_the_score_and_no_hooks_repeat_it(which, request, wiki
         texts = [p[:300] for p in wikitext_paragraphs[6:10]]
         max_len = 48
     constants = papa.fit(model, fitted_on, max_len=max_len, layout="padded", progress=False)
-    plain = lm.score(model, texts, max_len=max_len, progress=False)
-    again = lm.score(model, texts, max_len=max_len, hooks=(), progress=False)
-    replaced = lm.score(model, texts, max_len=max_len, hooks=papa.hooks(constants), progress=False)
+    plain = scorer.score(model, texts, max_len=max_len, progress=False)
+    again = scorer.score(model, texts, max_len=max_len, hooks=(), progress=False)
+    replaced = scorer.score(model, texts, max_len=max_len, hooks=papa.hooks(constants), progress=False)
     assert plain.value == again.value
     assert replaced.value < plain.value - 0.1, (plain, replaced)
     assert replaced.n_tokens == plain.n_tokens and replaced.settings["hooks"] == model.cfg.n_layers
@@ -411,9 +413,9 @@ def test_papa_hooks_change_the_score_and_no_hooks_repeat_it(which, request, wiki
 
 def test_scorer_states_merge_over_shards(tiny_gpt2):
     texts = tiny.CORPUS[:6]
-    whole = lm.LMScorer(tiny_gpt2, "causal")
+    whole = scorer.LMScorer(tiny_gpt2, "causal")
     attnlens.passes.run(tiny_gpt2, texts, [whole], max_len=32, layout="padded", batch_size=2, progress=False)
-    first, second = lm.LMScorer(tiny_gpt2, "causal"), lm.LMScorer(tiny_gpt2, "causal")
+    first, second = scorer.LMScorer(tiny_gpt2, "causal"), scorer.LMScorer(tiny_gpt2, "causal")
     attnlens.passes.run(tiny_gpt2, texts[:2], [first], max_len=32, layout="padded", batch_size=2, progress=False)
     attnlens.passes.run(tiny_gpt2, texts[2:], [second], max_len=32, layout="padded", batch_size=2, progress=False)
     merged = first.merge(second).result()
@@ -428,31 +430,31 @@ def test_scorer_states_merge_over_shards(tiny_gpt2):
 def test_bad_arguments_get_one_clear_error(tiny_bert, tiny_gpt2):
     texts = tiny.CORPUS[:2]
     with pytest.raises(ValueError, match="Unknown kind 'bleu'"):
-        lm.score(tiny_bert, texts, kind="bleu", progress=False)
+        scorer.score(tiny_bert, texts, kind="bleu", progress=False)
     for rate in (float("nan"), 0.0, 1.0, 1.5):
         with pytest.raises(ValueError, match="mask_rate"):
-            lm.score(tiny_bert, texts, mask_rate=rate, progress=False)
+            scorer.score(tiny_bert, texts, mask_rate=rate, progress=False)
     with unchecked(), pytest.raises(ValueError, match="mask_rate"):
-        lm.score(tiny_bert, texts, mask_rate=0, progress=False)
+        scorer.score(tiny_bert, texts, mask_rate=0, progress=False)
     with pytest.raises(TypeError, match="not one string"):
-        lm.score(tiny_bert, "a single text", progress=False)
+        scorer.score(tiny_bert, "a single text", progress=False)
     with pytest.raises(ValueError, match="corpus is empty"):
-        lm.score(tiny_bert, [], progress=False)
+        scorer.score(tiny_bert, [], progress=False)
     with unchecked(), pytest.raises(TypeError, match="batch_size must be a whole number"):
-        lm.score(tiny_bert, texts, batch_size=2.5, progress=False)
+        scorer.score(tiny_bert, texts, batch_size=2.5, progress=False)
     with unchecked(), pytest.raises(TypeError, match="max_len must be a whole number"):
-        lm.score(tiny_bert, texts, max_len=True, progress=False)
+        scorer.score(tiny_bert, texts, max_len=True, progress=False)
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
-        lm.score(tiny_bert, texts, batch_size=0, progress=False)
+        scorer.score(tiny_bert, texts, batch_size=0, progress=False)
     with pytest.raises(ValueError, match="needs a decoder"):
-        lm.score(tiny_bert, texts, kind="causal", progress=False)
+        scorer.score(tiny_bert, texts, kind="causal", progress=False)
     with pytest.raises(ValueError, match="needs an encoder"):
-        lm.score(tiny_gpt2, texts, kind="pll", progress=False)
+        scorer.score(tiny_gpt2, texts, kind="pll", progress=False)
     batch = attnlens.tokenize(tiny_bert, texts, max_len=16, layout="padded")
     with pytest.raises(ValueError, match="add up to 1"):
-        lm.mlm_masks(batch, tiny_bert, rate=0.15, mix=(0.8, 0.1, 0.2))
-    with pytest.raises(TypeError, match="lm.score needs a TransformerBridge"):
-        lm.score(tiny.tiny_bert(), texts, progress=False)
-    score = lm.score(tiny_bert, texts, max_len=16, progress=False)
+        mlm_masks(batch, tiny_bert, rate=0.15, mix=(0.8, 0.1, 0.2))
+    with pytest.raises(TypeError, match="lm.scorer.score needs a TransformerBridge"):
+        scorer.score(tiny.tiny_bert(), texts, progress=False)
+    score = scorer.score(tiny_bert, texts, max_len=16, progress=False)
     with pytest.raises(ValueError, match="not a pseudo-perplexity"):
         _ = score.pseudo_perplexity

@@ -21,7 +21,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import ablation, lm, papa, passes, probing, tasks
+from attnlens import ablation, papa, passes, probing, tasks
+from attnlens.evaluation.lm.masks import mlm_masks
+from attnlens.evaluation.lm.scorer import UntrainedHead
 from attnlens.heads import HeadSet
 from tests import tiny
 from tests.conftest import DATA, data_file
@@ -221,7 +223,7 @@ def gated_loss(model, batch, layer, head, gate, reference_loss):
 def test_importance_is_the_gradient(family):
     """Michel et al.'s I_h for one example is |∂L/∂ξ_h| at ξ = 1. Reference: central differences
     D(ε) = (L(1 + ε) − L(1 − ε)) / 2ε of the model's own loss, written out here (decoder: next-
-    token NLL; encoder: MLM on lm.mlm_masks), both in float64.
+    token NLL; encoder: MLM on mlm_masks), both in float64.
 
     Tolerance, derived: D(ε) = L' + c ε² + O(ε⁴), so D(2ε) − D(ε) = 3 c ε² and the truncation
     error of D(ε) is |D(2ε) − D(ε)| / 3 (allowed twice that). Rounding: each L is computed in
@@ -241,7 +243,7 @@ def test_importance_is_the_gradient(family):
         def reference_loss(logits):
             return torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:])
     else:
-        inputs, targets = lm.mlm_masks(batch, model.tokenizer, rate=0.15, seed=0)
+        inputs, targets = mlm_masks(batch, model.tokenizer, rate=0.15, seed=0)
 
         def reference_loss(logits):
             return torch.nn.functional.cross_entropy(logits[targets], ids[targets])
@@ -306,7 +308,7 @@ def test_a_loss_that_ignores_the_gates_is_refused(bert, minilm):
     with pytest.raises(ablation.GatesUnused):
         ablation.importance(bert, texts, loss=lambda output, batch: kept["x"].square().sum(),
                             hooks=embeddings, max_len=MAX_LEN, progress=False)
-    with pytest.raises(lm.UntrainedHead, match="loss="):
+    with pytest.raises(UntrainedHead, match="loss="):
         ablation.importance(minilm, texts, max_len=MAX_LEN, progress=False)
     assert all(p.requires_grad for p in bert.parameters()), "the weights' requires_grad is restored"
 

@@ -51,7 +51,7 @@ def test_every_error_class_attnlens_defines_derives_from_attnlens_error():
     classes = defined_exceptions()
     assert {"attnlens.cli.UsageError", "attnlens.core.corpus.CorpusError",
             "attnlens.evaluation.tasks.TaskError", "attnlens.core.loading.ModelFilesError",
-            "attnlens.core.models.UnsupportedArchitecture", "attnlens.evaluation.lm.UntrainedHead",
+            "attnlens.core.models.UnsupportedArchitecture", "attnlens.evaluation.lm.scorer.UntrainedHead",
             "attnlens.core.inputs.BlankText", "attnlens.evaluation.importance.GatesUnused",
             "attnlens.errors.InputError"} <= set(classes)
     outside = [

@@ -95,7 +95,7 @@ def _probe(folder: Path, bridge) -> tuple[Path, callable]:
 
 
 def _mlm_head(folder: Path, bridge) -> tuple[Path, callable]:
-    from attnlens.lm import MLMHead
+    from attnlens.evaluation.probing.mlm import MLMHead
 
     head = MLMHead(epochs=1).fit(features("masked"), 5)
     return head.save(folder / "h.safetensors"), MLMHead.load
@@ -213,7 +213,7 @@ def test_a_folder_or_a_missing_path_given_as_a_file_is_named(tmp_path):
 def _with_a_nan(kind: str):
     """A fitted object of ``kind`` with one NaN in its first weight (or vector), and its loader:
     what a diverged fit would save, its checksum valid."""
-    from attnlens.lm import MLMHead
+    from attnlens.evaluation.probing.mlm import MLMHead
     from attnlens.patterns.cnn import PatternCNN
     from attnlens.probing.features import Features
     from attnlens.probing.probe import PapaProbe

@@ -16,6 +16,8 @@ from attnlens.errors import (
     InputTypeError,
     UnavailableError,
 )
+from attnlens.evaluation.lm import scorer
+from attnlens.evaluation.probing import mlm
 from tests import tiny
 from tests.refusals import assert_refused
 from tests.typechecks import unchecked
@@ -111,12 +113,12 @@ ROWS = [
     (lambda m, v: sst2().select(v), "indices", [0.5], InputTypeError, "indices[0] must be a whole number"),
     (lambda m, v: sst2().select(v), "indices", "01", InputTypeError, "indices must be a list"),
     (lambda m, v: sst2(limit=v), "limit", 2.5, InputError, "limit must be a whole number"),
-    (lambda m, v: attnlens.lm.probe(m, TEXTS, max_len=v, cache=False, progress=False), "max_len", 12.5, InputTypeError, "max_len must be a whole number"),
-    (lambda m, v: attnlens.lm.probe(m, TEXTS, batch_size=v, cache=False, progress=False), "batch_size", "4", InputTypeError, "batch_size must be a whole number"),
-    (lambda m, v: attnlens.lm.probe(m, TEXTS, mask_rate=v, cache=False, progress=False), "mask_rate", "0.15", InputTypeError, "mask_rate must be a number"),
-    (lambda m, v: attnlens.lm.score(m, TEXTS, mask_rate=v, progress=False), "mask_rate", True, InputTypeError, "mask_rate must be a number"),
-    (lambda m, v: attnlens.lm.LMScorer(m, "mlm", mask_rate=v), "mask_rate", NAN, InputError, "mask_rate must be a finite number"),
-    (lambda m, v: attnlens.lm.LMScorer(m, "mlm", seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
+    (lambda m, v: mlm.probe(m, TEXTS, max_len=v, cache=False, progress=False), "max_len", 12.5, InputTypeError, "max_len must be a whole number"),
+    (lambda m, v: mlm.probe(m, TEXTS, batch_size=v, cache=False, progress=False), "batch_size", "4", InputTypeError, "batch_size must be a whole number"),
+    (lambda m, v: mlm.probe(m, TEXTS, mask_rate=v, cache=False, progress=False), "mask_rate", "0.15", InputTypeError, "mask_rate must be a number"),
+    (lambda m, v: scorer.score(m, TEXTS, mask_rate=v, progress=False), "mask_rate", True, InputTypeError, "mask_rate must be a number"),
+    (lambda m, v: scorer.LMScorer(m, "mlm", mask_rate=v), "mask_rate", NAN, InputError, "mask_rate must be a finite number"),
+    (lambda m, v: scorer.LMScorer(m, "mlm", seed=v), "seed", 1.5, InputTypeError, "seed must be a whole number"),
     (lambda m, v: compared(m, train_limit=v), "train_limit", 2.5, InputTypeError, "train_limit must be a whole number"),
     (lambda m, v: compared(m, eval_limit=v), "eval_limit", 0, InputError, "eval_limit must be at least 1"),
     (lambda m, v: compared(m, focus=v), "focus", (True, 1), InputError, "focus=(True, 1) should be a (layer, head) pair"),

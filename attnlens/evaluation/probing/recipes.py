@@ -3,7 +3,7 @@
 The paper trains its probe (§3.3) with these hyper-parameters: learning rate, batch size (in
 examples), epochs and the maximal sequence length. attnlens uses them as the defaults of
 :func:`attnlens.probing.run` (the probe's ``lr``, ``batch_size``, ``epochs``; ``max_len`` when none
-is given). The MLM row is the paper's MLM probe (:mod:`attnlens.lm`); MNLI's is kept for users
+is given). The MLM row is the paper's MLM probe (:mod:`attnlens.evaluation.probing.mlm`); MNLI's is kept for users
 who have its files.
 """
 
