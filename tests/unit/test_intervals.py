@@ -9,8 +9,9 @@ import warnings
 import numpy as np
 import pytest
 
-from attnlens import probing, tasks
-from attnlens.probing import intervals
+from attnlens.errors import InputError
+from attnlens.evaluation import probing, tasks
+from attnlens.evaluation.probing import intervals
 from tests.conftest import DATA
 
 
@@ -122,7 +123,8 @@ def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
 def _result(score, baseline, majority, low, high):
     return probing.ProbeResult(
         task="sst2", split="dev", metric="accuracy", score=score, majority=majority, predictions=[],
-        baseline=baseline, versus_baseline=intervals.Paired(score - baseline, low, high, 0.5))
+        baseline=baseline,
+        versus_baseline=intervals.Paired(score - baseline, low, high, 0.001 if high < 0 or low > 0 else 0.5))
 
 
 def test_a_probe_below_a_baseline_warns_and_says_whether_the_gap_is_noise():
@@ -197,7 +199,10 @@ def test_runs_are_drawn_as_a_plain_loop_draws_them():
     assert interval.score == pytest.approx(np.mean([task.score(run) for run in other]), abs=1e-12)
     versus = intervals.paired(task, base, other, runs=True, resamples=resamples, seed=5)
     assert [versus.low, versus.high] == pytest.approx(list(np.quantile(differences, [0.025, 0.975])), abs=1e-12)
-    assert versus.p_value == np.mean(np.array(differences) >= 0)
+    d = np.array(differences)
+    assert versus.p_value == min(1.0, 2 * min(np.mean(d <= 0), np.mean(d >= 0)))  # two-sided
+    assert versus.spread == pytest.approx(np.std(d, ddof=1), abs=1e-12)
+    assert [versus.tost_low, versus.tost_high] == pytest.approx(list(np.quantile(d, [0.05, 0.95])), abs=1e-12)
 
 
 def test_the_drawn_runs_have_the_seed_means_variance():
@@ -240,3 +245,68 @@ def test_runs_widen_the_interval_only_by_their_spread():
     linear = intervals.paired(task, [one], other, runs=True)
     alone = intervals.paired(task, [one], [other[0]] * 3, runs=True)  # no spread: the examples alone
     assert linear.high - linear.low > alone.high - alone.low
+
+
+# -- one test convention: two-sided p, Holm, power, TOST ----------------------------------------------
+
+
+def test_the_p_value_is_two_sided_and_agrees_with_the_interval():
+    """p < 0.05 exactly when the 95% percentile interval excludes 0, for a drop and for a rise
+    alike (the one-sided p of before flagged neither a rise nor matched the interval)."""
+    rng = np.random.default_rng(0)
+    for centre in (-0.03, -0.01, 0.0, 0.01, 0.03):
+        differences = rng.normal(centre, 0.01, size=1000)
+        p = intervals.two_sided_p(differences)
+        low, high = np.quantile(differences, [0.025, 0.975])
+        assert (p < 0.05) == (high < 0 or low > 0), (centre, p, low, high)
+    rise = intervals._paired(0.03, rng.normal(0.03, 0.01, 1000), 0.95)
+    drop = intervals._paired(-0.03, rng.normal(-0.03, 0.01, 1000), 0.95)
+    assert rise.significant and drop.significant and rise.p_value < 0.05 and drop.p_value < 0.05
+
+
+def _holm_by_definition(p, alpha):
+    """Holm's procedure as written (Holm 1979): sort, reject while p_(i) ≤ α / (m − i + 1)."""
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    rejected = set()
+    for rank, i in enumerate(order):
+        if p[i] > alpha / (len(p) - rank):
+            break
+        rejected.add(i)
+    return rejected
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_holm_rejects_what_the_procedure_rejects(seed):
+    rng = np.random.default_rng(seed)
+    p = list(rng.uniform(0, 0.08, size=int(rng.integers(1, 12))))
+    adjusted = intervals.holm(p)
+    for alpha in (0.01, 0.05, 0.1):
+        assert {i for i, a in enumerate(adjusted) if a < alpha} <= _holm_by_definition(p, alpha)
+        assert {i for i, a in enumerate(adjusted) if a <= alpha} == _holm_by_definition(p, alpha)
+    assert np.all(adjusted >= np.array(p)) and np.all(adjusted <= 1)
+
+
+def test_holm_leaves_missing_tests_out():
+    adjusted = intervals.holm([0.01, float("nan"), 0.04])
+    assert np.isnan(adjusted[1]) and adjusted[0] == pytest.approx(0.02) and adjusted[2] == pytest.approx(0.04)
+
+
+def test_detectable_is_the_difference_found_with_80_percent_power():
+    """Simulate: with true difference = detectable and the same spread, a two-sided test at 0.05
+    rejects in about 80% of repetitions (normal differences; ±3 points of Monte-Carlo error)."""
+    rng = np.random.default_rng(1)
+    spread = 0.01
+    detectable = intervals.Paired(0.0, -1.0, 1.0, 1.0, spread=spread).detectable
+    assert detectable == pytest.approx((1.959964 + 0.841621) * spread, rel=1e-5)
+    rejected = np.abs(rng.normal(detectable, spread, size=20000)) / spread > 1.959964
+    assert abs(rejected.mean() - 0.8) < 0.03
+
+
+def test_equivalence_is_a_tost_on_the_90_percent_interval():
+    rng = np.random.default_rng(2)
+    close = intervals._paired(0.001, rng.normal(0.001, 0.004, 2000), 0.95)
+    assert close.equivalent(0.01) and not close.equivalent(0.005)
+    wide = intervals._paired(0.0, rng.normal(0.0, 0.02, 2000), 0.95)
+    assert not wide.significant and not wide.equivalent(0.01)  # neither a drop nor shown equal
+    with pytest.raises(InputError, match="margin"):
+        close.equivalent(float("nan"))

@@ -1,7 +1,7 @@
 """Bootstrap intervals and paired bootstrap tests of task scores (Efron & Tibshirani 1993).
 
 A score on a dev set of ``n`` examples is one draw; PAPA (Hassid et al. 2022, §4.1) reports 95%
-intervals. Here every metric of :mod:`attnlens.tasks` is written as a function of *sums of
+intervals. Here every metric of :mod:`attnlens.evaluation.tasks` is written as a function of *sums of
 per-example counts*, so one resample is a weighted sum, and 1,000 resamples are one matrix
 product:
 
@@ -17,8 +17,20 @@ product:
 A resample draws ``n`` examples with replacement: multinomial weights ``w`` ``[resample, example]``,
 totals ``w @ counts``. The percentile interval is the ``(1 − level) / 2`` and ``(1 + level) / 2``
 quantiles of the resampled scores. The paired test (:func:`paired`) resamples two systems'
-predictions with the same weights; the drop is significant at ``level`` when its interval
-excludes 0 (Koehn 2004, Berg-Kirkpatrick et al. 2012).
+predictions with the same weights (Koehn 2004, Berg-Kirkpatrick et al. 2012). One test
+convention holds everywhere:
+
+- ``p_value`` is **two-sided**: ``2 · min(P*(d ≤ 0), P*(d ≥ 0))`` over the resampled differences
+  ``d``, capped at 1, the percentile interval inverted: ``p_value < 1 − level`` exactly when the
+  ``level`` interval excludes 0 (ties at 0 aside);
+- across the tests of one table, :func:`holm` adjusts the p-values (Holm 1979), and a table's
+  ``significant`` is ``p_adjusted < 0.05``;
+- ``detectable`` (:attr:`Paired.detectable`) is the difference this test detects with 80% power
+  at the observed spread: ``(z₀.₉₇₅ + z₀.₈) · sd*(d)`` (a normal approximation of the
+  resampled differences, two-sided α = 0.05);
+- ``equivalent`` (:meth:`Paired.equivalent`) is a paired TOST (Schuirmann 1987) against a margin
+  ``δ`` fixed before looking: both one-sided tests at α = 0.05 reject, i.e. the 90% percentile
+  interval of ``d`` lies inside ``(−δ, δ)``.
 
 **Runs (probe seeds) are a second source of noise.** Several runs of the same examples (``runs=
 True``: one per probe seed) score their mean, and a resample also draws ``k`` of the ``k`` runs
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -76,25 +89,83 @@ class Interval:
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired bootstrap comparison of ``score - base`` on the same examples: the
-    ``difference`` of the point scores, its interval, and the one-sided p-value of "no drop"
-    (the share of resamples where the difference is ≥ 0; small: a significant drop)."""
+    """A paired bootstrap comparison of ``score − base`` on the same examples: the
+    ``difference`` of the point scores, its ``level`` interval ``[low, high]``, the two-sided
+    ``p_value`` of "no difference" (the module docstring), ``spread``: the standard deviation of
+    the resampled differences, and ``tost_low`` / ``tost_high``: their ``(1 − 2α)`` interval
+    (90% at ``level`` 0.95), what :meth:`equivalent` reads."""
 
     difference: float
     low: float
     high: float
     p_value: float
     level: float = LEVEL
+    spread: float = float("nan")
+    tost_low: float = float("nan")
+    tost_high: float = float("nan")
 
     @property
     def significant(self) -> bool:
-        """Whether the interval of the difference excludes 0."""
-        return self.high < 0 or self.low > 0
+        """Whether the two-sided ``p_value`` is below ``1 − level`` (unadjusted: a table of
+        several tests adjusts them with :func:`holm` first)."""
+        return self.p_value < 1 - self.level
+
+    @property
+    def detectable(self) -> float:
+        """The smallest difference this comparison detects with 80% power at two-sided
+        ``α = 1 − level``, at the observed spread: ``(z₁₋α/₂ + z₀.₈) · spread``."""
+        return (_z(1 - (1 - self.level) / 2) + _z(POWER)) * self.spread
+
+    def equivalent(self, margin: float) -> bool:
+        """A paired TOST at ``α = (1 − level) / 2`` per side: whether the ``(1 − 2α)`` interval of
+        the difference lies inside ``(−margin, margin)`` (``margin`` in the score's units, fixed
+        before looking at the results)."""
+        margin = finite(margin, "margin", low=0.0)
+        return -margin < self.tost_low and self.tost_high < margin
+
+
+#: the power at which :attr:`Paired.detectable` is given
+POWER = 0.8
+
+
+def _z(probability: float) -> float:
+    """The standard normal quantile (:class:`statistics.NormalDist`)."""
+    return NormalDist().inv_cdf(probability)
+
+
+def two_sided_p(differences: Float[np.ndarray, " resample"]) -> float:
+    """The two-sided bootstrap p-value of "no difference": ``2 · min(P*(d ≤ 0), P*(d ≥ 0))``,
+    capped at 1 (the percentile interval inverted; the module docstring)."""
+    return float(min(1.0, 2 * min(np.mean(differences <= 0), np.mean(differences >= 0))))
+
+
+def holm(p_values: Sequence[float]) -> Float[np.ndarray, " test"]:
+    """Holm's (1979) step-down adjustment of the p-values of one family of tests (a table):
+    the ``i``-th smallest of ``m`` becomes ``max_{j ≤ i} min(1, (m − j + 1) · p_(j))``; NaN
+    (no test) stays NaN and does not count in ``m``. ``adjusted < α`` rejects exactly the
+    hypotheses Holm's procedure rejects at ``α``, controlling the family-wise error rate."""
+    values = np.asarray(p_values, dtype=np.float64).reshape(-1)
+    adjusted = np.full_like(values, np.nan)
+    tested = np.flatnonzero(~np.isnan(values))
+    order = tested[np.argsort(values[tested], kind="stable")]
+    m = len(order)
+    scaled = np.minimum(1.0, (m - np.arange(m)) * values[order])
+    adjusted[order] = np.maximum.accumulate(scaled) if m else scaled
+    return adjusted
+
+
+def _paired(difference: float, differences: Float[np.ndarray, " resample"], level: float) -> Paired:
+    """A :class:`Paired` of the point ``difference`` and its resampled ``differences``."""
+    alpha = 1 - level
+    low, high, tost_low, tost_high = np.quantile(differences, [alpha / 2, 1 - alpha / 2, alpha, 1 - alpha])
+    return Paired(float(difference), float(low), float(high), two_sided_p(differences), level,
+                  float(np.std(differences, ddof=1)) if len(differences) > 1 else float("nan"),
+                  float(tost_low), float(tost_high))
 
 
 def counts(task: Any, predictions: Sequence[Any]) -> Float[np.ndarray, "example count"]:
     """Per-example counts of ``task``'s metric (see the module docstring) for ``predictions``
-    (label indices or names, as :meth:`attnlens.tasks.Task.score` takes them)."""
+    (label indices or names, as :meth:`attnlens.evaluation.tasks.Task.score` takes them)."""
     gold = task.labels()
     predicted = task._as_indices(predictions, gold)
     metric = task.metric
@@ -204,9 +275,8 @@ def paired_counts(base: Float[np.ndarray, "example count"], other: Float[np.ndar
         raise InputError(f"paired counts need the same examples: {base.shape} and {other.shape}.")
     drawn = weights(len(base), resamples=resamples, seed=seed)
     differences = from_counts(metric, drawn @ other) - from_counts(metric, drawn @ base)
-    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
     difference = float(from_counts(metric, other.sum(0)) - from_counts(metric, base.sum(0)))
-    return Paired(difference, float(low), float(high), float(np.mean(differences >= 0)), level)
+    return _paired(difference, differences, level)
 
 
 def bootstrap(task: Any, predictions: Sequence[Any], *, resamples: int = RESAMPLES, level: float = LEVEL,
@@ -244,6 +314,4 @@ def paired(task: Any, base: Sequence[Any], other: Sequence[Any], *, resamples: i
     else:
         differences = (run_mean(values, run_draws(len(other), resamples=resamples, seed=seed))
                        - run_mean(base_values, run_draws(len(base), resamples=resamples, seed=seed, stream=2)))
-    low, high = np.quantile(differences, [(1 - level) / 2, (1 + level) / 2])
-    return Paired(float(points.mean() - base_points.mean()), float(low), float(high),
-                  float(np.mean(differences >= 0)), level)
+    return _paired(float(points.mean() - base_points.mean()), differences, level)
