@@ -236,12 +236,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _probe_options(parser: argparse.ArgumentParser) -> None:
-    """The options of the commands that probe tasks under PAPA constants (curve, table)."""
+def _probe_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    """The options of the commands that probe tasks under PAPA constants (curve, table);
+    ``required``: whether argparse requires ``--task`` (curve checks it itself: its ``--combine``
+    runs no task)."""
     parser.add_argument("--seeds", type=_positive, default=3, help="probe seeds per point (default 3)")
     parser.add_argument("--batch-size", type=_positive, default=32, help="texts per forward pass")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    _measure(parser, required=True)
+    _measure(parser, required=required)
     _force(parser)
 
 
