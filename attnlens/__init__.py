@@ -5,7 +5,7 @@ Methods are hooks on TransformerLens hook points of an unmodified model:
 - :mod:`attnlens.papa`: constant attention (Hassid et al. 2022);
 - :mod:`attnlens.methods.effective`: effective attention (Brunner et al. 2020; Sun & Marasović 2021);
 - :mod:`attnlens.methods.stats`: what heads look at (Clark et al. 2019);
-- :mod:`attnlens.compare` and :mod:`attnlens.core.plots`: head-grid views and reports;
+- :func:`attnlens.compare` (:mod:`attnlens.comparison`) and :mod:`attnlens.core.plots`: head-grid views and reports;
 - :mod:`attnlens.engine.passes`: the one loop over a corpus (accumulators, checkpoints, torchrun);
 - :mod:`attnlens.core.models`: one file of facts per architecture (BERT, RoBERTa, GPT-2, Llama);
 - :mod:`attnlens.evaluation.tasks`, :mod:`attnlens.evaluation.probing` and :mod:`attnlens.evaluation.lm`: what an intervention
@@ -25,7 +25,7 @@ ones, not even inside a function, and no imports form a cycle
   ``table`` (PAPA's), ``importance``;
 - ``present`` (:mod:`attnlens.present`): ``figures``, ``columns``, ``report``, ``explorer``,
   ``kept``, ``display``, ``export``;
-- ``compare``: :mod:`attnlens.compare`;
+- ``comparison`` (:mod:`attnlens.comparison`): ``result``, ``accumulator``, ``run``;
 - ``cli`` (:mod:`attnlens.cli`): one module per command.
 
 Each module has one name, its path in the layers (``attnlens.engine.passes``,
@@ -39,8 +39,8 @@ positions (never forget ``**batch.model_kwargs()``).
 ``attnlens.load()`` returns a ``TransformerBridge`` on which ``blocks.{l}.attn.hook_pattern``
 is a real intervention point (see :mod:`attnlens.core.seam`).
 
-``attnlens.compare`` is both a module and callable: ``attnlens.compare(model, "papa",
-"effective")`` calls :func:`attnlens.compare.compare`.
+``attnlens.compare(model, "papa", "effective")`` is :func:`attnlens.comparison.run.compare`,
+imported on first use; its result is a :class:`attnlens.comparison.result.Comparison`.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is imported lazily
-    from attnlens.compare import Comparison
+    from attnlens.comparison.result import Comparison
+    from attnlens.comparison.run import compare
     from attnlens.core.inputs import Batch, Words, tokenize
     from attnlens.core.loading import load
     from attnlens.engine.passes import model_inputs, run_with_hooks
@@ -67,7 +68,7 @@ if "ipykernel.zmqshell" in sys.modules:  # a Jupyter kernel: keep tqdm.auto (tra
 #: TransformerLens, plotly or pandas until a name that needs them is used; ``attnlens --help``
 #: stays fast)
 _SUBMODULES = (
-    "core", "engine", "methods", "evaluation", "present", "compare", "cli",  # the layers
+    "core", "engine", "methods", "evaluation", "present", "comparison", "cli",  # the layers
     "papa", "ablation", "errors",  # the facades and the errors
 )
 #: names re-exported lazily from submodules
@@ -77,14 +78,15 @@ _LAZY = {
     "tokenize": ("attnlens.core.inputs", "tokenize"),
     "load": ("attnlens.core.loading", "load"),
     "effective_attention": ("attnlens.methods.effective", "effective_attention"),
-    "Comparison": ("attnlens.compare", "Comparison"),
+    "Comparison": ("attnlens.comparison.result", "Comparison"),
+    "compare": ("attnlens.comparison.run", "compare"),
     "run_with_hooks": ("attnlens.engine.passes", "run_with_hooks"),
     "model_inputs": ("attnlens.engine.passes", "model_inputs"),
     "to_circuitsvis": ("attnlens.present.export", "to_circuitsvis"),
 }
 
 __all__ = [
-    "Batch", "Words", "load", "tokenize", "effective_attention", "Comparison", "run_with_hooks",
+    "Batch", "Words", "load", "tokenize", "effective_attention", "compare", "Comparison", "run_with_hooks",
     "model_inputs", "to_circuitsvis", "AttnlensError", *_SUBMODULES,
 ]
 

@@ -58,7 +58,7 @@ def main() -> None:
     device = setup(args)
 
     from attnlens import cli
-    from attnlens.compare import Comparison
+    from attnlens.comparison.result import Comparison
 
     with tempfile.TemporaryDirectory() as folder:
         report, table = Path(folder) / "report.html", Path(folder) / "comparison.json"

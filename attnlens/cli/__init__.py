@@ -285,7 +285,7 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 
 def _views(text: str) -> list[str]:
-    from attnlens.compare import validate_views
+    from attnlens.comparison.run import validate_views
 
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
@@ -419,12 +419,12 @@ def _check_max_len(model: Any, texts: list, max_len: int, layout: str) -> None:
 
 
 def _check_example(example: int, n_texts: int) -> None:
-    """Refuse ``--example`` outside the corpus (:func:`attnlens.compare._check_example`'s test)
+    """Refuse ``--example`` outside the corpus (:func:`attnlens.comparison.result.check_example`'s test)
     in one line naming the valid range."""
-    from attnlens.compare import _check_example
+    from attnlens.comparison.result import check_example
 
     try:
-        _check_example(example, n_texts)
+        check_example(example, n_texts)
     except ValueError:
         raise UsageError(
             f"--example {example} is outside the corpus of {n_texts} text"
@@ -433,13 +433,13 @@ def _check_example(example: int, n_texts: int) -> None:
 
 
 def _check_focus(focus: tuple[int, int], model: Any) -> None:
-    """Refuse ``--focus`` outside the model's heads (:func:`attnlens.compare._check_focus`'s
+    """Refuse ``--focus`` outside the model's heads (:func:`attnlens.comparison.run.check_focus`'s
     test) in one line naming the valid range, before any pass over the corpus."""
-    from attnlens.compare import _check_focus
+    from attnlens.comparison.run import check_focus
 
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     try:
-        _check_focus(focus, n_layers, n_heads)
+        check_focus(focus, n_layers, n_heads)
     except ValueError:
         raise UsageError(
             f"--focus {focus[0]},{focus[1]} is outside the model's {n_layers} layers x {n_heads} "

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             layout = cli._fit_layout(model) if "papa" in views else "padded"
         cli._check_max_len(model, texts, args.max_len, layout)
-    from attnlens.compare import compare
+    from attnlens.comparison.run import compare
 
     comparison = compare(
         model, *views, corpus=texts, max_len=args.max_len,

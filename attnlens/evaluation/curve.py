@@ -35,8 +35,8 @@ from attnlens.evaluation.curve_inputs import checked_constants, lambda_order
 from attnlens.evaluation.probing import paired
 from attnlens.evaluation.probing.features import hooks_key
 from attnlens.evaluation.probing.intervals import paired_counts
+from attnlens.methods import interventions
 from attnlens.methods.papa import baselines as data_free
-from attnlens.methods.papa.intervene import hooks as papa_hooks
 from attnlens.methods.papa.selection import STRATEGIES, select_heads
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
@@ -356,11 +356,12 @@ def curve(
         for fraction in fractions:
             heads = select_heads(strategy, fraction=fraction, constants=fitted, seed=seed, lam=lam)
             replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
-            listed.append((strategy, f"{fraction}", fraction,
-                             papa_hooks(fitted, heads=heads, fast=fast) if replaced else ()))
+            hooks = interventions.build("papa", model, heads, constants=fitted, fast=fast) if replaced else ()
+            listed.append((strategy, f"{fraction}", fraction, hooks))
         for name in baselines:
             made = getattr(data_free, name)(fitted)
-            listed.append((name, "1.0", 1.0, papa_hooks(made, fast=fast)))
+            hooks = interventions.build("papa", model, "all", constants=made, fast=fast)
+            listed.append((name, "1.0", 1.0, hooks))
         return listed
 
     # Every point is one job (points with the same hooks, one job), shared by the ranks under

@@ -59,7 +59,7 @@ from attnlens.core.result import Result, frame_from_json, frame_to_json
 from attnlens.engine import passes
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
-from attnlens.methods import views
+from attnlens.methods import view_setup, views
 
 #: the rows of one chunk of :class:`HeadDistances` take about this many bytes of temporaries
 CHUNK_BYTES = 200 * 2**20
@@ -138,16 +138,20 @@ class HeadDistances(Accumulator):
     of pairs, for models with thousands of heads) of about ``chunk_bytes`` of temporaries.
 
     ``view="standard"`` reads ``layer.pattern``, ``"effective"`` ``layer.effective`` (signed:
-    made a distribution by ``|a| / Σ|a|``).
+    made a distribution by ``|a| / Σ|a|``); any view given by name reads its
+    :attr:`~attnlens.methods.views.View.maps`. A registered :class:`~attnlens.methods.views.View`
+    value is read as it is, a view given by constants included (its maps are the patterns,
+    under the pass's hooks: :attr:`attnlens.methods.view_setup.ViewSetup.hooks`).
     """
 
     compact = True  # rows compared over each example's valid keys, wherever they sit
     any_order = True  # sums over examples
 
     def __init__(
-        self, n_layers: int, n_heads: int, view: str = "standard", *, chunk_bytes: int = CHUNK_BYTES
+        self, n_layers: int, n_heads: int, view: Any = "standard", *, chunk_bytes: int = CHUNK_BYTES
     ) -> None:
-        self._view = views.get_view(view, among=views.NAMED, where=" for HeadDistances")
+        self._view = view if isinstance(view, views.View) else views.get_view(
+            view, among=views.names(constants=False), where=" for HeadDistances")
         view = self._view.name
         self.n_layers = whole_number(n_layers, "n_layers", minimum=1)
         self.n_heads = whole_number(n_heads, "n_heads", minimum=1)
@@ -393,13 +397,13 @@ def cluster(
     heads it does not name are ``"unknown"``. ``seed``: MDS's ``random_state``.
     """
     require_bridge(model, "cluster")
-    chosen = views.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)
+    chosen = view_setup.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)
     name, max_len, layout = chosen.name, chosen.max_len, chosen.layout
     seed = whole_number(seed, "seed", minimum=0)
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     checked_types = _check_types(types, n_layers, n_heads)
 
-    distances = HeadDistances(n_layers, n_heads, "effective" if name == "effective" else "standard")
+    distances = HeadDistances(n_layers, n_heads, chosen.view)  # a view given by constants: its hooks
     summary = passes.run(
         model, corpus, [distances], max_len=max_len, layout=layout, batch_size=batch_size,
         hooks=chosen.hooks, progress=progress, description="head clustering", settings={"view": name},

@@ -11,8 +11,8 @@ to make one by name (unknown names raise one error that lists them)::
         ...
 
 The kinds are thin names over the functions that define them, which keep working as before:
-``"papa"`` / ``"papa.blend"`` are :func:`attnlens.papa.hooks` (``constants=``, ``lam=``),
-``"effective"`` / ``"effective.null"`` are :func:`attnlens.effective.hooks` (on the layers that
+``"papa"`` / ``"papa.blend"`` are :func:`attnlens.papa.hooks` (``constants=``, ``lam=``, ``fast=``),
+``"effective"`` / ``"effective.null"`` are :func:`attnlens.methods.effective.hooks` (on the layers that
 hold a selected head: effective attention replaces a layer's patterns whole), and
 ``"ablation.<mode>"`` are :func:`attnlens.ablation.hooks` for each of
 :data:`attnlens.ablation.MODES`.
@@ -105,9 +105,9 @@ def _headset(model: Any, heads: Any) -> HeadSet:
 
 
 def _papa(mode: str) -> Callable[..., Hooks]:
-    def make(model: Any, heads: HeadSet, *, constants: Any = None, lam: Any = None) -> Hooks:
+    def make(model: Any, heads: HeadSet, *, constants: Any = None, lam: Any = None, fast: bool = False) -> Hooks:
         constants.check_compatible(model)
-        return papa.hooks(constants, heads=heads, mode=mode, lam=lam)
+        return papa.hooks(constants, heads=heads, mode=mode, lam=lam, fast=fast)
 
     return make
 

@@ -324,7 +324,7 @@ class Statistics(Accumulator):
     def __init__(self, n_layers: int, n_heads: int, view: str = "standard", *, constants: Any = None,
                  causal: bool | None = None) -> None:
         self.constants, self.causal = constants, causal
-        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        self._view = views.get_view(view, among=None if constants is not None else views.names(constants=False))
         view = self.view = self._view.name
         self.name = f"statistics.{view}"
         self.needs_effective = self._view.needs_effective
@@ -372,7 +372,7 @@ class Distance(Accumulator):
     def __init__(self, n_layers: int, n_heads: int, view: str = "effective", *, constants: Any = None,
                  causal: bool | None = None) -> None:
         self.constants, self.causal = constants, causal
-        self._view = views.get_view(view, among=None if constants is not None else views.NAMED)
+        self._view = views.get_view(view, among=None if constants is not None else views.names(constants=False))
         self.view = self._view.name
         self.name = f"distance.{self.view}"
         self.needs_effective = self._view.needs_effective

@@ -63,7 +63,7 @@ from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError, MissingFileError
-from attnlens.methods import views
+from attnlens.methods import view_setup, views
 
 #: the fixed offsets (in words) of the baseline, dependent -> head ("the word k to the right")
 OFFSETS: tuple[int, ...] = (-3, -2, -1, 1, 2, 3)
@@ -307,7 +307,9 @@ class DependencyCounts(Accumulator):
 
     ``sentences``: the gold trees, in the order of the corpus given to the pass (example ``i``
     of the corpus is ``sentences[i]``; batches find theirs by :attr:`PassBatch.indices`).
-    ``effective``: read effective attention instead of the patterns. ``relations``: the
+    ``view``: the registered view whose maps are read (:attr:`attnlens.methods.views.View.maps`:
+    ``"standard"`` the patterns, ``"effective"`` effective attention, a view given by constants
+    the patterns under its hooks). ``relations``: the
     relations counted (default: those of ``sentences``, :func:`relations_of`); arcs of other
     relations are ignored.
 
@@ -326,12 +328,14 @@ class DependencyCounts(Accumulator):
         n_layers: int,
         n_heads: int,
         *,
-        effective: bool = False,
+        view: Any = "standard",
         relations: Sequence[str] | None = None,
     ) -> None:
         self.sentences = list(sentences)
         self.relations = tuple(relations) if relations is not None else relations_of(self.sentences)
-        self.needs_effective = bool(effective)
+        self._view = view if isinstance(view, views.View) else views.get_view(
+            view, among=views.names(constants=False), where=" for DependencyCounts")
+        self.needs_effective = self._view.needs_effective
         index = {relation: i for i, relation in enumerate(self.relations)}
         self._arcs = [
             [(dependent, head, index[relation]) for dependent, head, relation in sentence.arcs()
@@ -387,7 +391,7 @@ class DependencyCounts(Accumulator):
 
     def update(self, layer: LayerPatterns) -> None:
         gold = self._gold
-        pattern = layer.effective if self.needs_effective else layer.pattern
+        pattern = self._view.maps(layer)
         words = word_attention(pattern.detach(), gold["word_ids"], gold["width"])
         by_word = predicted_words(words, gold["present"]).transpose(1, 2)  # [batch, word, head]
         rows, dependents, heads = gold["rows"], gold["dependents"], gold["heads"]
@@ -537,7 +541,7 @@ def dependency_heads(
     ``"effective"`` or ``"papa"``), ``layout`` and ``max_len``.
     """
     require_bridge(model, "dependency_heads")
-    chosen = views.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)
+    chosen = view_setup.setup(model, view, max_len=max_len, layout=layout, hooks=hooks)
     name, max_len, layout = chosen.name, chosen.max_len, chosen.layout
     sentences = read_conllu(conllu, limit=limit)
 
@@ -564,7 +568,7 @@ def dependency_heads(
         )
 
     counts = DependencyCounts(
-        kept, int(model.cfg.n_layers), int(model.cfg.n_heads), effective=name == "effective"
+        kept, int(model.cfg.n_layers), int(model.cfg.n_heads), view=chosen.view
     )
     passes.run(
         model, [Words(s.words) for s in kept], [counts], max_len=max_len, layout=layout,

@@ -8,14 +8,15 @@
   constant through :func:`attnlens.papa.hooks` and read back from the patterns; the inputs then
   take the constants' layout and ``max_len``.
 
-:func:`setup` turns a view into the pass settings every corpus analysis (pattern types,
-syntactic heads, clustering) uses, so they all accept the same views with the same errors.
+:func:`attnlens.methods.view_setup.setup` turns a view into the pass settings every corpus
+analysis (pattern types, syntactic heads, clustering) uses, so they all accept the same views
+with the same errors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from attnlens.errors import InputError
@@ -49,7 +50,21 @@ class View:
     ``takes_constants``: whether the view is given by PAPA constants (the constants are the view
     value; their hooks make the patterns the maps are read from); ``default_layout``: the inputs'
     layout, a fixed name, or a callable of the model (None: the model's own,
-    :func:`attnlens.inputs.default_layout`)."""
+    :func:`attnlens.inputs.default_layout`).
+
+    ``intervention``: the name, in :data:`attnlens.methods.interventions.REGISTRY`, of the
+    intervention that runs the model under this view (built with
+    :func:`attnlens.methods.interventions.build`; a view given by a value with ``constants=``
+    it): the hooks :func:`attnlens.methods.view_setup.setup` installs for a view given by a
+    value, and those the scores of :func:`attnlens.compare` run under (None: the view only
+    reads the maps another way).
+    ``accepts``: for a view given by a value (``takes_constants``), whether a value is one of its
+    values (PAPA: fitted or trainable constants); such a value carries the ``max_len`` and
+    ``layout`` its inputs must have and ``check_compatible(model)``. ``value_hint``: what to give
+    for it, said when its name is given instead. ``blind_below_d_head``: its maps equal the
+    pattern on a text of at most ``d_head`` real tokens (effective attention: the values then
+    span every direction), so :func:`attnlens.compare` shows a longer example and says how many
+    texts are that short."""
 
     name: str
     description: str
@@ -58,6 +73,10 @@ class View:
     needs_effective: bool = False
     takes_constants: bool = False
     default_layout: str | Callable[[Any], str] | None = None
+    intervention: str | None = None
+    accepts: Callable[[Any], bool] | None = None
+    value_hint: str = ""
+    blind_below_d_head: bool = False
 
     def read(self, layer: Any, constants: Any = None, *, causal: bool | None = None) -> Any:
         """This view's maps of one :class:`attnlens.passes.LayerPatterns`. A view given by PAPA
@@ -97,13 +116,6 @@ def register_view(view: View) -> View:
     return view
 
 
-register_view(View("standard", "the model's attention", signed=False))
-register_view(View("papa", "PAPA constants (attnlens.papa.fit(model, texts) or papa.load(path))",
-                   signed=False, takes_constants=True))
-register_view(View("effective", "effective attention (Brunner et al. 2020), signed", signed=True,
-                   maps=_effective, needs_effective=True))
-
-
 def names(*, constants: bool | None = None, among: Iterable[str] | None = None) -> tuple[str, ...]:
     """The registered views' names in order; ``constants=False`` only those given by name (not by
     PAPA constants), ``True`` only those; ``among``: only these."""
@@ -124,12 +136,14 @@ def unknown_view(view: Any, *, among: Iterable[str] | None = None, where: str = 
     listing = ", ".join(repr(name) for name in accepted)
     details = "; ".join(f"{name!r}: {REGISTRY[name].description}" for name in accepted)
     hint = ""
-    if any(REGISTRY[name].takes_constants for name in REGISTRY) and not any(
-        REGISTRY[name].takes_constants for name in accepted
-    ):
-        hint = " (PAPA constants: run the pass with hooks=papa.hooks(constants) and view='standard')"
-    elif view == "papa":
-        hint = " ('papa' needs the PAPA constants themselves: view=attnlens.papa.fit(model, texts))"
+    by_value = [value for value in REGISTRY.values() if value.takes_constants]
+    given = REGISTRY.get(view) if isinstance(view, str) else None
+    if by_value and not any(REGISTRY[name].takes_constants for name in accepted):
+        first = by_value[0]
+        hint = (f" ({first.name!r}: run the pass with hooks=interventions.build({first.intervention!r}, "
+                f"model, constants=...) and view={accepted[0]!r})" if accepted else "")
+    elif given is not None and given.takes_constants and given.value_hint:
+        hint = f" ({view!r} needs {given.value_hint})"
     return InputError(f"Unknown view {describe(view)}{where}; use {listing} ({details}){hint}.")
 
 
@@ -142,74 +156,45 @@ def get_view(view: Any, *, among: Iterable[str] | None = None, where: str = "") 
         return view
     if isinstance(view, str) and view in accepted:
         return REGISTRY[view]
-    if not isinstance(view, str | View) and _is_constants(view):
-        papa = [name for name in accepted if REGISTRY[name].takes_constants]
-        if papa:
-            return REGISTRY[papa[0]]
+    if not isinstance(view, str | View):
+        taking = [name for name in accepted if _takes(REGISTRY[name], view)]
+        if taking:
+            return REGISTRY[taking[0]]
     raise unknown_view(view, among=among, where=where)
 
 
-def _is_constants(value: Any) -> bool:
-    from attnlens.methods.papa import PapaConstants, TrainableConstants
-
-    return isinstance(value, PapaConstants | TrainableConstants)
-
-
-#: the views given by name (the others take PAPA constants as their value)
-NAMED: tuple[str, ...] = names(constants=False)
+def _takes(view: View, value: Any) -> bool:
+    """Whether ``value`` is one of the values of ``view`` (:attr:`View.accepts`)."""
+    return view.takes_constants and view.accepts is not None and bool(view.accepts(value))
 
 
 def resolve(view: Any) -> tuple[str, Any]:
-    """``(name, constants or None)`` of a view: a name given by name (``"standard"``,
-    ``"effective"``) or PAPA constants (``"papa"``, with them); ``ValueError`` for anything else,
-    the string ``"papa"`` included (the view needs the constants themselves)."""
-    if _is_constants(view):
+    """``(name, constants or None)`` of a view: the name of a view given by name (``"standard"``,
+    ``"effective"``, any registered view that does not take constants) or a value of a view given
+    by one (PAPA constants: ``"papa"``, with them); ``InputError`` for anything else, the name of
+    a view given by a value included (the view needs the value itself)."""
+    if not isinstance(view, str | View) and any(_takes(value, view) for value in REGISTRY.values()):
         return get_view(view).name, view
-    if isinstance(view, str) and view in NAMED:
+    if isinstance(view, str) and view in names(constants=False):
         return view, None
     raise unknown_view(view)
 
 
-@dataclass
-class ViewSetup:
-    """A view made ready for :func:`attnlens.passes.run`: its ``name``, ``constants`` (or None),
-    the ``max_len`` and ``layout`` of the inputs and the ``hooks`` that install it."""
-
-    name: str
-    constants: Any
-    max_len: int
-    layout: str
-    hooks: list = field(default_factory=list)
-
-    @property
-    def effective(self) -> bool:
-        return self.name == "effective"
+# ------------------------------------------------------------------------------------------------
+# the views attnlens has (a view defined elsewhere registers itself the same way)
 
 
-def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = None,
-          default_max_len: int = 128, hooks: Any = ()) -> ViewSetup:
-    """Check ``view`` against ``model`` and decide the inputs: PAPA constants impose their own
-    ``max_len`` and layout (giving others is an error), else ``max_len`` defaults to
-    ``default_max_len`` and ``layout`` to the model's (:func:`attnlens.inputs.default_layout`).
-    ``hooks``: further interventions, run after the view's own."""
-    from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
+def _papa_constants(value: Any) -> bool:
+    """Whether ``value`` is PAPA constants, fitted or trainable (the ``"papa"`` view's values)."""
+    from attnlens.methods.papa import PapaConstants, TrainableConstants  # torch: only for a value
 
-    name, constants = resolve(view)
-    fwd_hooks = list(hooks)
-    if constants is not None:
-        constants.check_compatible(model)
-        for given, theirs, what in ((max_len, constants.max_len, "max_len"), (layout, constants.layout, "layout")):
-            if given is not None and given != theirs:
-                raise InputError(
-                    f"PAPA constants are fitted with {what}={theirs!r}, not {given!r}: the inputs "
-                    f"must be laid out as the constants are; leave out {what}= (or give {theirs!r})."
-                )
-        max_len, layout = constants.max_len, constants.layout
-        from attnlens.methods import papa
+    return isinstance(value, PapaConstants | TrainableConstants)
 
-        fwd_hooks = [*papa.hooks(constants), *fwd_hooks]
-    layout = default_layout(model) if layout is None else layout
-    if layout not in LAYOUTS:
-        raise InputError(f"Unknown layout {describe(layout)}; use one of {', '.join(LAYOUTS)}.")
-    max_len = check_max_len(model, default_max_len if max_len is None else max_len, layout=layout)
-    return ViewSetup(name, constants, max_len, layout, fwd_hooks)
+
+register_view(View("standard", "the model's attention", signed=False))
+register_view(View("papa", "PAPA constants (attnlens.papa.fit(model, texts) or papa.load(path))",
+                   signed=False, takes_constants=True, intervention="papa", accepts=_papa_constants,
+                   value_hint="the PAPA constants themselves: view=attnlens.papa.fit(model, texts)"))
+register_view(View("effective", "effective attention (Brunner et al. 2020), signed", signed=True,
+                   maps=_effective, needs_effective=True, intervention="effective",
+                   blind_below_d_head=True))

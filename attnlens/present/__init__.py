@@ -6,6 +6,6 @@ maps (:mod:`attnlens.present.kept`), Jupyter's views (:mod:`attnlens.present.dis
 to CircuitsVis and BertViz (:mod:`attnlens.present.export`), and the columns and views a
 comparison is made of (:mod:`attnlens.present.columns`).
 
-Imports the layers below only, never :mod:`attnlens.compare`: a comparison reaches these
+Imports the layers below only, never :mod:`attnlens.comparison`: a comparison reaches these
 modules as an argument (see :mod:`attnlens.core` for the layers).
 """

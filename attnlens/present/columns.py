@@ -1,10 +1,11 @@
-"""What a comparison is made of: its views, the columns of its table and of its scores, and
-what each means.
+"""What a comparison is made of: the columns of its table, what each means, and whether a
+view is signed (read from the views' registry when asked).
 
-:mod:`attnlens.compare` builds a :class:`attnlens.compare.Comparison` with these columns and
-writes their definitions into its JSON; the report (:mod:`attnlens.present.report`), its
-explorer and its figures show them. They live here, below both, so that the presentation layer
-never imports the comparison (which imports it); :mod:`attnlens.compare` re-exports every name.
+:func:`attnlens.compare` builds a :class:`attnlens.comparison.result.Comparison` with these
+columns and writes their definitions into its JSON; the report (:mod:`attnlens.present.report`),
+its explorer and its figures show them. They live here, below both, so that the presentation
+layer never imports the comparison (which imports it). The columns of its scores are
+:data:`attnlens.evaluation.view_scores.SCORE_COLUMNS`.
 """
 
 from __future__ import annotations
@@ -13,19 +14,27 @@ from attnlens.methods import views
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import STATISTICS
 
-#: the views compare knows, in report order
-VIEWS: tuple[str, ...] = views.names()
-#: views whose values can leave [0, 1] (drawn on a diverging colour scale): :attr:`View.signed`
-SIGNED_VIEWS: frozenset[str] = views.signed_names()
 #: the columns of :attr:`Comparison.table` with the share of each pattern type
 TYPE_COLUMNS: tuple[str, ...] = tuple(f"type_{name}" for name in TYPES)
 #: columns of :attr:`Comparison.table`
 COLUMNS: tuple[str, ...] = (
     "view", "layer", "head", *STATISTICS, "distance_from_standard", *TYPE_COLUMNS, "pattern_type",
 )
+
+
+def is_signed(view: str) -> bool:
+    """Whether ``view``'s maps can leave [0, 1] (drawn on a diverging colour scale, rows that
+    need not sum to 1): :attr:`attnlens.methods.views.View.signed` of the view registered under
+    that name now (the registry is read when asked, never copied at import); a name that is
+    not registered (a comparison read from JSON in a session without its view) is unsigned."""
+    view_value = views.REGISTRY.get(view)
+    return view_value is not None and view_value.signed
+
+
 #: one-line definitions of the table's columns (shown in the report and in ``to_json``)
 COLUMN_DOCS: dict[str, str] = {
-    "view": "which attention: standard (the model's), papa (constant), effective",
+    "view": "which attention: a registered view (attnlens.methods.views.REGISTRY), e.g. standard "
+            "(the model's), papa (constant), effective",
     "layer": "layer index, from 0",
     "head": "head index within the layer, from 0",
     "to_cls": "mean attention on the start token ([CLS] / <s>)",
@@ -59,13 +68,3 @@ TARGETS: dict[str, str] = {
 }
 #: a head whose largest target share is below this is labelled "broad"
 BROAD_BELOW = 0.25
-
-#: Columns of :attr:`Comparison.scores`.
-SCORE_COLUMNS = {
-    "view": "standard, papa (all heads), papa (half of the heads), effective",
-    "task": "task name, or 'lm' for the language-model score",
-    "metric": "the task's metric, or the LM score's kind (own head or MLM probe)",
-    "score": "on the evaluation split (LM: negative log-perplexity, nats per token)",
-    "majority": "score of always predicting the most frequent training label",
-    "relative": "score / the standard view's score",
-}

@@ -1,8 +1,8 @@
 """Compact displays for Jupyter: small HTML summaries (no ``<script>``, no plotly.js) and the
 :class:`Figures` mapping of a comparison.
 
-A notebook cell that ends with a :class:`attnlens.compare.Comparison`, PAPA constants, a
-:class:`attnlens.heads.HeadSet` or a PAPA :class:`attnlens.papa.Curve` shows a few lines: what
+A notebook cell that ends with a :class:`attnlens.comparison.result.Comparison`, PAPA constants, a
+:class:`attnlens.core.heads.HeadSet` or a PAPA :class:`attnlens.papa.Curve` shows a few lines: what
 was computed, its size, the first rows of its table (the views of the last three, and the test
 for a kernel, are :mod:`attnlens.core.notebook`'s, below the layers that define them; they are
 re-exported here). Figures are shown one at a time, by name

@@ -1,6 +1,6 @@
 """The interactive part of the HTML report: any example, any head, every view side by side.
 
-A reader picks one of the kept examples (:attr:`attnlens.compare.Comparison.kept_patterns`, in a
+A reader picks one of the kept examples (:attr:`attnlens.comparison.result.Comparison.kept_patterns`, in a
 select box listing each text's first words) and a layer and head (two select boxes, or a click on
 a cell of any head-grid figure of the report), and sees that head's map under every view of the
 comparison side by side, tokens on both axes (queries down, keys across). A checkbox shows each
@@ -9,7 +9,7 @@ lines at the separator boundary and named in the hover.
 
 Colour scales follow :mod:`attnlens.plots`: sequential from 0 (:data:`attnlens.plots.SEQUENTIAL`)
 for non-negative maps (standard, PAPA), diverging and centred on 0
-(:data:`attnlens.plots.DIVERGING`) for signed ones (effective attention, differences).
+(:data:`attnlens.core.plots.DIVERGING`) for signed ones (effective attention, differences).
 
 Everything is in the page, nothing is fetched: the maps are embedded as base64 of their deflated
 8-bit codes (:mod:`attnlens.kept`) in a ``<script type="application/json">`` element and
@@ -31,9 +31,9 @@ import torch
 
 from attnlens.core import plots
 from attnlens.present import kept
-from attnlens.present.columns import SIGNED_VIEWS
+from attnlens.present.columns import is_signed
 
-# a comparison (attnlens.compare.Comparison) arrives as an argument: the comparison imports the
+# a comparison (attnlens.comparison.result.Comparison) arrives as an argument: the comparison imports the
 # presentation layer, never the other way round
 Comparison = Any
 
@@ -230,7 +230,7 @@ def _kept(c: Comparison) -> kept.KeptPatterns:
     if c.kept_patterns is not None and c.kept_patterns.examples:
         return c.kept_patterns
 
-    signed = tuple(view for view in c.views if view in SIGNED_VIEWS)
+    signed = tuple(view for view in c.views if is_signed(view))
     codes, scales = {}, {}
     for view, array in c.example_patterns.items():
         code, scale = kept.encode(torch.from_numpy(np.asarray(array, dtype=np.float32)), signed=view in signed)
@@ -252,7 +252,7 @@ def data(c: Comparison, grids: list[str]) -> dict[str, Any]:
     return {
         "views": views,
         "signed": {view: view in store.signed for view in views},
-        "blank": {view: bool(c.causal) and view not in SIGNED_VIEWS for view in views},
+        "blank": {view: bool(c.causal) and not is_signed(view) for view in views},
         "zero": kept.SIGNED_ZERO,
         "n_layers": c.n_layers,
         "n_heads": c.n_heads,

@@ -1,9 +1,9 @@
-"""The figures of a comparison (:attr:`attnlens.compare.Comparison.figures`): head grids of its
+"""The figures of a comparison (:attr:`attnlens.comparison.result.Comparison.figures`): head grids of its
 statistics, the example's patterns tiled, and the views side by side, by name in report order.
 
 A comparison arrives as an argument (read through its ``table``, ``grid``, ``pattern_type``,
 ``dominant_target``, ``pattern_types``, ``example_patterns``...): this module never imports
-:mod:`attnlens.compare`, which imports it.
+:mod:`attnlens.comparison`, which imports it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from attnlens.methods import patterns
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import STATISTICS
-from attnlens.present.columns import BROAD_BELOW, COLUMN_DOCS, SIGNED_VIEWS, TARGETS
+from attnlens.present.columns import BROAD_BELOW, COLUMN_DOCS, TARGETS, is_signed
 
 #: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
 MAX_TILED_TOKENS = 64
@@ -40,7 +40,7 @@ def build_figures(comparison: Any) -> dict[str, Any]:
         layer=layer,
         head=head,
         causal={view: blank_later_keys(c, view) for view in c.views},
-        diverging={view: view in SIGNED_VIEWS for view in c.views},
+        diverging={view: is_signed(view) for view in c.views},
         title=f"Layer {layer}, head {head}: " + " vs ".join(c.views) + f" (example {c.example_index})",
     )
     figures["dominant_target"] = plots.head_grid(
@@ -75,7 +75,7 @@ def build_figures(comparison: Any) -> dict[str, Any]:
             array[..., :shown, :shown],
             c.example_tokens[:shown],
             causal=blank_later_keys(c, view),
-            diverging=view in SIGNED_VIEWS,
+            diverging=is_signed(view),
             title=f"{view} attention of every head, example {c.example_index}{crop}",
             name=view,
         )
@@ -85,4 +85,4 @@ def build_figures(comparison: Any) -> dict[str, Any]:
 def blank_later_keys(comparison: Any, view: str) -> bool:
     """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view but
     effective attention, which reaches later keys (``A⊥ = A P`` mixes all value vectors)."""
-    return comparison.causal and view not in SIGNED_VIEWS
+    return comparison.causal and not is_signed(view)

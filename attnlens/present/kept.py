@@ -47,7 +47,7 @@ SIGNED_ZERO = 128
 #: maps, 20.6 MB of codes, one thread: 0.053 s and 7.69 MB against 0.351 s and 8.17 MB; zlib's
 #: level 6 1.39 s and 7.14 MB): zlib's level 1 had taken 4.4% of ``compare``'s time on a
 #: 2-thread Intel Xeon (``benchmarks/compare_cost.py``). The report's budget
-#: (:data:`attnlens.compare.REPORT_BUDGET`) bounds the bytes either way.
+#: (:data:`attnlens.comparison.run.REPORT_BUDGET`) bounds the bytes either way.
 COMPRESSION_LEVEL = 1
 
 

@@ -1,4 +1,4 @@
-"""The HTML report of a :class:`attnlens.compare.Comparison`: self-contained and offline.
+"""The HTML report of a :class:`attnlens.comparison.result.Comparison`: self-contained and offline.
 
 plotly.js is embedded once (inline, no CDN) with the first figure; the other figures reuse it.
 In place of the static side-by-side figure the report has an explorer (:mod:`attnlens.explorer`):
@@ -20,10 +20,11 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from attnlens.engine.effective import short_text_note
+from attnlens.evaluation.view_scores import SCORE_COLUMNS
 from attnlens.present import explorer
-from attnlens.present.columns import COLUMN_DOCS, SCORE_COLUMNS
+from attnlens.present.columns import COLUMN_DOCS, is_signed
 
-# a comparison (attnlens.compare.Comparison) arrives as an argument: the comparison imports the
+# a comparison (attnlens.comparison.result.Comparison) arrives as an argument: the comparison imports the
 # presentation layer, never the other way round
 Comparison = Any
 
@@ -84,13 +85,12 @@ def _side_by_side_caption(c: Comparison, *, explorer_first: bool = False) -> str
             f"{opening} and one example under each view (the head whose first non-standard view "
             "is farthest from standard, unless chosen)."
         )
-    if "effective" in c.views:
-        text += (
-            " Effective attention can be negative or above 1 and uses a diverging colour scale "
-            "centred on 0."
-        )
+    signed = [view for view in c.views if is_signed(view)]
+    if signed:
+        text += (f" Signed views ({', '.join(signed)}, e.g. effective attention) can be negative or "
+                 "above 1 and use a diverging colour scale centred on 0.")
         if c.causal:
-            text += " On this decoder it also reaches keys after the query, which the other views blank."
+            text += " On this decoder they also reach keys after the query, which the other views blank."
     return text
 
 
@@ -120,7 +120,7 @@ def _summary(c: Comparison) -> str:
         "example": f"text {c.example_index}: " + " ".join(c.example_tokens),
         "focus head": f"layer {c.focus[0]}, head {c.focus[1]}",
     }
-    if "effective" in c.views and "d_head" in c.meta:
+    if "d_head" in c.meta:  # a view read effective attention (compare's meta says so)
         longer = c.meta.get("longer_than_d_head")
         items["effective attention"] = short_text_note(int(c.meta["d_head"])).capitalize() + (
             f"; {longer} of {c.n_examples} texts here are" if longer is not None else ""

@@ -145,7 +145,7 @@ def _sentences():
 
 def _views(model, start, stop):
     from attnlens import papa
-    from attnlens.compare import ViewsAccumulator
+    from attnlens.comparison.accumulator import ViewsAccumulator
 
     constants = papa.uniform(model, max_len=MAX_LEN)
     return ViewsAccumulator(model, ("standard", "papa", "effective"), constants, example=1,
@@ -165,7 +165,7 @@ def _cases() -> list[Case]:
     from attnlens import ablation, clustering, papa, stats, syntax
     from attnlens.evaluation.lm.scorer import LMScorer
     from attnlens.evaluation.probing.mlm import MaskedStates
-    from attnlens.compare import ViewsAccumulator
+    from attnlens.comparison.accumulator import ViewsAccumulator
     from attnlens.papa import PapaConstants
     from attnlens.papa.fitting import PatternSums
     from attnlens.patterns.counts import PatternTypes
@@ -392,7 +392,7 @@ def test_any_order_accumulators_give_the_same_result_by_length(case, model):
 
 def _kept_decoded(accumulator: passes.Accumulator) -> dict[str, Any] | None:
     """What compare's accumulator keeps for its figures and report, the 8-bit maps decoded."""
-    from attnlens.compare import ViewsAccumulator
+    from attnlens.comparison.accumulator import ViewsAccumulator
 
     if not isinstance(accumulator, ViewsAccumulator):
         return None

@@ -150,7 +150,8 @@ def _classification():
 
 
 def _comparison():
-    from attnlens.compare import COLUMNS, Comparison
+    from attnlens.comparison.result import Comparison
+    from attnlens.present.columns import COLUMNS
 
     rows = []
     for view in ("standard", "papa"):
@@ -236,7 +237,7 @@ def test_from_json_refuses_what_it_did_not_write(name, tmp_path):
 
 def test_a_comparison_keeps_its_messages():
     """Comparison's own JSON (older than the protocol) reads and refuses as it did."""
-    from attnlens.compare import Comparison
+    from attnlens.comparison.result import Comparison
 
     with pytest.raises(FileFormatError, match="lacks or mangles the field 'views'.*attnlens compare --json"):
         Comparison.from_json(json.dumps({"table": []}))

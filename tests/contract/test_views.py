@@ -12,7 +12,7 @@ import torch
 
 from attnlens.engine import passes
 from attnlens.errors import InputError
-from attnlens.methods import views
+from attnlens.methods import view_setup, views
 from attnlens.methods.views import View
 from tests import tiny
 
@@ -60,7 +60,7 @@ def test_view_contract(bert, constants, name):
     assert isinstance(view, View) and view.name == name and views.get_view(view) is view
     assert isinstance(view.signed, bool) and view.description
     assert view.layout(bert) in ("papa", "padded", "compact") or isinstance(view.layout(bert), str)
-    chosen = views.setup(bert, value_of(view, constants), max_len=None if view.takes_constants else MAX_LEN)
+    chosen = view_setup.setup(bert, value_of(view, constants), max_len=None if view.takes_constants else MAX_LEN)
     assert chosen.name == name
     record = Record(view)
     passes.run(bert, tiny.CORPUS[:5], [record], max_len=chosen.max_len, layout=chosen.layout,
@@ -87,7 +87,7 @@ def test_unknown_view_is_one_error_naming_the_registered_views():
     with pytest.raises(InputError, match=f"Unknown view 'attn'; use {listing}"):
         views.get_view("attn")
     with pytest.raises(InputError, match="Unknown view 'papa' for HeadDistances; use 'standard', 'effective'"):
-        views.get_view("papa", among=views.NAMED, where=" for HeadDistances")
+        views.get_view("papa", among=views.names(constants=False), where=" for HeadDistances")
     with pytest.raises(InputError, match="already registered"):
         views.register_view(View("standard", "another", signed=False))
 

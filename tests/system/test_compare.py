@@ -1,4 +1,4 @@
-"""attnlens.compare: the table, the figures, HTML/JSON output, and the callable module."""
+"""attnlens.compare: the table, the figures, HTML/JSON output, and the function itself."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.compare import COLUMNS, Comparison
-from attnlens.stats import AttentionStatistics, token_classes
+from attnlens.comparison.result import Comparison
+from attnlens.methods.stats import AttentionStatistics, token_classes
+from attnlens.present.columns import COLUMNS
 from tests.small_comparison import MAX_LEN, small_comparison, texts
 from tests.typechecks import unchecked
 
@@ -54,7 +55,7 @@ def test_table_has_two_times_72_rows_plus_standard(comparison):
 
 @pytest.mark.parametrize("view", ["standard", "effective"])
 def test_pattern_types_equal_patterns_types(comparison, minilm, view):
-    """The type shares of the comparison's pass equal attnlens.patterns.types' own pass over the
+    """The type shares of the comparison's pass equal attnlens.methods.patterns.types' own pass over the
     same corpus, layout and max_len (counts of the same template rules: exact)."""
     from attnlens import patterns
 
@@ -163,28 +164,22 @@ def test_bad_corpus_and_options(minilm, tmp_path):
         )
 
 
-# -- compare is a callable module ----------------------------------------------------------------
+# -- attnlens.compare is a function, imported on first use ---------------------------------------
 
 
-def test_compare_is_callable_after_import_attnlens(minilm):
+def test_compare_is_the_function_of_the_comparison_package(minilm):
+    from attnlens.comparison.run import compare
+
+    assert attnlens.compare is compare
     result = attnlens.compare(minilm, "standard", corpus=SHORT[:1], max_len=16, progress=False)
-    assert isinstance(result, attnlens.Comparison)
-    assert callable(attnlens.compare.compare)
-
-
-def test_compare_is_callable_after_import_attnlens_compare(minilm):
-    import attnlens.compare as module
-
-    assert module is attnlens.compare
-    result = module(minilm, "standard", corpus=SHORT[:1], max_len=16, progress=False)
-    assert isinstance(result, module.Comparison)
-    assert len(result.table) == 72
+    assert isinstance(result, attnlens.Comparison) and len(result.table) == 72
 
 
 def test_compare_is_callable_in_a_fresh_interpreter():
     code = (
-        "import attnlens, sys; ok = callable(attnlens.compare); import attnlens.compare as m; "
-        "sys.exit(0 if ok and callable(m) and m is attnlens.compare else 1)"
+        "import attnlens, sys, types; ok = isinstance(attnlens.compare, types.FunctionType); "
+        "import attnlens.comparison.run as run; "
+        "sys.exit(0 if ok and run.compare is attnlens.compare else 1)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
 
@@ -285,7 +280,7 @@ def test_decoder_patterns_are_masked_above_the_diagonal_except_effective_attenti
 
 
 def test_long_example_is_cropped_in_the_tiled_figure(comparison):
-    from attnlens.compare import MAX_TILED_TOKENS
+    from attnlens.present.figures import MAX_TILED_TOKENS
 
     tokens = [f"w{i}" for i in range(MAX_TILED_TOKENS + 6)]
     n = len(tokens)

@@ -245,7 +245,7 @@ def test_compares_accumulators_run_compact_and_equal_the_padded_ones(request, na
     between heads of Clark et al.'s clustering (HeadDistances). Tolerances as for
     logits (module docstring); the type counts must be equal (a share that sits on a threshold
     within 1e-6 would flip one: none does here)."""
-    from attnlens.compare import ViewsAccumulator
+    from attnlens.comparison.accumulator import ViewsAccumulator
     from attnlens.core.loading import is_causal
     from attnlens.methods.clustering import HeadDistances
     from attnlens.methods.patterns import templates

@@ -4,7 +4,8 @@ Layers, lowest first (:data:`LAYERS`): ``core`` (inputs, loading, seam, models, 
 heads, plots), ``engine`` (the pass: accumulators, ``run``, checkpoints, distributed, hooks),
 ``methods`` (papa, effective, stats, patterns, clustering, ablation, syntax), ``evaluation``
 (tasks, probing, lm, the PAPA curve and table, head importance), ``present`` (figures, report,
-explorer, export), ``compare`` (:mod:`attnlens.compare`), ``cli``, and ``api`` (the package's
+explorer, export), ``comparison`` (result, accumulator, run: :func:`attnlens.compare`), ``cli``,
+and ``api`` (the package's
 facade: ``attnlens/__init__.py`` and the public modules ``attnlens.papa`` and
 ``attnlens.ablation`` that gather names of several layers). A module's layer is its folder
 (``attnlens/<layer>/...``), or :data:`OUTSIDE` for the modules at the package's root.
@@ -30,11 +31,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnlens"
 
 #: the layers, lowest first
-LAYERS = ("core", "engine", "methods", "evaluation", "present", "compare", "cli", "api")
+LAYERS = ("core", "engine", "methods", "evaluation", "present", "comparison", "cli", "api")
 #: the layer of each module outside the layer folders
 OUTSIDE = {
     "attnlens.errors": "core",  # the error family: a leaf every layer imports
-    "attnlens.compare": "compare",  # attnlens.compare(model, "papa", "effective") and Comparison
     "attnlens": "api",  # the package: lazy names and submodules
     "attnlens.__main__": "api",
     "attnlens.papa": "api",  # PAPA's public names: methods.papa, evaluation.curve and .table
@@ -297,7 +297,7 @@ from attnlens.core import checks                 # down: fine
 from attnlens.present import report              # up: present
 from ..evaluation import tasks                   # up: evaluation (relative)
 import attnlens.evaluation.probing.features      # up: evaluation
-from attnlens import __version__, compare        # the package (api) itself; compare is up
+from attnlens import __version__, comparison     # the package (api) itself; comparison is up
 
 if TYPE_CHECKING:
     from attnlens.cli import main                # up: cli, even for type checkers
@@ -320,7 +320,7 @@ def test_the_check_catches_planted_upward_imports():
         (9, "attnlens.evaluation.tasks", False),
         (10, "attnlens.evaluation.probing.features", False),
         (11, "attnlens", False),
-        (11, "attnlens.compare", False),
+        (11, "attnlens.comparison", False),
         (14, "attnlens.cli", False),
         (19, "attnlens.methods.papa.fitting", True),
         (20, "attnlens.evaluation.lm", True),

@@ -69,7 +69,7 @@ def test_compare_batch_size_as_a_string_is_named(bridge):
 
 
 def test_a_truncated_comparison_json_is_named(bridge, tmp_path):
-    from attnlens.compare import Comparison
+    from attnlens.comparison.result import Comparison
 
     comparison = attnlens.compare(bridge, "standard", corpus=tiny.CORPUS[:2], max_len=12, progress=False)
     path = tmp_path / "comparison.json"

@@ -18,8 +18,9 @@ import torch
 from plotly.offline import get_plotlyjs
 
 import attnlens
-from attnlens import kept
-from attnlens.compare import REPORT_BUDGET, REPORT_EXAMPLES, Comparison
+from attnlens.comparison.result import Comparison
+from attnlens.comparison.run import REPORT_BUDGET, REPORT_EXAMPLES
+from attnlens.present import kept
 from tests.tiny import CORPUS, bert_tokenizer, tiny_bert
 from tests.typechecks import unchecked
 
@@ -300,8 +301,8 @@ def test_report_holds_the_explorer_and_its_data(comparison):
 def test_pattern_types_render_when_present(comparison):
     import dataclasses
 
-    from attnlens.compare import TYPE_COLUMNS
-    from attnlens.report import pattern_types_html
+    from attnlens.present.columns import TYPE_COLUMNS
+    from attnlens.present.report import pattern_types_html
 
     table = comparison.table.copy()
     table[list(TYPE_COLUMNS)] = float("nan")

@@ -107,7 +107,7 @@ def test_float32_batch_sums_are_within_the_float32_bound_of_float64():
     of ``K`` keys in a sum of ``B · Q`` rows, so ``n = K + B · Q`` (entropy adds a log and a
     division per row: a few ``u`` more, covered by ``+ 8``). The reference is the same formula
     in float64, on the same (float32) patterns."""
-    from attnlens.compare import _total_variation
+    from attnlens.methods.stats import total_variation as _total_variation
 
     generator = torch.Generator().manual_seed(1)
     batch, heads, n = 16, 4, 96

@@ -32,7 +32,9 @@ attnlens's: ``epochs`` = 10, ``batch_size`` = 32, ``lr`` = 1e-3. Always:
 - ``dropout`` = 0.1 before the last layer (BERT's classifier dropout);
 - ``seed`` = 0: the initial weights and the order of the examples, so a fit is reproducible.
 
-Training runs in float32 on the float16 features, on the CPU or the features' device.
+Training runs in float32 on the float16 features, on the CPU or the features' device. Several
+probes of one shape (seeds, points of a task) train as one stacked model with
+:func:`attnlens.evaluation.probing.stacked.fit_many`, each member the same fit as its own.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from attnlens.core import memory
 from attnlens.core.checks import all_finite, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
-from attnlens.engine.passes import progress_bar
+from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation import tasks
 from attnlens.evaluation.probing.features import Features
@@ -360,20 +362,7 @@ class PapaProbe(Estimator):
             for start in range(0, len(examples), batch_size):
                 chosen = examples[start : start + batch_size]
                 logits, _ = self._logits(features, chosen)
-                predicted = logits.argmax(-1)
-                if features.kind == "sequence":
-                    outputs.extend(int(value) for value in predicted)
-                    continue
-                position = 0
-                for index in chosen.tolist():
-                    count = int(features.lengths[index])
-                    words = features.positions[features.offsets[index] : features.offsets[index + 1]]
-                    tags = [self.fallback] * int(features.n_words[index])
-                    for word, label in zip(words.tolist(), predicted[position : position + count].tolist(),
-                                           strict=True):
-                        tags[word] = label
-                    outputs.append(tags)
-                    position += count
+                outputs.extend(as_lists(features, chosen, logits.argmax(-1), self.fallback))
         return outputs
 
     def score(self, features: Features, labels: list) -> float:
@@ -470,6 +459,26 @@ def _split(n: int, validation: float, generator: torch.Generator) -> tuple[Tenso
     count = max(1, min(count, n - 1))
     order = torch.randperm(n, generator=generator)
     return order[count:].sort().values, order[:count].sort().values
+
+
+def as_lists(features: Features, chosen: Int[Tensor, " example"], predicted: Int[Tensor, " row"],
+             fallback: int) -> list:
+    """:meth:`PapaProbe.predict`'s lists of the examples ``chosen`` from ``predicted``, the label
+    of each of their rows (examples of sequence features; the kept words of word features, example
+    after example): an int per example, or a list of ints per example, one per word (words
+    without a vector get ``fallback``)."""
+    if features.kind == "sequence":
+        return [int(value) for value in predicted]
+    outputs, position = [], 0
+    for index in chosen.tolist():
+        count = int(features.lengths[index])
+        words = features.positions[features.offsets[index] : features.offsets[index + 1]]
+        tags = [fallback] * int(features.n_words[index])
+        for word, label in zip(words.tolist(), predicted[position : position + count].tolist(), strict=True):
+            tags[word] = label
+        outputs.append(tags)
+        position += count
+    return outputs
 
 
 def targets_of(targets: Tensor, features: Features, chosen: Tensor, rows: Tensor) -> Tensor:

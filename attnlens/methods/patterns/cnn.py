@@ -76,8 +76,6 @@ WIDTHS: tuple[int, ...] = (8, 8, 16, 16, 32, 32, 32, 32)
 GROUPS = 4
 #: range of the length factor of the augmentation (each batch resampled to ``L · factor``)
 AUGMENT_RANGE: tuple[float, float] = (0.5, 2.0)
-#: views a map can come from (:func:`attnlens.patterns.classify`)
-VIEWS: tuple[str, ...] = views.names()
 
 Maps = Float[Tensor, "n query key"] | Float[np.ndarray, "n query key"] | Sequence[Any]
 

@@ -26,7 +26,7 @@ from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
 from attnlens.errors import InputError, InputTypeError
-from attnlens.methods import views
+from attnlens.methods import view_setup, views
 from attnlens.methods.patterns.templates import TYPES, Positions, template_labels
 
 #: colours of the types in figures (one per :data:`TYPES`, Plotly's qualitative "Set2")
@@ -160,7 +160,7 @@ def types(
     asked = list(view) if isinstance(view, list | tuple) else [view]
     if not asked:
         raise InputError("view= is an empty list; give 'standard', 'effective' or PAPA constants.")
-    chosen = [views.setup(model, one, max_len=max_len, layout=layout, hooks=hooks) for one in asked]
+    chosen = [view_setup.setup(model, one, max_len=max_len, layout=layout, hooks=hooks) for one in asked]
     # the named views read the same forward: one pass for them, one per set of PAPA constants
     groups = [[c for c in chosen if c.constants is None]] + [[c] for c in chosen if c.constants is not None]
     groups = [group for group in groups if group]

@@ -49,8 +49,6 @@ MAPS, GRID, LABELS = "maps.safetensors", "maps.png", "labels.csv"
 RESERVED: tuple[str, ...] = ("id", "row", "column", "suggested", "label")
 #: white pixels between two tiles of the grid
 GAP = 2
-#: views :func:`sample_maps` reads
-SAMPLE_VIEWS: tuple[str, ...] = views.NAMED
 
 
 def _pillow() -> Any:
@@ -143,8 +141,9 @@ def sample_maps(
     ``[query, key]`` cropped to the example's real tokens; ``tokens``, their token strings;
     ``meta``, a DataFrame with ``example`` (index in ``corpus``), ``layer``, ``head``, ``view`` and
     ``length`` (real tokens)."""
-    if not isinstance(view, str) or view not in SAMPLE_VIEWS:
-        raise views.unknown_view(view, among=SAMPLE_VIEWS, where=" for sample_maps")
+    readable = views.names(constants=False)  # the views given by name, registered now
+    if not isinstance(view, str) or view not in readable:
+        raise views.unknown_view(view, among=readable, where=" for sample_maps")
     n = whole_number(n, "n", " of maps", minimum=1)
     seed = whole_number(seed, "seed", minimum=0)
     texts = list(corpus_iterator(corpus))
