@@ -34,36 +34,37 @@ GLUE is Wang et al. (2019), "GLUE: A Multi-Task Benchmark and Analysis Platform 
 Language Understanding", ICLR. CoNLL-2003 is Tjong Kim Sang & De Meulder (2003), "Introduction to
 the CoNLL-2003 Shared Task: Language-Independent Named Entity Recognition", CoNLL.
 
-Token tasks give their inputs as :class:`attnlens.inputs.Words`: a probe labels the *first*
+Token tasks give their inputs as :class:`attnlens.core.inputs.Words`: a probe labels the *first*
 sub-token of each word and ignores the others (and the special tokens), as PAPA (Hassid et al.
 2022) and BERT's NER fine-tuning do; predictions are therefore one label per word.
 
-With ``data_dir`` the files above are read (GLUE TSVs without quote handling, MRPC files as
-``utf-8-sig``); without it, the Hugging Face hub (``datasets.load_dataset``), mapped to the same
+With ``data_dir`` the files above are read (:mod:`attnlens.evaluation.task_files`: GLUE TSVs
+without quote handling, MRPC files as ``utf-8-sig``); without it, the Hugging Face hub (``datasets.load_dataset``), mapped to the same
 columns. Metrics come from scikit-learn and seqeval. Every anticipated problem is one
 :class:`TaskError` line that names the problem and the fix.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import functools
 import os
-import sys
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import datasets
 import numpy as np
 
 from attnlens.core.checks import indices as checked
 from attnlens.core.checks import whole_number
 from attnlens.core.inputs import Words
 from attnlens.errors import InputError
+from attnlens.evaluation import task_files
+from attnlens.evaluation.task_files import Spec, Unreadable, empty_message
+
+if TYPE_CHECKING:  # datasets is imported where a task is loaded: importing this module stays light
+    import datasets
 
 #: the tasks :func:`load` knows
 NAMES: tuple[str, ...] = ("sst2", "cola", "mrpc", "mnli", "ner", "pos")
@@ -142,32 +143,23 @@ def labelled(predictions: Iterable[Any], label_names: Iterable[str], task: str |
     return Predictions(predictions, names, task)
 
 
-@dataclass(frozen=True)
-class _Spec:
-    kind: str
-    label_names: tuple[str, ...]
-    metric: str
-    files: dict[str, str]  # split -> the file looked for under data_dir (relative)
-    title: str  # the name in messages
-
-
-_SPECS: dict[str, _Spec] = {
-    "sst2": _Spec("sentence", ("negative", "positive"), "accuracy",
-                  {s: f"sst2/{s}.tsv" for s in SPLITS}, "SST-2"),
-    "cola": _Spec("sentence", ("unacceptable", "acceptable"), "matthews_corrcoef",
-                  {s: f"cola/glue/{s}.tsv" for s in SPLITS}, "CoLA"),
-    "mrpc": _Spec("pair", ("not_equivalent", "equivalent"), "f1",
-                  {"train": "mrpc/msr_paraphrase_train.txt", "dev": "mrpc/msr_paraphrase_train.txt",
-                   "test": "mrpc/msr_paraphrase_test.txt"}, "MRPC"),
-    "mnli": _Spec("pair", ("entailment", "neutral", "contradiction"), "accuracy",
-                  {"train": "mnli/train.tsv", "dev": "mnli/dev_matched.tsv",
-                   "test": "mnli/test_matched.tsv"}, "MNLI"),
-    "ner": _Spec("token", NER_TAGS, "seqeval_f1",
-                 {"train": "conll2003/train.txt", "dev": "conll2003/valid.txt",
-                  "test": "conll2003/test.txt"}, "CoNLL-2003 NER"),
-    "pos": _Spec("token", POS_TAGS, "accuracy",
-                 {"train": "conll2003/train.txt", "dev": "conll2003/valid.txt",
-                  "test": "conll2003/test.txt"}, "CoNLL-2003 POS"),
+_SPECS: dict[str, Spec] = {
+    "sst2": Spec("sentence", ("negative", "positive"), "accuracy",
+                 {s: f"sst2/{s}.tsv" for s in SPLITS}, "SST-2"),
+    "cola": Spec("sentence", ("unacceptable", "acceptable"), "matthews_corrcoef",
+                 {s: f"cola/glue/{s}.tsv" for s in SPLITS}, "CoLA"),
+    "mrpc": Spec("pair", ("not_equivalent", "equivalent"), "f1",
+                 {"train": "mrpc/msr_paraphrase_train.txt", "dev": "mrpc/msr_paraphrase_train.txt",
+                  "test": "mrpc/msr_paraphrase_test.txt"}, "MRPC"),
+    "mnli": Spec("pair", ("entailment", "neutral", "contradiction"), "accuracy",
+                 {"train": "mnli/train.tsv", "dev": "mnli/dev_matched.tsv",
+                  "test": "mnli/test_matched.tsv"}, "MNLI"),
+    "ner": Spec("token", NER_TAGS, "seqeval_f1",
+                {"train": "conll2003/train.txt", "dev": "conll2003/valid.txt",
+                 "test": "conll2003/test.txt"}, "CoNLL-2003 NER"),
+    "pos": Spec("token", POS_TAGS, "accuracy",
+                {"train": "conll2003/train.txt", "dev": "conll2003/valid.txt",
+                 "test": "conll2003/test.txt"}, "CoNLL-2003 POS"),
 }
 
 
@@ -219,7 +211,7 @@ class Task:
 
     def inputs(self) -> list:
         """What a model reads, one per example: a ``str`` (sentence tasks), a ``(str, str)`` pair
-        (pair tasks), or :class:`attnlens.inputs.Words` (token tasks)."""
+        (pair tasks), or :class:`attnlens.core.inputs.Words` (token tasks)."""
         if self.kind == "sentence":
             return _column(self.examples, "text")
         if self.kind == "pair":
@@ -453,7 +445,10 @@ def load(
     if data_dir is None:
         columns = _from_hub(name, split)
     else:
-        columns = _from_files(name, split, Path(data_dir))
+        try:
+            columns = task_files.read(name, split, Path(data_dir), spec)
+        except Unreadable as error:  # the one error a caller of load catches
+            raise TaskError(str(error)) from None
     size = len(columns["label" if "label" in columns else "tags"])
     if size == 0:
         raise _empty(name, split, None if data_dir is None else Path(data_dir))
@@ -462,11 +457,15 @@ def load(
         # SST-2 rows to keep 4,000 was most of a load)
         chosen = np.sort(np.random.default_rng(seed).choice(size, size=limit, replace=False)).tolist()
         columns = {key: [values[index] for index in chosen] for key, values in columns.items()}
+    import datasets  # here, not at the top: importing tasks stays light (no pyarrow, no datasets)
+
     examples = datasets.Dataset.from_dict(columns, features=_features(spec))
     return Task(name, split, spec.kind, spec.label_names, spec.metric, examples)
 
 
-def _features(spec: _Spec) -> datasets.Features:
+def _features(spec: Spec) -> datasets.Features:
+    import datasets
+
     label = datasets.ClassLabel(names=list(spec.label_names))
     if spec.kind == "token":
         return datasets.Features({"words": datasets.Sequence(datasets.Value("string")),
@@ -487,196 +486,13 @@ def _empty(name: str, split: str, data_dir: Path | None, why: str = "it holds no
             f"the {split} split of task {name!r} ({spec.title}) is empty: the Hugging Face hub's "
             f"{repo} ({config}, split {splits[split]!r}) has no example; pass data_dir=... with "
             f"{spec.files[split]}.")
-    path = data_dir / spec.files[split]
-    if name == "mrpc" and split != "test":
-        why += (f" {'listed' if split == 'dev' else 'outside those listed'} in "
-                f"{data_dir / 'mrpc' / 'dev_ids.tsv'}")
-    return TaskError(
-        f"the {split} split of task {name!r} ({spec.title}) is empty: {path} was read and {why}; "
-        f"pass a data_dir whose {spec.files[split]} holds the {split} examples (or data_dir=None "
-        "for the Hugging Face hub).")
-
-
-def _from_files(name: str, split: str, data_dir: Path) -> dict[str, list]:
-    """The columns of one split read from its file; a file read before (same path, size and
-    modification time) is parsed once per process (a curve loads each split at every point)."""
-    spec = _SPECS[name]
-    path = data_dir / spec.files[split]
-    if not path.is_file():
-        hint = (" (the CoNLL-2003 test split may be held back; use split='dev')"
-                if spec.kind == "token" and split == "test" else "")
-        raise TaskError(f"{spec.title} {split} file not found: {path}{hint} (the {split} split of task "
-                        f"{name!r}); pass a data_dir that holds {spec.files[split]} (or "
-                        "data_dir=None for the Hugging Face hub).")
-    stat = path.stat()
-    if stat.st_size == 0:
-        raise _empty(name, split, data_dir, "it is an empty file (0 bytes)")
-    extra = data_dir / "mrpc" / "dev_ids.tsv" if name == "mrpc" else None
-    signature = (stat.st_size, stat.st_mtime_ns, extra.stat().st_mtime_ns if extra and extra.is_file() else None)
-    return _parsed(name, split, str(path), str(data_dir), signature)  # errors name the path as given
-
-
-@functools.lru_cache(maxsize=32)
-def _parsed(name: str, split: str, path_name: str, data_dir_name: str, signature: tuple) -> dict[str, list]:
-    """:func:`_from_files`' parse, cached by path and ``signature`` (size and modification times):
-    an edited file is read again. Callers never change the lists returned."""
-    path, data_dir = Path(path_name), Path(data_dir_name)
-    if name == "sst2":
-        return _read_sst2(path, split)
-    if name == "cola":
-        return _read_cola(path, split)
-    if name == "mrpc":
-        return _read_mrpc(path, split, data_dir / "mrpc" / "dev_ids.tsv")
-    if name == "mnli":
-        return _read_mnli(path, split)
-    return _read_conll(path, column=3 if name == "ner" else 1, spec=_SPECS[name])
-
-
-def _read_tsv(path: Path, encoding: str = "utf-8") -> tuple[list[str], list[list[str]]]:
-    """The header and rows of a GLUE TSV, read without quote handling. csv's cell limit (a
-    process-wide setting) is raised for this read only, then put back."""
-    previous = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    try:
-        with open(path, encoding=encoding, newline="") as handle:
-            rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
-    except (OSError, UnicodeDecodeError) as error:
-        raise TaskError(f"Cannot read {path}: {error}; pass a data_dir with the original files.") from None
-    finally:
-        csv.field_size_limit(previous)
-    if not rows:
-        raise TaskError(f"{path} is empty; pass a data_dir with the original files.")
-    return rows[0], rows[1:]
-
-
-#: GLUE's binary labels as written in its files
-_BINARY: dict[str, int] = {"0": 0, "1": 1}
-
-
-def _label(value: str, allowed: dict[str, int], path: Path, line: int, title: str) -> int:
-    if value not in allowed:
-        raise TaskError(f"{path} line {line}: label {value!r} is not a {title} label "
-                        f"({', '.join(allowed)}); pass a data_dir with the original files.")
-    return allowed[value]
-
-
-def _no_labels(path: Path, title: str) -> TaskError:
-    return TaskError(f"{path} has no label column ({title} test labels are not public); "
-                     f"use split='dev', or put a labelled file at {path}.")
-
-
-def _columns(
-    numbered: Iterable[tuple[int, list[str]]], path: Path, width: int, label: int,
-    texts: tuple[int, ...], allowed: dict[str, int], title: str,
-) -> dict[str, list]:
-    """The ``text`` (and ``text_pair``) and ``label`` columns of GLUE rows, given with their line
-    numbers; a row of another width or with a label outside ``allowed`` is a TaskError."""
-    columns: list[list[str]] = [[] for _ in texts]
-    labels: list[int] = []
-    for line, row in numbered:
-        if len(row) != width or row[label] not in allowed:  # checked inline: up to 67,349 rows
-            _width(row, width, path, line)
-            _label(row[label], allowed, path, line, title)
-        labels.append(allowed[row[label]])
-        for column, values in zip(texts, columns, strict=True):
-            values.append(row[column])
-    result = dict(zip(("text", "text_pair"), columns, strict=False))
-    return {**result, "label": labels}
-
-
-def _read_sst2(path: Path, split: str) -> dict[str, list]:
-    header, rows = _read_tsv(path)
-    if "label" not in header or "sentence" not in header:
-        if "sentence" in header:
-            raise _no_labels(path, "SST-2")
-        raise TaskError(f"{path} has header {header}, not 'sentence<TAB>label'; pass a data_dir "
-                        "with GLUE's SST-2 files.")
-    return _columns(enumerate(rows, start=2), path, len(header), header.index("label"),
-                    (header.index("sentence"),), _BINARY, "SST-2")
-
-
-def _width(row: list[str], width: int, path: Path, line: int) -> None:
-    if len(row) != width:
-        raise TaskError(f"{path} line {line} has {len(row)} tab-separated columns, not {width}; "
-                        "pass a data_dir with the original, unmodified files.")
-
-
-def _read_cola(path: Path, split: str) -> dict[str, list]:
-    first, rows = _read_tsv(path)  # no header: source, label, author_mark, sentence
-    if first == ["index", "sentence"]:
-        raise _no_labels(path, "CoLA")
-    return _columns(enumerate([first, *rows], start=1), path, 4, 1, (3,), _BINARY, "CoLA")
-
-
-def _read_mrpc(path: Path, split: str, dev_ids: Path) -> dict[str, list]:
-    """GLUE's MRPC: dev = the rows of msr_paraphrase_train.txt whose (#1 ID, #2 ID) is listed in
-    dev_ids.tsv, train = the others; test = msr_paraphrase_test.txt (which has labels)."""
-    header, rows = _read_tsv(path, encoding="utf-8-sig")
-    wanted = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
-    if header != wanted:
-        raise TaskError(f"{path} has header {header}, not {wanted}; pass a data_dir with the MRPC "
-                        "files GLUE uses (msr_paraphrase_train.txt / msr_paraphrase_test.txt).")
-    numbered = list(enumerate(rows, start=2))
-    if split != "test":
-        if not dev_ids.is_file():
-            raise TaskError(f"MRPC dev ids not found: {dev_ids}; pass a data_dir that holds "
-                            "mrpc/dev_ids.tsv (GLUE's mrpc_dev_ids.tsv), which splits train from dev.")
-        if dev_ids.stat().st_size == 0:
-            raise TaskError(f"MRPC dev ids file {dev_ids} is empty (0 bytes), so the {split} split of "
-                            "task 'mrpc' cannot be told apart; pass a data_dir that holds GLUE's "
-                            "mrpc_dev_ids.tsv as mrpc/dev_ids.tsv.")
-        first, id_rows = _read_tsv(dev_ids, encoding="utf-8-sig")  # no header: first is a pair
-        dev = {(row[0], row[1]) for row in [first, *id_rows] if len(row) >= 2}
-        # malformed rows are kept, for _columns to report
-        numbered = [(line, row) for line, row in numbered
-                    if len(row) != 5 or ((row[1], row[2]) in dev) == (split == "dev")]
-    return _columns(numbered, path, 5, 0, (3, 4), _BINARY, "MRPC")
-
-
-def _read_mnli(path: Path, split: str) -> dict[str, list]:
-    header, rows = _read_tsv(path)
-    if "gold_label" not in header:
-        raise _no_labels(path, "MNLI")
-    for column in ("sentence1", "sentence2"):
-        if column not in header:
-            raise TaskError(f"{path} has no {column!r} column; pass a data_dir with GLUE's MNLI files.")
-    allowed = {label: i for i, label in enumerate(_SPECS["mnli"].label_names)}
-    return _columns(enumerate(rows, start=2), path, len(header), header.index("gold_label"),
-                    (header.index("sentence1"), header.index("sentence2")), allowed, "MNLI")
-
-
-def _read_conll(path: Path, column: int, spec: _Spec) -> dict[str, list]:
-    """Sentences of a CoNLL-2003 file: ``TOKEN POS CHUNK NER`` lines, a blank line between
-    sentences, ``-DOCSTART-`` lines skipped; ``column`` is the tag column read."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise TaskError(f"Cannot read {path}: {error}; pass a data_dir with the original files.") from None
-    allowed = {tag: i for i, tag in enumerate(spec.label_names)}
-    sentences: list[list[str]] = []
-    tags: list[list[int]] = []
-    words: list[str] = []
-    labels: list[int] = []
-    for number, line in enumerate([*lines, ""], start=1):
-        fields = line.split()
-        if not fields:
-            if words:
-                sentences.append(words)
-                tags.append(labels)
-                words, labels = [], []
-            continue
-        if fields[0] == "-DOCSTART-":
-            continue
-        if len(fields) != 4:
-            raise TaskError(f"{path} line {number} has {len(fields)} space-separated columns, not 4 "
-                            "(TOKEN POS CHUNK NER); pass a data_dir with the original CoNLL-2003 files.")
-        words.append(fields[0])
-        tag = allowed.get(fields[column])  # inline: _label runs per tag only to report a bad one
-        labels.append(tag if tag is not None else _label(fields[column], allowed, path, number, spec.title))
-    return {"words": sentences, "tags": tags}
+    return TaskError(empty_message(name, split, data_dir, spec, why))
 
 
 def _from_hub(name: str, split: str) -> dict[str, list]:
     """The split from the Hugging Face hub (or its cache), as the columns of the file readers."""
+    import datasets
+
     spec = _SPECS[name]
     repo, config, kwargs, splits = HUB[name]
     try:
@@ -741,6 +557,8 @@ def _hub_columns(name: str, split: str, table: Any) -> dict[str, list]:
 
 def _class_names(feature: Any) -> list[str] | None:
     """The names of a ``ClassLabel`` feature (or of a sequence of them), else None."""
+    import datasets
+
     while feature is not None and not isinstance(feature, datasets.ClassLabel):
         feature = getattr(feature, "feature", None)
     return list(feature.names) if feature is not None else None

@@ -18,6 +18,7 @@ from seqeval.metrics import f1_score as seqeval_f1
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from attnlens import tasks
+from attnlens.evaluation import task_files
 from attnlens.inputs import Words
 from attnlens.tasks import TaskError
 from tests.conftest import DATA, data_file, read_tsv
@@ -419,8 +420,8 @@ def test_a_split_is_parsed_once_and_read_again_when_its_file_changes(tmp_path, m
     rows = [f"sentence number {i}\t{i % 2}" for i in range(20)]
     (folder / "train.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
     reads = []
-    real = tasks._read_tsv
-    monkeypatch.setattr(tasks, "_read_tsv", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    real = task_files._read_tsv
+    monkeypatch.setattr(task_files, "_read_tsv", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
     first = tasks.load("sst2", "train", data_dir=tmp_path)
     again = tasks.load("sst2", "train", data_dir=tmp_path, limit=5, seed=3)
     assert len(reads) == 1 and first.inputs()[0] == "sentence number 0"
