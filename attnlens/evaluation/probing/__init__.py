@@ -37,11 +37,12 @@ from attnlens.evaluation.probing.features import (
 from attnlens.evaluation.probing.intervals import Interval, Paired, bootstrap, paired
 from attnlens.evaluation.probing.probe import PapaProbe, ProbeSettings
 from attnlens.evaluation.probing.recipes import TABLE3, Recipe, recipe
+from attnlens.evaluation.probing.stacked import fit_many
 
 __all__ = [
     "EPOCH_FACTOR", "Features", "Interval", "LinearBaseline", "Paired", "PapaProbe", "ProbeResult", "ProbeSettings",
     "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "cache_features", "choose_epochs", "clear_cache",
-    "extract", "hooks_key", "paired", "recipe", "run",
+    "extract", "fit_many", "hooks_key", "paired", "recipe", "run",
 ]
 
 #: Training examples a probe sees by default (PAPA's curve on 2 CPU cores fits in minutes).
@@ -249,7 +250,8 @@ def run(
     PAPA's Table 3, :data:`attnlens.probing.TABLE3`; default layout: the model's; PAPA
     constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or keyword
     arguments over the task's Table 3 recipe (its ``lr``, ``batch_size``, ``epochs``).
-    ``seeds``: probe seeds (a count, from ``seed``, or a list); the score is their mean, and
+    ``seeds``: probe seeds (a count, from ``seed``, or a list), trained together as one stacked
+    model (:func:`fit_many`: each seed the same fit as alone); the score is their mean, and
     its intervals resample the seeds as well as the examples (:mod:`attnlens.probing.intervals`;
     with one seed they hold the examples' noise only).
     ``baseline``: also fit :class:`LinearBaseline`; ``baseline_C``: its ``C`` (no held-out
@@ -300,8 +302,11 @@ def run(
             train_features, train.labels(), {**given, "seed": chosen_seeds[0]}, task=train.name,
             scorer=held_out_score)
         probes = [PapaProbe(**{**given, "epochs": chosen_epochs, "seed": value}) for value in chosen_seeds]
-    runs = [named(one.fit(train_features, train.labels(), task=train.name, label_names=names).predict(eval_features))
-            for one in probes]
+    # every seed at once: one stacked model, each seed the same fit as its own (probing.stacked)
+    fitted_probes = (fit_many(probes, train_features, train.labels(), task=train.name, label_names=names)
+                     if len(probes) > 1 else
+                     [probes[0].fit(train_features, train.labels(), task=train.name, label_names=names)])
+    runs = [named(one.predict(eval_features)) for one in fitted_probes]
     fitted = time.perf_counter()
     baseline_predictions: list = []
     if baseline:
