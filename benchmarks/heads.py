@@ -33,6 +33,7 @@ from realdata import DATA, wikitext_paragraphs
 
 import attnlens
 from attnlens import ablation, passes, patterns, syntax
+from attnlens.methods import conllu
 from attnlens.inputs import default_layout
 
 TARGET = 1.20
@@ -102,7 +103,7 @@ def main() -> None:
 
     # -- syntactic heads -------------------------------------------------------------------------
     treebank = DATA / "ud_english_ewt" / "en_ewt-ud-dev.conllu"
-    sentences = syntax.read_conllu(treebank, limit=args.sentences)
+    sentences = conllu.read_conllu(treebank, limit=args.sentences)
     lengths = syntax.token_counts(model, sentences, layout)
     kept = [s for s, n in zip(sentences, lengths, strict=True) if n is not None and n <= args.max_len]
     words = [attnlens.Words(s.words) for s in kept]

@@ -9,6 +9,7 @@ import torch
 
 import attnlens
 from attnlens import Words, passes, syntax
+from attnlens.methods import conllu
 from tests import tiny
 from tests.conftest import data_file
 
@@ -93,15 +94,15 @@ def test_word_attention_is_the_plain_loop(bert, layout):
 
 
 def test_read_conllu_skips_ranges_and_empty_nodes_and_drops_subtypes(tmp_path):
-    first, second = syntax.read_conllu(CONLLU)
+    first, second = conllu.read_conllu(CONLLU)
     assert second.words == ("do", "n't", "tokenize", "unbelievably", "antidisestablishmentarianism")
     assert second.heads == (2, 2, -1, 4, 2)
     assert first.relations[8] == "obl" and first.heads[8] == 4
     assert (first.line, second.line) == (1, 14)
     path = tmp_path / "two.conllu"
     path.write_text(CONLLU, encoding="utf-8")
-    assert syntax.read_conllu(path, limit=1) == [first]
-    assert syntax.relations_of([first, second]) == (
+    assert conllu.read_conllu(path, limit=1) == [first]
+    assert conllu.relations_of([first, second]) == (
         "advmod", "amod", "aux", "case", "det", "nsubj", "obj", "obl", "punct",
     )
 
@@ -135,7 +136,7 @@ def replacing(layer_heads, patterns):
 
 
 def test_a_head_attending_to_syntactic_heads_scores_one(bert):
-    sentences = syntax.read_conllu(CONLLU)
+    sentences = conllu.read_conllu(CONLLU)
     batch = attnlens.tokenize(bert, [Words(s.words) for s in sentences], max_len=32, layout="papa")
     word_ids = batch.extra["word_ids"]
     # head 2 of layer 1: each word attends to its syntactic head (the root to itself)
@@ -217,9 +218,9 @@ def test_bad_inputs(bert, tmp_path):
         syntax.dependency_heads(bert, no_tree, progress=False)
     outside = CONLLU.replace("4\tdet\t_", "40\tdet\t_", 1)
     with pytest.raises(ValueError, match="line 3: HEAD 40 points past"):
-        syntax.read_conllu(outside)
+        conllu.read_conllu(outside)
     with pytest.raises(ValueError, match="has no sentence"):
-        syntax.read_conllu("# only a comment\n\n")
+        conllu.read_conllu("# only a comment\n\n")
     for view in ("papa", "attention", 3):
         with pytest.raises(ValueError, match="Unknown view .* use 'standard'"):
             syntax.dependency_heads(bert, CONLLU, view=view, progress=False)
