@@ -132,7 +132,7 @@ class Case:
 
 
 def _sentences():
-    from attnlens.syntax import Sentence
+    from attnlens.methods.conllu import Sentence
 
     # a right-branching chain per text: word i's head is word i + 1, the last word is the root
     sentences = []
