@@ -54,7 +54,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is
     from attnlens.comparison.run import compare
     from attnlens.core.inputs import Batch, Words, tokenize
     from attnlens.core.loading import load
-    from attnlens.engine.passes import model_inputs, run_with_hooks
+    from attnlens.engine.forward import model_inputs, run_with_hooks
     from attnlens.methods.effective import effective_attention
     from attnlens.present.export import to_circuitsvis
 
@@ -80,8 +80,8 @@ _LAZY = {
     "effective_attention": ("attnlens.methods.effective", "effective_attention"),
     "Comparison": ("attnlens.comparison.result", "Comparison"),
     "compare": ("attnlens.comparison.run", "compare"),
-    "run_with_hooks": ("attnlens.engine.passes", "run_with_hooks"),
-    "model_inputs": ("attnlens.engine.passes", "model_inputs"),
+    "run_with_hooks": ("attnlens.engine.forward", "run_with_hooks"),
+    "model_inputs": ("attnlens.engine.forward", "model_inputs"),
     "to_circuitsvis": ("attnlens.present.export", "to_circuitsvis"),
 }
 

@@ -505,7 +505,7 @@ def _constants_for(args: argparse.Namespace, wanted: bool) -> None:
 
 
 def _rank() -> int:
-    from attnlens.engine.passes import world
+    from attnlens.engine.distributed import world
 
     return world().rank
 

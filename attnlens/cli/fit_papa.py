@@ -61,9 +61,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         if checkpoint is None:
             raise
-        from attnlens.engine import passes
+        from attnlens.engine.checkpoints import checkpoint_path
+        from attnlens.engine.distributed import world
 
-        if not passes.checkpoint_path(checkpoint, passes.world()).is_file():
+        if not checkpoint_path(checkpoint, world()).is_file():
             raise KeyboardInterrupt(
                 f"before the first batch was done, so --checkpoint {checkpoint} was not written; "
                 "run the same command again to start over"

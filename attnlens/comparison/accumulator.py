@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core import devices
-from attnlens.engine.passes import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
 from attnlens.errors import InputError
 from attnlens.methods import views as registry
 from attnlens.methods.patterns.counts import PatternTypes, batch_positions

@@ -120,7 +120,7 @@ def batch_positions(positions: Int[Tensor, "batch key"] | None) -> Iterator[None
     """Inside this context, :func:`positions` returns ``positions`` (``[batch, key]``: the
     layout position of every column of a compact PAPA batch, :attr:`attnlens.Batch.position_ids`)
     for patterns of that batch and length; ``None`` (an ordinary batch) leaves it unset.
-    attnlens's runs over a :class:`attnlens.Batch` (:func:`attnlens.passes.run_with_hooks`)
+    attnlens's runs over a :class:`attnlens.Batch` (:func:`attnlens.engine.forward.run_with_hooks`)
     use it, so that PAPA hooks gather their constants at the layout's positions."""
     token = _POSITIONS.set(positions)
     try:

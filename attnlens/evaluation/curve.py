@@ -27,11 +27,11 @@ from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
 from attnlens.core.notebook import curve_html
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
-from attnlens.engine import passes
+from attnlens.engine.distributed import world
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation import points, probing
-from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.curve_inputs import checked_constants, lambda_order
+from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import paired
 from attnlens.evaluation.probing.features import hooks_key
 from attnlens.evaluation.probing.intervals import paired_counts
@@ -267,17 +267,12 @@ def curve(
     later point starts from the solution with no head replaced (a warm start: the same optimum
     to the solver's tolerance, a third of the iterations on POS).
 
-    Under ``torch.distributed`` (``torchrun``) the ranks share the points
-    (:func:`attnlens.passes.distribute`: a rank that finishes takes the next point, so give the
-    costliest task first). Every task's first point (no head replaced) is claimed first; its
-    later points wait for its result (the epochs, ``C`` and the warm start above) and then run on
-    whichever rank is free, so more processes than tasks still share the work: the longest job
-    is one point, not one task. A later point's features need nothing from the first point: a
-    job of their own extracts them into the feature cache
-    (:func:`attnlens.probing.cache_features`), claimed after every first point and before any
-    later point, so a rank does it while the first point trains rather than wait, and the later
-    point reads them. Every rank returns the whole curve, and a point's numbers do not depend on
-    which rank ran it (``timings`` records the ranks).
+    The points run in order, one after the other: every task's first point (no head replaced),
+    then the later points' feature extraction (:func:`attnlens.evaluation.probing.cache_features`),
+    then the later points, each given its task's first point's result (the epochs, ``C`` and the
+    warm start above). Under ``torch.distributed`` (``torchrun``) every rank runs every point, each
+    feature pass shared by the ranks (:func:`attnlens.engine.passes.run`), and returns the whole
+    curve.
 
     Nothing is computed twice: points whose hooks are the same (a fraction that replaces no
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
@@ -364,12 +359,11 @@ def curve(
             listed.append((name, "1.0", 1.0, hooks))
         return listed
 
-    # Every point is one job (points with the same hooks, one job), shared by the ranks under
-    # torch.distributed. A task's first point (no head replaced) chooses the probe's epochs and
-    # the linear baseline's C, and its solution starts the later points' baselines: they need its
-    # result, so they wait for it, and then any rank takes them. Their features do not need it:
-    # one job each extracts them into the feature cache first, on ranks that would otherwise wait.
-    rank = passes.world().rank
+    # Every point is one job (points with the same hooks, one job). A task's first point (no head
+    # replaced) chooses the probe's epochs and the linear baseline's C, and its solution starts the
+    # later points' baselines: they need its result, so they run after it. Their features do not
+    # need it: one job each extracts them into the feature cache first.
+    rank = world().rank
     by_name = {_task_name(task): task for task in tasks}
     names = [*by_name, *(["lm"] if lm_texts is not None else [])]
     plans: dict[str, list[tuple[str, float, str]]] = {}  # name -> (label, fraction, hooks' key) per point
@@ -429,7 +423,9 @@ def curve(
             points.save(checkpoint, saved, done)
         return done
 
-    results = passes.distribute(items, point, what="curve point", after=after)
+    results: list[dict[str, Any]] = []  # a later point runs after the first point whose result it needs
+    for item, needed in zip(items, after, strict=True):
+        results.append(point(item, None if needed is None else results[needed]))
     extracted = dict(zip(early, results[len(firsts):len(firsts) + len(early)], strict=True))
     done = dict(zip([*firsts, *later], results[:len(firsts)] + results[len(firsts) + len(early):], strict=True))
     rows, timings = [], []
@@ -464,7 +460,7 @@ def curve(
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
-                    seeds=seeds, processes=passes.world().size, fast=fast, **{
+                    seeds=seeds, processes=world().size, fast=fast, **{
         key: value for key, value in options.items() if key != "data_dir"})
     if lam is not None:
         from scipy.stats import spearmanr

@@ -23,6 +23,8 @@ from attnlens.core import checks
 from attnlens.core.inputs import default_layout
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator, PassBatch
+from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm.masks import mlm_masks
@@ -42,7 +44,7 @@ class GatesUnused(InputError):
 LossFn = Callable[..., Tensor]
 
 
-class Gates(passes.Accumulator):
+class Gates(Accumulator):
     """The accumulator of :func:`importance`: a gate ``ξ = 1`` per example, layer and head
     (``[batch, layer, head]``, a leaf tensor requiring grad, made at the first ``hook_z`` of each
     batch in ``z``'s dtype) multiplies each head's output ``z``; after the forward, the gradient of
@@ -101,11 +103,11 @@ class Gates(passes.Accumulator):
         self._targets, self._original = targets, batch.input_ids
         return masked
 
-    def start_batch(self, batch: passes.PassBatch) -> None:
+    def start_batch(self, batch: PassBatch) -> None:
         super().start_batch(batch)
         self.gates = None
 
-    def _default_loss(self, output: Any, batch: passes.PassBatch) -> Tensor:
+    def _default_loss(self, output: Any, batch: PassBatch) -> Tensor:
         logits = getattr(output, "logits", output)
         ids = batch.batch.input_ids.to(logits.device)
         if self.default == "causal":
@@ -122,7 +124,7 @@ class Gates(passes.Accumulator):
         nll = nll * scored
         return nll.sum(1) / scored.sum(1).clamp_min(1)
 
-    def update_output(self, batch: passes.PassBatch, output: Any) -> None:
+    def update_output(self, batch: PassBatch, output: Any) -> None:
         if self.gates is None:
             raise ModelBehaviourError("hook_z did not fire: the importance gates were never applied.")
         value = (self.loss or self._default_loss)(output, batch)
@@ -159,7 +161,7 @@ class Gates(passes.Accumulator):
         self.examples += grad.shape[0]
         self.gates = None
 
-    def end_batch(self, batch: passes.PassBatch) -> None:
+    def end_batch(self, batch: PassBatch) -> None:
         self.gates, self._targets, self._original = None, None, None
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -172,7 +174,7 @@ class Gates(passes.Accumulator):
         super().load_state_dict(state, metadata)
         self.per = metadata.get("per", self.per)
 
-    def merge(self, other: passes.Accumulator) -> Gates:
+    def merge(self, other: Accumulator) -> Gates:
         super().merge(other)
         self.per = self.per or getattr(other, "per", None)
         return self
@@ -232,7 +234,7 @@ class ProbeLoss:
         names = ["blocks.0.hook_in"] + [f"blocks.{layer}.hook_out" for layer in range(self.n_layers)]
         return [(name, keep(index)) for index, name in enumerate(names)]
 
-    def __call__(self, output: Any, batch: passes.PassBatch) -> Float[Tensor, "batch"]:
+    def __call__(self, output: Any, batch: PassBatch) -> Float[Tensor, "batch"]:
         if sorted(self._layers) != list(range(self.n_layers + 1)):
             raise ModelBehaviourError(
                 "ProbeLoss saw no hidden states: run it through ablation.importance (which installs "
@@ -294,7 +296,7 @@ def importance(
     max_len: SupportsIndex = 128,
     layout: str | None = None,
     batch_size: SupportsIndex = 16,
-    hooks: passes.FwdHooks = (),
+    hooks: FwdHooks = (),
     mask_rate: float = 0.15,
     seed: int = 0,
     progress: bool = True,
@@ -314,7 +316,7 @@ def importance(
     ``data_dir``, the loss on ``limit`` dev examples with their labels; :class:`ProbeLoss`).
 
     ``loss(output, batch)``: any differentiable callable of the model's output (the logits,
-    ``[batch, pos, vocab]``) and the :class:`attnlens.passes.PassBatch` (``batch.batch`` the
+    ``[batch, pos, vocab]``) and the :class:`attnlens.engine.accumulator.PassBatch` (``batch.batch`` the
     inputs run, ``batch.key_mask`` the real tokens, ``batch.start`` the corpus index of its first
     example, e.g. to look up labels), returning one value per example (``[batch]``: the exact
     expectation over examples) or a scalar for the batch (then ``raw`` averages

@@ -20,6 +20,8 @@ from attnlens.core.heads import HeadSet, n_selected
 from attnlens.core.loading import is_causal, model_id, require_bridge
 from attnlens.core.result import Result, frame, plain
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator, PassBatch
+from attnlens.engine.forward import FwdHooks
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods import papa
@@ -303,7 +305,7 @@ def _uniform_hook(heads: HeadSet, selected: Tensor, causal: bool | None) -> Call
 # corpus means of z ("mean" mode)
 
 
-class HeadMeans(passes.Accumulator):
+class HeadMeans(Accumulator):
     """Sum of every head's output ``z`` over the real tokens of a corpus (float64) and the
     number of real tokens: the accumulator of :func:`head_means`."""
 
@@ -328,7 +330,7 @@ class HeadMeans(passes.Accumulator):
 
         return [(output_hook(model, layer), keep(layer)) for layer in range(self.sums.shape[0])]
 
-    def end_batch(self, batch: passes.PassBatch) -> None:
+    def end_batch(self, batch: PassBatch) -> None:
         self.tokens += batch.n_tokens  # counted on the host
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -347,7 +349,7 @@ def head_means(
     max_len: SupportsIndex = 128,
     layout: str | None = None,
     batch_size: SupportsIndex = 32,
-    hooks: passes.FwdHooks = (),
+    hooks: FwdHooks = (),
     progress: bool = True,
 ) -> Float[Tensor, "layer head d_head"]:
     """Each head's mean output ``z`` (``blocks.{l}.attn.hook_z``) over every real token of

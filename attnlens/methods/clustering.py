@@ -34,7 +34,7 @@ distributions by ``|a| / Σ|a|`` over the valid keys, exactly as
 Views: ``"standard"`` (the model's attention), ``"effective"`` (effective attention) or fitted
 :class:`~attnlens.papa.PapaConstants` (every head replaced by its constant through
 :func:`attnlens.papa.hooks`, read back from the patterns; the inputs then take the constants'
-layout and ``max_len``). The distances are summed by an :class:`attnlens.passes.Accumulator`
+layout and ``max_len``). The distances are summed by an :class:`attnlens.engine.accumulator.Accumulator`
 (:class:`HeadDistances`) whose state adds up, so it merges, checkpoints and runs under
 ``torchrun``.
 """
@@ -57,7 +57,8 @@ from attnlens.core.checks import describe, whole_number
 from attnlens.core.loading import require_bridge
 from attnlens.core.result import Result, frame_from_json, frame_to_json
 from attnlens.engine import passes
-from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.methods import view_setup, views
 

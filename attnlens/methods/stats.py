@@ -27,7 +27,7 @@ from torch import Tensor
 
 from attnlens.core.heads import _sizes
 from attnlens.core.result import Result, frame
-from attnlens.engine.passes import Accumulator
+from attnlens.engine.accumulator import Accumulator
 from attnlens.errors import InputError
 from attnlens.methods import views
 
@@ -302,7 +302,7 @@ def _total_dtype(device: torch.device) -> torch.dtype:
 
 
 def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
-    """:func:`token_classes` of a :class:`attnlens.passes.PassBatch`, computed once per batch
+    """:func:`token_classes` of a :class:`attnlens.engine.accumulator.PassBatch`, computed once per batch
     for every accumulator that asks."""
     return batch.shared(
         "token_classes",

@@ -32,7 +32,7 @@ How it is computed:
   dependent.) The ``root`` arc has no head word and is not counted;
 - baseline: for each relation and direction, the most accurate single offset among
   :data:`OFFSETS` (``-3 .. +3`` words, 0 excluded);
-- the counting is an :class:`attnlens.passes.Accumulator` (:class:`DependencyCounts`) whose
+- the counting is an :class:`attnlens.engine.accumulator.Accumulator` (:class:`DependencyCounts`) whose
   state is count tensors that add up, so it checkpoints, merges and runs under ``torchrun``.
 
 Views: ``"standard"`` (the model's attention), ``"effective"`` (effective attention,
@@ -58,7 +58,8 @@ from attnlens.core.checks import whole_number
 from attnlens.core.inputs import Words, _word_ids
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
-from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError
 from attnlens.methods import view_setup, views
 from attnlens.methods.conllu import Sentence, read_conllu, relations_of

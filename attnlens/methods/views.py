@@ -45,7 +45,7 @@ class View:
     ``name``; ``description`` (one line); ``signed``: whether its maps can leave ``[0, 1]``
     (effective attention: drawn on a diverging scale, rows need not sum to 1); ``maps``: how its
     maps are made from what the pass engine hands each accumulator, a
-    :class:`attnlens.passes.LayerPatterns` (``maps(layer) -> [batch, head, query, key]``);
+    :class:`attnlens.engine.accumulator.LayerPatterns` (``maps(layer) -> [batch, head, query, key]``);
     ``needs_effective``: whether the engine must compute effective attention for it;
     ``takes_constants``: whether the view is given by PAPA constants (the constants are the view
     value; their hooks make the patterns the maps are read from); ``default_layout``: the inputs'
@@ -79,12 +79,12 @@ class View:
     blind_below_d_head: bool = False
 
     def read(self, layer: Any, constants: Any = None, *, causal: bool | None = None) -> Any:
-        """This view's maps of one :class:`attnlens.passes.LayerPatterns`. A view given by PAPA
+        """This view's maps of one :class:`attnlens.engine.accumulator.LayerPatterns`. A view given by PAPA
         constants, with ``constants``: the constants restricted to the batch's valid tokens
         (:meth:`attnlens.papa.PapaConstants.layer_pattern`, float32), so that it is read in the
         same pass as the others, without hooks; without them, :attr:`maps` (the patterns, under
         the pass's ``papa.hooks``). The constants' maps are made once per layer of a batch
-        (:meth:`attnlens.passes.LayerPatterns.shared`) for every accumulator that reads them."""
+        (:meth:`attnlens.engine.accumulator.LayerPatterns.shared`) for every accumulator that reads them."""
         if self.takes_constants and constants is not None:
             import torch
 

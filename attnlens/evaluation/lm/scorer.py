@@ -17,6 +17,8 @@ from attnlens.core import checks
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator, PassBatch
+from attnlens.engine.forward import FwdHooks
 from attnlens.engine.hooks import as_hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.evaluation.lm.masks import check_rate, mlm_masks, pll_copies
@@ -47,7 +49,7 @@ def token_nll(
     return -logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
-class LMScorer(passes.Accumulator):
+class LMScorer(Accumulator):
     """:func:`score` as an accumulator of :func:`attnlens.engine.passes.run`.
 
     State (adds up over shards, checkpoints): ``nll``, the float64 sum of the negative
@@ -107,7 +109,7 @@ class LMScorer(passes.Accumulator):
         self._rows, self._positions, self._targets = rows, positions, targets
         self._narrowed = False
 
-    def update_output(self, batch: passes.PassBatch, output: Any) -> None:
+    def update_output(self, batch: PassBatch, output: Any) -> None:
         logits = getattr(output, "logits", output)
         if self._narrowed:
             logits = logits[:, 0]
@@ -133,7 +135,7 @@ def score(
     model: Any,
     texts: Iterable[str] | Iterable[tuple[str, str]],
     *,
-    hooks: passes.FwdHooks = (),
+    hooks: FwdHooks = (),
     kind: str = "auto",
     max_len: SupportsIndex = 128,
     batch_size: SupportsIndex = 16,
@@ -231,7 +233,7 @@ def _require_trained_head(model: Any, causal: bool) -> None:
     )
 
 
-def evaluate(model: Any, texts: Sequence[str], *, hooks: passes.FwdHooks = (), **options: Any) -> LMScore:
+def evaluate(model: Any, texts: Sequence[str], *, hooks: FwdHooks = (), **options: Any) -> LMScore:
     """The LM score a curve or a report shows: the model's own head (:func:`score`, causal or
     fixed-mask MLM) where its checkpoint trained it, else the MLM probe
     (:func:`attnlens.evaluation.probing.mlm.probe`). The kind is in the result

@@ -54,6 +54,8 @@ from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator, PassBatch
+from attnlens.engine.distributed import world
 from attnlens.engine.hooks import as_hooks
 from attnlens.errors import InputError, InputTypeError, MismatchError
 
@@ -158,7 +160,7 @@ def _inconsistent(features: Features) -> str | None:
     return None
 
 
-class HiddenStates(passes.Accumulator):
+class HiddenStates(Accumulator):
     """The pass-engine accumulator of :func:`extract`: reads ``blocks.0.hook_in`` and every
     ``blocks.{l}.hook_out`` and keeps the vectors of the tokens described in the module
     docstring. Its state is a list of batches (it concatenates; nothing adds up), so under
@@ -184,11 +186,11 @@ class HiddenStates(passes.Accumulator):
         names = ["blocks.0.hook_in"] + [f"blocks.{layer}.hook_out" for layer in range(self.n_layers)]
         return [(name, keep(index)) for index, name in enumerate(names)]
 
-    def start_batch(self, batch: passes.PassBatch) -> None:
+    def start_batch(self, batch: PassBatch) -> None:
         super().start_batch(batch)
         self.layers: dict[int, Tensor] = {}
 
-    def select(self, batch: passes.PassBatch) -> tuple[Tensor, Tensor, Tensor]:
+    def select(self, batch: PassBatch) -> tuple[Tensor, Tensor, Tensor]:
         """``(keep [batch, pos], positions [kept], n_words [batch or 0])``: which tokens of the
         batch are kept, what :attr:`Features.positions` records for each, and word counts; all on
         the host (the pass's own copy of the inputs there: nothing is read from the device)."""
@@ -204,7 +206,7 @@ class HiddenStates(passes.Accumulator):
         positions = inputs.positions[keep]
         return keep, positions, torch.zeros(0, dtype=torch.long)
 
-    def end_batch(self, batch: passes.PassBatch) -> None:
+    def end_batch(self, batch: PassBatch) -> None:
         """Keep the batch's vectors on the model's device (gathered by rows found on the host, so
         nothing is read back); :meth:`result` moves them to the host once."""
         stacked = torch.stack([self.layers[layer] for layer in range(self.n_layers + 1)], dim=2)
@@ -234,7 +236,7 @@ class HiddenStates(passes.Accumulator):
             torch.cat([each_positions[j] for j in back]), words[back] if words.numel() else words,
         )
 
-    def merge(self, other: passes.Accumulator) -> HiddenStates:
+    def merge(self, other: Accumulator) -> HiddenStates:
         """Append ``other``'s batches (a later part of the corpus) after this one's."""
         if type(other) is not type(self):
             raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
@@ -346,7 +348,7 @@ def extract(
         loaded = _cached(path, key) if existed else None  # a written file is read without the lock
         if loaded is not None:
             return loaded
-        if not passes.world().distributed:
+        if not world().distributed:
             # another process extracting the same features (e.g. NER and POS, which read the same
             # sentences, in two processes of a curve): wait for its file rather than compute them twice
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -380,7 +382,7 @@ def _extract(model: Any, examples: list, hooks: Any, max_len: int, layout: str, 
     """One pass of the engine over ``examples`` (see :func:`extract`), written to ``path``."""
     accumulator = states if states is not None else HiddenStates(int(model.cfg.n_layers), examples)
     order = None
-    if compact and layout == "papa" and accumulator.compact and not passes.world().distributed:
+    if compact and layout == "papa" and accumulator.compact and not world().distributed:
         order = by_length(model.tokenizer, examples)  # compact batches of similar lengths: little padding left
         accumulator.examples = [examples[index] for index in order]
     passes.run(model, examples if order is None else accumulator.examples, [accumulator], max_len=max_len,
@@ -389,7 +391,7 @@ def _extract(model: Any, examples: list, hooks: Any, max_len: int, layout: str, 
     vectors, lengths, positions, n_words = accumulator.result(order)
     features = Features(vectors, lengths, positions, n_words, accumulator.kind or "sequence", max_len,
                         path.stem if path is not None else "")
-    current = passes.world()
+    current = world()
     if current.distributed:
         return _gather_shards(features, path, current)
     if path is not None:

@@ -54,7 +54,7 @@ from attnlens.core import memory
 from attnlens.core.checks import all_finite, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
-from attnlens.engine.passes import progress_bar
+from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation import tasks
 from attnlens.evaluation.probing.features import Features

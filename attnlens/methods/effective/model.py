@@ -33,10 +33,10 @@ from attnlens.core.checks import finite, index, items
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
 from attnlens.core.result import Result, frame
-from attnlens.engine import passes
+from attnlens.engine import forward, passes
 from attnlens.engine.effective import effective_attention, warn_if_short
+from attnlens.engine.forward import device_of, run_with_hooks, value_hook
 from attnlens.engine.hooks import Hooks
-from attnlens.engine.passes import device_of
 from attnlens.errors import InputError
 from attnlens.methods.stats import Statistics
 
@@ -160,7 +160,7 @@ def kv_heads(model: Any) -> int:
 
 def v_hook_name(model: Any, layer: int) -> str:
     """Name of the hook point carrying layer ``layer``'s value vectors."""
-    return passes.value_hook(model, layer)
+    return value_hook(model, layer)
 
 
 def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:
@@ -197,7 +197,7 @@ def pattern_hooks(
         effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
         return on_pattern(layer, pattern, effective, valid)
 
-    return passes.pattern_hooks(model, on_hook, layers=_layers(model, layers))
+    return forward.pattern_hooks(model, on_hook, layers=_layers(model, layers))
 
 
 class EffectiveHooks(Hooks):
@@ -310,7 +310,7 @@ def run(
     warn_if_short(int(longest > model.cfg.d_head), int(model.cfg.d_head))
     fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
     with torch.no_grad():
-        logits = passes.run_with_hooks(model, batch, fwd_hooks)
+        logits = run_with_hooks(model, batch, fwd_hooks)
     return EffectiveRun(
         standard=maps["standard"],
         effective=maps["effective"],

@@ -518,7 +518,7 @@ def _check_metadata(meta: dict[str, Any]) -> None:
             raise InputError(f"metadata {key!r} must be >= 0, got {value}")
 
 
-#: the format of the pass engine's checkpoints (:data:`attnlens.passes.CHECKPOINT_FORMAT`)
+#: the format of the pass engine's checkpoints (:data:`attnlens.engine.checkpoints.CHECKPOINT_FORMAT`)
 PASS_FORMAT = "attnlens.pass/1"
 
 

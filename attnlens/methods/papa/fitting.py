@@ -26,9 +26,13 @@ from typing import Any, SupportsIndex
 import torch
 from torch import Tensor
 
+from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.checkpoints import checkpoint_path
+from attnlens.engine.distributed import world
 from attnlens.engine.passes import CHECKPOINT_EVERY
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.constants import PapaConstants, check_model, fields_of
@@ -82,7 +86,7 @@ def fit(
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
     constants = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
-    examples = passes.corpus_iterator(corpus)
+    examples = corpus_iterator(corpus)
     if constants.n_examples:  # resuming: the checkpoint's kind of inputs must be this corpus's
         first = next(examples, None)
         if first is not None:
@@ -116,7 +120,7 @@ class _Sized:
         return self.length
 
 
-class PatternSums(passes.Accumulator):
+class PatternSums(Accumulator):
     """The PAPA fit as an accumulator of :func:`attnlens.passes.run`: running float64 sums of
     masked patterns and of their squares, per ``(layer, head, query, key)``, and valid-pair
     counts, kept in a :class:`PapaConstants` (``result()``)."""
@@ -134,7 +138,7 @@ class PatternSums(passes.Accumulator):
         self.ones: Tensor | None = None
         self.resumed = constants.n_examples
 
-    def start_batch(self, batch: passes.PassBatch) -> None:
+    def start_batch(self, batch: PassBatch) -> None:
         state = self.constants
         if state.n_examples and state.pairs != batch.batch.is_pair:
             raise InputError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
@@ -147,7 +151,7 @@ class PatternSums(passes.Accumulator):
             positions, size = batch.positions, state.max_len
             self.index = (positions[:, :, None] * size + positions[:, None, :]).flatten()
 
-    def update(self, layer: passes.LayerPatterns) -> None:
+    def update(self, layer: LayerPatterns) -> None:
         pattern = layer.pattern.detach().float()
         # The masked pattern goes into one buffer reused by every layer and batch: a fresh
         # [batch, head, query, key] tensor per layer would be new memory each time, and its
@@ -181,7 +185,7 @@ class PatternSums(passes.Accumulator):
             buffer = self._scratch = torch.empty(pattern.shape, dtype=torch.float32, device=pattern.device)
         return buffer
 
-    def end_batch(self, batch: passes.PassBatch) -> None:
+    def end_batch(self, batch: PassBatch) -> None:
         """Add the batch's float32 sums into the float64 running sums (in place)."""
         state = self.constants
         if self.index is not None:
@@ -216,7 +220,7 @@ class PatternSums(passes.Accumulator):
         self.constants = restored
         self.resumed = restored.n_examples
 
-    def merge(self, other: passes.Accumulator) -> PatternSums:
+    def merge(self, other: Accumulator) -> PatternSums:
         if not isinstance(other, PatternSums):
             raise InputTypeError(f"cannot merge PatternSums with {type(other).__name__}")
         self.constants = self.constants.merge(other.constants)
@@ -246,7 +250,7 @@ class PatternSums(passes.Accumulator):
 def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaConstants:
     """Empty constants, or the state saved in ``checkpoint`` if that file exists."""
     if checkpoint is not None:
-        checkpoint = passes.checkpoint_path(checkpoint, passes.world())
+        checkpoint = checkpoint_path(checkpoint, world())
     if checkpoint is None or not Path(checkpoint).exists():
         return PapaConstants.empty(model, max_len=max_len, layout=layout)
     state, _ = PapaConstants._load(checkpoint)

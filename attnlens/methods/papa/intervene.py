@@ -20,7 +20,7 @@ Heads that are not selected keep their attention; layers without a selected head
 
 A compact batch (:func:`attnlens.inputs.compact_batch`, what the pass engine runs by default)
 gets the constants gathered at its layout positions, ``C[pos_q, pos_k]``: the hooks read them
-from :func:`attnlens.seam.positions`, set by :func:`attnlens.passes.run_with_hooks` (and by
+from :func:`attnlens.seam.positions`, set by :func:`attnlens.engine.forward.run_with_hooks` (and by
 every attnlens pass). Run a compact batch that way, not with ``model(batch.input_ids, ...)``.
 
 Inputs must have the layout and length the constants were fitted with. The hooks check what a
@@ -152,7 +152,7 @@ def hooks(
     unknown (files saved before it was recorded), it is read off each pattern: a pattern with no
     weight above the diagonal comes from a causal model.
     ``fast``: wherever the engine runs them (:func:`attnlens.passes.run`, e.g. probe features and
-    :func:`attnlens.papa.curve`; :func:`attnlens.passes.run_with_hooks`; :meth:`PapaHooks.apply`),
+    :func:`attnlens.papa.curve`; :func:`attnlens.engine.forward.run_with_hooks`; :meth:`PapaHooks.apply`),
     the replaced heads skip their work, as in :func:`intervention` with ``fast=True``; the same
     intervention and the same :meth:`PapaHooks.key`. Replace mode on an encoder only.
     """
@@ -239,7 +239,7 @@ def _layer_hook(
         selected = head_mask.to(pattern.device)[None, :, None, None]
         return torch.where(selected, constant, pattern)
 
-    intervene.constants = constants  # what the hook was made for (passes.check_hooks reads it)
+    intervene.constants = constants  # what the hook was made for (forward.check_hooks reads it)
     intervene.check_batch = _batch_check(constants, head_mask.shape[0])  # and calls, on the host
     return intervene
 
@@ -278,7 +278,7 @@ def _check_layout(
 
     The checks of the mask's values (where the padding is, the positions' range) read the
     device, so off the CPU they run once per batch on the host, where :func:`check_hooks`
-    (:attr:`check_batch` of a hook, which :func:`attnlens.passes.run_with_hooks` and the pass call)
+    (:attr:`check_batch` of a hook, which :func:`attnlens.engine.forward.run_with_hooks` and the pass call)
     checks it (``on_host``); here only the shapes are checked there."""
     length = key_mask.shape[-1]
     reads = on_host or devices.reads_are_free(key_mask)

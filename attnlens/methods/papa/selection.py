@@ -32,7 +32,7 @@ from attnlens.core import seam
 from attnlens.core.checks import finite, finite_tensor, tensor, whole_number
 from attnlens.core.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
 from attnlens.core.loading import require_bridge
-from attnlens.engine.passes import progress_bar
+from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError
 from attnlens.methods.papa.intervene import intervention
 from attnlens.methods.papa.ranking import STRATEGIES, input_dependence, ranked, resolve_heads

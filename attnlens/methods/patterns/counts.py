@@ -24,7 +24,8 @@ from attnlens.core.corpus import resolve_corpus
 from attnlens.core.heads import _sizes
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
-from attnlens.engine.passes import Accumulator, FwdHooks, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods import view_setup, views
 from attnlens.methods.patterns.templates import TYPES, Positions, template_labels

@@ -35,7 +35,8 @@ from torch import Tensor
 from attnlens.core.checks import describe, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
-from attnlens.engine.passes import Accumulator, run
+from attnlens.engine.accumulator import Accumulator
+from attnlens.engine.passes import run
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 from attnlens.methods import views
 from attnlens.methods.patterns.cnn import Maps, as_map_list

@@ -102,7 +102,7 @@ class Positions:
     #: classified as its padded layout is.
     position: Int[Tensor, "batch key"] | None = None
     #: how many segments the batch has (``None``: read off ``segment``), known on the host in a
-    #: pass (:attr:`attnlens.engine.passes.PassBatch.on_host`), so that no value is read off the device
+    #: pass (:attr:`attnlens.engine.accumulator.PassBatch.on_host`), so that no value is read off the device
     n_segments: int | None = None
 
     @classmethod
@@ -136,7 +136,7 @@ class Positions:
     @classmethod
     def from_batch(cls, batch: Any, tokenizer: Any = None, *, causal: bool | None = None) -> Positions:
         """From a :class:`attnlens.core.inputs.Batch` and its tokenizer, or a
-        :class:`attnlens.engine.passes.PassBatch` (which knows its model). Special: the start and
+        :class:`attnlens.engine.accumulator.PassBatch` (which knows its model). Special: the start and
         separator tokens of :func:`attnlens.methods.stats.token_classes`."""
         model = getattr(batch, "model", None)
         inputs = getattr(batch, "batch", batch)
@@ -457,7 +457,7 @@ def classify(
     one example); axes: examples, heads, query positions, key positions. Where the maps' tokens
     are, give one of: ``tokens`` (the token strings, :meth:`Positions.from_tokens`), ``batch``
     (an :class:`attnlens.core.inputs.Batch` with ``tokenizer=``, or a
-    :class:`attnlens.engine.passes.PassBatch`), or ``positions``. ``view``: ``"standard"`` or ``"papa"``
+    :class:`attnlens.engine.accumulator.PassBatch`), or ``positions``. ``view``: ``"standard"`` or ``"papa"``
     (each valid row must be a distribution over its visible keys: finite, non-negative, 0 on
     padding and, for a decoder, on later keys, summing to 1; else an ``InputError`` naming the
     first offending head and row, :func:`attnlens.methods.patterns.maps_check.check_maps`) or

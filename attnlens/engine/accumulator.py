@@ -1,0 +1,280 @@
+"""What accumulators see, and what they are: the protocol between :func:`attnlens.engine.passes.run`
+and every analysis that reads a model over a corpus.
+
+- :class:`Accumulator`: streaming state over a corpus (``update`` / ``merge`` / ``result``, like
+  torchmetrics' ``update`` / ``merge_state`` / ``compute``); subclass it;
+- :class:`PassBatch`: the batch being run, as every accumulator sees it;
+- :class:`LayerPatterns`: one layer's attention for that batch (its pattern, and its effective
+  attention computed once for every accumulator that reads it);
+- :class:`PassSummary`: what a pass read, with its accumulators.
+
+A minimal accumulator::
+
+    class MeanEntropy(accumulator.Accumulator):
+        name = "entropy"
+        def __init__(self, n_layers):
+            self.total, self.rows = torch.zeros(n_layers, dtype=torch.float64), torch.zeros(n_layers)
+        def update(self, layer):            # a LayerPatterns: layer.pattern [batch, head, q, k]
+            p = layer.pattern.clamp_min(1e-30)
+            rows = layer.key_mask[:, None, :, None]
+            self.total[layer.layer] += float(-(p * p.log() * rows).sum())
+            self.rows[layer.layer] += float(rows.sum()) * p.shape[1]
+        def state_dict(self):
+            return {"total": self.total, "rows": self.rows}
+        def result(self):
+            return self.total / self.rows
+
+    summary = passes.run(model, texts, [MeanEntropy(model.cfg.n_layers)], max_len=64)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from attnlens.core.inputs import Batch
+from attnlens.engine.effective import effective_attention
+from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
+
+
+@dataclass
+class PassBatch:
+    """The batch being run: ``batch`` (on the model's device), ``start`` (how many examples the
+    pass ran before it), ``indices`` (the corpus index of each row: ``start, start + 1, …``
+    unless the pass runs by length, see :attr:`Accumulator.any_order`), ``key_mask``
+    (``[batch, key]``, True for real tokens), ``positions`` (``[batch, key]``, the layout
+    position of every column: :attr:`attnlens.Batch.positions`, which differ from the column
+    index in a compact batch), ``model``, ``n_tokens``, the batch's real tokens (a host
+    number, counted before the batch was copied to the device), and ``on_host``, the same inputs
+    on the host (``None`` when the pass was not given them): what a reader needs to know of the
+    batch's shape (which tokens are real, word indices) it reads there, never from the device.
+
+    :meth:`shared` computes something once per batch for every accumulator that asks for it by
+    the same key (e.g. the token classes of :func:`attnlens.methods.stats.token_classes`)."""
+
+    batch: Batch
+    start: int
+    model: Any
+    indices: list[int] = field(default_factory=list)
+    n_tokens: int | None = None
+    on_host: Batch | None = None
+    key_mask: Bool[Tensor, "batch key"] = field(init=False)
+    _shared: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self.key_mask = self.batch.attention_mask.bool()
+        if not self.indices:
+            self.indices = list(range(self.start, self.start + len(self.batch)))
+        if self.n_tokens is None:
+            self.n_tokens = int(self.batch.attention_mask.sum())
+
+    @property
+    def positions(self) -> Int[Tensor, "batch key"]:
+        return self.batch.positions
+
+    @property
+    def compact_positions(self) -> Int[Tensor, "batch key"] | None:
+        """:attr:`positions` when the batch is compact (its columns are not its positions),
+        else ``None``: what readers that count offsets or gather constants by position take."""
+        return self.batch.positions if self.batch.compact else None
+
+    def shared(self, key: str, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per batch and key."""
+        return _once(self._shared, key, compute)
+
+    def __len__(self) -> int:
+        return len(self.batch)
+
+
+@dataclass
+class LayerPatterns:
+    """One layer's attention for the batch being run.
+
+    ``pattern``: ``[batch, head, query, key]``, the pattern after any intervention (``hooks=``);
+    ``effective``: its effective attention ``A⊥`` (:func:`attnlens.methods.effective.effective_attention`),
+    computed on first access and shared by every accumulator; ``key_mask``: ``[batch, key]``,
+    True for real tokens (the batch's own mask).
+    """
+
+    layer: int
+    pattern: Float[Tensor, "batch head query key"]
+    batch: PassBatch
+    values: Float[Tensor, "batch head key d_head"] | None = None
+    options: dict[str, Any] = field(default_factory=dict, repr=False)
+    _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def key_mask(self) -> Bool[Tensor, "batch key"]:
+        return self.batch.key_mask
+
+    def shared(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()``, once per layer of a batch and key: what several accumulators read of
+        this layer (a view's maps, :meth:`attnlens.methods.views.View.read`) is made once. Readers must
+        not change what it returns in place."""
+        return _once(self._shared, key, compute)
+
+    @property
+    def output_weights(self) -> Float[Tensor, "head d_head d_model"]:
+        """The layer's output projection, one ``[d_head, d_model]`` matrix per query head
+        (``model.blocks[layer].attn.W_O``): what a view that reads ``"output_weights"``
+        (:attr:`attnlens.methods.views.View.reads`) takes. The model's weight, not a copy."""
+        return self.batch.model.blocks[self.layer].attn.W_O
+
+    @property
+    def effective(self) -> Float[Tensor, "batch head query key"]:
+        if self.values is None:
+            raise ModelBehaviourError(
+                "effective attention needs the layer's values: set needs_effective = True "
+                "on the accumulator that reads LayerPatterns.effective."
+            )
+
+        return self.shared("effective", lambda: effective_attention(  # the model's: not checked
+            self.pattern, self.values, key_mask=self.key_mask, check=False, **self.options
+        ))
+
+
+def _once(cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
+    """``cache[key]``, made by ``compute()`` the first time it is asked for."""
+    if key not in cache:
+        cache[key] = compute()
+    return cache[key]
+
+
+class Accumulator:
+    """Streaming state over a corpus; subclass it and override what you need.
+
+    Class attributes:
+
+    - ``name``: a key unique among the accumulators of one :func:`~attnlens.engine.passes.run` (checkpoints use it);
+    - ``needs_effective``: :attr:`LayerPatterns.effective` is read (the engine then stashes V);
+    - ``needs_output``: the whole forward runs and :meth:`update_output` gets the model output
+      (otherwise the forward stops after the last layer's ``hook_pattern``);
+    - ``needs_residual``: the forward runs through the last block (its ``hook_out``, the
+      residual stream leaving it) and stops there, before the final norm and the LM head;
+    - ``needs_grad``: the forward runs with gradients (else under ``torch.inference_mode``);
+    - ``compact``: it reads token positions from :attr:`PassBatch.positions`, never from column
+      indices, so PAPA-layout batches may run compact (:func:`attnlens.core.inputs.compact_batch`).
+      A pass runs compact only when every accumulator says so.
+    - ``any_order``: its result does not depend on the order of the examples or on which of them
+      share a batch (up to float rounding), and it finds an example's corpus index in
+      :attr:`PassBatch.indices`, never from :attr:`PassBatch.start`. A pass runs its examples
+      by length (:func:`~attnlens.engine.passes.run`'s ``by_length``) only when every accumulator says so: batches of
+      similar lengths compute little padding.
+
+    Methods, called by :func:`~attnlens.engine.passes.run` in this order for each batch: :meth:`prepare`,
+    :meth:`start_batch`,
+    :meth:`update` for each layer, :meth:`update_output` (if ``needs_output``),
+    :meth:`end_batch`. A batch interrupted half-way is never checkpointed, so ``update`` may
+    write into the state directly.
+
+    Merging and saving: :meth:`state_dict` returns the tensors that add up over shards (sums,
+    counts), :meth:`metadata` small JSON-able facts. The default :meth:`merge`,
+    :meth:`all_reduce`, :meth:`load_state_dict` add, all-reduce and copy those tensors; override
+    them for state that does not add up.
+    """
+
+    name: str = "accumulator"
+    needs_effective: bool = False
+    needs_output: bool = False
+    needs_residual: bool = False
+    needs_grad: bool = False
+    compact: bool = False
+    any_order: bool = False
+
+    def hooks(self, model: Any) -> list[tuple[str | Callable, Callable]]:
+        """Extra reading hooks (``fwd_hooks``) this accumulator needs; ``self.current`` is the
+        :class:`PassBatch` being run when they fire."""
+        return []
+
+    def prepare(self, batch: Batch) -> Batch:
+        """The inputs the forward runs on, made from the tokenized ``batch`` (default: it,
+        unchanged). An accumulator that feeds the model other inputs (masked tokens for an MLM
+        score, copies of each example with one token masked for a pseudo-log-likelihood) returns
+        them here; at most one accumulator of a pass may change the inputs. The engine's counts
+        (examples, tokens, truncated) are those of the tokenized batch."""
+        return batch
+
+    def start_batch(self, batch: PassBatch) -> None:
+        self.current = batch
+
+    def update(self, layer: LayerPatterns) -> None:
+        """Read one layer's patterns of the current batch."""
+
+    def update_output(self, batch: PassBatch, output: Any) -> None:
+        """Read the model's output for the current batch (``needs_output``)."""
+
+    def end_batch(self, batch: PassBatch) -> None:
+        """The batch is complete (every layer was seen)."""
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """Tensors that add up over shards of a corpus."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Tensor], metadata: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict` (and :meth:`metadata`) saved by a checkpoint."""
+        own = self.state_dict()
+        for key, value in state.items():
+            if key not in own:
+                raise InputError(f"{self.name}: unexpected tensor {key!r} in the saved state.")
+            own[key].copy_(value)
+
+    def metadata(self) -> dict[str, Any]:
+        """Small JSON-able facts saved with :meth:`state_dict` (the same on every shard)."""
+        return {}
+
+    def merge(self, other: Accumulator) -> Accumulator:
+        """Add ``other``'s state (the same kind, over another part of a corpus) into this one."""
+        if type(other) is not type(self):
+            raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
+        mine, theirs = self.state_dict(), other.state_dict()
+        for key, value in mine.items():
+            value += theirs[key].to(value.device)
+        return self
+
+    def all_reduce(self, group: Any = None) -> None:
+        """Sum :meth:`state_dict` over the ranks of ``torch.distributed`` (in place)."""
+        import torch.distributed as dist
+
+        for value in self.state_dict().values():
+            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
+
+    def to(self, device: str | torch.device) -> Accumulator:
+        """Move the state (:meth:`state_dict`'s tensors) to ``device``, in place: every name
+        bound to a state tensor sees it there (``Tensor.data`` is swapped, as ``nn.Module``
+        did). :func:`~attnlens.engine.passes.run` moves the state to the model's device before the first batch, so that
+        :meth:`update` adds device tensors to device tensors and reads nothing back to the host,
+        and to the CPU after the last, so that :meth:`result` reads it once. Override it for
+        state kept outside :meth:`state_dict`."""
+        for value in self.state_dict().values():
+            if value.device != torch.device(device):
+                value.data = value.data.to(device)
+        return self
+
+    def result(self) -> Any:
+        """What the accumulator measured."""
+        raise NotImplementedError
+
+
+@dataclass
+class PassSummary:
+    """What :func:`~attnlens.engine.passes.run` read: ``n_examples``, real tokens (``n_tokens``), ``n_truncated``
+    examples (that lost tokens to ``max_len``), whether the corpus held sentence pairs
+    (``pairs``; None if empty), the ``layout`` and ``max_len``, the ``accumulators``, updated
+    (and reduced over ranks under ``torch.distributed``), the examples skipped because a
+    checkpoint had them (``resumed``) and the most real tokens in one example (``longest``)."""
+
+    n_examples: int
+    n_tokens: int
+    n_truncated: int
+    pairs: bool | None
+    layout: str
+    max_len: int
+    accumulators: list[Accumulator]
+    resumed: int = 0
+    longest: int = 0
+

@@ -1,0 +1,120 @@
+"""A batch that runs out of device memory, split in halves and run again (:class:`_Split`),
+with the accumulators' state put back as it was before the failed try.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnlens.engine.accumulator import Accumulator
+from attnlens.engine.batches import _Staged
+from attnlens.errors import ModelBehaviourError
+
+
+class _Split:
+    """Runs each batch of a pass, and the halves of one that runs out of device memory.
+
+    A batch whose forward (or copy to the device) raises ``torch.OutOfMemoryError``
+    (``torch.cuda.OutOfMemoryError`` is the same class) is split in two halves, re-tokenized on
+    the host, and each half is run, split again if it fails too, down to one example; one example
+    that does not fit re-raises the error, with the state as it was before that example, so that
+    the pass writes its checkpoint (if it has one) before it stops. The first batch that fits
+    after a failure warns once, naming its size; every later batch of the pass is then run in
+    parts of at most that size (:attr:`limit`; it only shrinks), rather than failing again.
+    Splitting is only done when every accumulator is :attr:`~attnlens.engine.accumulator.Accumulator.any_order` (its result
+    does not depend on which examples share a batch): the result is then that of the unsplit pass
+    up to float32 rounding of per-batch sums (a sum over ``B`` rows in float32 is within
+    ``(B - 1)·2⁻²⁴`` of its exact value, relatively; split, within the same bound), and of a
+    forward at another padded length. Otherwise the error is raised, the state put back.
+
+    A failed batch leaves no partial state: before each batch, the versions of the
+    accumulators' state tensors (``Tensor._version``, a host counter that every in-place change
+    bumps) are noted, and the state of the accumulators that change it during a forward (before
+    :meth:`~attnlens.engine.accumulator.Accumulator.end_batch`) is copied on the device (``clone``; no host read); after a
+    failure, that copy is put back (:meth:`~attnlens.engine.accumulator.Accumulator.load_state_dict`). Which accumulators those
+    are is learnt on the pass's first batch, for which every state is copied: :class:`~attnlens.methods.papa.fitting.PatternSums`
+    and others that add their batch in ``end_batch`` are never copied after it, so the normal path
+    costs a few attribute reads per batch (and a copy of the small states of accumulators that
+    add in ``update``, such as :class:`attnlens.methods.stats.Statistics`)."""
+
+    def __init__(self, accumulators: Sequence[Accumulator], stage: Callable[[list], _Staged],
+                 device: torch.device, state: dict[str, Any], *, splits: bool) -> None:
+        self.accumulators, self.stage, self.device, self.splits = list(accumulators), stage, device, splits
+        self.state = state  # run's: "consistent" is set again once the state is put back
+        self.limit: int | None = None  # after a failure: the most examples run at once
+        self.writers: set[int] | None = None  # accumulators that change their state in a forward
+        self.warned = False
+
+    def run(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> None:
+        """Run ``host`` (its first row is example ``start`` of the pass) with ``one``, in parts
+        of at most :attr:`limit` examples, halving a part that runs out of memory."""
+        pending = [host]
+        while pending:
+            part = pending.pop(0)
+            if self.limit is not None and len(part.chunk) > self.limit:
+                pairs = list(zip(part.indices, part.chunk, strict=True))
+                pending[:0] = [self.stage(pairs[i : i + self.limit]) for i in range(0, len(pairs), self.limit)]
+            elif self._attempt(part, start, one):
+                start += len(part.chunk)
+            else:  # out of memory: the limit is now below its size, and it is split above
+                pending.insert(0, part)
+
+    def _versions(self) -> list[list[Any]]:
+        """Each state tensor's version; an inference tensor (state made under
+        ``torch.inference_mode``) keeps none, so it gets a new object each time: always changed,
+        always copied."""
+        return [[object() if value.is_inference() else value._version for value in a.state_dict().values()]
+                for a in self.accumulators]
+
+    def _attempt(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> bool:
+        """Run ``host``: True; or False when it ran out of memory (the state put back, and
+        :attr:`limit` lowered to half its size); the error when it cannot be split."""
+        before = self._versions()
+        copied = {i: ({key: value.clone() for key, value in a.state_dict().items()}, a.metadata())
+                  for i, a in enumerate(self.accumulators) if self.writers is None or i in self.writers}
+
+        def forwarded() -> None:  # which accumulators changed their state during the forward
+            changed = {i for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)) if now != then}
+            self.writers = changed | (self.writers or set())
+
+        try:
+            one(host, start, forwarded)
+        except torch.OutOfMemoryError:
+            self._put_back(before, copied)
+            self.state["consistent"] = True  # as before the batch: a checkpoint may be written
+            if not self.splits or len(host.chunk) == 1:
+                raise
+        else:
+            if self.limit is not None and not self.warned:
+                self.warned = True
+                warnings.warn(
+                    f"out of memory on {self.device}: batches are split in halves until they fit; a "
+                    f"batch of {len(host.chunk)} examples fitted, and the pass goes on with batches "
+                    f"of at most {self.limit} examples (the same result up to float32 rounding; pass "
+                    f"batch_size={self.limit} to avoid the failed tries).",
+                    stacklevel=6)  # the caller of passes.run: above _Split.run, _Pass._batch, _Pass.batches, run
+            return True
+        # returned out of the except block: the failed forward's tensors (held by the traceback) are freed
+        half = (len(host.chunk) + 1) // 2
+        self.limit = half if self.limit is None else min(self.limit, half)
+        return False
+
+    def _put_back(self, before: list[list[int]], copied: dict[int, tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
+        """The state as it was before the failed batch: the copies of the accumulators whose
+        state changed; an unchanged state stays. A change without a copy (an accumulator that
+        never changed its state in a forward before) cannot be undone: the error then says so."""
+        for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)):
+            if now == then:
+                continue
+            if i not in copied:
+                raise ModelBehaviourError(
+                    f"out of memory in a batch, and accumulator {self.accumulators[i].name!r} changed its "
+                    "state during it where no earlier batch did, so the state cannot be put back; run "
+                    "the pass again with a smaller batch_size (from its checkpoint, if it has one).")
+            state, metadata = copied[i]
+            self.accumulators[i].load_state_dict(state, metadata)
