@@ -31,13 +31,8 @@ from attnlens.core.checks import finite, finite_tensor, whole_number
 from attnlens.core.inputs import LAYOUTS
 from attnlens.core.notebook import constants_html
 from attnlens.errors import InputError
-from attnlens.methods.papa.constants import (
-    PapaConstants,
-    check_batch,
-    check_model,
-    model_causal,
-    model_info,
-)
+from attnlens.methods.papa.compatibility import check_batch, check_model, model_causal, model_info
+from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.replace import softmax_pattern
 
 

@@ -37,30 +37,21 @@ from attnlens.core.files import (
     write_atomic,
 )
 from attnlens.core.inputs import LAYOUTS
-from attnlens.core.loading import is_causal, model_id, weights_fingerprint
 from attnlens.core.notebook import constants_html
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
+from attnlens.methods.papa.compatibility import (
+    check_batch,
+    check_model,
+    model_causal,
+    model_fingerprint,
+    model_info,
+)
 from attnlens.methods.papa.replace import constant_pattern
 
 FORMAT = "attnlens.papa.constants/1"
 #: ``kind`` of constants: fitted means, data-free baselines, and snapshots of trained constants
 KINDS: tuple[str, ...] = ("average", "identity", "toeplitz", "zeros", "uniform", "trained")
 _TENSORS = ("sums", "squares", "pair_counts")
-
-
-def model_info(model: Any) -> tuple[str, int, int]:
-    """``(model id, n_layers, n_heads)`` of a bridge, as recorded in constants."""
-    return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
-
-
-def model_causal(model: Any) -> bool:
-    """Whether ``model`` is a decoder (see :func:`attnlens.loading.is_causal`)."""
-    return is_causal(model)
-
-
-def model_fingerprint(model: Any) -> str:
-    """The weights fingerprint of ``model`` (see :func:`attnlens.loading.weights_fingerprint`)."""
-    return weights_fingerprint(model)
 
 
 #: metadata that must agree for constants to be merged
@@ -544,61 +535,3 @@ def _umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
-
-
-def check_model(constants: Any, model: Any) -> None:
-    """Raise unless ``model`` is the model ``constants`` were made for: its layers, heads and, when
-    ``constants.fingerprint`` is set, weights. The model's id must match too, unless the weights
-    fingerprint does (the same model loaded from another folder, or by name and by path)."""
-    if model is None:
-        return
-    recorded = getattr(constants, "causal", None)
-    if recorded is not None and bool(recorded) != model_causal(model):
-        fitted, given = ("a decoder (causal)", "an encoder") if recorded else ("an encoder", "a decoder (causal)")
-        raise InputError(
-            f"these constants were fitted on {fitted}, and this model is {given}: a decoder's "
-            "constants are lower-triangular and an encoder's are not. Fit constants on this model "
-            "with papa.fit(model, corpus)."
-        )
-    name, n_layers, n_heads = model_info(model)
-    expected = getattr(constants, "fingerprint", None)
-    found = model_fingerprint(model) if expected is not None else None
-    if name != constants.model_id and (expected is None or found != expected):
-        raise InputError(
-            f"constants were fitted on {constants.model_id!r}, model is {name!r}"
-            + (" (and its weights differ)." if expected is not None else ".")
-            + " Fit constants on this model with papa.fit (attnlens fit-papa --model ...)."
-        )
-    if (n_layers, n_heads) != (constants.n_layers, constants.n_heads):
-        raise InputError(
-            f"constants have {constants.n_layers} layers x {constants.n_heads} heads, "
-            f"model {name!r} has {n_layers} x {n_heads}."
-        )
-    if expected is not None and found != expected:
-        raise InputError(
-            f"constants were fitted on a {name!r} with other weights than this model's "
-            f"(weights fingerprint {expected} when fitted, {found} for this model: e.g. another "
-            "initialisation, a fine-tuned copy, or bfloat16 weights). Fit constants on this model "
-            "with papa.fit(model, corpus); to use these on it anyway, set "
-            "constants.fingerprint = None."
-        )
-
-
-def check_batch(constants: Any, batch: Any) -> None:
-    """Raise unless ``batch`` was tokenized with the layout and ``max_len`` of ``constants``."""
-    length = batch.input_ids.shape[-1]
-    fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
-    if batch.layout != constants.layout or batch.max_len != constants.max_len:
-        raise InputError(
-            f"{fitted}; the batch has layout={batch.layout!r}, max_len={batch.max_len}. "
-            f"Tokenize with attnlens.tokenize(model, texts, max_len={constants.max_len}, "
-            f"layout={constants.layout!r})."
-        )
-    padded_papa = constants.layout == "papa" and not getattr(batch, "compact", False)
-    if length > constants.max_len or (padded_papa and length != constants.max_len):
-        raise InputError(f"{fitted}; the batch has {length} positions.")
-    pairs = getattr(constants, "pairs", None)
-    if pairs is not None and bool(batch.is_pair) != pairs:
-        fitted_on = "sentence pairs" if pairs else "single sentences"
-        given = "sentence pairs" if batch.is_pair else "single sentences"
-        raise InputError(f"constants were fitted on {fitted_on}; the batch holds {given}.")

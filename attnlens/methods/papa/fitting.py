@@ -35,7 +35,8 @@ from attnlens.engine.checkpoints import checkpoint_path
 from attnlens.engine.distributed import world
 from attnlens.engine.passes import CHECKPOINT_EVERY
 from attnlens.errors import InputError, InputTypeError
-from attnlens.methods.papa.constants import PapaConstants, check_model, fields_of
+from attnlens.methods.papa.compatibility import check_model
+from attnlens.methods.papa.constants import PapaConstants, fields_of
 
 __all__ = ["CHECKPOINT_EVERY", "PatternSums", "default_layout", "fit"]
 
