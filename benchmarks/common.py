@@ -173,10 +173,10 @@ def pass_order(model: Any, texts: Sequence, batch_size: int) -> list:
     """``texts`` in the order :func:`attnlens.passes.run` runs them by length (the engine's own
     :func:`attnlens.passes.pass_order`): each window of :data:`attnlens.passes.BY_LENGTH_BATCHES`
     batches from its shortest text to its longest."""
-    from attnlens import passes
+    from attnlens.engine import batches, passes
 
     window = passes.BY_LENGTH_BATCHES * batch_size
-    return [text for _, text in passes.pass_order(texts, model.tokenizer, window)]
+    return [text for _, text in batches.pass_order(texts, model.tokenizer, window)]
 
 
 def pass_batches(model: Any, texts: Sequence, *, max_len: int, layout: str, batch_size: int) -> list[tuple[int, int]]:

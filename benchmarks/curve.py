@@ -65,8 +65,10 @@ from common import record
 from realdata import DATA
 
 import attnlens
-from attnlens import papa, passes
+from attnlens import papa
 from attnlens import tasks as task_module
+from attnlens.engine.distributed import world
+from attnlens.engine.forward import run_patterns
 from attnlens.evaluation.curve import DATA_FREE, SEEDS
 from attnlens.files import write_atomic
 from attnlens.probing.features import by_length
@@ -107,7 +109,7 @@ def plain_forward(model, texts: list, *, max_len: int, batch_size: int = 32) -> 
     for first in range(0, len(texts), batch_size):
         batch = attnlens.tokenize(model, texts[first : first + batch_size], max_len=max_len, compact=True)
         with torch.inference_mode():
-            passes.run_patterns(model, batch, [], until=until)
+            run_patterns(model, batch, [], until=until)
     return time.perf_counter() - start
 
 
@@ -141,7 +143,7 @@ def main() -> None:
         raise SystemExit(launch(args.processes))
     if "WORLD_SIZE" in os.environ:
         dist.init_process_group("gloo")
-    rank = passes.world().rank
+    rank = world().rank
     if rank:  # one report, from rank 0
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
     if args.threads:
@@ -150,12 +152,12 @@ def main() -> None:
     folder = [args.cache or (tempfile.mkdtemp(prefix="attnlens-curve-") if rank == 0 else None)]
     if rank == 0 and not args.cache:  # about 5 GB of features: removed when rank 0 is done (the others are then)
         atexit.register(shutil.rmtree, folder[0], ignore_errors=True)
-    if passes.world().distributed:
+    if world().distributed:
         dist.broadcast_object_list(folder, src=0)
     os.environ["ATTNLENS_CACHE"] = folder[0]
     model = attnlens.load(device=args.device)
     texts = paragraphs()
-    print(f"PAPA curve benchmark: {attnlens.loading.model_id(model)}, {passes.world().size} process(es) of "
+    print(f"PAPA curve benchmark: {attnlens.loading.model_id(model)}, {world().size} process(es) of "
           f"{torch.get_num_threads()} torch thread(s), {os.cpu_count()} CPUs; constants from {len(texts)} "
           f"WikiText-2 paragraphs")
     start = time.perf_counter()
@@ -198,7 +200,7 @@ def main() -> None:
         dev = task_module.load(task, "dev", data_dir=DATA, limit=args.eval_limit, seed=0)
         return plain_forward(model, train.inputs() + dev.inputs(), max_len=constants.max_len)
 
-    forward = sum(passes.distribute(tasks, forward_of, what="task"))  # the ranks share them too
+    forward = sum(forward_of(task) for task in tasks)
     interventions = len({(t["task"], t["strategy"], t["fraction"]) for t in curve.timings}) / max(len(tasks), 1)
     # the floor: every needed forward pass once, spread evenly over the processes
     needed = forward * interventions / curve.processes

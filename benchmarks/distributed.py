@@ -75,13 +75,13 @@ def _warm_up(model, texts, shape) -> None:
     import torch
 
     import attnlens
-    from attnlens import passes
+    from attnlens.engine.forward import run_patterns
     from attnlens.inputs import default_layout
 
     batch = attnlens.tokenize(model, texts[: shape["batch_size"]], max_len=shape["max_len"],
                               layout=default_layout(model))
     with torch.inference_mode():
-        passes.run_patterns(model, batch, [])
+        run_patterns(model, batch, [])
 
 
 def launch(args: argparse.Namespace, *, processes: int, threads: int, out: str) -> float:

@@ -28,7 +28,7 @@ for the two products (A U) Uᵀ of effective attention (its basis, about 8·n·d
 is printed apart). Two pairs are timed: ``effective.run`` (every map kept) against the bridge's
 full forward, and a streaming pass of the engine (an accumulator that reads A⊥ and sums it, the
 cost of ``effective.statistics`` without its statistics) against the plain forward stopped at the
-same point (after the last layer's pattern; :func:`attnlens.passes.run_patterns`).
+same point (after the last layer's pattern; :func:`attnlens.engine.forward.run_patterns`).
 
 Usage: ``HF_HUB_OFFLINE=1 python benchmarks/effective.py [--length 128|512] [--repeats 5] [--threads N]``
 """
@@ -47,15 +47,17 @@ import torch
 from realdata import wikitext_paragraphs
 
 import attnlens
-from attnlens import passes
 from attnlens.effective import effective_attention, run
 from attnlens.effective.reference import effective_attention_loop
+from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator, LayerPatterns
 from attnlens.engine.effective import _cholesky_inverse_factor
+from attnlens.engine.forward import run_patterns
 
 BATCH, LENGTH = 32, 128
 
 
-class EffectiveSum(passes.Accumulator):
+class EffectiveSum(Accumulator):
     """Computes every layer's effective attention and keeps only its sum (a streaming pass)."""
 
     name = "effective_sum"
@@ -64,7 +66,7 @@ class EffectiveSum(passes.Accumulator):
     def __init__(self) -> None:
         self.total = torch.zeros((), dtype=torch.float64)
 
-    def update(self, layer: passes.LayerPatterns) -> None:
+    def update(self, layer: LayerPatterns) -> None:
         self.total += float(layer.effective.sum())
 
     def state_dict(self) -> dict:
@@ -224,7 +226,7 @@ def main() -> None:
 
     def stopped_forward() -> None:
         with torch.inference_mode():
-            passes.run_patterns(model, batch, [])
+            run_patterns(model, batch, [])
         sync()
 
     def streaming() -> None:

@@ -5,7 +5,7 @@ Three measurements on MiniLM, each against the plain forward that does the same 
 - ``patterns.types`` (Kovaleva's types of every (example, layer, head) map, standard view) ÷ a
   plain forward of the same batches (by length and compact, as the pass runs them:
   :func:`common.pass_order`) stopped at the same point (after the last layer's
-  ``hook_pattern``: :func:`attnlens.passes.run_patterns` with ``until``); WikiText-2 paragraphs;
+  ``hook_pattern``: :func:`attnlens.engine.forward.run_patterns` with ``until``); WikiText-2 paragraphs;
 - ``syntax.dependency_heads`` (word attention, every head's prediction for every arc) ÷ the plain
   forward of the same sentences (as :class:`attnlens.Words`, same layout and ``max_len``), same
   stop; UD English EWT dev;
@@ -32,9 +32,11 @@ from common import add_arguments, pass_order, setup
 from realdata import DATA, wikitext_paragraphs
 
 import attnlens
-from attnlens import ablation, passes, patterns, syntax
-from attnlens.methods import conllu
+from attnlens import ablation, patterns, syntax
+from attnlens.engine.accumulator import PassBatch
+from attnlens.engine.forward import run_patterns
 from attnlens.inputs import default_layout
+from attnlens.methods import conllu
 
 TARGET = 1.20
 
@@ -87,7 +89,7 @@ def main() -> None:
             batch = attnlens.tokenize(model, examples[start : start + args.batch_size],
                                       max_len=args.max_len, layout=layout, compact=compact)
             with torch.inference_mode():
-                passes.run_patterns(model, batch, [], until=last_pattern)
+                run_patterns(model, batch, [], until=last_pattern)
 
     # -- pattern types ------------------------------------------------------------------------
     texts = wikitext_paragraphs()[: args.texts]
@@ -120,7 +122,7 @@ def main() -> None:
     sequences = wikitext_paragraphs()[args.texts : args.texts + args.importance]
     batch_size = 16
 
-    def loss(output: torch.Tensor, batch: passes.PassBatch) -> torch.Tensor:
+    def loss(output: torch.Tensor, batch: PassBatch) -> torch.Tensor:
         """A loss of every example: the mean log-sum-exp of its real tokens' logits."""
         mask = batch.key_mask.to(output.dtype)
         return (output.logsumexp(-1) * mask).sum(-1) / mask.sum(-1)
@@ -141,7 +143,7 @@ def main() -> None:
 
             with torch.enable_grad():
                 output = attnlens.run_with_hooks(model, batch, [("blocks.0.hook_in", grad_from)])
-                fake = passes.PassBatch(batch, 0, model)
+                fake = PassBatch(batch, 0, model)
                 torch.autograd.grad(loss(output, fake).sum(), leaf["x"])
 
     params = [p.requires_grad_(False) for p in model.parameters()]

@@ -6,7 +6,7 @@ default layout: ``papa`` for MiniLM, in compact batches as the fit runs it, see
 (by length, :func:`attnlens.passes.run`), and run the model up to the same
 point, right after the last layer's attention pattern: the fit needs nothing after it and stops
 there; the plain forward is stopped there by a hook that raises
-(:func:`attnlens.passes.run_patterns` with no other hook). So the ratio is the cost of the engine
+(:func:`attnlens.engine.forward.run_patterns` with no other hook). So the ratio is the cost of the engine
 and of the accumulation (float32 batch sums of masked patterns and their squares, added into
 float64 running sums), and 1.00x is its limit. Whole passes are timed, alternating fit and plain
 forward ``--repeats`` times after a warm-up, so both see the same background load; medians and
@@ -46,7 +46,8 @@ from common import (
 from realdata import wikitext_paragraphs
 
 import attnlens
-from attnlens import papa, passes
+from attnlens import papa
+from attnlens.engine.forward import run_patterns
 from attnlens.inputs import default_layout
 
 TARGET = 1.03
@@ -96,7 +97,7 @@ def plain_forward(model, texts, *, max_len: int, layout: str, batch_size: int) -
         batch = attnlens.tokenize(model, texts[start : start + batch_size], max_len=max_len, layout=layout,
                                   compact=True)
         with torch.inference_mode():
-            passes.run_patterns(model, batch, [])
+            run_patterns(model, batch, [])
 
 
 def main() -> None:

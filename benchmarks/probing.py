@@ -5,7 +5,7 @@ Both sides tokenize the same texts in the same batches (MiniLM, the papa layout,
 batch 32; compact, the texts from the shortest to the longest, as the extraction runs them) and
 run the model through its last block: the extraction reads ``blocks.0.hook_in`` and every
 ``blocks.{l}.hook_out``, keeps the real tokens' vectors in float16 and moves them to
-the CPU; the plain forward reads nothing (:func:`attnlens.passes.run_patterns` with ``until``
+the CPU; the plain forward reads nothing (:func:`attnlens.engine.forward.run_patterns` with ``until``
 the last ``hook_out``). So 1.00x is the limit and the ratio is the cost of the engine and the
 copies. The cache is off (``cache=False``): every extraction runs its forward. Whole passes are
 timed alternately after a warm-up; the median of the back-to-back pairs is the headline.
@@ -24,7 +24,8 @@ from common import add_arguments, pass_order, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
-from attnlens import passes, probing
+from attnlens import probing
+from attnlens.engine.forward import run_patterns
 from attnlens.inputs import default_layout
 
 TARGET = 1.10
@@ -55,7 +56,7 @@ def main() -> None:
             batch = attnlens.tokenize(model, ordered[start : start + args.batch_size], max_len=args.max_len,
                                       layout=layout, compact=True)
             with torch.inference_mode():
-                passes.run_patterns(model, batch, [], until=last)
+                run_patterns(model, batch, [], until=last)
 
     print(f"probe features benchmark: {attnlens.loading.model_id(model)}, {len(texts)} WikiText-2 "
           f"paragraphs, max_len {args.max_len}, batch {args.batch_size}, layout {layout}, "

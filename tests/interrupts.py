@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from attnlens import passes
+from attnlens.engine import batches
 
 
 def raise_interrupt() -> None:
@@ -29,7 +29,7 @@ def at_batch(monkeypatch: pytest.MonkeyPatch, number: int,
     """Call ``interrupt()`` as the pass's batch ``number`` (counted from 1) starts: its
     tokenization. ``raise_interrupt`` stops the pass before that batch runs; a signal
     (``send(signal.SIGINT)``) arrives during it, so the pass finishes the batch, saves and stops."""
-    original, calls = passes.tokenize, []
+    original, calls = batches.tokenize, []
 
     def tokenize(*args, **kwargs):
         calls.append(1)
@@ -37,5 +37,5 @@ def at_batch(monkeypatch: pytest.MonkeyPatch, number: int,
             interrupt()
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(passes, "tokenize", tokenize)
+    monkeypatch.setattr(batches, "tokenize", tokenize)
 

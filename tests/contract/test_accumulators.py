@@ -6,8 +6,8 @@ package's modules (:func:`accumulator_classes`; attnlens has no registry of accu
 must have a case in :data:`CASES`: a new accumulator without one fails
 :func:`test_every_accumulator_has_a_contract_case`. Each case builds the accumulator for the
 contiguous shard ``corpus[start:stop]`` of a corpus; the shard's passes see corpus indices (its
-:attr:`~attnlens.passes.PassBatch.start` is shifted by ``start``, which is what a rank of
-``torch.distributed`` sees: :func:`attnlens.passes.shard`).
+:attr:`~attnlens.engine.accumulator.PassBatch.start` is shifted by ``start``, which is what a rank of
+``torch.distributed`` sees: :func:`attnlens.engine.distributed.shard`).
 
 The properties, on a tiny random BERT, ``N_TEXTS`` texts of different lengths in batches of
 ``BATCH`` (3 batches ``b1, b2, b3``):
@@ -60,7 +60,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import Words, passes
+from attnlens import Words
+from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
 from tests import tiny
 
 MAX_LEN = 24
@@ -96,11 +98,11 @@ def _modules() -> list[Any]:
 
 def accumulator_classes() -> set[type]:
     """Classes defined in attnlens with ``update``, ``merge`` and ``result`` (the base
-    :class:`attnlens.passes.Accumulator`, which only declares them, aside)."""
+    :class:`attnlens.engine.accumulator.Accumulator`, which only declares them, aside)."""
     found = set()
     for module in _modules():
         for _, cls in inspect.getmembers(module, inspect.isclass):
-            if not cls.__module__.startswith("attnlens") or cls is passes.Accumulator:
+            if not cls.__module__.startswith("attnlens") or cls is Accumulator:
                 continue
             if all(callable(getattr(cls, name, None)) for name in ("update", "merge", "result")):
                 found.add(cls)
@@ -123,7 +125,7 @@ class Case:
     AssertionError), so that the test says so once the breach is fixed."""
 
     cls: type
-    make: Callable[[Any, int, int], passes.Accumulator]
+    make: Callable[[Any, int, int], Accumulator]
     corpus: Callable[[], list] = lambda: list(TEXTS)
     run: Callable[[Any], dict] = lambda model: {}
     kept: Callable[[Any], Any] = lambda accumulator: None
@@ -163,9 +165,9 @@ def _sampled(model, start, stop):
 
 def _cases() -> list[Case]:
     from attnlens import ablation, clustering, papa, stats, syntax
+    from attnlens.comparison.accumulator import ViewsAccumulator
     from attnlens.evaluation.lm.scorer import LMScorer
     from attnlens.evaluation.probing.mlm import MaskedStates
-    from attnlens.comparison.accumulator import ViewsAccumulator
     from attnlens.papa import PapaConstants
     from attnlens.papa.fitting import PatternSums
     from attnlens.patterns.counts import PatternTypes
@@ -207,7 +209,7 @@ def _params(prop: str, select: Callable[[Case], bool] = lambda case: True) -> li
 
 
 def _has_state(case: Case) -> bool:
-    return case.cls.state_dict is not passes.Accumulator.state_dict
+    return case.cls.state_dict is not Accumulator.state_dict
 
 
 # ------------------------------------------------------------------------------------------------
@@ -219,7 +221,7 @@ def model():
     return tiny.bert_bridge()
 
 
-def shard(case: Case, model, start: int, stop: int) -> passes.Accumulator:
+def shard(case: Case, model, start: int, stop: int) -> Accumulator:
     """The accumulator updated on ``corpus[start:stop]``, its batches numbered from ``start``."""
     accumulator = case.make(model, start, stop)
     own = accumulator.start_batch
@@ -285,7 +287,7 @@ def assert_same(actual: Any, expected: Any, what: str) -> None:
             assert other == value or (value != value and other != other), f"{what}{path}: {other!r} != {value!r}"
 
 
-def state(case: Case, accumulator: passes.Accumulator) -> dict[str, Any]:
+def state(case: Case, accumulator: Accumulator) -> dict[str, Any]:
     return {"state": accumulator.state_dict(), "metadata": accumulator.metadata(),
             "kept": case.kept(accumulator)}
 
@@ -390,7 +392,7 @@ def test_any_order_accumulators_give_the_same_result_by_length(case, model):
     assert_close(results[True], results[False], "by length")
 
 
-def _kept_decoded(accumulator: passes.Accumulator) -> dict[str, Any] | None:
+def _kept_decoded(accumulator: Accumulator) -> dict[str, Any] | None:
     """What compare's accumulator keeps for its figures and report, the 8-bit maps decoded."""
     from attnlens.comparison.accumulator import ViewsAccumulator
 

@@ -10,7 +10,7 @@ import torch
 
 import attnlens
 from attnlens.core.heads import HeadSet
-from attnlens.engine import passes
+from attnlens.engine.forward import run_with_hooks
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError
 from attnlens.methods import interventions
@@ -87,7 +87,7 @@ def run(model, batch, fwd_hooks=(), record=()):
 
     extra = [(name, lambda tensor, hook, name=name: keep(tensor, hook, name)) for name in record]
     with torch.no_grad():
-        logits = passes.run_with_hooks(model, batch, [*fwd_hooks, *extra])
+        logits = run_with_hooks(model, batch, [*fwd_hooks, *extra])
     return logits, seen
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
 from attnlens.errors import InputError
 from attnlens.methods import view_setup, views
 from attnlens.methods.views import View
@@ -20,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "attnlens"
 MAX_LEN = 24
 
 
-class Record(passes.Accumulator):
+class Record(Accumulator):
     """Keeps a view's maps of every layer with the batch's key mask."""
 
     def __init__(self, view: View) -> None:

@@ -537,7 +537,8 @@ def test_focus_out_of_range_is_refused_before_any_pass(tmp_path, tiny_models, ti
                                                        capsys, monkeypatch):
     """The tiny BERT has 2 layers x 4 heads: --focus 2,0 and 0,4 are refused in one line naming
     the valid range, after loading the model (its shape) and before fitting or comparing."""
-    from attnlens import cli, passes
+    from attnlens import cli
+    from attnlens.engine import passes
 
     monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a pass over the corpus ran"))
     for focus in ("2,0", "0,4", "-1,0"):

@@ -107,7 +107,7 @@ def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(set
     """A compact PAPA batch (real tokens packed, layout positions passed) under the fast path
     gives, at every real token, the padded batch's hook-path logits: the constant is gathered
     at the same layout positions (same tolerance as above)."""
-    from attnlens import passes
+    from attnlens.engine.forward import run_with_hooks
     from attnlens.inputs import compact_batch
 
     model, constants, _ = setup
@@ -117,7 +117,7 @@ def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(set
     compact = compact_batch(batch)
     assert compact.input_ids.shape[1] < batch.input_ids.shape[1]
     with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=True):
-        fast = passes.run_with_hooks(model, compact, [])
+        fast = run_with_hooks(model, compact, [])
     fast = getattr(fast, "logits", fast)
     d_model, n_layers = int(model.cfg.d_model), int(model.cfg.n_layers)
     atol = n_layers * float32_sum_error(d_model) * float(hooked.abs().max())
@@ -278,7 +278,7 @@ def test_fast_hooks_in_the_pass_engine_give_the_hook_paths_features(setup, heads
 def test_fast_hooks_in_run_with_hooks_and_apply_skip_the_replaced_heads(setup):
     """:func:`attnlens.passes.run_with_hooks` and :meth:`PapaHooks.apply` honour ``fast``; the
     same hooks handed straight to TransformerLens run the hook path: the same logits."""
-    from attnlens import passes
+    from attnlens.engine.forward import run_with_hooks
 
     model, constants, batch = setup
     fast_hooks = papa.hooks(constants, heads="all", fast=True)
@@ -289,7 +289,7 @@ def test_fast_hooks_in_run_with_hooks_and_apply_skip_the_replaced_heads(setup):
         try:
             with torch.no_grad():
                 if way == "passes":
-                    output = passes.run_with_hooks(model, batch, fast_hooks)
+                    output = run_with_hooks(model, batch, fast_hooks)
                 elif way == "apply":
                     with fast_hooks.apply(model):
                         output = model(batch.input_ids, **batch.model_kwargs())

@@ -15,10 +15,10 @@ import torch
 
 from attnlens import AttnlensError, papa, probing, tasks
 from attnlens.errors import InputError, MismatchError
-from attnlens.papa.curves import DATA_FREE, Curve
-from attnlens.papa.tables import ROWS
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import mlm
+from attnlens.papa.curves import DATA_FREE, Curve
+from attnlens.papa.tables import ROWS
 from tests.conftest import DATA, data_file
 
 # every test here runs probes on real data, or needs the fit of the `constants` fixture
@@ -242,7 +242,7 @@ def test_the_probe_beats_the_majority_on_pos_and_identity_hooks_change_nothing(m
 
 def test_an_interrupted_curve_resumes_from_the_feature_cache(minilm, constants, monkeypatch):
     """Every finished point of a curve is cached: running it again does no forward pass."""
-    from attnlens import passes
+    from attnlens.engine import passes
 
     options = dict(fractions=(0, 1), baselines=(), data_dir=DATA, train_limit=100, eval_limit=50,
                    seeds=1, progress=False)
@@ -313,7 +313,7 @@ def test_cache_features_extracts_what_run_reads(minilm, monkeypatch):
     """After probing.cache_features, probing.run with the same arguments runs no forward pass
     (a curve's later points read the features their own job extracted); hooks without a key()
     are refused, since nothing could find their features again."""
-    from attnlens import passes
+    from attnlens.engine import passes
 
     options = dict(data_dir=DATA, train_limit=60, eval_limit=40, max_len=64, seed=3)  # a subset no other test reads
     assert probing.cache_features(minilm, "cola", progress=False, **options) > 0

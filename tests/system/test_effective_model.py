@@ -299,10 +299,10 @@ def test_models_without_attnlens_preparation_are_refused():
 
 
 def test_statistics_progress_counts_the_corpus(minilm, sst2_sentences, monkeypatch):
-    from attnlens import passes
+    from attnlens.engine import batches, passes
 
     bars = []
-    original = passes.progress_bar
+    original = batches.progress_bar
 
     def spy(*args, **kwargs):
         bars.append(original(*args, **kwargs))

@@ -9,10 +9,10 @@ extra batch, the one the model's own forward makes (transformers' mask code test
 mask has padding; a hand-written loop pays it too).
 
 Reads of host tensors are not counted: those inside the pass's host stage
-(:func:`attnlens.engine.passes._stage` and ``_inputs``: tokenizing, counting, checking and
+(:func:`attnlens.engine.batches._stage` and ``_inputs``: tokenizing, counting, checking and
 preparing a batch, on the tokenizer's output before the batch is copied to the device), and
 reads of tensors made only from the pass's host copy of the inputs
-(:attr:`attnlens.passes.PassBatch.on_host`; here a :class:`HostTensor`, whose results stay
+(:attr:`attnlens.engine.accumulator.PassBatch.on_host`; here a :class:`HostTensor`, whose results stay
 host tensors only when every tensor an operation takes is one). They cost no synchronisation.
 ``tests/system/test_cuda.py`` checks the same jobs on a real GPU with CUDA's own
 synchronisation detector.
@@ -34,9 +34,10 @@ import torch
 
 import attnlens
 from attnlens import effective, papa, probing
-from attnlens.evaluation.lm import scorer
 from attnlens.core import devices
 from attnlens.engine import passes
+from attnlens.engine.batches import _stage
+from attnlens.evaluation.lm import scorer
 from tests import tiny
 
 #: batches of the shorter run; the longer runs twice as many
@@ -49,7 +50,7 @@ FORWARD_READS = 1
 FLOAT32 = 1e-4
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero")
-HOST_STAGE = {passes._stage.__code__, passes._inputs.__code__}
+HOST_STAGE = {_stage.__code__, passes._inputs.__code__}
 
 
 class HostTensor(torch.Tensor):
@@ -258,7 +259,7 @@ def test_compact_widths_in_buckets_change_no_result(minilm, monkeypatch):
     texts = texts_for(minilm)[:48]
     plain = papa.fit(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
     widths = []
-    original = passes._stage
+    original = _stage
 
     def seen(*args, **kwargs):
         staged = original(*args, **kwargs)

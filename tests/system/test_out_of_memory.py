@@ -11,7 +11,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, passes
+from attnlens import papa
+from attnlens.engine import forward, passes
+from attnlens.engine.checkpoints import read_checkpoint
 from tests.precision import float32_sum_error
 
 LIMIT = 4
@@ -20,7 +22,7 @@ LIMIT = 4
 def inject(monkeypatch, limit: int = LIMIT) -> list[int]:
     """Batches of more than ``limit`` examples raise torch.OutOfMemoryError at layer 3's
     pattern, after the accumulators read layers 0 to 3; the sizes of the batches run."""
-    original, sizes = passes.run_patterns, []
+    original, sizes = forward.run_patterns, []
 
     def run_patterns(model, batch, fwd_hooks, *, until=None):
         sizes.append(len(batch))
@@ -87,7 +89,7 @@ def test_one_example_that_does_not_fit_stops_after_the_checkpoint(minilm, sst2_s
     inject(monkeypatch, limit=0)  # nothing fits
     with pytest.raises(torch.OutOfMemoryError, match="injected"):
         papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False, checkpoint=checkpoint, by_length=False)
-    meta, _ = passes.read_checkpoint(checkpoint)
+    meta, _ = read_checkpoint(checkpoint)
     assert meta["counts"]["examples"] == 8  # the state as before the batch that failed
     monkeypatch.undo()
     resumed = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False, checkpoint=checkpoint,

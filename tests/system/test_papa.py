@@ -388,10 +388,10 @@ def test_resuming_a_checkpoint_with_the_other_kind_of_inputs_says_so(tiny_berts,
 
 
 def test_fit_shows_the_shared_progress_bar_from_where_it_resumes(tiny_berts, tmp_path, monkeypatch):
-    from attnlens import passes
+    from attnlens.engine import batches, passes
 
     calls = []
-    shared = passes.progress_bar
+    shared = batches.progress_bar
 
     def recording(corpus, description, enabled, *, initial=0):
         calls.append((description, enabled, initial))

@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlens import papa, passes
+from attnlens import papa
+from attnlens.engine import passes
+from attnlens.engine.checkpoints import read_checkpoint
 from attnlens.methods.stats import Statistics
 
 STATE = ("sums", "squares", "pair_counts")
@@ -48,7 +50,7 @@ def test_a_prefix_that_ends_in_its_second_window(minilm, sst2_sentences, tmp_pat
     fresh = papa.fit(minilm, texts, max_len=32, batch_size=2, progress=False)
     checkpoint = tmp_path / "fit.safetensors"
     papa.fit(minilm, texts[:19], max_len=32, batch_size=2, progress=False, checkpoint=checkpoint)
-    meta, _ = passes.read_checkpoint(checkpoint)
+    meta, _ = read_checkpoint(checkpoint)
     assert meta["counts"]["examples"] == 19 and meta["tail"]["counts"]["examples"] == 16
     assert meta["tail"]["size"] == 3
     assert_same(papa.fit(minilm, texts, max_len=32, batch_size=2, progress=False, checkpoint=checkpoint), fresh)

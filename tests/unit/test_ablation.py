@@ -21,7 +21,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import ablation, papa, passes, probing, tasks
+from attnlens import ablation, papa, probing, tasks
+from attnlens.engine.forward import run_with_hooks, value_hook, values_per_query_head
 from attnlens.evaluation.lm.masks import mlm_masks
 from attnlens.evaluation.lm.scorer import UntrainedHead
 from attnlens.heads import HeadSet
@@ -66,7 +67,7 @@ def run(model, batch, fwd_hooks=(), record=()):
 
     extra = [(name, lambda tensor, hook, name=name: keep(tensor, hook, name)) for name in record]
     with torch.no_grad():
-        logits = passes.run_with_hooks(model, batch, [*fwd_hooks, *extra])
+        logits = run_with_hooks(model, batch, [*fwd_hooks, *extra])
     return logits, seen
 
 
@@ -121,7 +122,7 @@ def test_zeroing_z_equals_zeroing_the_pattern_rows(family, bert, gpt2):
 def test_uniform_mode_on_an_encoder(bert):
     batch = padded(bert)
     heads = HeadSet.from_heads([(0, 2)], 2, 4)
-    names = ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z", passes.value_hook(bert, 0)]
+    names = ["blocks.0.attn.hook_pattern", "blocks.0.attn.hook_z", value_hook(bert, 0)]
     plain, before = run(bert, batch, record=names)
     ablated, after = run(bert, batch, ablation.hooks(heads, "uniform", model=bert), record=names)
     valid = batch.attention_mask.float()
@@ -130,7 +131,7 @@ def test_uniform_mode_on_an_encoder(bert):
     assert torch.equal(pattern[:, 2], expected)  # exactly 1 / n_valid on every valid key, 0 on padding
     assert torch.equal(pattern[:, [0, 1, 3]], before["blocks.0.attn.hook_pattern"][:, [0, 1, 3]])
     # the edit reaches the computation: the head's output is the mean of its values over real keys
-    v = passes.values_per_query_head(bert, after[names[2]])[:, 2]  # [batch, key, d_head]
+    v = values_per_query_head(bert, after[names[2]])[:, 2]  # [batch, key, d_head]
     mean_v = (v * valid[..., None]).sum(1) / valid.sum(1)[:, None]
     z = after["blocks.0.attn.hook_z"][:, :, 2]
     torch.testing.assert_close(z, mean_v[:, None].expand_as(z), rtol=1e-5, atol=1e-6)

@@ -10,7 +10,9 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon, pdist
 
-from attnlens import clustering, papa, passes
+from attnlens import clustering, papa
+from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -91,7 +93,7 @@ def bert():
     return tiny.bert_bridge()
 
 
-class Capture(passes.Accumulator):
+class Capture(Accumulator):
     """Keeps every layer's pattern (or effective attention) of every batch, with its mask."""
 
     def __init__(self, view: str) -> None:

@@ -25,7 +25,10 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, passes, probing, tasks
+from attnlens import papa, probing, tasks
+from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
+from attnlens.engine.forward import run_with_hooks
 from attnlens.inputs import compact_batch
 from tests import tiny
 from tests.conftest import DATA
@@ -73,7 +76,7 @@ PAIRS = [(a, b) for a, b in zip(tiny.CORPUS[:4], ["yes .", "it was not .", "a do
 
 
 def logits(model, batch, hooks=()):
-    output = passes.run_with_hooks(model, batch, hooks)
+    output = run_with_hooks(model, batch, hooks)
     return getattr(output, "logits", output).detach()
 
 
@@ -145,7 +148,7 @@ def test_a_compact_batch_is_as_wide_as_its_longest_text(bert):
     assert pairs.input_ids.shape[1] == int(pairs.attention_mask.sum(1).max())
     widths = []
 
-    class Widths(passes.Accumulator):
+    class Widths(Accumulator):
         name, compact = "widths", True
 
         def update(self, layer):
@@ -258,13 +261,13 @@ def test_compares_accumulators_run_compact_and_equal_the_padded_ones(request, na
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     widths = []
 
-    class Widths(passes.Accumulator):
+    class Widths(Accumulator):
         name, compact = "widths", True
 
         def update(self, layer):
             widths.append(layer.pattern.shape[-1])
 
-    class Shares(passes.Accumulator):
+    class Shares(Accumulator):
         """The pattern-type classifier's chance-corrected shares of every (example, head),
         summed per layer and region (the type counts alone hide small differences)."""
 

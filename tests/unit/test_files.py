@@ -9,7 +9,9 @@ import signal
 import pytest
 import torch
 
-from attnlens import files, papa, passes
+from attnlens import files, papa
+from attnlens.engine import passes
+from attnlens.engine.checkpoints import read_checkpoint, save_checkpoint
 from tests import interrupts, tiny
 
 
@@ -106,7 +108,7 @@ def test_a_second_signal_during_the_save_waits_for_it(bert, tmp_path, monkeypatc
     write finishes (the second signal waits for it), and the run stops with a checkpoint that
     resumes to the uninterrupted result."""
     checkpoint = tmp_path / "fit.safetensors"
-    original = passes.save_checkpoint
+    original = save_checkpoint
     calls = []
 
     def save_interrupted(*args, **kwargs):
@@ -131,7 +133,7 @@ def test_a_pass_checkpoint_holds_every_accumulator(bert, tmp_path):
     checkpoint = tmp_path / "pass.safetensors"
     stats = Statistics(2, 4, "standard")
     summary = passes.run(bert, tiny.CORPUS, [stats], max_len=16, progress=False, checkpoint=checkpoint)
-    meta, tensors = passes.read_checkpoint(checkpoint)
+    meta, tensors = read_checkpoint(checkpoint)
     assert meta["counts"]["examples"] == summary.n_examples == len(tiny.CORPUS)
     assert torch.equal(tensors["statistics.standard/counts"], stats.statistics.counts)
     again = Statistics(2, 4, "standard")
@@ -139,7 +141,7 @@ def test_a_pass_checkpoint_holds_every_accumulator(bert, tmp_path):
     for name, value in stats.result().items():  # restored from the finished checkpoint
         assert torch.equal(again.result()[name], value), name
     with pytest.raises(ValueError, match="not an attnlens checkpoint"):
-        passes.read_checkpoint(papa.fit(bert, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors"))
+        read_checkpoint(papa.fit(bert, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors"))
 
 
 def test_the_tensor_checksum_is_sha256_of_the_definition():

@@ -18,6 +18,7 @@ import torch
 
 from attnlens.core import memory
 from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
 from attnlens.probing import Features, PapaProbe
 from tests import tiny
 
@@ -130,7 +131,7 @@ def test_a_refused_setting_reports_false(fresh):
 def test_a_pass_applies_it(fresh):
     model = tiny.bert_bridge()
     assert memory._applied is None
-    summary = passes.run(model, tiny.CORPUS[:4], [passes.Accumulator()], max_len=16, progress=False)
+    summary = passes.run(model, tiny.CORPUS[:4], [Accumulator()], max_len=16, progress=False)
     assert summary.n_examples == 4
     assert memory._applied is True and len(fresh.calls) == 2
 

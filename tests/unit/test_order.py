@@ -15,7 +15,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlens import passes
+from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
+from attnlens.engine.checkpoints import read_checkpoint, save_checkpoint
 from attnlens.stats import Statistics
 from tests import interrupts, tiny
 from tests.typechecks import unchecked
@@ -30,7 +32,7 @@ def bert():
     return tiny.bert_bridge()
 
 
-class Batches(passes.Accumulator):
+class Batches(Accumulator):
     """Records each batch's corpus indices and width; allows any order unless told not to."""
 
     compact = True
@@ -102,7 +104,7 @@ def test_an_interrupted_pass_by_length_resumes_bit_for_bit(bert, tmp_path, monke
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         interrupts.at_batch(patch, 3)
         run(bert, iter(TEXTS), Statistics(2, 4, "standard"), checkpoint=checkpoint, checkpoint_every=1)
-    meta, _ = passes.read_checkpoint(checkpoint)
+    meta, _ = read_checkpoint(checkpoint)
     assert meta["counts"]["examples"] == 6  # the two shortest batches of the window
 
     with pytest.raises(ValueError, match=r"order 'by length, 192 examples at a time' \(now 'corpus'\)"):
@@ -120,10 +122,10 @@ def test_a_checkpoint_written_before_the_order_was_recorded_resumes_in_corpus_or
     checkpoint = tmp_path / "old.safetensors"
     first = Statistics(2, 4, "standard")
     run(bert, TEXTS[:6], first, checkpoint=checkpoint, by_length=False)
-    meta, _ = passes.read_checkpoint(checkpoint)
+    meta, _ = read_checkpoint(checkpoint)
     old = {key: value for key, value in meta["header"].items() if key != "order"}
-    passes.save_checkpoint(checkpoint, [first], meta["counts"], old)
-    assert "order" not in passes.read_checkpoint(checkpoint)[0]["header"]
+    save_checkpoint(checkpoint, [first], meta["counts"], old)
+    assert "order" not in read_checkpoint(checkpoint)[0]["header"]
 
     with pytest.raises(ValueError, match=r"order 'corpus' \(now 'by length, 192 examples at a time'\).*"
                                          r"by_length=False runs the corpus in its order"):

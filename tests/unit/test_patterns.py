@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, passes, patterns
+from attnlens import papa, patterns
+from attnlens.engine import passes
+from attnlens.engine.forward import value_hook, values_per_query_head
 from attnlens.inputs import tokenize
 from attnlens.patterns.counts import COLUMNS
 from attnlens.patterns.templates import BAND, Positions
@@ -215,13 +217,13 @@ def classify_by_hand(model, texts, view="standard"):
             return keep
 
         names = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
-        names += [passes.value_hook(model, layer) for layer in range(n_layers)]
+        names += [value_hook(model, layer) for layer in range(n_layers)]
         attnlens.run_with_hooks(model, batch, [(name, keeper(name)) for name in names])
         tokens = model.tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist())
         for layer in range(n_layers):
             pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
             if view == "effective":
-                values = passes.values_per_query_head(model, cache[passes.value_hook(model, layer)])
+                values = values_per_query_head(model, cache[value_hook(model, layer)])
                 pattern = effective_attention(pattern, values, key_mask=batch.attention_mask.bool())
             labels = patterns.classify(pattern, tokens=tokens, view=view).labels[0]
             counts[layer, torch.arange(n_heads), labels] += 1

@@ -74,11 +74,12 @@ def _constants(folder: Path, bridge) -> tuple[Path, callable]:
 
 
 def _checkpoint(folder: Path, bridge) -> tuple[Path, callable]:
-    from attnlens import papa, passes
+    from attnlens import papa
+    from attnlens.engine.checkpoints import read_checkpoint
 
     path = folder / "fit.ckpt"
     papa.fit(bridge, tiny.CORPUS[:4], max_len=12, progress=False, checkpoint=path)
-    return path, passes.read_checkpoint
+    return path, read_checkpoint
 
 
 def _features(folder: Path, bridge) -> tuple[Path, callable]:

@@ -19,7 +19,8 @@ import plotly.graph_objects as go
 import pytest
 
 import attnlens
-from attnlens import display, papa, passes
+from attnlens import display, papa
+from attnlens.engine.batches import progress_bar, tqdm_class
 from attnlens.heads import HeadSet
 from tests import tiny
 
@@ -173,8 +174,8 @@ def test_progress_bars_in_a_notebook_without_ipywidgets_are_text_and_quiet(
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert passes.tqdm_class() is text_bar
-        bar = passes.progress_bar(range(3), "test", True)
+        assert tqdm_class() is text_bar
+        bar = progress_bar(range(3), "test", True)
         bar.update(3)
         bar.close()
         display.quiet_tqdm_auto()  # what `import attnlens` does in a kernel
@@ -202,15 +203,15 @@ def test_progress_bars_in_a_notebook_with_ipywidgets_are_widgets(kernel, monkeyp
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert passes.tqdm_class() is tqdm
+        assert tqdm_class() is tqdm
     assert caught == []
 
 
 def test_progress_bars_outside_a_notebook_are_text():
     from tqdm.std import tqdm
 
-    assert not display.in_notebook() and passes.tqdm_class() is tqdm
-    assert passes.progress_bar([1, 2], "x", False).disable
+    assert not display.in_notebook() and tqdm_class() is tqdm
+    assert progress_bar([1, 2], "x", False).disable
 
 
 def test_figures_carry_html_in_a_kernel_unless_the_user_chose(kernel, comparison, monkeypatch):

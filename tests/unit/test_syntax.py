@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import Words, passes, syntax
+from attnlens import Words, syntax
+from attnlens.engine import passes
 from attnlens.methods import conllu
 from tests import tiny
 from tests.conftest import data_file
