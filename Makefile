@@ -42,11 +42,11 @@ test-fast: install
 lint: install
 	$(PY) -m ruff check attnlens tests benchmarks examples docs
 
-# The site in site/, offline. docs/gallery.py executes the notebooks of examples/ whose executed
-# copy (build/gallery/) is older than them or than attnlens' sources; mkdocs renders them.
+# The site in site/, offline. The build executes the notebooks of examples/ whose executed copy
+# (build/gallery/) is older than them or than attnlens' sources (docs/gallery.py, called by
+# docs/hooks.py); mkdocs-jupyter renders them as the gallery's pages.
 docs: install
 	$(PY) -m pip install --quiet -e ".[docs]"
-	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 $(PY) docs/gallery.py
 	HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # Each benchmark writes its results to build/bench/<name>.json; the last step prints them as one

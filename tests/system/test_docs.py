@@ -64,90 +64,109 @@ def test_compare_page(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("page", ["index.md", "quickstart.md", "papa.md", "compare.md", "effective.md",
-                                  "patterns.md", "probing.md", "heads.md", "plots.md", "cli.md"])
+                                  "patterns.md", "probing.md", "heads.md", "plots.md", "cli.md",
+                                  "development.md"])
 def test_pages_are_in_the_site_navigation(page):
     assert f": {page}" in (DOCS.parent / "mkdocs.yml").read_text()
 
 
-def _gallery():
-    """docs/gallery.py as a module (it needs nbformat, of the docs extra)."""
+def _docs_module(name: str):
+    """docs/NAME.py as a module (gallery.py needs nbformat and hooks.py mkdocs, of the docs extra)."""
     import importlib.util
 
-    if importlib.util.find_spec("nbformat") is None:
-        required("the docs extra", "nbformat is not installed: pip install -e '.[docs]'")
-    spec = importlib.util.spec_from_file_location("attnlens_docs_gallery", DOCS / "gallery.py")
-    gallery = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gallery)
-    return gallery
+    for needed in ("nbformat", "mkdocs"):
+        if importlib.util.find_spec(needed) is None:
+            required("the docs extra", f"{needed} is not installed: pip install -e '.[docs]'")
+    spec = importlib.util.spec_from_file_location(f"attnlens_docs_{name}", DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def test_gallery_renders_each_kind_of_output():
-    """A notebook page keeps code, text, tables and figures; a figure's JSON comes back intact and
-    carries no plotly.js; docs links of a notebook (../docs/X.md) point at the site's pages."""
+def test_gallery_figures_get_a_placeholder_the_site_draws():
+    """nbconvert, and so mkdocs-jupyter, cannot show plotly's JSON output: each figure of an
+    executed notebook keeps it (for JupyterLab) and gains a text/html placeholder that
+    docs/javascripts/figures.js draws, numbered in the notebook's order. The figure's JSON comes
+    back intact, even with ``</script>`` in a string; other outputs are left as they were."""
     import nbformat
     import plotly.graph_objects as go
 
-    gallery = _gallery()
-    figure = json.loads(go.Figure(go.Heatmap(z=[[0.0, 1.0], [0.5, 0.25]])).to_json())
-    notebook = nbformat.from_dict({
-        "nbformat": 4, "nbformat_minor": 5, "metadata": {"attnlens_gallery": {"seconds": 1.5}},
-        "cells": [
-            {"cell_type": "markdown", "metadata": {}, "source": "# A title\n\nSee [PAPA](../docs/papa.md)."},
-            {"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "x = 1\nx", "outputs": [
-                {"output_type": "stream", "name": "stdout", "text": "printed ```fence```\n"},
-                {"output_type": "stream", "name": "stderr", "text": "\x1b[31mwarned\x1b[0m\n"},
-                {"output_type": "execute_result", "execution_count": 1, "metadata": {},
-                 "data": {"text/html": "<table>\n\n<tr><td>1</td></tr></table>", "text/plain": "1"}},
-                {"output_type": "display_data", "metadata": {},
-                 "data": {"application/vnd.plotly.v1+json": figure, "text/plain": "Figure"}},
-            ]},
-        ],
-    })
-    page = gallery.render(notebook, "demo", ran=True)
-    assert page.startswith("# A title") and "(../papa.md)" in page and "../docs/" not in page
-    assert "executed by the docs build in 1.5 s" in page and "[Download the executed notebook](demo.ipynb)" in page
-    assert "```` { .text }\nprinted ```fence```\n````" in page  # a longer fence than the text's
-    assert "warned" in page and "\x1b" not in page and "attnlens-stderr" in page
-    assert "<table>\n<tr><td>1</td></tr></table>" in page  # no blank line inside raw HTML
-    data = re.search(r'<script type="application/json" id="demo-figure-0-data">(.*?)</script>', page, re.S)
-    assert data and json.loads(data.group(1)) == figure
-    assert '<div class="attnlens-plotly" id="demo-figure-0"' in page and "plotly.min.js" not in page
-    assert gallery.figures_of(notebook) == [figure]
-    unexecuted = gallery.render(notebook, "demo", ran=False, reason="Because.")
-    assert "Not executed in this build" in unexecuted and "attnlens-plotly" not in unexecuted
+    gallery = _docs_module("gallery")
+    first = json.loads(go.Figure(go.Heatmap(z=[[0.0, 1.0], [0.5, 0.25]]),
+                                 layout={"height": 300, "title": {"text": "a </script> b"}}).to_json())
+    second = json.loads(go.Figure(go.Scatter(x=[0, 1], y=[1, 0])).to_json())
+    table = {"output_type": "execute_result", "execution_count": 1, "metadata": {},
+             "data": {"text/html": "<table></table>", "text/plain": "table"}}
+    notebook = nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+        {"cell_type": "code", "metadata": {}, "execution_count": 1, "source": "x", "outputs": [
+            dict(table), {"output_type": "display_data", "metadata": {}, "data": {gallery.PLOTLY: first}}]},
+        {"cell_type": "code", "metadata": {}, "execution_count": 2, "source": "y", "outputs": [
+            {"output_type": "display_data", "metadata": {}, "data": {gallery.PLOTLY: second}}]},
+    ]})
+    gallery.add_figure_html(notebook, "demo")
+    outputs = [output for cell in notebook.cells for output in cell.outputs]
+    assert outputs[0] == table
+    for index, (output, figure, height) in enumerate(zip(outputs[1:], (first, second), (300, 450), strict=True)):
+        assert output["data"][gallery.PLOTLY] == figure
+        page = output["data"]["text/html"]
+        assert f'<div class="attnlens-plotly" id="demo-figure-{index}" style="height:{height}px"></div>' in page
+        data = re.search(rf'<script type="application/json" id="demo-figure-{index}-data">(.*?)</script>', page, re.S)
+        assert data and json.loads(data.group(1)) == figure
+        assert "plotly.min.js" not in page
 
 
-def test_thumbnails_draw_the_figure_data():
-    """Heatmap cells take the colour scale's colours at their values (plotly's own
-    ``sample_colorscale`` is the reference), top row first for a reversed y axis; a line's
-    end points reach the corners of the plot area."""
-    import plotly.graph_objects as go
-    from plotly.colors import sample_colorscale
+def test_gallery_reuses_an_executed_copy_only_while_notebook_and_attnlens_are_unchanged(tmp_path, monkeypatch):
+    """The key of an executed copy covers the notebook's cells and attnlens' sources, not the
+    notebook's stored outputs; a stale or damaged copy is executed again."""
+    gallery = _docs_module("gallery")
+    (tmp_path / "attnlens").mkdir()
+    (tmp_path / "examples").mkdir()
+    source = tmp_path / "attnlens" / "module.py"
+    source.write_text("x = 1\n")
+    path = tmp_path / "examples" / "demo.ipynb"
 
-    gallery = _gallery()
-    scale = [[0.0, "rgb(0, 0, 0)"], [1.0, "rgb(255, 255, 255)"]]
-    heatmap = go.Figure(go.Heatmap(z=[[0.0, 1.0], [0.25, 0.75]], colorscale=scale))
-    heatmap.update_yaxes(autorange="reversed")
-    svg = gallery.thumbnail(json.loads(heatmap.to_json()))
-    cells = re.findall(r'<rect x="([\d.]+)" y="([\d.]+)" width="[\d.]+" height="[\d.]+" fill="([^"]+)"/>', svg)
-    assert len(cells) == 4
-    expected = sample_colorscale(scale, [0.0, 1.0, 0.25, 0.75])
-    order = sorted(cells, key=lambda c: (float(c[1]), float(c[0])))  # row by row from the top
-    assert [c[2] for c in order] == expected
-    line = go.Figure(go.Scatter(x=[0, 1], y=[0, 1], mode="lines"))
-    svg = gallery.thumbnail(json.loads(line.to_json()))
-    points = re.search(r'<polyline points="([^"]+)"', svg).group(1).split()
-    (x0, y0), (x1, y1) = (tuple(map(float, p.split(","))) for p in points)
-    w, h, pad, inner = gallery.WIDTH, gallery.HEIGHT, gallery.PAD, 4
-    assert (x0, y0) == (pad + inner, h - pad - inner) and (x1, y1) == (w - pad - inner, pad + inner)
-    assert "not executed" in gallery.thumbnail(None, "not executed")
+    def write_notebook(code: str, outputs: list) -> None:
+        path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [
+            {"cell_type": "code", "metadata": {}, "execution_count": None, "source": code, "outputs": outputs}]}))
+
+    monkeypatch.setattr(gallery, "ROOT", tmp_path)
+    monkeypatch.setattr(gallery, "EXAMPLES", tmp_path / "examples")
+    monkeypatch.setenv("ATTNLENS_GALLERY_CACHE", str(tmp_path / "cache"))
+    write_notebook("print(1)", [])
+    copy = tmp_path / "cache" / "demo.ipynb"
+    copy.parent.mkdir()
+    copy.write_text(json.dumps({"metadata": {"attnlens_gallery": {"key": gallery.source_key(path)}}}))
+    assert gallery.executed(path) == copy
+    write_notebook("print(1)", [{"output_type": "stream", "name": "stdout", "text": "1\n"}])
+    assert gallery.executed(path) == copy                       # outputs are not the notebook's code
+    source.write_text("x = 2\n")
+    assert gallery.executed(path) is None                       # attnlens changed
+    source.write_text("x = 1\n")
+    write_notebook("print(2)", [])
+    assert gallery.executed(path) is None                       # the notebook changed
+    write_notebook("print(1)", [])
+    assert gallery.executed(path) == copy
+    copy.write_text("{not json")
+    assert gallery.executed(path) is None                       # damaged
+    monkeypatch.setenv("ATTNLENS_GALLERY_ONLY", "other")
+    with pytest.raises(ValueError, match="No notebook"):
+        gallery.selected()
 
 
-def test_every_gallery_notebook_is_executed():
-    """mkdocs.yml's list of notebooks the build does not run is empty: the gallery runs them all."""
-    gallery = _gallery()
-    assert gallery.not_executed() == []
-    assert gallery.selected() == [path.stem for path in gallery.notebooks()]
+def test_notebook_pages_link_the_site_pages():
+    """A notebook links the docs as ../docs/X.md (right in the repository); on its page in the
+    site the link is ../X.html. Other links and other pages are left alone."""
+    from types import SimpleNamespace
+
+    hooks = _docs_module("hooks")
+    html = ('<a href="../docs/papa.md#the-curve">PAPA</a> <a href="../docs/heads.md">heads</a> '
+            '<a href="https://example.org/docs/a.md">out</a>')
+    notebook = SimpleNamespace(file=SimpleNamespace(src_uri="gallery/01_quickstart.ipynb"))
+    assert hooks.on_page_content(html, notebook, None, None) == (
+        '<a href="../papa.html#the-curve">PAPA</a> <a href="../heads.html">heads</a> '
+        '<a href="https://example.org/docs/a.md">out</a>')
+    page = SimpleNamespace(file=SimpleNamespace(src_uri="papa.md"))
+    assert hooks.on_page_content(html, page, None, None) == html
 
 
 def test_probing_page_tables_are_the_stored_measurements():

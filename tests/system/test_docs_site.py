@@ -4,19 +4,21 @@ Needs the ``docs`` extra (``pip install -e ".[docs]"``, part of ``dev``) and Deb
 ``chromium``; without them the tests skip locally and fail in CI (``tests.conftest.required``).
 
 The build executes only the quick-start notebook (``ATTNLENS_GALLERY_ONLY``), or reuses its
-executed copy in ``build/gallery/`` when attnlens and the notebook are unchanged; the other
-notebooks are rendered from their executed copies when those are up to date, else from source
-(``make docs`` executes all of them). Then:
+executed copy in ``build/gallery/`` when attnlens and the notebook are unchanged; mkdocs-jupyter
+renders the other notebooks from their executed copies when those are up to date, else from
+source (``make docs`` executes all of them). Then:
 
-- the HTML: every page of the navigation and every API page exists; jaxtyping shapes read as
+- the HTML: every page of the navigation (each notebook a page, its executed ``.ipynb`` beside
+  it) and every API page exists; a notebook's links to the docs point at the site's pages;
+  jaxtyping shapes read as
   written in signatures; no ``<script>``, ``<link>``, ``<img>``, ``<iframe>``, ``<source>`` or
   ``<embed>`` of any page, and no ``url()`` or ``@import`` of the site's own CSS, points outside
   the site (links in text may);
 - Chromium, with every host name unresolvable and a NetLog of all requests, opens the gallery
   and the quick-start page: every figure is drawn by plotly.js (an ``svg.main-svg`` in each
-  figure's div), the equations are typeset by the bundled MathJax, every thumbnail loads, the
-  page records no error, the console log has no error, and the page requests nothing but
-  ``file://`` URLs (Chromium's own background requests, which have no page initiator, aside).
+  figure's div), the notebook's equations are typeset by the bundled MathJax, the page records
+  no error, the console log has no error, and the page requests nothing but ``file://`` URLs
+  (Chromium's own background requests, which have no page initiator, aside).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 DOCS_EXTRA = {"mkdocs": "mkdocs", "material": "mkdocs-material", "mkdocstrings": "mkdocstrings",
               "mkdocstrings_handlers.python": "mkdocstrings-python", "nbclient": "nbclient",
-              "ipykernel": "ipykernel", "mathjax": "django-static-mathjax"}
+              "ipykernel": "ipykernel", "mathjax": "django-static-mathjax", "mkdocs_jupyter": "mkdocs-jupyter"}
 EXTERNAL = re.compile(r"^\s*(https?:)?//", re.I)
 CHROMIUM = next(filter(None, map(shutil.which, ("chromium", "chromium-browser", "google-chrome"))), None)
 FLAGS = [
@@ -83,8 +85,9 @@ def site(tmp_path_factory) -> Path:
 
 
 def nav_pages() -> list[str]:
-    """Every Markdown page named in mkdocs.yml's navigation."""
-    return re.findall(r"^\s*-\s+(?:[^:\n]+:\s+)?([\w/.-]+\.md)\s*$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    """Every page (Markdown or notebook) named in mkdocs.yml's navigation."""
+    return re.findall(r"^\s*-\s+(?:[^:\n]+:\s+)?([\w/.-]+\.(?:md|ipynb))\s*$",
+                      (ROOT / "mkdocs.yml").read_text(), re.M)
 
 
 def text_of(page: Path) -> str:
@@ -95,12 +98,15 @@ def test_every_page_of_the_navigation_and_every_notebook_is_built(site):
     pages = nav_pages()
     assert "gallery/index.md" in pages and "api/effective.md" in pages
     for page in pages:
-        assert (site / page.replace(".md", ".html")).is_file(), page
+        assert (site / re.sub(r"\.(md|ipynb)$", ".html", page)).is_file(), page
     for notebook in sorted((ROOT / "examples").glob("*.ipynb")):
-        assert f"gallery/{notebook.stem}.md" in pages, f"{notebook.name} is not in the nav"
-        for built in (f"gallery/{notebook.stem}.html", f"gallery/{notebook.stem}.ipynb",
-                      f"gallery/thumbs/{notebook.stem}.svg"):
+        assert f"gallery/{notebook.stem}.ipynb" in pages, f"{notebook.name} is not in the nav"
+        for built in (f"gallery/{notebook.stem}.html", f"gallery/{notebook.stem}.ipynb"):
             assert (site / built).is_file(), built
+        page = (site / "gallery" / f"{notebook.stem}.html").read_text(encoding="utf-8")
+        assert 'href="../docs/' not in page, f"{notebook.name}: a link to ../docs/ is left on its page"
+        links = re.findall(r'href="\.\./([\w-]+)\.html', page)
+        assert all((site / f"{link}.html").is_file() for link in links), links
     for module in ("attnlens", "compare", "papa", "effective", "stats", "passes", "heads", "probing",
                    "tasks", "lm", "syntax", "ablation", "plots", "report", "files", "loading", "models"):
         assert f"api/{module}.md" in pages, module
@@ -235,14 +241,8 @@ def test_gallery_page_offline(site, tmp_path):
     assert console_errors(stderr) == []
     assert requests == [], f"the gallery requested {requests}"
     assert all(url.startswith("file://") for url in attribute(dom, "resources"))
-    notebooks = sorted((ROOT / "examples").glob("*.ipynb"))
-    thumbnails = attribute(dom, "images")
-    assert len(thumbnails) == len(notebooks) and all(width > 0 for width in thumbnails), thumbnails
-    for notebook in notebooks:
-        assert f'href="{notebook.stem}.html"' in dom and f'src="thumbs/{notebook.stem}.svg"' in dom
-    # the executed notebook's thumbnail is drawn from its first figure (a head grid: many cells)
-    assert (site / "gallery" / "thumbs" / "01_quickstart.svg").read_text().count("<rect") > 50
-    assert "executed in" in dom
+    for notebook in sorted((ROOT / "examples").glob("*.ipynb")):
+        assert f'href="{notebook.stem}.html"' in dom, f"the gallery does not link {notebook.name}"
 
 
 def test_quick_start_notebook_page_offline(site, tmp_path):
@@ -254,7 +254,7 @@ def test_quick_start_notebook_page_offline(site, tmp_path):
     figures = attribute(dom, "figures")
     assert len(figures) >= 3 and all(n > 0 for n in figures), f"figures not drawn: {figures}"
     assert int(attribute(dom, "math")) > 0, "MathJax typeset nothing"
-    assert "Download the executed notebook" in dom
+    assert 'href="01_quickstart.ipynb"' in dom and "Download the executed notebook" in dom
     executed = json.loads((site / "gallery" / "01_quickstart.ipynb").read_text(encoding="utf-8"))
     outputs = [o for cell in executed["cells"] if cell["cell_type"] == "code" for o in cell["outputs"]]
     assert not [o for o in outputs if o.get("name") == "stderr" or o["output_type"] == "error"], \
