@@ -57,17 +57,23 @@ PER_MEMBER: tuple[str, ...] = ("seed", "epochs")
 #: The parameters and buffers of :class:`_Network`, by their names in its ``state_dict``, and
 #: the attribute each has in :class:`StackedNetwork` (with a leading member axis).
 STATE: dict[str, str] = {"position_weights": "position_weights", "mean": "mean", "scale": "scale",
-                         "dense.weight": "dense_weight", "dense.bias": "dense_bias",
-                         "out.weight": "out_weight", "out.bias": "out_bias"}
+                         "dense.weight": "dense_t", "dense.bias": "dense_bias",
+                         "out.weight": "out_t", "out.bias": "out_bias"}
 BUFFERS = ("mean", "scale")
+#: The weights kept transposed, ``[member, in, out]``: the layout ``torch.baddbmm`` takes and
+#: returns their gradients in (``nn.Linear``'s ``[out, in]`` would cost a copy of every weight's
+#: gradient per step).
+TRANSPOSED = ("dense.weight", "out.weight")
 
 
 class StackedNetwork(nn.Module):
     """``M`` probe networks (:class:`_Network`) of one shape as one module: each of their
     tensors with a leading member axis: ``position_weights [member, layer, max_len]`` (sequence
-    probes), the buffers ``mean`` / ``scale [member, layer, d_model]``, ``dense_weight
-    [member, hidden, layer·d_model]``, ``dense_bias [member, hidden]``, ``out_weight
-    [member, label, hidden]``, ``out_bias [member, label]``."""
+    probes), the buffers ``mean`` / ``scale [member, layer, d_model]``, ``dense_t
+    [member, layer·d_model, hidden]``, ``dense_bias [member, hidden]``, ``out_t
+    [member, hidden, label]``, ``out_bias [member, label]`` (the two weights transposed:
+    :data:`TRANSPOSED`). ``state`` / :meth:`member` / :meth:`subset` speak :class:`_Network`'s
+    names and layout."""
 
     def __init__(self, state: dict[str, Tensor], *, sequence: bool, max_len: int, pooling: str,
                  standardize: bool, dropout: float) -> None:
@@ -77,7 +83,9 @@ class StackedNetwork(nn.Module):
         for name, attribute in STATE.items():
             if name not in state:
                 continue
-            value = state[name].detach().clone()
+            value = state[name].detach()
+            value = value.transpose(1, 2) if name in TRANSPOSED else value
+            value = value.clone(memory_format=torch.contiguous_format)
             if name in BUFFERS:
                 self.register_buffer(attribute, value)
             else:
@@ -94,15 +102,18 @@ class StackedNetwork(nn.Module):
 
     @property
     def members(self) -> int:
-        return int(self.dense_weight.shape[0])
+        return int(self.dense_t.shape[0])
 
     def state(self) -> dict[str, Tensor]:
-        """Every tensor by its :class:`_Network` name, with the member axis first."""
-        return {name: getattr(self, attribute) for name, attribute in STATE.items() if hasattr(self, attribute)}
+        """Every tensor by its :class:`_Network` name and in its layout, with the member axis
+        first (views)."""
+        return {name: getattr(self, attribute).transpose(1, 2) if name in TRANSPOSED else getattr(self, attribute)
+                for name, attribute in STATE.items() if hasattr(self, attribute)}
 
     def member(self, index: int) -> dict[str, Tensor]:
         """Member ``index``'s ``state_dict`` for a :class:`_Network` (copies)."""
-        return {name: value.detach()[index].clone() for name, value in self.state().items()}
+        return {name: value.detach()[index].clone(memory_format=torch.contiguous_format)
+                for name, value in self.state().items()}
 
     def subset(self, keep: Int[Tensor, " kept"]) -> StackedNetwork:
         """A new stacked network of the members at ``keep`` (in that order)."""
@@ -147,8 +158,7 @@ class StackedNetwork(nn.Module):
             pooled = pooled.view(count, n_rows, *width)
             if self.standardize:
                 pooled = (pooled - self.mean[:, None]) / self.scale[:, None]
-        hidden = torch.tanh(torch.baddbmm(self.dense_bias[:, None], pooled.reshape(count, n_rows, -1),
-                                          self.dense_weight.transpose(1, 2)))
+        hidden = torch.tanh(torch.baddbmm(self.dense_bias[:, None], pooled.reshape(count, n_rows, -1), self.dense_t))
         if noise is not None and self.dropout > 0:
             # nn.Dropout's own steps on the CPU: a mask of bernoulli_(1 - p), divided by 1 - p
             mask = torch.ones_like(hidden)
@@ -156,7 +166,7 @@ class StackedNetwork(nn.Module):
                 mask[index, : (n_rows if real is None else real[index])].bernoulli_(1 - self.dropout,
                                                                                    generator=generator)
             hidden = hidden * mask.div_(1 - self.dropout)
-        return torch.baddbmm(self.out_bias[:, None], hidden, self.out_weight.transpose(1, 2))
+        return torch.baddbmm(self.out_bias[:, None], hidden, self.out_t)
 
 
 @dataclass
@@ -165,8 +175,9 @@ class _Member:
 
     probe: PapaProbe
     features: Features
-    targets: Tensor
-    offsets: Tensor
+    targets: Tensor  # on the CPU, as the indices of a step
+    lengths: Tensor  # the features' lengths, on the CPU
+    offsets: Tensor  # and their offsets
     order: torch.Generator  # the examples' order (and the held-out split), from its seed
     noise: torch.Generator  # its dropout masks
     train: Tensor
@@ -283,13 +294,13 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
                                 "of one shape: fit the others separately.")
     memory.reuse_freed_memory()
     targets_of: dict[int, Tensor] = {}
-    offsets_of: dict[int, Tensor] = {}
+    lengths_of: dict[int, Tensor] = {}
     standard: dict[int, tuple[Tensor, Tensor]] = {}
     members = []
     for probe, one in zip(probes, sets, strict=True):
         if id(one) not in targets_of:
-            targets_of[id(one)] = probe._targets(one, labels)
-            offsets_of[id(one)] = one.offsets
+            targets_of[id(one)] = probe._targets(one, labels).cpu()
+            lengths_of[id(one)] = one.lengths.cpu()  # one copy per fit: every step indexes them
         targets = targets_of[id(one)]
         valid = targets >= 0
         if not valid.any():
@@ -319,8 +330,9 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
                 standard[id(one)] = (probe.network.mean.clone(), probe.network.scale.clone())
             probe.network.mean.copy_(standard[id(one)][0])
             probe.network.scale.copy_(standard[id(one)][1])
-        members.append(_Member(probe, one, targets, offsets_of[id(one)], order, noise, train, held,
-                               settings.epochs))
+        lengths = lengths_of[id(one)]
+        offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        members.append(_Member(probe, one, targets, lengths, offsets, order, noise, train, held, settings.epochs))
     labels_each = {member.probe.n_labels for member in members}
     if len(labels_each) > 1:
         raise MismatchError(f"these probes would have {sorted(labels_each)} labels; stacked probes need one "
@@ -359,7 +371,7 @@ def _batch(members: Sequence[_Member], chosen: Sequence[Tensor], device: torch.d
     sequence = members[0].features.kind == "sequence"
     rows_of, example_of = [], []
     for member, part in zip(members, chosen, strict=True):
-        lengths = member.features.lengths[part]
+        lengths = member.lengths[part]
         example = torch.repeat_interleave(torch.arange(len(part)), lengths)
         starts = member.offsets[:-1][part] - (lengths.cumsum(0) - lengths)
         rows_of.append(starts[example] + torch.arange(int(lengths.sum())))
@@ -373,7 +385,7 @@ def _batch(members: Sequence[_Member], chosen: Sequence[Tensor], device: torch.d
         features = members[indices[0]].features
         rows = torch.cat([rows_of[index] for index in indices])
         vectors.append(features.vectors.index_select(0, rows.to(features.vectors.device)).float())
-        positions.append(features.positions.index_select(0, rows))
+        positions.append(features.positions.index_select(0, rows.to(features.positions.device)))
         for index in indices:
             member_of.append(torch.full((len(rows_of[index]),), index, dtype=torch.long))
             row_of.append(example_of[index] if sequence else torch.arange(len(rows_of[index])))
@@ -383,14 +395,15 @@ def _batch(members: Sequence[_Member], chosen: Sequence[Tensor], device: torch.d
     for index, member in enumerate(members):
         picked = member.targets[chosen[index]] if sequence else member.targets[rows_of[index]]
         targets[index, : len(picked)] = picked
-    return (torch.cat(vectors).to(device), torch.cat(positions).to(device), torch.cat(member_of).to(device),
+    vectors = vectors[0] if len(vectors) == 1 else torch.cat(vectors)  # one feature set: no copy
+    return (vectors.to(device), torch.cat(positions).to(device), torch.cat(member_of).to(device),
             torch.cat(row_of).to(device), n_rows, real, targets.to(device))
 
 
 def _logits(stacked: StackedNetwork, members: Sequence[_Member], chosen: Sequence[Tensor], *,
             training: bool) -> tuple[Tensor, Tensor]:
     """Every member's logits of its ``chosen`` examples and their targets, ``[member, row, …]``."""
-    device = stacked.dense_weight.device
+    device = stacked.dense_t.device
     vectors, positions, member, row, n_rows, real, targets = _batch(members, chosen, device)
     noise = [one.noise for one in members] if training else None
     return stacked(vectors, positions, member, row, n_rows, noise=noise, real=real), targets
@@ -428,7 +441,7 @@ def _judge(stacked: StackedNetwork, members: Sequence[_Member],
             best = logits.argmax(-1).cpu()
             for index, member in enumerate(members):
                 rows = len(chosen[index]) if member.features.kind == "sequence" else int(
-                    member.features.lengths[chosen[index]].sum())
+                    member.lengths[chosen[index]].sum())
                 predicted[index].extend(as_lists(member.features, chosen[index], best[index, :rows],
                                                  member.probe.fallback))
     if scorer is None:
