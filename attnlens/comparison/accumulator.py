@@ -32,6 +32,24 @@ from attnlens.methods.stats import (
 from attnlens.present.kept import KeptExample, KeptPatterns, encode, refused, segments_of
 
 
+def analyses(n_layers: int, n_heads: int, view: str, *, constants: Any, causal: bool,
+             first: bool) -> dict[str, Accumulator]:
+    """The methods' own accumulators :func:`attnlens.compare` runs for ``view``, by name: its head
+    statistics (:class:`attnlens.methods.stats.Statistics`), its pattern types
+    (:class:`attnlens.methods.patterns.counts.PatternTypes`) and, for every view but the
+    ``first`` (the model's own attention), its distance from the first
+    (:class:`attnlens.methods.stats.Distance`). Each reads its view's maps as the registered
+    :class:`attnlens.methods.views.View` says (a view given by constants: the constants
+    restricted to the batch's valid tokens, :meth:`View.read`)."""
+    parts: dict[str, Accumulator] = {
+        "statistics": Statistics(n_layers, n_heads, view, constants=constants, causal=causal),
+        "types": PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal),
+    }
+    if not first:
+        parts["distance"] = Distance(n_layers, n_heads, view, constants=constants, causal=causal)
+    return parts
+
+
 def check_constants(constants: Any, batch: Any) -> None:
     """Refuse constants that do not fit ``batch`` (layout, ``max_len``, sentences or pairs; the
     model was checked once, before the pass)."""
@@ -48,12 +66,16 @@ def check_constants(constants: Any, batch: Any) -> None:
 class ViewsAccumulator(Accumulator):
     """The pass of :func:`attnlens.compare` as an accumulator of :func:`attnlens.engine.passes.run`.
 
-    A composition of the methods' own accumulators, one of each per view, run in this one pass:
-    :class:`attnlens.methods.stats.Statistics`, :class:`attnlens.methods.patterns.counts.PatternTypes`
-    and (views other than standard) :class:`attnlens.methods.stats.Distance`; each reads its
-    view's maps as the :class:`attnlens.methods.views.View` says (PAPA: the constants restricted
-    to the batch's valid tokens, :meth:`View.read`). It computes no statistic itself: it only
-    keeps the valid block of example ``example``'s maps for the figures.
+    A collection, torchmetrics-style, of the methods' own accumulators for every view, run in
+    this one pass (:func:`analyses`: :class:`attnlens.methods.stats.Statistics`,
+    :class:`attnlens.methods.patterns.counts.PatternTypes` and, views other than standard,
+    :class:`attnlens.methods.stats.Distance`); each is a child
+    (:meth:`attnlens.engine.accumulator.Accumulator.add_child`) whose state is this one's under
+    ``"{view}.{analysis}"``, and the count of texts longer than ``d_head`` is declared state
+    (:meth:`~attnlens.engine.accumulator.Accumulator.add_state`), so :meth:`state_dict`, the
+    sums of :meth:`merge` and :meth:`all_reduce`, :meth:`load_state_dict` and :meth:`to` follow
+    from the declarations. It computes no statistic itself: it only keeps the valid block of
+    example ``example``'s maps for the figures.
     With ``report_examples`` it also keeps, 8-bit and compressed (:mod:`attnlens.present.kept`), the maps
     of the first ``report_examples`` examples and of ``example`` (``kept_patterns``; the
     report's budget is applied afterwards, :meth:`attnlens.present.kept.KeptPatterns.select`).
@@ -76,24 +98,25 @@ class ViewsAccumulator(Accumulator):
         self.example, self.causal, self.n_layers, self.n_heads = example, causal, n_layers, n_heads
         self.views = {view: registry.get_view(view) for view in names}
         self.needs_effective = any(value.needs_effective for value in self.views.values())
-        # the methods' own accumulators, one of each per view, updated in this one pass: the head
-        # statistics (attnlens.methods.stats.Statistics) and the pattern types
-        # (attnlens.methods.patterns.counts.PatternTypes); PAPA maps are the constants restricted
-        # to each batch (View.read), beside the model's own patterns
-        self.parts = {
-            view: (Statistics(n_layers, n_heads, view, constants=constants, causal=causal),
-                   PatternTypes(n_layers, n_heads, view=view, constants=constants, causal=causal))
-            for view in names
+        # the methods' own accumulators (ANALYSES) for every view, updated in this one pass, each
+        # a child whose state is this one's under "{view}.{analysis}" (Accumulator.add_child):
+        # state_dict, merge, all_reduce, load_state_dict and to follow from the declarations
+        self.analyses = {
+            view: analyses(n_layers, n_heads, view, constants=constants, causal=causal, first=index == 0)
+            for index, view in enumerate(names)
         }
-        self.statistics = {view: parts[0].statistics for view, parts in self.parts.items()}
-        # and each view's distance from standard (attnlens.methods.stats.Distance)
-        self.distances = {view: Distance(n_layers, n_heads, view, constants=constants, causal=causal)
-                          for view in names if view != "standard"}
+        for view, parts in self.analyses.items():
+            for analysis, part in parts.items():
+                self.add_child(f"{view}.{analysis}", part)
+        self.statistics = {view: parts["statistics"].statistics for view, parts in self.analyses.items()}
+        self.distances = {view: parts["distance"] for view, parts in self.analyses.items() if "distance" in parts}
+        self.parts = {view: (parts["statistics"], parts["types"]) for view, parts in self.analyses.items()}
         self.kept: dict[str, np.ndarray] = {}
         self.kept_tokens: list[str] = []
         self.row: int | None = None
         self.d_head = int(model.cfg.d_head)
-        self.longer = torch.zeros((), dtype=torch.int64)  # texts with more than d_head tokens
+        # texts with more than d_head real tokens (effective attention sees the others as standard)
+        self.add_state("longer_than_d_head", torch.zeros((), dtype=torch.int64))
         self.report_examples = report_examples
         signed = tuple(view for view in names if self.views[view].signed)
         self.kept_patterns = KeptPatterns(names, signed, n_layers, n_heads, limit=report_examples)
@@ -184,7 +207,8 @@ class ViewsAccumulator(Accumulator):
     def end_batch(self, batch: PassBatch) -> None:
         for _, type_counter in self.parts.values():
             type_counter.end_batch(batch)
-        self.longer += (batch.key_mask.sum(-1) > self.d_head).sum().to(self.longer.device)
+        longer = (batch.key_mask.sum(-1) > self.d_head).sum()
+        self.longer_than_d_head += longer.to(self.longer_than_d_head.device)
         on_host = devices.reads_are_free(batch.key_mask)
         if self.row is not None:
             self.staged_kept = {view: torch.stack(layers) for view, layers in self.staged.items()}
@@ -223,17 +247,6 @@ class ViewsAccumulator(Accumulator):
         if torch.device(device).type == "cpu":
             self._read_kept()
         return self
-
-    def state_dict(self) -> dict[str, Tensor]:
-        state: dict[str, Tensor] = {}
-        for view in self.names:
-            statistics, type_counter = self.parts[view]
-            state.update({f"{view}.{name}": total for name, total in statistics.state_dict().items()})
-            state.update({f"{view}.types.{name}": total for name, total in type_counter.state_dict().items()})
-            if view in self.distances:
-                state[f"{view}.distance"] = self.distances[view].total
-        state["longer_than_d_head"] = self.longer
-        return state
 
     def merge(self, other: Accumulator) -> ViewsAccumulator:
         super().merge(other)

@@ -297,8 +297,8 @@ def _compare(
     meta: dict[str, Any] = {}
     if _blind_on_short_texts(names):
         d_head = int(model.cfg.d_head)
-        meta.update(d_head=d_head, longer_than_d_head=int(views.longer))
-        warn_if_short(int(views.longer), d_head)
+        meta.update(d_head=d_head, longer_than_d_head=int(views.longer_than_d_head))
+        warn_if_short(int(views.longer_than_d_head), d_head)
 
     records = []
     for view in names:

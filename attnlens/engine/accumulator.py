@@ -145,6 +145,10 @@ def _once(cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
     return cache[key]
 
 
+#: how a declared state tensor combines over shards (:meth:`Accumulator.add_state`)
+REDUCTIONS: tuple[str, ...] = ("sum", "max", "min")
+
+
 class Accumulator:
     """Streaming state over a corpus; subclass it and override what you need.
 
@@ -176,6 +180,14 @@ class Accumulator:
     counts), :meth:`metadata` small JSON-able facts. The default :meth:`merge`,
     :meth:`all_reduce`, :meth:`load_state_dict` add, all-reduce and copy those tensors; override
     them for state that does not add up.
+
+    Declared state, torchmetrics-style: :meth:`add_state` declares a tensor once, with how two
+    shards combine (``"sum"``, ``"max"``, ``"min"``), and :meth:`add_child` makes another
+    accumulator's state part of this one under a prefix (a collection run as one accumulator).
+    The default :meth:`state_dict` is the declared tensors and the children's, prefixed; the
+    default :meth:`merge`, :meth:`all_reduce`, :meth:`load_state_dict` and :meth:`to` follow
+    from it and from :meth:`reductions`, so an accumulator that declares its state writes none
+    of them.
     """
 
     name: str = "accumulator"
@@ -211,9 +223,40 @@ class Accumulator:
     def end_batch(self, batch: PassBatch) -> None:
         """The batch is complete (every layer was seen)."""
 
+    def add_state(self, name: str, default: Tensor, reduction: str = "sum") -> Tensor:
+        """Declare the state tensor ``name``: ``self.<name>`` is ``default``, and it is in the
+        default :meth:`state_dict` with its ``reduction`` (:data:`REDUCTIONS`: how the tensors of
+        two shards combine); returns it."""
+        if reduction not in REDUCTIONS:
+            raise InputError(f"{self.name}: reduction {reduction!r} of state {name!r}; use one of "
+                             f"{', '.join(REDUCTIONS)}.")
+        if not isinstance(default, Tensor):
+            raise InputTypeError(f"{self.name}: state {name!r} must be a tensor, got {type(default).__name__}.")
+        self.__dict__.setdefault("_declared", {})[name] = reduction
+        setattr(self, name, default)
+        return default
+
+    def add_child(self, prefix: str, child: Accumulator) -> Accumulator:
+        """Make ``child``'s state part of this one: its :meth:`state_dict` and :meth:`reductions`
+        under ``{prefix}.{key}``, moved with this one (:meth:`to`); returns it."""
+        self.__dict__.setdefault("_children", {})[prefix] = child
+        return child
+
+    def reductions(self) -> dict[str, str]:
+        """How each tensor of :meth:`state_dict` combines over shards: the declared reductions
+        (:meth:`add_state`), the children's under their prefix, ``"sum"`` for the others."""
+        declared: dict[str, str] = dict(self.__dict__.get("_declared", {}))
+        for prefix, child in self.__dict__.get("_children", {}).items():
+            declared.update({f"{prefix}.{key}": how for key, how in child.reductions().items()})
+        return {key: declared.get(key, "sum") for key in self.state_dict()}
+
     def state_dict(self) -> dict[str, Tensor]:
-        """Tensors that add up over shards of a corpus."""
-        return {}
+        """Tensors that add up over shards of a corpus (default: the declared ones,
+        :meth:`add_state`, and the children's under their prefix, :meth:`add_child`)."""
+        state = {name: getattr(self, name) for name in self.__dict__.get("_declared", {})}
+        for prefix, child in self.__dict__.get("_children", {}).items():
+            state.update({f"{prefix}.{key}": value for key, value in child.state_dict().items()})
+        return state
 
     def load_state_dict(self, state: Mapping[str, Tensor], metadata: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict` (and :meth:`metadata`) saved by a checkpoint."""
@@ -231,17 +274,26 @@ class Accumulator:
         """Add ``other``'s state (the same kind, over another part of a corpus) into this one."""
         if type(other) is not type(self):
             raise InputTypeError(f"cannot merge {type(self).__name__} with {type(other).__name__}")
-        mine, theirs = self.state_dict(), other.state_dict()
+        mine, theirs, how = self.state_dict(), other.state_dict(), self.reductions()
         for key, value in mine.items():
-            value += theirs[key].to(value.device)
+            other_value = theirs[key].to(value.device)
+            if how[key] == "sum":
+                value += other_value
+            elif how[key] == "max":
+                torch.maximum(value, other_value, out=value)
+            else:
+                torch.minimum(value, other_value, out=value)
         return self
 
     def all_reduce(self, group: Any = None) -> None:
-        """Sum :meth:`state_dict` over the ranks of ``torch.distributed`` (in place)."""
+        """Reduce :meth:`state_dict` over the ranks of ``torch.distributed`` (in place), each
+        tensor by its :meth:`reductions` (a sum unless declared otherwise)."""
         import torch.distributed as dist
 
-        for value in self.state_dict().values():
-            dist.all_reduce(value, op=dist.ReduceOp.SUM, group=group)
+        ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+        how = self.reductions()
+        for key, value in self.state_dict().items():
+            dist.all_reduce(value, op=ops[how[key]], group=group)
 
     def to(self, device: str | torch.device) -> Accumulator:
         """Move the state (:meth:`state_dict`'s tensors) to ``device``, in place: every name
@@ -249,7 +301,9 @@ class Accumulator:
         did). :func:`~attnlens.engine.passes.run` moves the state to the model's device before the first batch, so that
         :meth:`update` adds device tensors to device tensors and reads nothing back to the host,
         and to the CPU after the last, so that :meth:`result` reads it once. Override it for
-        state kept outside :meth:`state_dict`."""
+        state kept outside :meth:`state_dict` (a child's own :meth:`to` is called too)."""
+        for child in self.__dict__.get("_children", {}).values():
+            child.to(device)
         for value in self.state_dict().values():
             if value.device != torch.device(device):
                 value.data = value.data.to(device)
