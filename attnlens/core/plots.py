@@ -23,16 +23,27 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import plotly.graph_objects as go
 from einops import rearrange
 from jaxtyping import Bool, Float, Int, Shaped
-from plotly.subplots import make_subplots
 from torch import Tensor
 
 from attnlens.errors import InputError
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+
+def _plotly() -> tuple[Any, Any]:
+    """plotly's ``graph_objects`` and ``make_subplots``, imported at the first figure: every layer
+    imports this module at its top, and importing it stays light (no plotly) until a figure is
+    drawn."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    return go, make_subplots
 
 #: colour scale for attention in [0, 1]
 SEQUENTIAL = "Viridis"
@@ -139,6 +150,7 @@ def head_grid(
     (``categorical=True``, the default for strings): each category gets its own colour and the
     colour bar names the categories. Hover: ``L{layer}H{head}``, the panel and the value.
     """
+    go, make_subplots = _plotly()
     panels = dict(values) if isinstance(values, Mapping) else {"": values}
     arrays = {key: as_array(value) for key, value in panels.items()}
     shapes = {array.shape for array in arrays.values()}
@@ -292,6 +304,7 @@ def patterns(
     One trace, whatever the number of heads: 384 heads of 32 tokens are 400k cells. The height
     is chosen for square cells at about ``width_px`` pixels of plot width.
     """
+    go = _plotly()[0]
     array = as_array(pattern)
     if array.ndim == 3:
         array = array[None]
@@ -386,6 +399,7 @@ def side_by_side(
     and key tokens and the value. ``causal=True`` blanks keys after the query (a mapping says it
     per view: a decoder's effective attention does reach later keys, e.g. ``{"effective": False}``).
     """
+    go, make_subplots = _plotly()
     if not views:
         raise InputError("side_by_side needs at least one view.")
     tokens = list(tokens)
@@ -476,6 +490,7 @@ def score_bars(
 ) -> go.Figure:
     """One bar per name with its interval (``lows`` / ``highs``; NaN: no error bar) as an
     asymmetric error bar, e.g. a probe beside its linear and majority baselines."""
+    go = _plotly()[0]
     import pandas as pd
 
     points = pd.DataFrame({"score": list(map(float, scores)),
@@ -495,6 +510,7 @@ def papa_table(long: Any) -> go.Figure:
     """PAPA's Table 1 (:func:`attnlens.papa.table`): one panel per task, a bar per row
     (original, average constants, data-free matrices) with its 95% bootstrap interval, the
     majority-class score as a dotted line."""
+    go, make_subplots = _plotly()
     tasks = list(dict.fromkeys(long["task"]))
     titles = [f"{task} ({long.loc[long['task'] == task, 'metric'].iloc[0]})" for task in tasks]
     figure = make_subplots(rows=1, cols=len(tasks), subplot_titles=titles, horizontal_spacing=0.05)
@@ -521,6 +537,7 @@ def papa_curve(table: Any) -> go.Figure:
     heads kept, one line per task and strategy, each point with its 95% bootstrap interval, the
     data-free baselines as marks at 0 kept; one panel per task (their metrics differ), the
     majority-class score as a dotted line."""
+    go, make_subplots = _plotly()
     tasks = list(dict.fromkeys(table["task"]))
     titles = [f"{task} ({table.loc[table['task'] == task, 'metric'].iloc[0]})" for task in tasks]
     figure = make_subplots(rows=1, cols=len(tasks), subplot_titles=titles, horizontal_spacing=0.06)

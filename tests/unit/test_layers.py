@@ -243,9 +243,7 @@ def test_no_import_cycles():
 #: ``datasets``) which the importing module does not load otherwise. Every other import of
 #: attnlens sits at the top of its file, where a reader sees what the module stands on.
 DEFERRED_TARGETS = {
-    "attnlens.core.plots": "plotly, for a figure",
     "attnlens.present.report": "plotly, for the HTML report",
-    "attnlens.evaluation.tasks": "datasets, for a task's examples",
 }
 #: Modules whose imports of attnlens may all wait for a call, and why.
 DEFERRING_MODULES = {
