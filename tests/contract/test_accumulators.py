@@ -209,7 +209,10 @@ def _params(prop: str, select: Callable[[Case], bool] = lambda case: True) -> li
 
 
 def _has_state(case: Case) -> bool:
-    return case.cls.state_dict is not Accumulator.state_dict
+    """Whether the accumulator keeps state: a state_dict of its own, or declared state
+    (Accumulator.add_state / add_child, which the default state_dict returns)."""
+    source = inspect.getsource(case.cls)
+    return case.cls.state_dict is not Accumulator.state_dict or "add_state(" in source or "add_child(" in source
 
 
 # ------------------------------------------------------------------------------------------------
