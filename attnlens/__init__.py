@@ -56,6 +56,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time every name below is
     from attnlens.core.loading import load
     from attnlens.engine.forward import model_inputs, run_with_hooks
     from attnlens.methods.effective import effective_attention
+    from attnlens.methods.maps import maps
     from attnlens.present.export import to_circuitsvis
 
 from attnlens.core.version import __version__  # noqa: F401  (attnlens.__version__)
@@ -78,6 +79,7 @@ _LAZY = {
     "tokenize": ("attnlens.core.inputs", "tokenize"),
     "load": ("attnlens.core.loading", "load"),
     "effective_attention": ("attnlens.methods.effective", "effective_attention"),
+    "maps": ("attnlens.methods.maps", "maps"),
     "Comparison": ("attnlens.comparison.result", "Comparison"),
     "compare": ("attnlens.comparison.run", "compare"),
     "run_with_hooks": ("attnlens.engine.forward", "run_with_hooks"),
@@ -86,7 +88,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "Batch", "Words", "load", "tokenize", "effective_attention", "compare", "Comparison", "run_with_hooks",
+    "Batch", "Words", "load", "tokenize", "effective_attention", "maps", "compare", "Comparison", "run_with_hooks",
     "model_inputs", "to_circuitsvis", "AttnlensError", *_SUBMODULES,
 ]
 

@@ -9,6 +9,11 @@ For every valid query token of every example, a head's attention row is summaris
   last position, where that neighbour does not exist or is padding);
 - ``entropy``: Shannon entropy in nats of the row over the valid keys. Signed attention
   (effective attention can be negative) is made a distribution by ``|a| / sum |a|`` first.
+- ``sink``: 1 when the row gives its example's first real token more than
+  :data:`SINK_THRESHOLD` (0.3) of its mass, else 0; its mean is the share of the valid query
+  rows that sink into the first token. The threshold ε = 0.3 is Gu et al.'s (2024, "When
+  Attention Sink Emerges in Language Models: An Empirical View", arXiv:2410.10781), who apply it
+  to a head's attention to the first token averaged over queries; here it is applied per row.
 
 Each statistic is the mean over all valid query tokens seen, per (layer, head).
 """
@@ -39,9 +44,12 @@ STATISTICS: tuple[str, ...] = (
     "to_prev",
     "to_next",
     "entropy",
+    "sink",
 )
 #: offset of the key from the query for each positional statistic
 OFFSETS: dict[str, int] = {"to_self": 0, "to_prev": -1, "to_next": +1}
+#: ``sink``: a row gives the first token more than this share of its mass (Gu et al. 2024's ε)
+SINK_THRESHOLD = 0.3
 
 #: dtype of one batch's sums (see :class:`AttentionStatistics`)
 BATCH_DTYPE = torch.float32
@@ -165,6 +173,9 @@ def row_statistics(
     w_log_w = weights.clamp_min(tiny).log_().mul_(weights).sum(-1)
     safe = total.clamp_min(tiny)
     out["entropy"] = torch.where(total > 0, safe.log() - w_log_w / safe, torch.zeros_like(total))
+    first = valid & (valid.long().cumsum(-1) == 1)  # each example's first real token
+    to_first = (pattern * first[:, None, None, :]).sum(-1)
+    out["sink"] = (to_first > SINK_THRESHOLD).to(pattern.dtype)
     return out
 
 

@@ -4,6 +4,8 @@
 
 - ``"standard"``: the model's own attention patterns;
 - ``"effective"``: effective attention (Brunner et al. 2020, :mod:`attnlens.effective`), signed;
+- ``"norm"``: norm-based attention (Kobayashi et al. 2020, :mod:`attnlens.methods.norm`), each row
+  of ``α·‖f(x)‖`` normalised (``raw``: the norms themselves);
 - fitted :class:`~attnlens.papa.PapaConstants` (or trainable ones): every head replaced by its
   constant through :func:`attnlens.papa.hooks` and read back from the patterns; the inputs then
   take the constants' layout and ``max_len``.
@@ -37,6 +39,23 @@ def _pattern(layer: Any) -> Any:
 def _effective(layer: Any) -> Any:
     return layer.effective
 
+def _norm(layer: Any) -> Any:
+    from attnlens.methods import norm  # torch: not when the command line reads the names
+
+    return norm.layer_maps(layer)
+
+
+def _norm_raw(layer: Any) -> Any:
+    from attnlens.methods import norm
+
+    return norm.layer_raw(layer)
+
+
+#: what a view may read of a layer (:attr:`View.reads`): the pattern (``LayerPatterns.pattern``),
+#: the value vectors (``LayerPatterns.values``, captured by the engine only when a view of the
+#: pass reads them) and the output weights ``W_O`` (``LayerPatterns.output_weights``)
+READS: frozenset[str] = frozenset({"pattern", "values", "output_weights"})
+
 
 @dataclass(frozen=True)
 class View:
@@ -64,7 +83,15 @@ class View:
     for it, said when its name is given instead. ``blind_below_d_head``: its maps equal the
     pattern on a text of at most ``d_head`` real tokens (effective attention: the values then
     span every direction), so :func:`attnlens.compare` shows a longer example and says how many
-    texts are that short."""
+    texts are that short.
+
+    ``reads``: what the view reads of a layer, a subset of :data:`READS`. The engine captures the
+    value vectors only for a pass whose views read them: ``needs_effective`` (the flag the
+    accumulators that read a view copy onto :attr:`attnlens.engine.accumulator.Accumulator.needs_effective`,
+    which makes the engine capture them) is True exactly when ``"values"`` is read, whichever of
+    the two is given. ``raw``: for a view whose maps are normalised rows of other maps (the norms
+    of ``"norm"``), how those raw maps are read (``raw(layer) -> [batch, head, query, key]``,
+    :func:`attnlens.methods.maps.maps` with ``raw=True``); None: the maps are the raw ones."""
 
     name: str
     description: str
@@ -77,6 +104,18 @@ class View:
     accepts: Callable[[Any], bool] | None = None
     value_hint: str = ""
     blind_below_d_head: bool = False
+    reads: frozenset[str] = frozenset({"pattern"})
+    raw: Callable[[Any], Any] | None = None
+
+    def __post_init__(self) -> None:
+        reads = frozenset(self.reads)
+        if not reads <= READS:
+            raise InputError(f"View {self.name!r} reads {sorted(reads - READS)}; a view reads some of "
+                             f"{', '.join(sorted(READS))}.")
+        if self.needs_effective:
+            reads |= {"values"}
+        object.__setattr__(self, "reads", reads)  # a frozen dataclass: set once, here
+        object.__setattr__(self, "needs_effective", "values" in reads)
 
     def read(self, layer: Any, constants: Any = None, *, causal: bool | None = None) -> Any:
         """This view's maps of one :class:`attnlens.engine.accumulator.LayerPatterns`. A view given by PAPA
@@ -198,3 +237,5 @@ register_view(View("papa", "PAPA constants (attnlens.papa.fit(model, texts) or p
 register_view(View("effective", "effective attention (Brunner et al. 2020), signed", signed=True,
                    maps=_effective, needs_effective=True, intervention="effective",
                    blind_below_d_head=True))
+register_view(View("norm", "norm-based attention (Kobayashi et al. 2020): weight x ||f(x)||, rows normalised",
+                   signed=False, maps=_norm, raw=_norm_raw, reads=frozenset({"pattern", "values", "output_weights"})))

@@ -44,6 +44,7 @@ COLUMN_DOCS: dict[str, str] = {
     "to_prev": "mean attention on the previous position (offset -1)",
     "to_next": "mean attention on the next position (offset +1)",
     "entropy": "mean entropy (nats) of attention rows; signed rows are normalised by |a| first",
+    "sink": "share of query rows giving the first token more than 0.3 of their mass (Gu et al. 2024's attention sink)",
     "distance_from_standard": (
         "mean over valid query rows of the total-variation distance "
         "1/2 * sum_k |a_view(q, k) - a_standard(q, k)| over valid keys; 0 for standard"

@@ -40,7 +40,7 @@ def test_table_has_two_times_72_rows_plus_standard(comparison):
     assert list(table.columns) == list(COLUMNS)
     assert list(table.columns) == [
         "view", "layer", "head", "to_cls", "to_sep", "to_punct", "to_self", "to_prev",
-        "to_next", "entropy", "distance_from_standard", "type_vertical", "type_diagonal",
+        "to_next", "entropy", "sink", "distance_from_standard", "type_vertical", "type_diagonal",
         "type_vertical+diagonal", "type_block", "type_heterogeneous", "pattern_type",
     ]
     assert len(table) == 2 * 72 + 72

@@ -288,7 +288,7 @@ def test_report_holds_the_explorer_and_its_data(comparison):
     # the grids a click can select a head from: every head grid, not the tiled patterns
     names = {re.sub(r"^attnlens-[0-9a-f]+-", "", grid) for grid in data["grids"]}
     assert names == {"distance_from_standard", "dominant_target", "to_cls", "to_sep", "to_punct",
-                     "to_self", "to_prev", "to_next", "entropy", "pattern_type"}
+                     "to_self", "to_prev", "to_next", "entropy", "sink", "pattern_type"}
     # select boxes: every kept example (its first words), every layer and head, the focus chosen
     options = re.findall(r'<option value="(\d+)"( selected)?>([^<]*)</option>', html)
     labels = [text for _, _, text in options if ":" in text]

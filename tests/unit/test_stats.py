@@ -36,6 +36,7 @@ def loop_means(pattern, input_ids, valid, tokenizer):
                 sums["entropy"][h] -= sum(
                     abs(a) / total * math.log(abs(a) / total) for a in row.values() if a != 0
                 )
+                sums["sink"][h] += 1.0 if row[keys[0]] > 0.3 else 0.0  # Gu et al.'s ε, per row
     return {name: torch.tensor(values, dtype=torch.float64) / count for name, values in sums.items()}
 
 
@@ -54,8 +55,22 @@ def test_statistics_equal_a_plain_loop(signed):
     stats.update(0, pattern, token_classes(tokenizer, input_ids), valid)
     expected = loop_means(pattern.double(), input_ids, valid, tokenizer)
     got = stats.means()
+    assert 0 < float(expected["sink"].max()) and float(expected["sink"].min()) < 1, "rows on both sides of ε"
     for name in STATISTICS:
         torch.testing.assert_close(got[name][0].double(), expected[name], atol=1e-5, rtol=1e-5)
+
+
+def test_sink_counts_valid_rows_above_the_threshold_on_the_first_token():
+    """Rows built on either side of ε = 0.3 (equal to it is not above), padding rows left out."""
+    valid = torch.tensor([[True, True, True, False]])
+    first = torch.tensor([0.9, 0.3, 0.31, 1.0])  # query 3 is padding: not counted
+    pattern = torch.zeros(1, 1, 4, 4)
+    pattern[0, 0, :, 0] = first
+    pattern[0, 0, :, 1] = 1 - first
+    stats = AttentionStatistics(n_layers=1, n_heads=1)
+    none = torch.zeros(1, 4, dtype=torch.bool)
+    stats.update(0, pattern, {"cls": none, "sep": none, "punct": none}, valid)
+    torch.testing.assert_close(stats.means()["sink"], torch.tensor([[2 / 3]]))
 
 
 def test_means_without_any_batch_are_refused():
@@ -132,6 +147,7 @@ def test_float32_batch_sums_are_within_the_float32_bound_of_float64():
     reference["to_next"] = torch.nn.functional.pad(torch.diagonal(p64, 1, -2, -1), (0, 1))
     probs = p64 * keys / (p64 * keys).sum(-1, keepdim=True)
     reference["entropy"] = -torch.special.xlogy(probs, probs).sum(-1)
+    reference["sink"] = (p64[..., 0] > 0.3).double()  # column 0: every example's first real token
     bound = (n + batch * n + 8) * U32
     for name in STATISTICS:
         exact = (reference[name] * rows).sum(dim=(0, 2))
