@@ -39,6 +39,7 @@ def _pattern(layer: Any) -> Any:
 def _effective(layer: Any) -> Any:
     return layer.effective
 
+
 def _norm(layer: Any) -> Any:
     from attnlens.methods import norm  # torch: not when the command line reads the names
 
