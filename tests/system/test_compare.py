@@ -14,6 +14,7 @@ import torch
 
 import attnlens
 from attnlens.comparison.result import Comparison
+from attnlens.methods import views
 from attnlens.methods.stats import AttentionStatistics, token_classes
 from attnlens.present.columns import COLUMNS
 from tests.small_comparison import MAX_LEN, small_comparison, texts
@@ -256,7 +257,7 @@ def test_decoder_patterns_are_masked_above_the_diagonal_except_effective_attenti
 
     model = attnlens.load(tiny_gpt2(), tokenizer=gpt2_tokenizer())
     result = attnlens.compare(model, corpus=CORPUS[:4], max_len=16, batch_size=2, progress=False)
-    assert result.causal and result.views == ("standard", "papa", "effective")
+    assert result.causal and result.views == views.names()  # every registered view, standard first
     assert result.layout == "padded"
     # token labels are the text of each token ('Ġthe' is ' the'): together, the example's text
     text = "".join(t for t in result.example_tokens if t not in model.tokenizer.all_special_tokens)
