@@ -13,7 +13,7 @@ that a head's mean attention over a corpus is a meaningful constant matrix:
 Pairs use one middle separator for every tokenizer (RoBERTa's own pair format has two).
 
 **Compact batches** (``tokenize(..., compact=True)``, :func:`compact_batch`; the default of every pass
-of the engine, :func:`attnlens.passes.run`). The layout is a statement about *positions*, not
+of the engine, :func:`attnlens.engine.passes.run`). The layout is a statement about *positions*, not
 about padding: ``[CLS] w1 … wk [SEP]`` with position ids ``0, 1, …, k, max_len-1`` is the same
 input as the text padded to ``max_len``, because padded keys are masked (they get exactly 0
 attention) and no result reads a padded query. A compact batch keeps each text's real tokens
@@ -21,10 +21,10 @@ left-aligned (its width is the longest real text of the batch, not ``max_len``) 
 layout position of every column in ``Batch.position_ids``. The model gets them as
 ``position_ids`` where it numbers columns (BERT); a model that numbers the real tokens itself
 (RoBERTa from its padding token, decoders from the mask:
-:attr:`attnlens.models.Architecture.counts_positions`) gives a padded PAPA text the same
+:attr:`attnlens.core.models.Architecture.counts_positions`) gives a padded PAPA text the same
 positions as its compact form, so it runs without them. PAPA constants ``C[pos_q, pos_k]`` are
-gathered by these positions (:func:`attnlens.papa.replace.constant_pattern`), and fitting
-scatter-adds each pattern back to them (:class:`attnlens.papa.fitting.PatternSums`): constants,
+gathered by these positions (:func:`attnlens.methods.papa.replace.constant_pattern`), and fitting
+scatter-adds each pattern back to them (:class:`attnlens.methods.papa.fitting.PatternSums`): constants,
 features and interventions equal the padded layout's up to float32 rounding, for a fraction of
 the cost (an SST-2 sentence is about 25 of 64 positions).
 """
@@ -39,12 +39,13 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from attnlens.core import models
+from attnlens.core import layouts, models
 from attnlens.core.checks import (
     describe,
     flag,
-    whole_number,  # noqa: F401  (re-exported: attnlens.inputs.whole_number)
+    whole_number,  # noqa: F401  (re-exported: attnlens.core.inputs.whole_number)
 )
+from attnlens.core.layouts import BlankText
 from attnlens.core.loading import is_causal
 from attnlens.errors import InputError, InputTypeError
 
@@ -65,7 +66,7 @@ class Batch:
     ``position_ids``: ``[batch, pos]``, the layout position of every column of a compact batch
     (see the module docstring; 0 on padding), or ``None`` when every column is its own position
     (:attr:`positions` gives them in both cases). ``counts_positions``: the model numbers the
-    real tokens itself (:attr:`attnlens.models.Architecture.counts_positions`), so a compact
+    real tokens itself (:attr:`attnlens.core.models.Architecture.counts_positions`), so a compact
     batch needs no ``position_ids`` argument.
     """
 
@@ -132,7 +133,7 @@ class Batch:
 
     def pin_memory(self) -> Batch:
         """The batch in page-locked host memory, from which a copy to a GPU runs asynchronously
-        (``Tensor.pin_memory``; the input pipeline of :func:`attnlens.passes.run` on CUDA)."""
+        (``Tensor.pin_memory``; the input pipeline of :func:`attnlens.engine.passes.run` on CUDA)."""
         return self._apply(Tensor.pin_memory)
 
     def _apply(self, move: Callable[[Tensor], Tensor]) -> Batch:
@@ -204,11 +205,11 @@ def tokenize(
     if any(isinstance(example, tuple) != is_pair for example in examples):
         raise InputError("Mix of single sentences and pairs in one batch; tokenize them apart.")
     max_len = check_max_len(model, max_len, layout=layout, is_pair=is_pair)
-    if layout == "papa":
-        batch = _papa(tokenizer, examples, max_len, is_pair)
-    else:
-        batch = _padded(tokenizer, examples, max_len, is_pair)
-    batch.token_types = _uses_token_types(tokenizer)
+    words = isinstance(examples[0], Words)
+    encoded = (layouts.papa if layout == "papa" else layouts.padded)(tokenizer, examples, max_len, is_pair, words)
+    batch = Batch(encoded.input_ids, encoded.attention_mask, encoded.token_type_ids, encoded.n_truncated,
+                  layout, max_len, is_pair, encoded.extra)
+    batch.token_types = layouts.uses_token_types(tokenizer)
     batch.positions_from_mask = model is not tokenizer and _positions_from_mask(model)
     batch.counts_positions = model is not tokenizer and _counts_positions(model)
     return compact_batch(batch) if compact and layout == "papa" else batch
@@ -260,7 +261,7 @@ def compact_batch(batch: Batch, *, multiple: int = 1) -> Batch:
 def default_layout(model: Any) -> str:
     """The layout a model's PAPA constants are fitted in when none is named (``papa.fit``,
     ``compare``, ``attnlens fit-papa``): its architecture's
-    (:attr:`attnlens.models.Architecture.layout`): ``"padded"`` for a decoder, which has no
+    (:attr:`attnlens.core.models.Architecture.layout`): ``"padded"`` for a decoder, which has no
     [CLS]/[SEP] to fix in place, ``"papa"`` for an encoder. A bare tokenizer gets ``"papa"``."""
     architecture = models.find(model)
     return architecture.layout if architecture is not None else "papa"
@@ -268,14 +269,14 @@ def default_layout(model: Any) -> str:
 
 def _positions_from_mask(model: Any) -> bool:
     """Whether the model's position ids come from the mask: its architecture's fact
-    (:attr:`attnlens.models.Architecture.positions_from_mask`), else whether it is causal."""
+    (:attr:`attnlens.core.models.Architecture.positions_from_mask`), else whether it is causal."""
     architecture = models.find(model)
     return architecture.positions_from_mask if architecture is not None else is_causal(model)
 
 
 def _counts_positions(model: Any) -> bool:
     """Whether the model numbers the real tokens itself, skipping padding: its architecture's
-    fact (:attr:`attnlens.models.Architecture.counts_positions`), else whether it is causal."""
+    fact (:attr:`attnlens.core.models.Architecture.counts_positions`), else whether it is causal."""
     architecture = models.find(model)
     return architecture.counts_positions if architecture is not None else is_causal(model)
 
@@ -296,7 +297,7 @@ def position_limit(model: Any) -> int | None:
 
 def _reserved_positions(config: Any) -> int:
     """Position embeddings a model never uses: the architecture's
-    :attr:`~attnlens.models.Architecture.reserved_positions` (``padding_idx + 1`` for RoBERTa)."""
+    :attr:`~attnlens.core.models.Architecture.reserved_positions` (``padding_idx + 1`` for RoBERTa)."""
     architecture = models.find(config)
     return 0 if architecture is None else architecture.reserved_positions(config)
 
@@ -315,7 +316,7 @@ def min_max_len(tokenizer: Any, *, layout: Layout = "papa", is_pair: bool = Fals
 
 
 def as_max_len(max_len: Any) -> int:
-    """``max_len`` as an ``int`` (:func:`attnlens.checks.whole_number`)."""
+    """``max_len`` as an ``int`` (:func:`attnlens.core.checks.whole_number`)."""
     return whole_number(max_len, "max_len", " of tokens (e.g. max_len=128)")
 
 
@@ -387,8 +388,8 @@ def example_kind(example: Any) -> str | None:
 
 def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
     """Indices of ``examples`` from the fewest to the most tokens (``tokenizer``'s, without
-    special tokens; a stable order). :func:`attnlens.passes.run` and
-    :func:`attnlens.probing.extract` run examples in this order, so that each batch (compact,
+    special tokens; a stable order). :func:`attnlens.engine.passes.run` and
+    :func:`attnlens.evaluation.probing.extract` run examples in this order, so that each batch (compact,
     :func:`compact_batch`, or padded to its longest example) holds examples of similar lengths
     and computes little padding. An example's result does not depend on its batch (up to
     float32 rounding), so the order changes no result."""
@@ -440,182 +441,3 @@ def _as_words(examples: list) -> list[Words]:
     return examples
 
 
-def _word_ids(tokenizer: Any, examples: Sequence[Words], **options: Any) -> tuple[Any, list[list[int | None]]]:
-    """``tokenizer`` on word lists (``is_split_into_words``) and each row's word of every token."""
-    if not getattr(tokenizer, "is_fast", False):
-        raise InputError(
-            f"{type(tokenizer).__name__} cannot map words to sub-tokens (it is not a fast "
-            "tokenizer), which token tasks need; load the model with its fast tokenizer "
-            "(AutoTokenizer.from_pretrained(name, use_fast=True))."
-        )
-    encoded = tokenizer([list(e.words) for e in examples], is_split_into_words=True,
-                        split_special_tokens=True, **options)
-    return encoded, [encoded.word_ids(row) for row in range(len(examples))]
-
-
-def _word_index(word_ids: list[list[int | None]], offsets: list[int], length: int) -> tuple[Tensor, Tensor]:
-    """``([batch, length], [batch, length])``: the word whose first sub-token is at each position
-    (else -1), and the word of every position (else -1: special tokens, padding)."""
-    index = torch.full((len(word_ids), length), -1, dtype=torch.long)
-    every = torch.full((len(word_ids), length), -1, dtype=torch.long)
-    for row, (ids, offset) in enumerate(zip(word_ids, offsets, strict=True)):
-        previous = None
-        for position, word in enumerate(ids):
-            if word is not None and offset + position < length:
-                every[row, offset + position] = word
-                if word != previous:
-                    index[row, offset + position] = word
-            previous = word
-    return index, every
-
-
-class BlankText(InputError):
-    """A text with no real token: blank, or made only of characters the tokenizer drops.
-    ``index`` is its position in the texts given (:func:`attnlens.passes.run` reports it as its
-    index in the corpus)."""
-
-    def __init__(self, index: int, problem: str) -> None:
-        self.index, self.problem = index, problem
-        super().__init__(f"text {index} {problem}")
-
-    def at(self, index: int) -> BlankText:
-        """The same error for the text at ``index`` of a larger corpus."""
-        return BlankText(index, self.problem)
-
-
-def _check_tokens(pieces: list[list[int]], *, offset: int = 0) -> None:
-    """:class:`BlankText` for the first text whose tokens (without special tokens) are none."""
-    for index, ids in enumerate(pieces):
-        if len(ids) <= offset:
-            raise BlankText(
-                index,
-                "has no token: it is made only of characters the tokenizer drops (control or "
-                "format characters); remove it from the corpus",
-            )
-
-
-def special_ids(tokenizer: Any) -> tuple[int, int, int]:
-    """(start, separator, pad) token ids: [CLS]/[SEP]/[PAD] for BERT, <s>/</s>/<pad> for RoBERTa."""
-    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else None
-    sep = tokenizer.sep_token_id
-    pad = tokenizer.pad_token_id
-    missing = [
-        name
-        for name, value in (("cls_token ([CLS] or <s>)", start), ("sep_token", sep), ("pad_token", pad))
-        if value is None
-    ]
-    if missing:
-        raise InputError(
-            f"The PAPA layout needs a tokenizer with start, separator and pad tokens; "
-            f"{type(tokenizer).__name__} has no {', '.join(missing)}. Use a BERT- or RoBERTa-style "
-            "tokenizer, or layout='padded'."
-        )
-    return start, sep, pad
-
-
-def _papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
-    start, sep, pad = special_ids(tokenizer)
-    middle = max_len // 2
-    n = len(examples)
-    input_ids = torch.full((n, max_len), pad, dtype=torch.long)
-    attention_mask = torch.zeros((n, max_len), dtype=torch.long)
-    token_type_ids = torch.zeros((n, max_len), dtype=torch.long)
-    input_ids[:, 0] = start
-    input_ids[:, -1] = sep
-    attention_mask[:, 0] = 1
-    attention_mask[:, -1] = 1
-    if is_pair:
-        input_ids[:, middle] = sep
-        attention_mask[:, middle] = 1
-        token_type_ids[:, middle + 1 :] = 1
-        firsts = _ids(tokenizer, [a for a, _ in examples])
-        seconds = _ids(tokenizer, [b for _, b in examples])
-        _check_tokens(firsts)
-        _check_tokens(seconds)
-        spans = [(1, middle - 1, firsts), (middle + 1, max_len - middle - 2, seconds)]
-    elif isinstance(examples[0], Words):
-        encoded, word_ids = _word_ids(tokenizer, examples, add_special_tokens=False, truncation=False)
-        pieces = encoded["input_ids"]
-        _check_tokens(pieces)
-        spans = [(1, max_len - 2, pieces)]
-        cut = [ids[: max_len - 2] for ids in word_ids]
-        words, every_word = _word_index(cut, [1] * n, max_len)
-    else:
-        pieces = _ids(tokenizer, list(examples))
-        _check_tokens(pieces)
-        spans = [(1, max_len - 2, pieces)]
-    truncated = torch.zeros(n, dtype=torch.bool)
-    for begin, room, pieces in spans:
-        for row, ids in enumerate(pieces):
-            kept = ids[:room]
-            truncated[row] |= len(ids) > room
-            input_ids[row, begin : begin + len(kept)] = torch.tensor(kept, dtype=torch.long)
-            attention_mask[row, begin : begin + len(kept)] = 1
-    if not _uses_token_types(tokenizer):
-        token_type_ids.zero_()
-    batch = Batch(input_ids, attention_mask, token_type_ids, int(truncated.sum()), "papa", max_len, is_pair)
-    if isinstance(examples[0], Words):
-        batch.extra["word_index"], batch.extra["word_ids"] = words, every_word
-    return batch
-
-
-def _padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool) -> Batch:
-    if isinstance(examples[0], Words):
-        return _padded_words(tokenizer, examples, max_len)
-    if is_pair:
-        args = ([a for a, _ in examples], [b for _, b in examples])
-    else:
-        args = (list(examples),)
-    full = tokenizer(*args, add_special_tokens=True, truncation=False, split_special_tokens=True)["input_ids"]
-    count = getattr(tokenizer, "num_special_tokens_to_add", None)
-    _check_tokens(full, offset=count(pair=is_pair) if count is not None else 0)
-    encoded = tokenizer(
-        *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True,
-        split_special_tokens=True,
-    )
-    rows = encoded["input_ids"]
-    types = encoded.get("token_type_ids") if _uses_token_types(tokenizer) else None
-    n, longest = len(rows), max(len(ids) for ids in rows)
-    # padded keys are masked, so any id will do where the tokenizer has no pad token (GPT-2)
-    pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
-    input_ids = torch.full((n, longest), pad, dtype=torch.long)
-    attention_mask = torch.zeros((n, longest), dtype=torch.long)
-    token_type_ids = torch.zeros((n, longest), dtype=torch.long)
-    for row, ids in enumerate(rows):  # on the right: every token keeps its position 0 .. n-1
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, : len(ids)] = 1
-        if types is not None:
-            token_type_ids[row, : len(ids)] = torch.tensor(types[row], dtype=torch.long)
-    n_truncated = sum(len(ids) > max_len for ids in full)
-    return Batch(input_ids, attention_mask, token_type_ids, int(n_truncated), "padded", max_len, is_pair)
-
-
-def _padded_words(tokenizer: Any, examples: Sequence[Words], max_len: int) -> Batch:
-    full, _ = _word_ids(tokenizer, examples, add_special_tokens=True, truncation=False)
-    count = getattr(tokenizer, "num_special_tokens_to_add", None)
-    _check_tokens(full["input_ids"], offset=count(pair=False) if count is not None else 0)
-    encoded, word_ids = _word_ids(tokenizer, examples, add_special_tokens=True, truncation=True,
-                                  max_length=max_len, return_token_type_ids=True)
-    rows = encoded["input_ids"]
-    n, longest = len(rows), max(len(ids) for ids in rows)
-    pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
-    input_ids = torch.full((n, longest), pad, dtype=torch.long)
-    attention_mask = torch.zeros((n, longest), dtype=torch.long)
-    for row, ids in enumerate(rows):
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, : len(ids)] = 1
-    n_truncated = sum(len(ids) > max_len for ids in full["input_ids"])
-    batch = Batch(input_ids, attention_mask, torch.zeros_like(input_ids), int(n_truncated), "padded", max_len)
-    batch.extra["word_index"], batch.extra["word_ids"] = _word_index(word_ids, [0] * n, longest)
-    return batch
-
-
-def _ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Token ids of ``texts`` without special tokens. Literal special-token strings in a text
-    (``"[SEP]"``, ``"<s>"``, ``"[PAD]"``) are read as text, never as the special tokens: a user's
-    text cannot move the layout's separators or hide itself behind padding."""
-    return tokenizer(texts, add_special_tokens=False, truncation=False, split_special_tokens=True)["input_ids"]
-
-
-def _uses_token_types(tokenizer: Any) -> bool:
-    return "token_type_ids" in getattr(tokenizer, "model_input_names", ())

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from attnlens.core.corpus import corpus_iterator
-from attnlens.core.inputs import Batch, BlankText, by_length, compact_batch, example_kind, tokenize
+from attnlens.core.inputs import Batch, by_length, compact_batch, example_kind, tokenize
+from attnlens.core.layouts import BlankText
 from attnlens.core.notebook import in_notebook
 from attnlens.errors import InputError
 

@@ -6,7 +6,7 @@ every dependency relation and direction, the best single head's accuracy is comp
 best fixed-offset baseline (always predicting the word ``k`` positions away)::
 
     import attnlens
-    from attnlens import syntax
+    from attnlens.methods import syntax
 
     model = attnlens.load()
     table = syntax.dependency_heads(model, "en_ewt-ud-dev.conllu", limit=300)
@@ -36,7 +36,7 @@ How it is computed:
   state is count tensors that add up, so it checkpoints, merges and runs under ``torchrun``.
 
 Views: ``"standard"`` (the model's attention), ``"effective"`` (effective attention,
-:mod:`attnlens.effective`; it is signed, and the argmax is taken over the signed word attention,
+:mod:`attnlens.methods.effective`; it is signed, and the argmax is taken over the signed word attention,
 so a strongly negative weight never counts as "attended to"), or fitted
 :class:`~attnlens.papa.PapaConstants` (every head replaced by its constant, read back from the
 patterns; the inputs then take the constants' layout and ``max_len``).
@@ -55,7 +55,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core.checks import whole_number
-from attnlens.core.inputs import Words, _word_ids
+from attnlens.core.inputs import Words
+from attnlens.core.layouts import word_ids_of
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
@@ -130,7 +131,7 @@ def predicted_words(
 
 class DependencyCounts(Accumulator):
     """Correct predictions of every (layer, head) for each relation and direction, streamed by
-    :func:`attnlens.passes.run` over :class:`attnlens.Words` examples (Clark et al. 2019, §4.2).
+    :func:`attnlens.engine.passes.run` over :class:`attnlens.Words` examples (Clark et al. 2019, §4.2).
 
     ``sentences``: the gold trees, in the order of the corpus given to the pass (example ``i``
     of the corpus is ``sentences[i]``; batches find theirs by :attr:`PassBatch.indices`).
@@ -312,7 +313,7 @@ def token_counts(model: Any, sentences: Sequence[Sentence], layout: str) -> list
     usable = [i for i, s in enumerate(sentences) if s.words and all(w.strip() for w in s.words)]
     for first in range(0, len(usable), 1000):
         chunk = usable[first : first + 1000]
-        encoded, _ = _word_ids(
+        encoded, _ = word_ids_of(
             tokenizer, [Words(sentences[i].words) for i in chunk], add_special_tokens=False, truncation=False
         )
         for i, ids in zip(chunk, encoded["input_ids"], strict=True):
@@ -350,7 +351,7 @@ def dependency_heads(
     never truncated (that would cut words off their heads), and counted in
     ``table.attrs["skipped"]`` with one warning; sentences :func:`attnlens.tokenize` cannot take
     (a blank word) likewise in ``attrs["blank"]``. ``layout``: default the model's
-    (:func:`attnlens.inputs.default_layout`).
+    (:func:`attnlens.core.inputs.default_layout`).
 
     Token attention becomes word attention (:func:`word_attention`: sum over a word's
     sub-tokens as keys, mean as queries); a head predicts for each word the other word it

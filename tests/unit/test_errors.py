@@ -52,7 +52,7 @@ def test_every_error_class_attnlens_defines_derives_from_attnlens_error():
     assert {"attnlens.cli.UsageError", "attnlens.core.corpus.CorpusError",
             "attnlens.evaluation.tasks.TaskError", "attnlens.core.loading.ModelFilesError",
             "attnlens.core.models.UnsupportedArchitecture", "attnlens.evaluation.lm.scorer.UntrainedHead",
-            "attnlens.core.inputs.BlankText", "attnlens.evaluation.importance.GatesUnused",
+            "attnlens.core.layouts.BlankText", "attnlens.evaluation.importance.GatesUnused",
             "attnlens.errors.InputError"} <= set(classes)
     outside = [
         name for name, cls in classes.items()
@@ -86,13 +86,13 @@ def test_the_errors_module_is_a_leaf():
 
 
 @pytest.mark.parametrize("refusal", [
-    lambda: attnlens.checks.whole_number(1.5, "seed"),
-    lambda: attnlens.checks.finite(float("nan"), "fraction"),
-    lambda: attnlens.corpus.read_corpus("/nonexistent/corpus.txt"),
-    lambda: attnlens.tasks.load("no-such-task"),
+    lambda: attnlens.core.checks.whole_number(1.5, "seed"),
+    lambda: attnlens.core.checks.finite(float("nan"), "fraction"),
+    lambda: attnlens.core.corpus.read_corpus("/nonexistent/corpus.txt"),
+    lambda: attnlens.evaluation.tasks.load("no-such-task"),
     lambda: attnlens.papa.select_heads("no-such-strategy", n=1, n_layers=1, n_heads=1),
-    lambda: attnlens.probing.probe.PapaProbe().save("/tmp/never.safetensors"),
-    lambda: attnlens.loading.checked_device("bogus"),
+    lambda: attnlens.evaluation.probing.probe.PapaProbe().save("/tmp/never.safetensors"),
+    lambda: attnlens.core.loading.checked_device("bogus"),
     lambda: attnlens.cli.main(["fit-papa", "--checkpoint-every", "3", "--out", "/tmp/x.safetensors"]),
 ])
 def test_deliberate_refusals_are_caught_as_attnlens_error(refusal):

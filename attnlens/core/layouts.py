@@ -1,0 +1,215 @@
+"""The two layouts of :func:`attnlens.core.inputs.tokenize`, as token ids: the PAPA layout
+(Hassid et al. 2022, Appendix A: fixed positions of the special tokens, :func:`papa`) and
+ordinary right padding (:func:`padded`), for texts, sentence pairs and word lists; and the one
+error for a text with no token (:class:`BlankText`).
+
+Each returns an :class:`Encoded`, the tensors a :class:`attnlens.core.inputs.Batch` is made of.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from attnlens.errors import InputError
+
+
+class Encoded(NamedTuple):
+    """Token ids of a layout, ``[batch, pos]`` each: ``input_ids``, ``attention_mask`` (1 on real
+    tokens), ``token_type_ids``; ``n_truncated``: the examples cut by ``max_len``; ``extra``:
+    ``word_index`` / ``word_ids`` ``[batch, pos]`` for word lists, else empty."""
+
+    input_ids: Tensor
+    attention_mask: Tensor
+    token_type_ids: Tensor
+    n_truncated: int
+    extra: dict[str, Tensor]
+
+
+class BlankText(InputError):
+    """A text with no real token: blank, or made only of characters the tokenizer drops.
+    ``index`` is its position in the texts given (:func:`attnlens.engine.passes.run` reports it as its
+    index in the corpus)."""
+
+    def __init__(self, index: int, problem: str) -> None:
+        self.index, self.problem = index, problem
+        super().__init__(f"text {index} {problem}")
+
+    def at(self, index: int) -> BlankText:
+        """The same error for the text at ``index`` of a larger corpus."""
+        return BlankText(index, self.problem)
+
+
+def check_tokens(pieces: list[list[int]], *, offset: int = 0) -> None:
+    """:class:`BlankText` for the first text whose tokens (without special tokens) are none."""
+    for index, ids in enumerate(pieces):
+        if len(ids) <= offset:
+            raise BlankText(
+                index,
+                "has no token: it is made only of characters the tokenizer drops (control or "
+                "format characters); remove it from the corpus",
+            )
+
+
+def special_ids(tokenizer: Any) -> tuple[int, int, int]:
+    """(start, separator, pad) token ids: [CLS]/[SEP]/[PAD] for BERT, <s>/</s>/<pad> for RoBERTa."""
+    start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else None
+    sep = tokenizer.sep_token_id
+    pad = tokenizer.pad_token_id
+    missing = [
+        name
+        for name, value in (("cls_token ([CLS] or <s>)", start), ("sep_token", sep), ("pad_token", pad))
+        if value is None
+    ]
+    if missing:
+        raise InputError(
+            f"The PAPA layout needs a tokenizer with start, separator and pad tokens; "
+            f"{type(tokenizer).__name__} has no {', '.join(missing)}. Use a BERT- or RoBERTa-style "
+            "tokenizer, or layout='padded'."
+        )
+    return start, sep, pad
+
+
+def word_ids_of(tokenizer: Any, examples: Sequence[Any], **options: Any) -> tuple[Any, list[list[int | None]]]:
+    """``tokenizer`` on word lists (``is_split_into_words``) and each row's word of every token."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise InputError(
+            f"{type(tokenizer).__name__} cannot map words to sub-tokens (it is not a fast "
+            "tokenizer), which token tasks need; load the model with its fast tokenizer "
+            "(AutoTokenizer.from_pretrained(name, use_fast=True))."
+        )
+    encoded = tokenizer([list(e.words) for e in examples], is_split_into_words=True,
+                        split_special_tokens=True, **options)
+    return encoded, [encoded.word_ids(row) for row in range(len(examples))]
+
+
+def word_index(word_ids: list[list[int | None]], offsets: list[int], length: int) -> tuple[Tensor, Tensor]:
+    """``([batch, length], [batch, length])``: the word whose first sub-token is at each position
+    (else -1), and the word of every position (else -1: special tokens, padding)."""
+    index = torch.full((len(word_ids), length), -1, dtype=torch.long)
+    every = torch.full((len(word_ids), length), -1, dtype=torch.long)
+    for row, (ids, offset) in enumerate(zip(word_ids, offsets, strict=True)):
+        previous = None
+        for position, word in enumerate(ids):
+            if word is not None and offset + position < length:
+                every[row, offset + position] = word
+                if word != previous:
+                    index[row, offset + position] = word
+            previous = word
+    return index, every
+
+
+def papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, words: bool) -> Encoded:
+    """The PAPA layout (:mod:`attnlens.core.inputs`) of ``examples``: texts, (first, second) pairs
+    (``is_pair``) or word lists (``words``: :class:`attnlens.core.inputs.Words`, with the index of
+    each word's first sub-token in ``extra``)."""
+    start, sep, pad = special_ids(tokenizer)
+    middle = max_len // 2
+    n = len(examples)
+    input_ids = torch.full((n, max_len), pad, dtype=torch.long)
+    attention_mask = torch.zeros((n, max_len), dtype=torch.long)
+    token_type_ids = torch.zeros((n, max_len), dtype=torch.long)
+    input_ids[:, 0] = start
+    input_ids[:, -1] = sep
+    attention_mask[:, 0] = 1
+    attention_mask[:, -1] = 1
+    if is_pair:
+        input_ids[:, middle] = sep
+        attention_mask[:, middle] = 1
+        token_type_ids[:, middle + 1 :] = 1
+        firsts = token_ids(tokenizer, [a for a, _ in examples])
+        seconds = token_ids(tokenizer, [b for _, b in examples])
+        check_tokens(firsts)
+        check_tokens(seconds)
+        spans = [(1, middle - 1, firsts), (middle + 1, max_len - middle - 2, seconds)]
+    elif words:
+        encoded, word_ids = word_ids_of(tokenizer, examples, add_special_tokens=False, truncation=False)
+        pieces = encoded["input_ids"]
+        check_tokens(pieces)
+        spans = [(1, max_len - 2, pieces)]
+        cut = [ids[: max_len - 2] for ids in word_ids]
+        word_starts, every_word = word_index(cut, [1] * n, max_len)
+    else:
+        pieces = token_ids(tokenizer, list(examples))
+        check_tokens(pieces)
+        spans = [(1, max_len - 2, pieces)]
+    truncated = torch.zeros(n, dtype=torch.bool)
+    for begin, room, pieces in spans:
+        for row, ids in enumerate(pieces):
+            kept = ids[:room]
+            truncated[row] |= len(ids) > room
+            input_ids[row, begin : begin + len(kept)] = torch.tensor(kept, dtype=torch.long)
+            attention_mask[row, begin : begin + len(kept)] = 1
+    if not uses_token_types(tokenizer):
+        token_type_ids.zero_()
+    extra = {"word_index": word_starts, "word_ids": every_word} if words else {}
+    return Encoded(input_ids, attention_mask, token_type_ids, int(truncated.sum()), extra)
+
+
+def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, words: bool) -> Encoded:
+    """Right padding to the longest example, truncated to ``max_len``, with the tokenizer's own
+    special tokens and pair format (``words``: word lists, as :func:`papa`)."""
+    if words:
+        return padded_words(tokenizer, examples, max_len)
+    if is_pair:
+        args = ([a for a, _ in examples], [b for _, b in examples])
+    else:
+        args = (list(examples),)
+    full = tokenizer(*args, add_special_tokens=True, truncation=False, split_special_tokens=True)["input_ids"]
+    count = getattr(tokenizer, "num_special_tokens_to_add", None)
+    check_tokens(full, offset=count(pair=is_pair) if count is not None else 0)
+    encoded = tokenizer(
+        *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True,
+        split_special_tokens=True,
+    )
+    rows = encoded["input_ids"]
+    types = encoded.get("token_type_ids") if uses_token_types(tokenizer) else None
+    n, longest = len(rows), max(len(ids) for ids in rows)
+    # padded keys are masked, so any id will do where the tokenizer has no pad token (GPT-2)
+    pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+    input_ids = torch.full((n, longest), pad, dtype=torch.long)
+    attention_mask = torch.zeros((n, longest), dtype=torch.long)
+    token_type_ids = torch.zeros((n, longest), dtype=torch.long)
+    for row, ids in enumerate(rows):  # on the right: every token keeps its position 0 .. n-1
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+        if types is not None:
+            token_type_ids[row, : len(ids)] = torch.tensor(types[row], dtype=torch.long)
+    n_truncated = sum(len(ids) > max_len for ids in full)
+    return Encoded(input_ids, attention_mask, token_type_ids, int(n_truncated), {})
+
+
+def padded_words(tokenizer: Any, examples: Sequence[Any], max_len: int) -> Encoded:
+    """:func:`padded` of word lists, with the index of each word's first sub-token in ``extra``."""
+    full, _ = word_ids_of(tokenizer, examples, add_special_tokens=True, truncation=False)
+    count = getattr(tokenizer, "num_special_tokens_to_add", None)
+    check_tokens(full["input_ids"], offset=count(pair=False) if count is not None else 0)
+    encoded, word_ids = word_ids_of(tokenizer, examples, add_special_tokens=True, truncation=True,
+                                  max_length=max_len, return_token_type_ids=True)
+    rows = encoded["input_ids"]
+    n, longest = len(rows), max(len(ids) for ids in rows)
+    pad = next((i for i in (tokenizer.pad_token_id, tokenizer.eos_token_id) if i is not None), 0)
+    input_ids = torch.full((n, longest), pad, dtype=torch.long)
+    attention_mask = torch.zeros((n, longest), dtype=torch.long)
+    for row, ids in enumerate(rows):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    n_truncated = sum(len(ids) > max_len for ids in full["input_ids"])
+    starts, every = word_index(word_ids, [0] * n, longest)
+    return Encoded(input_ids, attention_mask, torch.zeros_like(input_ids), int(n_truncated),
+                   {"word_index": starts, "word_ids": every})
+
+
+def token_ids(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of ``texts`` without special tokens. Literal special-token strings in a text
+    (``"[SEP]"``, ``"<s>"``, ``"[PAD]"``) are read as text, never as the special tokens: a user's
+    text cannot move the layout's separators or hide itself behind padding."""
+    return tokenizer(texts, add_special_tokens=False, truncation=False, split_special_tokens=True)["input_ids"]
+
+
+def uses_token_types(tokenizer: Any) -> bool:
+    """Whether the tokenizer's model reads ``token_type_ids`` (BERT does, RoBERTa does not)."""
+    return "token_type_ids" in getattr(tokenizer, "model_input_names", ())
