@@ -399,7 +399,7 @@ def test_bad_focus_is_refused_before_any_forward_pass(tiny_bert, focus):
 
 
 def test_compare_shows_the_shared_progress_bar(tiny_bert, capsys):
-    """Each pass over the corpus shows attnlens.streaming.progress_bar (as papa.fit's does):
+    """Each pass over the corpus shows attnlens.engine.batches.progress_bar (as papa.fit's does):
     counting examples out of the corpus' length, under the same description as before."""
     from tests.tiny import CORPUS
 
