@@ -370,7 +370,7 @@ def test_explorer_of_a_decoder_blanks_later_keys_except_effective_attention():
     decoder = attnlens.load(tiny_gpt2(), tokenizer=gpt2_tokenizer())
     result = attnlens.compare(decoder, corpus=CORPUS[:4], max_len=16, batch_size=2, progress=False)
     data = explorer_payload(result.to_html())
-    assert data["blank"] == {"standard": True, "papa": True, "effective": False}
+    assert data["blank"] == {"standard": True, "papa": True, "effective": False, "norm": True}
     # the kept codes hold effective attention above the diagonal, and zeros for standard
     maps = result.patterns_of(2, "effective")
     upper = np.triu_indices(maps.shape[-1], k=1)
