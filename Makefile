@@ -51,8 +51,9 @@ docs: install
 
 # Each benchmark writes its results to build/bench/<name>.json; the last step prints them as one
 # table (docs/performance.md). Every benchmark takes --device and --threads. The default PAPA
-# curve (benchmarks/curve.py, 48 to 110 minutes on 2 CPU cores, by the machine and the day) is its own target, bench-curve: its
-# row joins the table of the next make bench (build/bench/curve.json is kept).
+# curve (benchmarks/curve.py: `attnlens curve` with the options of docs/probing.md, in one
+# process, timed; 1 to 2 hours on 2 CPU cores, by the machine and the day) is its own target,
+# bench-curve: its row joins the table of the next make bench (build/bench/curve.json is kept).
 # DEVICE=cuda runs every benchmark that runs a model on the GPU (the table names it); the ones
 # that time the host's own work (feature files, probe rows, the CLI's start) stay on the CPU
 DEVICE ?= cpu
@@ -77,9 +78,12 @@ bench: install
 	# every job of the runs above (build/bench/*.json), one table
 	$(PY) benchmarks/table.py
 
-# the default PAPA curve, cold (a fresh feature cache), and its Table 1; then the table
+# the default PAPA curve, cold (a fresh feature cache), one process: `attnlens curve` rewrites
+# docs/papa_curve.csv and Table 1 (docs/papa_table.csv, .md), docs/tables.py puts them into
+# docs/probing.md; then the table of timings
 bench-curve: install
-	HF_HUB_OFFLINE=1 $(PY) benchmarks/curve.py
+	HF_HUB_OFFLINE=1 $(PY) benchmarks/curve.py --device $(DEVICE)
+	$(PY) docs/tables.py
 	$(PY) benchmarks/table.py
 
 clean:
