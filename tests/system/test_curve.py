@@ -13,12 +13,14 @@ import pandas as pd
 import pytest
 import torch
 
-from attnlens import AttnlensError, papa, probing, tasks
+from attnlens import AttnlensError, papa
 from attnlens.errors import InputError, MismatchError
+from attnlens.evaluation import probing, tasks
+from attnlens.evaluation.curve import DATA_FREE, Curve
+from attnlens.evaluation.curve_inputs import lambda_order
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import mlm
-from attnlens.papa.curves import DATA_FREE, Curve
-from attnlens.papa.tables import ROWS
+from attnlens.evaluation.table import ROWS
 from tests.conftest import DATA, data_file
 
 # every test here runs probes on real data, or needs the fit of the `constants` fixture
@@ -211,11 +213,8 @@ def test_the_lambda_strategy_learns_lambda_with_the_probe_and_reports_its_cost(m
     """A few steps of the cheaper recipe: λ moves away from its start (0.5) for some heads, the
     curve follows the λ order, and the cost and the rank correlation with the label-free order
     are recorded."""
-    from attnlens.papa import curves as curve_module
-
-    lam = curve_module.lambda_order(minilm, constants, "sst2", data_dir=DATA, train_limit=200,
-                                    max_len=64, layout=constants.layout, steps=3, examples=32,
-                                    progress=False)
+    lam = lambda_order(minilm, constants, "sst2", data_dir=DATA, train_limit=200, max_len=64,
+                       layout=constants.layout, steps=3, examples=32, progress=False)
     assert lam.shape == (6, 12) and (lam - 0.5).abs().max() > 1e-3
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5), baselines=(),
                        strategy="lambda", data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL,

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from attnlens.evaluation.curve import Curve
+from attnlens.evaluation.table import PapaTable
 from tests.conftest import required
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -170,10 +172,11 @@ def test_notebook_pages_link_the_site_pages():
 
 
 def test_probing_page_tables_are_the_stored_measurements():
-    """docs/probing.md holds what the benchmarks wrote: the curve table is docs/papa_curve.csv
-    (benchmarks/curve.py) as docs/tables.py formats it, and Table 1 and the probe baselines are
-    docs/papa_table.md and docs/probe_baselines.md; every curve row has its interval and
-    baselines, and Table 1 covers the curve's tasks with its six rows."""
+    """docs/probing.md holds what attnlens curve and the benchmarks wrote: the curve table is
+    docs/papa_curve.csv as Curve.to_markdown shows it, and Table 1 and the probe baselines are
+    docs/papa_table.md and docs/probe_baselines.md (docs/tables.py puts them there); every curve
+    row has its interval and baselines, and Table 1 is the one read from the same curve, with
+    its six rows."""
     import importlib.util
 
     import pandas as pd
@@ -188,7 +191,9 @@ def test_probing_page_tables_are_the_stored_measurements():
         return text.split(start)[1].split(end)[0].strip()
 
     curve = pd.read_csv(DOCS / "papa_curve.csv")
-    assert block("curve table") == tables.curve_markdown(curve).strip()
+    assert block("curve table") == Curve.read_csv(DOCS / "papa_curve.csv").to_markdown().strip()
+    assert {name: block(name) for name in tables.MARKERS} == {
+        name: text.strip() for name, text in tables.blocks().items()}
     assert block("papa table") == (DOCS / "papa_table.md").read_text().strip()
     assert block("probe baselines") == (DOCS / "probe_baselines.md").read_text().strip()
     tasks = curve[curve["task"] != "lm"]
@@ -196,6 +201,10 @@ def test_probing_page_tables_are_the_stored_measurements():
     assert tasks["baseline"].notna().all() and tasks["majority"].notna().all()
     table = pd.read_csv(DOCS / "papa_table.csv")  # Table 1 is read from the same curve run
     assert set(table["task"]) == set(curve["task"]) and len(set(tasks["task"])) >= 1
+    pd.testing.assert_frame_equal(table, PapaTable.from_curve(Curve.read_csv(DOCS / "papa_curve.csv")).table,
+                                  check_dtype=False, rtol=0, atol=0)
+    assert (DOCS / "papa_table.md").read_text() == PapaTable.from_curve(Curve.read_csv(
+        DOCS / "papa_curve.csv")).to_markdown() + "\n"
     assert list(dict.fromkeys(table["row"])) == ["original", "average", "identity", "toeplitz", "zeros", "uniform"]
 
 
