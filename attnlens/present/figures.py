@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from attnlens.core import plots
 from attnlens.methods import patterns
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import STATISTICS
@@ -22,8 +23,6 @@ MAX_TILED_TOKENS = 64
 
 def build_figures(comparison: Any) -> dict[str, Any]:
     """The figures of a comparison, by name, in report order."""
-    from attnlens.core import plots
-
     c = comparison
     others = [view for view in c.views if view != "standard"]
     figures: dict[str, Any] = {}
