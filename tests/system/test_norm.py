@@ -10,13 +10,17 @@ import torch
 import transformers
 
 import attnlens
+from attnlens.core import devices
 from attnlens.core.inputs import default_layout
 from attnlens.errors import InputError
 from tests import tiny
+from tests.system import test_host_reads as host_reads
 from tests.typechecks import unchecked
 
 U32 = 2.0**-24  # float32's unit roundoff
 MAX_LEN = 24
+#: tests/system/test_host_reads.py's fixtures: host reads counted, device routes on the CPU
+counter, device_routes = host_reads.counter, host_reads.device_routes
 
 
 def tiny_llama():
@@ -144,3 +148,41 @@ def test_compare_draws_norm_beside_papa_and_effective(tmp_path):
     assert [trace.name for trace in comparison.figures["to_cls"].data] == list(comparison.views)
     text = comparison.save_html(tmp_path / "report.html").read_text(encoding="utf-8")
     assert "norm attention of every head" in text and text.count("Plotly.newPlot") == len(comparison.figures)
+
+
+@pytest.mark.slow
+def test_a_pass_over_norm_reads_nothing_per_batch(minilm, counter, device_routes):
+    """The statistics of the norm view (sink included) over a corpus, with every branch on its
+    device route: no host read per batch beyond the model's own forward (tests/system/test_host_reads.py's
+    harness); and the device routes give the CPU routes' means."""
+    from attnlens.engine import passes
+    from attnlens.methods.stats import Statistics
+
+    def job(texts):
+        statistics = Statistics(minilm.cfg.n_layers, minilm.cfg.n_heads, "norm")
+        passes.run(minilm, texts, [statistics], max_len=host_reads.MAX_LEN, batch_size=host_reads.BATCH,
+                   progress=False)
+        return statistics.result()
+
+    texts = host_reads.texts_for(minilm)
+    per_batch, grew, (_, on_device) = host_reads.growth(counter, job, texts)
+    assert per_batch <= host_reads.FORWARD_READS, grew
+    devices.reads_are_free = lambda where: True  # restored by device_routes' monkeypatch
+    on_cpu = job(texts[: 2 * host_reads.N_BATCHES * host_reads.BATCH])
+    for name, means in on_device.items():
+        assert (means - on_cpu[name]).abs().max() <= host_reads.FLOAT32, name
+
+
+def test_the_docs_page_runs():
+    """docs/norm.md's example, as written."""
+    import re
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parents[2] / "docs" / "norm.md"
+    namespace: dict = {}
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), re.S):
+        exec(compile(block, "docs/norm.md", "exec"), namespace)
+    norm, raw, weights = namespace["norm"], namespace["raw"], namespace["weights"]
+    assert norm.shape == raw.shape == weights.shape and norm.shape[:3] == (6, 2, 12)
+    keys = namespace["batch"].attention_mask.bool()[None, :, None, None, :]
+    assert torch.equal(raw > 0, (weights > 0) & keys)  # α·‖f‖: the weights' support on the real keys
