@@ -34,9 +34,10 @@ transformers 5 silently ignores ``head_mask``, so every ablation here is a Trans
         model, scores, lambda hooks: probing.run(model, "sst2", hooks=hooks).score)
 
 ``attnlens.ablation`` gathers names of two layers: the ablation itself,
-:mod:`attnlens.methods.ablation` (hooks, head means, :class:`Importance`, the pruning curve), and
-computing importance, :mod:`attnlens.evaluation.importance`, whose loss is the model's own LM
-loss or a task probe's.
+:mod:`attnlens.methods.ablation` (hooks, head means, :class:`Importance`), computing importance,
+:mod:`attnlens.evaluation.importance`, whose loss is the model's own LM loss or a task probe's,
+and the pruning curve, :mod:`attnlens.evaluation.pruning` (its hooks built by
+:func:`attnlens.methods.interventions.build`).
 """
 
 from attnlens.evaluation.importance import (
@@ -47,9 +48,8 @@ from attnlens.evaluation.importance import (
     importance,
     task_loss,
 )
+from attnlens.evaluation.pruning import COLUMNS, FRACTIONS, prune_curve, prune_figure
 from attnlens.methods.ablation import (
-    COLUMNS,
-    FRACTIONS,
     MODES,
     ORDERS,
     AblationHooks,
@@ -59,8 +59,6 @@ from attnlens.methods.ablation import (
     hooks,
     normalize_by_layer,
     output_hook,
-    prune_curve,
-    prune_figure,
     uniform_pattern,
 )
 

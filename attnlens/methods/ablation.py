@@ -1,4 +1,6 @@
-"""Head ablation (Michel et al. 2019): ablation hooks in four modes, head means, pruning curves.
+"""Head ablation (Michel et al. 2019): ablation hooks in four modes, head means, importance
+scores (the pruning curve, which installs the hooks through the interventions' registry, is
+:mod:`attnlens.evaluation.pruning`).
 
 The guide with examples is the public module's docstring, :mod:`attnlens.ablation`, which gathers
 these names with head importance's (:mod:`attnlens.evaluation.importance`).
@@ -6,7 +8,7 @@ these names with head importance's (:mod:`attnlens.evaluation.importance`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, SupportsIndex
 
@@ -28,19 +30,16 @@ from attnlens.methods import papa
 from attnlens.methods.papa.intervene import looks_causal
 
 __all__ = [
-    "COLUMNS",
-    "FRACTIONS",
     "MODES",
     "ORDERS",
     "AblationHooks",
     "HeadMeans",
     "Importance",
+    "check_order",
     "head_means",
     "hooks",
     "normalize_by_layer",
     "output_hook",
-    "prune_curve",
-    "prune_figure",
     "uniform_pattern",
 ]
 
@@ -51,10 +50,10 @@ MODES: dict[str, str] = {
     "mean": "the head's output z is its corpus mean (per head, over real tokens; head_means)",
     "papa": "the head's attention is replaced by PAPA constants (papa.hooks)",
 }
-#: Pruning orders of :func:`prune_curve`: least important first (Michel et al.) or most first.
+#: Orders of heads by importance (:meth:`Importance.heads`; the pruning curve,
+#: :func:`attnlens.evaluation.pruning.prune_curve`): least important first (Michel et al.) or
+#: most first.
 ORDERS: tuple[str, ...] = ("ascending", "descending")
-#: Fractions of heads pruned in :func:`prune_curve` by default (0, 10 %, ..., 90 %).
-FRACTIONS: tuple[float, ...] = tuple(i / 10 for i in range(10))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -404,7 +403,7 @@ class Importance(Result):
     def heads_ranked(self, order: str = "ascending") -> list[tuple[int, int]]:
         """Every head as ``(layer, head)``, by normalised score: ``"ascending"`` (least important
         first, the order Michel et al. prune in) or ``"descending"``; ties by layer, then head."""
-        _check_order(order)
+        check_order(order)
         flat = self.scores.flatten()
         ranking = torch.argsort(flat if order == "ascending" else -flat, stable=True).tolist()
         n_heads = self.scores.shape[1]
@@ -460,7 +459,8 @@ class Importance(Result):
                    settings=dict(data.get("settings") or {}))
 
 
-def _check_order(order: Any) -> None:
+def check_order(order: Any) -> None:
+    """``InputError`` unless ``order`` is one of :data:`ORDERS`."""
     if not isinstance(order, str) or order not in ORDERS:
         raise InputError(
             f"Unknown order {checks.describe(order)}; use 'ascending' (least important first, "
@@ -490,107 +490,3 @@ def normalize_by_layer(raw: Float[Tensor, "layer head"]) -> Float[Tensor, "layer
     raw = checks.finite_tensor(checks.shape(checks.tensor(raw, "raw"), "raw", [None, None], "layer, head"), "raw")
     norms = raw.norm(dim=1, keepdim=True)
     return torch.where(norms > 0, raw / norms.clamp_min(torch.finfo(raw.dtype).tiny), torch.zeros_like(raw))
-
-
-# ------------------------------------------------------------------------------------------------
-# the pruning curve (Michel et al. 2019, Fig. 3)
-
-
-#: Columns of :func:`prune_curve`'s table.
-COLUMNS = {
-    "fraction_pruned": "share of all heads pruned",
-    "heads_pruned": "number of heads pruned",
-    "score": "score_fn(hooks) with those heads ablated",
-    "order": "'ascending' (least important pruned first) or 'descending'",
-}
-
-
-def prune_curve(
-    model: Any,
-    importance: Importance | Float[Tensor, "layer head"],
-    score_fn: Callable[[AblationHooks], float],
-    *,
-    fractions: Sequence[float | int] = FRACTIONS,
-    mode: str = "zero",
-    order: str | Sequence[str] = "ascending",
-    means: Float[Tensor, "layer head d_head"] | None = None,
-    constants: Any = None,
-) -> tuple[Any, Any]:
-    """Prune heads by importance and score what is left (Michel et al. 2019, §4.2 and Fig. 3).
-
-    At each fraction of ``fractions`` the ``round(fraction · heads)`` first heads of
-    ``importance`` (an :class:`Importance`, ranked by its layer-normalised ``scores``, or any
-    ``[layer, head]`` tensor of scores) in ``order`` (``"ascending"``: least important first, as
-    Michel et al. prune; ``"descending"``: most important first; or a list of both) are ablated
-    with :func:`hooks` in ``mode`` (``"zero"``, ``"uniform"``, ``"mean"`` with ``means=``,
-    ``"papa"`` with ``constants=``), and ``score_fn(hooks)`` gives the score, e.g.
-    ``lambda hooks: probing.run(model, "sst2", hooks=hooks).score``. A set of heads already
-    scored (fraction 0 in each order) is not scored again.
-
-    Returns ``(table, figure)``: a ``pandas.DataFrame`` with the columns of :data:`COLUMNS`
-    (``fraction_pruned``, ``heads_pruned``, ``score``, ``order``) and a plotly figure of score
-    against the percentage of heads pruned, one line per order.
-    """
-    import pandas as pd
-
-    require_bridge(model, "ablation.prune_curve")
-    if not callable(score_fn):
-        raise InputTypeError(f"score_fn must be a callable score_fn(hooks) -> float; got {checks.describe(score_fn)}.")
-    n_layers, n_heads = _model_shape(model)
-    if not isinstance(importance, Importance):
-        scores = checks.shape(checks.tensor(importance, "importance"), "importance", [n_layers, n_heads],
-                              "layer, head: one score per head")
-        checks.finite_tensor(scores.float(), "importance")
-        importance = Importance(scores=scores.detach().float().cpu(), raw=scores.detach().float().cpu())
-    elif importance.shape != (n_layers, n_heads):
-        raise InputError(
-            f"importance is {list(importance.shape)} (layers x heads) but the model has "
-            f"[{n_layers}, {n_heads}]: it was computed on another model."
-        )
-    orders = [order] if isinstance(order, str) else list(order)
-    if not orders:
-        raise InputError("order must name at least one order: 'ascending' and/or 'descending'.")
-    for name in orders:
-        _check_order(name)
-    if isinstance(fractions, str | bytes) or not isinstance(fractions, Iterable):
-        raise InputTypeError(f"fractions must be a list of floats in [0, 1]; got {checks.describe(fractions)}.")
-    fractions = [checks.finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
-    if not fractions:
-        raise InputError("fractions must hold at least one fraction in [0, 1].")
-    hooks(HeadSet.none(n_layers, n_heads), mode, model=model, means=means, constants=constants)  # arguments
-    scored: dict[bytes, float] = {}
-    rows = []
-    for name in orders:
-        for fraction in fractions:
-            pruned = importance.heads(fraction, order=name)
-            signature = pruned.mask.numpy().tobytes()
-            if signature not in scored:
-                value = score_fn(hooks(pruned, mode, model=model, means=means, constants=constants))
-                scored[signature] = checks.finite(value, "score_fn's score")
-            rows.append(dict(fraction_pruned=fraction, heads_pruned=len(pruned), score=scored[signature],
-                             order=name))
-    table = pd.DataFrame(rows, columns=list(COLUMNS))
-    return table, prune_figure(table, mode=mode)
-
-
-def prune_figure(table: Any, *, mode: str = "zero") -> Any:
-    """Score against the percentage of heads pruned, one line per order (Michel et al. 2019,
-    Fig. 3), from the table of :func:`prune_curve`."""
-    import plotly.graph_objects as go
-
-    figure = go.Figure()
-    names = {"ascending": "least important first", "descending": "most important first"}
-    for name in dict.fromkeys(table["order"]):
-        points = table[table["order"] == name].sort_values("fraction_pruned")
-        figure.add_trace(go.Scatter(
-            x=points["fraction_pruned"] * 100, y=points["score"], mode="lines+markers",
-            name=names.get(name, name), customdata=points["heads_pruned"],
-            hovertemplate="pruned %{x:.0f}% (%{customdata} heads)<br>score %{y:.4f}<extra></extra>",
-        ))
-    figure.update_layout(
-        title=f"Pruning heads by importance (Michel et al. 2019), mode={mode!r}",
-        xaxis_title="percentage of heads pruned", yaxis_title="score", height=380, width=560,
-        margin={"t": 50, "b": 40},
-    )
-    figure.update_xaxes(range=[-2, 102])
-    return figure
