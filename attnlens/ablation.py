@@ -11,7 +11,7 @@ transformers 5 silently ignores ``head_mask``, so every ablation here is a Trans
     d_head]``, the input of the output projection) is 0 at every position: Michel et al.'s
     masking (their ``ξ_h = 0``); it equals giving the head an all-zero pattern;
   - ``"uniform"``: the head's attention (``blocks.{l}.attn.hook_pattern``) becomes uniform over
-    the valid keys of each query: the real tokens (:func:`attnlens.seam.key_mask`), and on a
+    the valid keys of each query: the real tokens (:func:`attnlens.core.seam.key_mask`), and on a
     causal model (a decoder) only those at or before the query;
   - ``"mean"``: the head's output ``z`` is replaced by its corpus mean, one ``d_head`` vector per
     head (the mean over every real token of a corpus, the same at every position), from
@@ -21,14 +21,16 @@ transformers 5 silently ignores ``head_mask``, so every ablation here is a Trans
 
 - :func:`importance`: Michel et al.'s head importance (§4.1, eq. 2),
   ``I_h = E_x |∂L(x)/∂ξ_h|``, where a gate ``ξ_h = 1`` multiplies head ``h``'s output ``z``, computed
-  over a corpus as one pass of the pass engine (:func:`attnlens.passes.run`, with gradients) and
+  over a corpus as one pass of the pass engine (:func:`attnlens.engine.passes.run`, with gradients) and
   normalised per layer by the ℓ2 norm (§4.2, "we normalize the importance scores by layer").
 - :func:`prune_curve`: prune heads least important first and score what is left at each
   fraction (Michel et al.'s Fig. 3), as a table and a figure.
 
 ::
 
-    from attnlens import ablation, probing
+    from attnlens import ablation
+
+    from attnlens.evaluation import probing
     scores = ablation.importance(model, texts, loss=my_loss)     # Importance
     table, figure = ablation.prune_curve(
         model, scores, lambda hooks: probing.run(model, "sst2", hooks=hooks).score)

@@ -128,9 +128,9 @@ def alternate(functions: Sequence[Callable[[], Any]], repeats: int, device: str 
 def mrpc_features(examples: int, generator: torch.Generator, device: str = "cpu") -> Any:
     """Random sequence features of MRPC's shape: ``examples`` pairs of 25 to 75 kept tokens, each
     MiniLM's 7 layers of 384 dimensions in float16 (on ``device``), positions ``0 .. n - 1``, no
-    word counts (as :func:`attnlens.probing.extract` stores sequence features). The work of what
+    word counts (as :func:`attnlens.evaluation.probing.extract` stores sequence features). The work of what
     reads them does not depend on the values."""
-    from attnlens.probing import Features
+    from attnlens.evaluation.probing import Features
 
     lengths = torch.randint(25, 76, (examples,), generator=generator)
     vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half().to(device)
@@ -170,8 +170,8 @@ def encoder_flops(cfg: Any, n_tokens: int, length: int, *, layers: float | None 
 
 
 def pass_order(model: Any, texts: Sequence, batch_size: int) -> list:
-    """``texts`` in the order :func:`attnlens.passes.run` runs them by length (the engine's own
-    :func:`attnlens.passes.pass_order`): each window of :data:`attnlens.passes.BY_LENGTH_BATCHES`
+    """``texts`` in the order :func:`attnlens.engine.passes.run` runs them by length (the engine's own
+    :func:`attnlens.engine.batches.pass_order`): each window of :data:`attnlens.engine.passes.BY_LENGTH_BATCHES`
     batches from its shortest text to its longest."""
     from attnlens.engine import batches, passes
 

@@ -1,10 +1,10 @@
 """Benchmark: probe features in compact PAPA batches against the same batches padded to ``max_len``.
 
-Both sides run :func:`attnlens.probing.extract` (no cache) on the SST-2 dev sentences (872),
+Both sides run :func:`attnlens.evaluation.probing.extract` (no cache) on the SST-2 dev sentences (872),
 ``max_len`` 64, batch 32, the PAPA layout: padded (``compact=False``, every text padded to
 ``max_len`` so that its final [SEP] sits at ``max_len - 1``) and compact (each batch as wide as
-its longest real text, with the layout's position ids; :func:`attnlens.inputs.compact_batch`;
-the examples run shortest first, :func:`attnlens.probing.features.by_length`).
+its longest real text, with the layout's position ids; :func:`attnlens.core.inputs.compact_batch`;
+the examples run shortest first, :func:`attnlens.evaluation.probing.features.by_length`).
 Whole passes are timed, alternating the two ``--repeats`` times after a warm-up, so both see the
 same background load; medians are printed, with the features' largest difference.
 
@@ -28,8 +28,8 @@ import torch
 from realdata import DATA
 
 import attnlens
-from attnlens import probing, tasks
-from attnlens.probing.features import by_length
+from attnlens.evaluation import probing, tasks
+from attnlens.evaluation.probing.features import by_length
 
 
 def main() -> None:
@@ -55,7 +55,7 @@ def main() -> None:
         real_tokens += int(batch.attention_mask.sum())
     padded_tokens = len(texts) * args.max_len
     print(
-        f"compact vs padded features: {attnlens.loading.model_id(model)}, {len(texts)} SST-2 dev sentences, "
+        f"compact vs padded features: {attnlens.core.loading.model_id(model)}, {len(texts)} SST-2 dev sentences, "
         f"max_len {args.max_len}, batch {args.batch_size}, device {next(model.parameters()).device}, "
         f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs"
     )

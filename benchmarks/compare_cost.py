@@ -15,7 +15,7 @@ batch 32, in the PAPA layout (the one compare uses with the ``papa`` view), time
   file of the same texts (loading the model, compare, the HTML report and the JSON written).
 
 Limit: compare's two passes each stop after the last layer's pattern (no last MLP, no unembed)
-and run the texts by length, each batch as wide as its longest text (:func:`attnlens.passes.run`),
+and run the texts by length, each batch as wide as its longest text (:func:`attnlens.engine.passes.run`),
 so in flops they are ``2 · (5 layers + the last layer's Q/K/QKᵀ)`` over those batches, over the
 forward's; the statistics, effective attention and the
 report's encoding are extra work the limit leaves out.
@@ -49,9 +49,10 @@ from common import (
 )
 
 import attnlens
-from attnlens import cli, kept
-from attnlens.corpus import default_corpus
-from attnlens.inputs import by_length
+from attnlens import cli
+from attnlens.core.corpus import default_corpus
+from attnlens.core.inputs import by_length
+from attnlens.present import kept
 
 TARGET = 1.4
 MAX_LEN, BATCH = 128, 32
@@ -60,7 +61,7 @@ DEFLATE = kept.deflate
 
 
 class _TimedDeflate:
-    """:func:`attnlens.kept.deflate`, adding up its seconds."""
+    """:func:`attnlens.present.kept.deflate`, adding up its seconds."""
 
     def __init__(self) -> None:
         self.seconds = 0.0

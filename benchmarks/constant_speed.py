@@ -76,7 +76,7 @@ def main() -> None:
     n_heads = int(cfg.n_layers) * int(cfg.n_heads)
     total = encoder_flops(cfg, batch.input_ids.numel(), n, unembed=False)
     per_head = (2 * n * n * d_head + 4 * n * d * d_head) * batch.input_ids.shape[0]
-    print(f"constant heads: {attnlens.loading.model_id(model)}, {batch.input_ids.shape[0]} texts x {n} "
+    print(f"constant heads: {attnlens.core.loading.model_id(model)}, {batch.input_ids.shape[0]} texts x {n} "
           f"tokens, device {device}, torch threads {torch.get_num_threads()}, {args.repeats} rounds; "
           f"a replaced head saves {per_head / total:.2%} of the encoder's flops; "
           f"{int((~batch.attention_mask.bool()).sum())} padded positions (none: the constant is made once "

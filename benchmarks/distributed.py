@@ -75,8 +75,8 @@ def _warm_up(model, texts, shape) -> None:
     import torch
 
     import attnlens
+    from attnlens.core.inputs import default_layout
     from attnlens.engine.forward import run_patterns
-    from attnlens.inputs import default_layout
 
     batch = attnlens.tokenize(model, texts[: shape["batch_size"]], max_len=shape["max_len"],
                               layout=default_layout(model))

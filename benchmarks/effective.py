@@ -4,7 +4,7 @@ Prints
 - (forward + effective attention for all heads) / (forward alone). Target <= 1.5x; the original
   paper's code doubles evaluation time (Sun & Marasović 2021, Table 3: 2x);
 - the speed-up of :func:`attnlens.effective_attention` over the per-(example, head) NumPy float64
-  SVD loop (:mod:`attnlens.effective.reference`) on the same activations. Target >= 20x.
+  SVD loop (:mod:`attnlens.methods.effective.reference`) on the same activations. Target >= 20x.
 
 Inputs: the first 32 WikiText-2 validation paragraphs with at least 128 word pieces, truncated to
 128 tokens (layout "padded", every position a real token). Timings: one warm-up, then medians of
@@ -13,7 +13,7 @@ background load. The loop runs over all 6 x 32 x 12 heads (not a subset, nothing
 ``--loop-repeats`` times, with NumPy's BLAS limited to one thread (its fastest setting for these
 small matrices). Forward = the bridge's plain forward with no hooks (``model(input_ids, ...)``,
 which includes the randomly initialised MLM head over the 30,522-token vocabulary); forward +
-effective = :func:`attnlens.effective.run` (one forward whose hooks read V and every pattern,
+effective = :func:`attnlens.methods.effective.run` (one forward whose hooks read V and every pattern,
 compute A⊥ and keep both maps). Two breakdown lines follow: the share of the two products
 ``(A U) Uᵀ`` (timed alone with a random orthonormal U) and the share of the batched small
 factorisations (timed alone on the same heads' Gram matrices). Because the MLM head is a large part of the forward, the ratio
@@ -47,12 +47,12 @@ import torch
 from realdata import wikitext_paragraphs
 
 import attnlens
-from attnlens.effective import effective_attention, run
-from attnlens.effective.reference import effective_attention_loop
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns
 from attnlens.engine.effective import _cholesky_inverse_factor
 from attnlens.engine.forward import run_patterns
+from attnlens.methods.effective import effective_attention, run
+from attnlens.methods.effective.reference import effective_attention_loop
 
 BATCH, LENGTH = 32, 128
 
@@ -247,7 +247,7 @@ def main() -> None:
     t_forward, t_both = median(forward_times), median(both_times)
     t_stopped, t_streaming = median(stopped_times), median(streaming_times)
     target = 1.10 if length == 128 else 1.25
-    print(f"attnlens effective-attention benchmark: {attnlens.loading.model_id(model)}, "
+    print(f"attnlens effective-attention benchmark: {attnlens.core.loading.model_id(model)}, "
           f"batch {n_batch} x {length} real tokens (WikiText-2 valid), device {device}, "
           f"torch threads {torch.get_num_threads()}")
     print(f"flops per example: forward {full / 1e9:.2f} G (encoder {encoder_flops / 1e9:.2f} G, LM head "
@@ -272,7 +272,7 @@ def main() -> None:
     t_factorisations = median(timed_pairs(factorisations_only, effective_only, args.repeats)[0])
     n_heads = model.cfg.n_layers * model.cfg.n_heads * BATCH
 
-    print(f"attnlens effective-attention benchmark: {attnlens.loading.model_id(model)}, "
+    print(f"attnlens effective-attention benchmark: {attnlens.core.loading.model_id(model)}, "
           f"batch {BATCH} x {LENGTH} real tokens (WikiText-2 valid), device {device}, "
           f"torch threads {torch.get_num_threads()}")
     print(f"medians of {args.repeats} alternating runs after 1 warm-up; wall-clock on a possibly "

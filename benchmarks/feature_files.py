@@ -2,7 +2,7 @@
 
 Every point of a PAPA curve writes its features to the cache (:meth:`Features.save`), and since
 2026-11-27 reads them back once (a job of its own extracts them while the task's first point
-trains, :func:`attnlens.probing.cache_features`); a resumed run and NER (which reads POS's
+trains, :func:`attnlens.evaluation.probing.cache_features`); a resumed run and NER (which reads POS's
 sentences) read them too. Features of MRPC's shape (4,000 pairs of 25 to 75 kept tokens, 7 layers
 of MiniLM's 384 dimensions, float16: 1 GB; random values, the work does not depend on them).
 Printed, medians of alternated runs:

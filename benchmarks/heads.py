@@ -32,11 +32,11 @@ from common import add_arguments, pass_order, setup
 from realdata import DATA, wikitext_paragraphs
 
 import attnlens
-from attnlens import ablation, patterns, syntax
+from attnlens import ablation
+from attnlens.core.inputs import default_layout
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.forward import run_patterns
-from attnlens.inputs import default_layout
-from attnlens.methods import conllu
+from attnlens.methods import conllu, patterns, syntax
 
 TARGET = 1.20
 
@@ -81,7 +81,7 @@ def main() -> None:
     layout = default_layout(model)
     n_layers = model.cfg.n_layers
     last_pattern = f"blocks.{n_layers - 1}.attn.hook_pattern"
-    print(f"heads benchmark: {attnlens.loading.model_id(model)}, max_len {args.max_len}, "
+    print(f"heads benchmark: {attnlens.core.loading.model_id(model)}, max_len {args.max_len}, "
           f"batch {args.batch_size}, layout {layout}, torch threads {torch.get_num_threads()}\n")
 
     def plain_forward(examples: list, compact: bool = False) -> None:

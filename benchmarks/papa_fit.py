@@ -2,8 +2,8 @@
 
 Both sides tokenize the same texts in the same batches (``batch_size``, ``max_len``, the model's
 default layout: ``papa`` for MiniLM, in compact batches as the fit runs it, see
-:func:`attnlens.inputs.compact_batch`; ``padded`` for SmolLM2), in the order the fit runs them
-(by length, :func:`attnlens.passes.run`), and run the model up to the same
+:func:`attnlens.core.inputs.compact_batch`; ``padded`` for SmolLM2), in the order the fit runs them
+(by length, :func:`attnlens.engine.passes.run`), and run the model up to the same
 point, right after the last layer's attention pattern: the fit needs nothing after it and stops
 there; the plain forward is stopped there by a hook that raises
 (:func:`attnlens.engine.forward.run_patterns` with no other hook). So the ratio is the cost of the engine
@@ -47,8 +47,8 @@ from realdata import wikitext_paragraphs
 
 import attnlens
 from attnlens import papa
+from attnlens.core.inputs import default_layout
 from attnlens.engine.forward import run_patterns
-from attnlens.inputs import default_layout
 
 TARGET = 1.03
 PEER_TARGET = 0.5
@@ -124,7 +124,7 @@ def main() -> None:
     texts = wikitext_paragraphs()[:n]
     shape = dict(max_len=args.max_len, layout=layout, batch_size=batch_size)
     print(
-        f"papa.fit benchmark: {attnlens.loading.model_id(model)} ({model.cfg.n_layers} layers x "
+        f"papa.fit benchmark: {attnlens.core.loading.model_id(model)} ({model.cfg.n_layers} layers x "
         f"{model.cfg.n_heads} heads), {len(texts)} WikiText-2 paragraphs, max_len {args.max_len}, "
         f"batch {batch_size}, layout {layout}, torch threads {torch.get_num_threads()}"
     )
@@ -177,7 +177,7 @@ def main() -> None:
                  / encoder_flops(model.cfg, len(texts) * args.max_len, args.max_len))
     name = "papa_fit" if not small else f"papa_fit_{args.model}"
     record(name, [{
-        "job": f"papa.fit ({attnlens.loading.model_id(model).split('/')[-1]})",
+        "job": f"papa.fit ({attnlens.core.loading.model_id(model).split('/')[-1]})",
         "seconds": t_fit, "forward_ratio": full_ratio, "limit_ratio": limit,
         "peer": "TransformerLens loop", "peer_ratio": peer_ratio,
         "note": f"plain forward to the same stop {ratio:.2f}x",

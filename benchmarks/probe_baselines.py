@@ -5,14 +5,14 @@ examples (default 4,000, a seeded subset) and the full dev set, at the task's Ta
 (PAPA, Hassid et al. 2022, Appendix B), this prints and writes (``docs/probe_baselines.csv``,
 and its Markdown beside it):
 
-- ``probe``: attnlens's default probe (:func:`attnlens.probing.run`: Table 3's learning rate
+- ``probe``: attnlens's default probe (:func:`attnlens.evaluation.probing.run`: Table 3's learning rate
   and batch size, its epochs as the floor of the epochs chosen on a held-out tenth of the
-  training examples, :func:`attnlens.probing.choose_epochs`; mean pooling and standardised
+  training examples, :func:`attnlens.evaluation.probing.choose_epochs`; mean pooling and standardised
   inputs), the mean over ``--seeds`` seeds, with its 95% bootstrap interval over the dev
   examples, and the epochs chosen;
 - ``paper_probe``: the paper's probe exactly (``pooling="sum"``, ``standardize=False``, Table 3's
   epochs: ``select_epochs=False``), same seeds;
-- ``linear``: the linear baseline (:class:`attnlens.probing.LinearBaseline`, logistic regression
+- ``linear``: the linear baseline (:class:`attnlens.evaluation.probing.LinearBaseline`, logistic regression
   on standardised mean-pooled features, ``C`` chosen on 20% of the training examples);
 - ``majority``: always the most frequent training label;
 - ``probe − linear``: the paired bootstrap interval of the difference (same resamples), and the
@@ -34,8 +34,8 @@ from common import add_arguments, setup
 from realdata import DATA
 
 import attnlens
-from attnlens import probing
-from attnlens.files import write_atomic
+from attnlens.core.files import write_atomic
+from attnlens.evaluation import probing
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
 OUT = Path(__file__).resolve().parents[1] / "docs" / "probe_baselines.csv"

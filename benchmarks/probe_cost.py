@@ -6,12 +6,12 @@ Probe training and the linear baselines are most of the default PAPA curve's tim
 25 words, MiniLM's 7 layers of 384 dimensions in float16, 47 labels, Table 3's batch of 8
 sentences; random values: the work does not depend on them), in one run:
 
-- **probe**: one epoch of :meth:`attnlens.probing.PapaProbe.fit` (its standardisation included),
+- **probe**: one epoch of :meth:`attnlens.evaluation.probing.PapaProbe.fit` (its standardisation included),
   against the products alone of as many steps of 8 random sentences: per step of ``m`` words,
   the first layer forward (``m × 2688 · 2688 × 384``) and its weights' gradient (``384 × m · m × 2688``), the output layer
   forward, its weights' gradient and the hidden layer's gradient, on tensors of the same shapes;
 - **linear baseline**: scikit-learn's ``LogisticRegression`` (lbfgs, as
-  :class:`attnlens.probing.LinearBaseline`) on 58,787 standardised float32 rows of 2,688 features
+  :class:`attnlens.evaluation.probing.LinearBaseline`) on 58,787 standardised float32 rows of 2,688 features
   and 47 labels (POS's 4,000 training sentences), seconds per iteration, against its two
   products per loss-and-gradient evaluation alone (``X · Wᵀ`` and ``Gᵀ · X``; lbfgs's line search
   may evaluate more than once an iteration, so the ratio's limit is at least 1);
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from common import add_arguments, alternate, setup
 
-from attnlens.probing import TABLE3, Features, PapaProbe
+from attnlens.evaluation.probing import TABLE3, Features, PapaProbe
 
 SENTENCES = 4000
 LAYERS, D_MODEL, LABELS = 7, 384, 47

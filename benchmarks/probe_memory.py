@@ -1,7 +1,7 @@
 """Benchmark: a sequence probe's fits in a fresh process with no pass before them, under glibc's
 allocator defaults against the thresholds attnlens sets (``attnlens.core.memory``).
 
-Features read from the cache reach :meth:`attnlens.probing.PapaProbe.fit` with no pass run
+Features read from the cache reach :meth:`attnlens.evaluation.probing.PapaProbe.fit` with no pass run
 first, and a pass used to be the only place that set glibc's mmap and trim thresholds. Every
 step of a sequence probe makes and frees float32 copies of its examples' vectors (16 MRPC pairs:
 about 800 tokens of 7 x 384, 8.6 MB each), and under the defaults the kernel faults their pages
@@ -41,7 +41,7 @@ def child(args: argparse.Namespace) -> None:
 
     import torch
 
-    from attnlens.probing import TABLE3, PapaProbe
+    from attnlens.evaluation.probing import TABLE3, PapaProbe
 
     if args.threads:
         torch.set_num_threads(args.threads)

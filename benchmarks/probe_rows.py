@@ -23,9 +23,8 @@ import statistics
 import torch
 from common import alternate, mrpc_benchmark
 
-from attnlens.evaluation.probing import probe
+from attnlens.evaluation.probing import Features, PapaProbe, probe
 from attnlens.evaluation.probing.baseline import EXAMPLES_AT_A_TIME, design
-from attnlens.probing import Features, PapaProbe
 
 OLD_CHUNK = 16384
 

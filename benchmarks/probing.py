@@ -24,9 +24,9 @@ from common import add_arguments, pass_order, setup
 from realdata import wikitext_paragraphs
 
 import attnlens
-from attnlens import probing
+from attnlens.core.inputs import default_layout
 from attnlens.engine.forward import run_patterns
-from attnlens.inputs import default_layout
+from attnlens.evaluation import probing
 
 TARGET = 1.10
 
@@ -58,7 +58,7 @@ def main() -> None:
             with torch.inference_mode():
                 run_patterns(model, batch, [], until=last)
 
-    print(f"probe features benchmark: {attnlens.loading.model_id(model)}, {len(texts)} WikiText-2 "
+    print(f"probe features benchmark: {attnlens.core.loading.model_id(model)}, {len(texts)} WikiText-2 "
           f"paragraphs, max_len {args.max_len}, batch {args.batch_size}, layout {layout}, "
           f"torch threads {torch.get_num_threads()}")
     probing.extract(model, texts[: args.batch_size], max_len=args.max_len, cache=False, progress=False)

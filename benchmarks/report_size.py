@@ -3,7 +3,7 @@
 Runs the command with its defaults (the embedded MiniLM, the embedded corpus, max_len 128, the
 views standard, papa and effective) through :func:`attnlens.cli.main`, and prints the report's
 size and what it is made of: plotly.js (embedded once), the explorer's data (the kept examples'
-8-bit, deflated maps in base64, :mod:`attnlens.kept`), the figures and the rest. With
+8-bit, deflated maps in base64, :mod:`attnlens.present.kept`), the figures and the rest. With
 ``--overhead`` it also runs the comparison with ``report_examples=0`` (nothing kept) and prints
 the ratio of the two run times (whole runs, each once: a rough figure on a shared machine).
 

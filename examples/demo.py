@@ -30,7 +30,7 @@ import torch
 import attnlens
 from attnlens import papa
 from attnlens.cli import summary
-from attnlens.corpus import default_corpus
+from attnlens.core.corpus import default_corpus
 
 N_TEXTS = 96
 MAX_LEN = 64

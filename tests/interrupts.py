@@ -1,4 +1,4 @@
-"""Interrupting a pass of :func:`attnlens.passes.run` part-way, as Ctrl-C or SIGTERM would.
+"""Interrupting a pass of :func:`attnlens.engine.passes.run` part-way, as Ctrl-C or SIGTERM would.
 
 A pass by length reads a window of examples before its first batch runs, so an interrupt raised
 by the corpus's iterator would come before any batch; these helpers interrupt the pass at the

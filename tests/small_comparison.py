@@ -10,7 +10,7 @@ MAX_LEN = 48
 
 
 def texts() -> list[str]:
-    from attnlens.corpus import default_corpus
+    from attnlens.core.corpus import default_corpus
 
     return default_corpus(N_TEXTS)
 

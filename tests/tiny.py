@@ -20,7 +20,7 @@ from transformers import (
     RobertaTokenizerFast,
 )
 
-from attnlens.loading import default_model_path
+from attnlens.core.loading import default_model_path
 
 CORPUS = [
     "the quick brown fox jumps over the lazy dog .",

@@ -3,9 +3,9 @@
 scikit-learn's contract (``sklearn.base.BaseEstimator``): the constructor stores every argument,
 unchanged, as an attribute of the same name; ``get_params`` reads them back by the constructor's
 signature; ``set_params`` changes some of them; ``clone`` builds an unfitted copy from
-``get_params``. attnlens's learners (:class:`~attnlens.probing.PapaProbe`,
-:class:`~attnlens.probing.LinearBaseline`, :class:`~attnlens.evaluation.probing.mlm.MLMHead`,
-:class:`~attnlens.patterns.PatternCNN`) take :class:`Estimator` for that, and keep their own
+``get_params``. attnlens's learners (:class:`~attnlens.evaluation.probing.PapaProbe`,
+:class:`~attnlens.evaluation.probing.LinearBaseline`, :class:`~attnlens.evaluation.probing.mlm.MLMHead`,
+:class:`~attnlens.methods.patterns.PatternCNN`) take :class:`Estimator` for that, and keep their own
 ``fit``, ``predict`` / ``score`` and ``save`` / ``load``. Unlike scikit-learn they check their
 arguments in the constructor (one clear error where the mistake is made), and ``set_params``
 checks the new ones the same way, by building a fresh instance.

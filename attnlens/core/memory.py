@@ -14,7 +14,7 @@ threshold reaches, so blocks below it come from the heap as they would after war
 trim threshold at :data:`TRIM_THRESHOLD`: freed blocks stay in the process, and a later tensor
 of the same size reuses them. Results are bit for bit the same; the cost is that up to
 :data:`TRIM_THRESHOLD` of freed memory stays with the process (its resident size does not shrink
-after a pass). :func:`attnlens.passes.run` and :meth:`attnlens.probing.PapaProbe.fit` (whose
+after a pass). :func:`attnlens.engine.passes.run` and :meth:`attnlens.evaluation.probing.PapaProbe.fit` (whose
 features may come from the cache, with no pass before it) call it; it acts once per process. Set
 ``ATTNLENS_REUSE_MEMORY=0`` before the first pass or fit to keep glibc's defaults. On other C
 libraries (macOS, Windows, musl) it does nothing and returns False.

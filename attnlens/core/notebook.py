@@ -112,7 +112,7 @@ def constants_html(constants: Any) -> str:
 
 
 def headset_html(heads: Any) -> str:
-    """A :class:`attnlens.heads.HeadSet`: a ``layer × head`` grid of marks and its first heads."""
+    """A :class:`attnlens.core.heads.HeadSet`: a ``layer × head`` grid of marks and its first heads."""
     n_layers, n_heads = heads.shape
     rows = [("selected", f"{len(heads)} of {n_layers * n_heads} heads ({n_layers} layers × {n_heads})")]
     if heads.strategy:

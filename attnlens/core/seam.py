@@ -38,7 +38,7 @@ from attnlens.errors import InputError
 ATTN_IMPLEMENTATION = "attnlens"
 
 #: model types whose hook_pattern edits go through this seam, and those whose bridges honour
-#: edits natively (kept for compatibility: the facts live in :mod:`attnlens.models`)
+#: edits natively (kept for compatibility: the facts live in :mod:`attnlens.core.models`)
 ENCODERS_WITH_SEAM = tuple(t for a in models.ARCHITECTURES if a.seam == "attnlens" for t in a.model_types)
 DECODERS_NATIVE = tuple(t for a in models.ARCHITECTURES if a.seam == "native" for t in a.model_types)
 
@@ -396,7 +396,7 @@ def install(bridge: Any) -> Any:
     ``"attnlens"`` attention implementation and their attention modules opt into
     TransformerLens's ``pattern_fn`` seam. Those whose bridges already honour pattern edits
     (``"native"``: GPT-2, Llama) are left as they are. An architecture without an adapter raises
-    :class:`attnlens.models.UnsupportedArchitecture`.
+    :class:`attnlens.core.models.UnsupportedArchitecture`.
     """
     if models.of(bridge).seam == "native":
         return bridge

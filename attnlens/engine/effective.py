@@ -146,7 +146,7 @@ def effective_attention(
     ``hook_v`` is ``[batch, key, head, d_head]``: pass ``einops.rearrange(v, "b k h d -> b h k d")``).
 
     ``P`` projects onto the column space of ``V`` restricted to the valid keys (``key_mask``;
-    by default read with :func:`attnlens.seam.key_mask`, i.e. from the model inside a
+    by default read with :func:`attnlens.core.seam.key_mask`, i.e. from the model inside a
     ``hook_pattern`` hook and otherwise from the keys that receive non-zero attention). Padded
     keys are thus excluded and the result does not depend on padding: columns of padded keys are
     0, and attention that ``pattern`` may put on padded keys is dropped. ``A⊥ V_valid = A V_valid``
@@ -173,7 +173,7 @@ def effective_attention(
     (no decomposition; an explicit ``rtol`` decomposes them too). The
     basis is built in float32 with one refinement step, falling back to float64 for heads whose
     values are badly conditioned; the products run in float32 (float64 for float64 inputs); see
-    :mod:`attnlens.effective.core` for the routes and their accuracy. Returns a new tensor of
+    :mod:`attnlens.engine.effective` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
 
     ``check``: refuse a pattern or values with NaN or infinite entries (one read of the device

@@ -1,9 +1,9 @@
 """The one hook-list type: :class:`Hooks`, a list of TransformerLens ``(hook_name, hook_fn)`` pairs.
 
-Every intervention of attnlens (:func:`attnlens.papa.hooks`, :func:`attnlens.effective.hooks`,
+Every intervention of attnlens (:func:`attnlens.papa.hooks`, :func:`attnlens.methods.effective.hooks`,
 :func:`attnlens.ablation.hooks`) returns a subclass of :class:`Hooks`, and everything that takes
-``hooks=`` (:func:`attnlens.engine.forward.run_with_hooks`, :func:`attnlens.passes.run`,
-:func:`attnlens.probing.run`, ``lm.*``, ``ablation.*``, :func:`attnlens.compare`) accepts one, as
+``hooks=`` (:func:`attnlens.engine.forward.run_with_hooks`, :func:`attnlens.engine.passes.run`,
+:func:`attnlens.evaluation.probing.run`, ``lm.*``, ``ablation.*``, :func:`attnlens.compare`) accepts one, as
 it accepts any plain list of pairs: a :class:`Hooks` *is* a list, so
 ``model.run_with_hooks(tokens, fwd_hooks=hooks)`` works as it always did.
 
@@ -18,8 +18,8 @@ What a :class:`Hooks` adds to the list:
   exit, like TransformerLens's ``HookedRootModule.hooks()``;
 - :meth:`Hooks.patched`: the part of the intervention that patches the model itself rather than
   running as a hook (none for plain hooks; a :class:`attnlens.papa.PapaHooks` made with
-  ``fast=True`` skips the replaced heads' work, :func:`attnlens.seam.constant_heads`), yielding
-  the pairs still to pass as ``fwd_hooks``. The pass engine (:func:`attnlens.passes.run`) and
+  ``fast=True`` skips the replaced heads' work, :func:`attnlens.core.seam.constant_heads`), yielding
+  the pairs still to pass as ``fwd_hooks``. The pass engine (:func:`attnlens.engine.passes.run`) and
   :func:`attnlens.engine.forward.run_with_hooks` run inside it; a caller who hands the list straight to
   ``run_with_hooks`` gets the hook path, the same intervention, at its usual cost.
 """

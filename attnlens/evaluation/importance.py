@@ -26,7 +26,7 @@ from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
 from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
-from attnlens.evaluation import probing
+from attnlens.evaluation import probing, tasks
 from attnlens.evaluation.lm.masks import mlm_masks
 from attnlens.evaluation.lm.scorer import UntrainedHead
 from attnlens.evaluation.probing.features import HiddenStates
@@ -190,14 +190,14 @@ class Gates(Accumulator):
 
 
 class ProbeLoss:
-    """A task's loss for :func:`importance`: a fitted PAPA probe (:class:`attnlens.probing.PapaProbe`)
+    """A task's loss for :func:`importance`: a fitted PAPA probe (:class:`attnlens.evaluation.probing.PapaProbe`)
     read on the model's own hidden states of the batch being run, so that its gradient reaches the
     heads' gates (the "task probe's loss" of Michel et al.'s setting, §4.1, with the probe in
     place of a fine-tuned classifier).
 
-    ``probe``: fitted on :func:`attnlens.probing.extract` features of the same model, ``max_len``
+    ``probe``: fitted on :func:`attnlens.evaluation.probing.extract` features of the same model, ``max_len``
     and layout (the tokens and layers it reads are those of
-    :class:`attnlens.probing.features.HiddenStates`); ``labels``: one label per example of the
+    :class:`attnlens.evaluation.probing.features.HiddenStates`); ``labels``: one label per example of the
     corpus (sequence tasks) or one list of word labels per example (token tasks), in corpus
     order; ``examples``: the corpus (word counts of :class:`attnlens.Words`).
 
@@ -272,11 +272,10 @@ def task_loss(
     limit: int | None = 512, max_len: int = 128, layout: str | None = None, batch_size: int = 32,
     seed: int = 0, progress: bool = True,
 ) -> tuple[list, ProbeLoss]:
-    """``(examples, loss)`` for :func:`importance` on a task of :mod:`attnlens.tasks`: a PAPA probe
+    """``(examples, loss)`` for :func:`importance` on a task of :mod:`attnlens.evaluation.tasks`: a PAPA probe
     fitted on ``train_limit`` examples of its train split (features of the model as it is,
-    cached as :func:`attnlens.probing.run` caches them) and ``limit`` examples of its dev split
+    cached as :func:`attnlens.evaluation.probing.run` caches them) and ``limit`` examples of its dev split
     (seeded subsets) with their labels."""
-    from attnlens.evaluation import tasks
 
     layout = default_layout(model) if layout is None else layout
     train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
@@ -306,12 +305,12 @@ def importance(
 ) -> Importance:
     """Head importance of Michel et al. 2019 (§4.1, eq. 2): ``I_h = E_x |∂L(x)/∂ξ_h|``, with a
     gate ``ξ_h = 1`` multiplying head ``h``'s output ``z`` (``blocks.{l}.attn.hook_z``), over
-    ``corpus`` in one pass of :func:`attnlens.passes.run` with gradients (:class:`Gates`; only
+    ``corpus`` in one pass of :func:`attnlens.engine.passes.run` with gradients (:class:`Gates`; only
     the gates get gradients, not the model's weights). Returns :class:`Importance`: ``scores``
     normalised per layer by the ℓ2 norm (§4.2), ``raw`` before, :meth:`Importance.heads_ranked`.
 
     ``corpus``: texts (or :class:`attnlens.Words`), or the name of a task of
-    :mod:`attnlens.tasks` (``"sst2"``, ``"ner"``, ...): then the default loss is the task probe's
+    :mod:`attnlens.evaluation.tasks` (``"sst2"``, ``"ner"``, ...): then the default loss is the task probe's
     (:func:`task_loss`: a PAPA probe fitted on ``train_limit`` training examples read from
     ``data_dir``, the loss on ``limit`` dev examples with their labels; :class:`ProbeLoss`).
 
@@ -325,14 +324,13 @@ def importance(
     task read-out). By default, the model's own LM loss: for a decoder the mean next-token
     negative log-likelihood of each text's real tokens; for an encoder the masked-LM loss on
     fixed masks (:func:`attnlens.evaluation.lm.masks.mlm_masks`, ``mask_rate``, ``seed``). A head that is not in
-    the model's checkpoint (:func:`attnlens.loading.lm_head_trained` is False, e.g. the default
+    the model's checkpoint (:func:`attnlens.core.loading.lm_head_trained` is False, e.g. the default
     all-MiniLM-L6-v2) is refused with :class:`attnlens.evaluation.lm.scorer.UntrainedHead`: pass ``loss=``.
 
     Raises :class:`GatesUnused` when the loss does not depend on the gates (no gradient reaches
     them, or every gradient is 0) instead of returning zeros.
     """
     require_bridge(model, "ablation.importance")
-    from attnlens.evaluation import tasks
 
     train_limit = checks.optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     limit = checks.optional_count(limit, "limit", " of examples (or None for all)")

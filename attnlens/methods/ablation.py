@@ -20,6 +20,7 @@ from attnlens.core import checks, models, seam
 from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet, n_selected
 from attnlens.core.loading import is_causal, model_id, require_bridge
+from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame, plain
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
@@ -62,7 +63,7 @@ ORDERS: tuple[str, ...] = ("ascending", "descending")
 
 def output_hook(model: Any, layer: int) -> str:
     """The hook point carrying layer ``layer``'s per-head outputs ``z`` (``[batch, pos, head,
-    d_head]``): the architecture's :attr:`~attnlens.models.Architecture.output_hook`, by default
+    d_head]``): the architecture's :attr:`~attnlens.core.models.Architecture.output_hook`, by default
     ``blocks.{layer}.attn.hook_z`` (it exists on every bridge, grouped-query models included)."""
     architecture = models.find(model) if model is not None and hasattr(model, "original_model") else None
     n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
@@ -77,7 +78,7 @@ def _as_headset(heads: Any) -> HeadSet:
     if isinstance(heads, Tensor) and heads.dtype == torch.bool:
         return HeadSet(heads)
     raise InputTypeError(
-        f"heads must be a HeadSet (attnlens.heads.HeadSet, e.g. HeadSet.from_heads([(0, 3)], "
+        f"heads must be a HeadSet (attnlens.core.heads.HeadSet, e.g. HeadSet.from_heads([(0, 3)], "
         f"n_layers, n_heads) or Importance.heads(0.5)) or a boolean [layer, head] tensor; got "
         f"{checks.describe(heads)}."
     )
@@ -112,7 +113,7 @@ def _check_heads_in(z_or_pattern_heads: int, heads: HeadSet, what: str) -> None:
 
 class AblationHooks(Hooks):
     """``(hook_name, hook_fn)`` pairs for ``run_with_hooks`` (and ``hooks=`` of
-    :func:`attnlens.probing.run`, :func:`attnlens.evaluation.lm.scorer.score`, :func:`attnlens.passes.run`) that
+    :func:`attnlens.evaluation.probing.run`, :func:`attnlens.evaluation.lm.scorer.score`, :func:`attnlens.engine.passes.run`) that
     ablate ``heads`` in ``mode`` (:data:`MODES`). Attributes: ``heads``, ``mode``, ``means``
     (``"mean"``), ``constants`` and ``papa`` (the delegated :class:`attnlens.papa.PapaHooks`,
     ``"papa"``), ``causal`` (``"uniform"``: True / False, or None when read off each pattern).
@@ -137,7 +138,7 @@ class AblationHooks(Hooks):
         """A stable hash of everything that makes these hooks what they are (mode, heads, hook
         points, means, causality; for ``"papa"`` the key of the PAPA hooks): equal keys, equal
         interventions. Probe features under these hooks are cached by it
-        (:func:`attnlens.probing.features.hooks_key`)."""
+        (:func:`attnlens.evaluation.probing.features.hooks_key`)."""
         if self.papa is not None:
             return f"ablation:papa:{self.papa.key()}"
         tensors = {"heads": self.heads.mask.to(torch.uint8)}
@@ -163,7 +164,7 @@ def hooks(
 
     - ``"zero"``: the head's output ``z`` (``blocks.{l}.attn.hook_z``) is exactly 0;
     - ``"uniform"``: the head's attention (``hook_pattern``) is ``1 / n_valid`` on each valid key
-      of its query row (real tokens, :func:`attnlens.seam.key_mask`; on a causal model only keys
+      of its query row (real tokens, :func:`attnlens.core.seam.key_mask`; on a causal model only keys
       at or before the query) and 0 elsewhere. Causality comes from ``model``, else from each
       pattern (no weight above the diagonal: causal). On BERT/RoBERTa the edit reaches the
       output through attnlens's seam (load with :func:`attnlens.load`);
@@ -354,7 +355,7 @@ def head_means(
     """Each head's mean output ``z`` (``blocks.{l}.attn.hook_z``) over every real token of
     ``corpus`` (padding excluded), ``[layer, head, d_head]`` float32 on the CPU: the values of
     mean ablation (``hooks(heads, "mean", means=...)``). One pass of
-    :func:`attnlens.passes.run` (summed in float64); ``hooks`` are active during it."""
+    :func:`attnlens.engine.passes.run` (summed in float64); ``hooks`` are active during it."""
     require_bridge(model, "ablation.head_means")
     accumulator = HeadMeans(model)
     passes.run(model, corpus, [accumulator], max_len=max_len, layout=layout, batch_size=batch_size,
@@ -436,8 +437,7 @@ class Importance(Result):
 
     def figure(self, *, normalised: bool = True) -> Any:
         """The ``[layer, head]`` grid of ``scores`` (``normalised=False``: of ``raw``)
-        (:func:`attnlens.plots.head_grid`)."""
-        from attnlens.core.plots import head_grid
+        (:func:`attnlens.core.plots.head_grid`)."""
 
         values = self.scores if normalised else self.raw
         return head_grid(values, name="importance", title=f"Head importance (Michel et al. 2019), "

@@ -14,7 +14,7 @@ embedded in 2-D by metric multidimensional scaling (scikit-learn's ``MDS`` on th
 distances), as in the paper's Figure 6::
 
     import attnlens
-    from attnlens import clustering
+    from attnlens.methods import clustering
 
     model = attnlens.load()
     standard = clustering.cluster(model, texts)
@@ -27,9 +27,9 @@ Differences from Clark et al.'s code (``head_distances.py`` of clarkkev/attentio
 any size compare) of the distance (the square root of the divergence, a true metric, which metric
 MDS assumes), without smoothing (``0 · log 0 = 0``).
 
-Signed rows (effective attention, :mod:`attnlens.effective`, can be negative) are first made
+Signed rows (effective attention, :mod:`attnlens.methods.effective`, can be negative) are first made
 distributions by ``|a| / Σ|a|`` over the valid keys, exactly as
-:func:`attnlens.stats.row_statistics` does for the entropy.
+:func:`attnlens.methods.stats.row_statistics` does for the entropy.
 
 Views: ``"standard"`` (the model's attention), ``"effective"`` (effective attention) or fitted
 :class:`~attnlens.papa.PapaConstants` (every head replaced by its constant through
@@ -81,7 +81,7 @@ UNKNOWN = "unknown"
 
 
 def distributions(rows: Float[Tensor, "... key"]) -> Float[Tensor, "... key"]:
-    """Rows made distributions by ``|a| / Σ_key |a|`` (as :func:`attnlens.stats.row_statistics`
+    """Rows made distributions by ``|a| / Σ_key |a|`` (as :func:`attnlens.methods.stats.row_statistics`
     does for the entropy): a softmax row is unchanged, a signed row of effective attention
     becomes the share of its absolute weight on each key. An all-zero row stays all zero."""
     weights = rows.abs()
@@ -101,7 +101,7 @@ def js_distance(p: Float[Tensor, "... key"], q: Float[Tensor, "... key"]) -> Flo
 
     equal to ``scipy.spatial.distance.jensenshannon(p, q)`` (base e) for non-negative rows.
     ``P = |p| / Σ|p|`` (and likewise ``Q``), as :func:`distributions`: signed rows (effective
-    attention) become distributions the way :func:`attnlens.stats.row_statistics` makes them for
+    attention) become distributions the way :func:`attnlens.methods.stats.row_statistics` makes them for
     the entropy; zero entries count ``0 · log 0 = 0``. The distance lies in ``[0, sqrt(ln 2)]``;
     identical rows give exactly 0. Computed in the inputs' dtype (float64 for ~1e-12 agreement
     with SciPy); the rounding below 0 of nearly identical rows is clamped to 0.
@@ -122,7 +122,7 @@ def js_distance(p: Float[Tensor, "... key"], q: Float[Tensor, "... key"]) -> Flo
 
 class HeadDistances(Accumulator):
     """Sum over valid query tokens of the Jensen-Shannon distance between every pair of heads of
-    all layers (:func:`js_distance`), an accumulator of :func:`attnlens.passes.run`.
+    all layers (:func:`js_distance`), an accumulator of :func:`attnlens.engine.passes.run`.
 
     Heads are numbered ``layer * n_heads + head`` (``n = n_layers * n_heads``). For every
     example and every valid query token (``key_mask``), the rows of all ``n`` heads over the
@@ -343,7 +343,7 @@ def _check_types(types: Any, n_layers: int, n_heads: int) -> pd.DataFrame | None
     if not isinstance(types, pd.DataFrame):
         raise InputTypeError(
             f"types must be a pandas DataFrame with columns layer, head, type (one pattern type per "
-            f"head, e.g. from attnlens.patterns.types), got {describe(types)}."
+            f"head, e.g. from attnlens.methods.patterns.types), got {describe(types)}."
         )
     missing = [c for c in ("layer", "head", "type") if c not in types.columns]
     if missing:
@@ -386,15 +386,15 @@ def cluster(
     """Cluster the heads of ``model`` by how alike they attend over ``corpus`` (Clark et al.
     2019, §6): one pass of :class:`HeadDistances`, then 2-D metric MDS (:func:`embed`).
 
-    ``corpus``: strings or ``(str, str)`` pairs (anything :func:`attnlens.passes.run` reads).
+    ``corpus``: strings or ``(str, str)`` pairs (anything :func:`attnlens.engine.passes.run` reads).
     ``view``: ``"standard"``, ``"effective"`` or :class:`~attnlens.papa.PapaConstants` (every
     head replaced by its constant through :func:`attnlens.papa.hooks`; the inputs take the
     constants' layout and ``max_len``, and giving others is an error). ``max_len``: default 128
-    (or the constants'); ``layout``: default the model's (:func:`attnlens.inputs.default_layout`).
+    (or the constants'); ``layout``: default the model's (:func:`attnlens.core.inputs.default_layout`).
     ``hooks``: further interventions (``fwd_hooks``) during the pass. ``types``: optional
     DataFrame with columns ``layer``, ``head``, ``type`` (a pattern type per head, e.g.
     ``"vertical"``, ``"diagonal"``, ``"block"``, ``"heterogeneous"``; the table of
-    :func:`attnlens.patterns.types` has them), shown as marker symbols;
+    :func:`attnlens.methods.patterns.types` has them), shown as marker symbols;
     heads it does not name are ``"unknown"``. ``seed``: MDS's ``random_state``.
     """
     require_bridge(model, "cluster")

@@ -31,6 +31,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core.heads import _sizes
+from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine.accumulator import Accumulator
 from attnlens.errors import InputError
@@ -152,7 +153,7 @@ def row_statistics(
     """Each statistic of :data:`STATISTICS` for every (example, head, query) row.
 
     ``positions``: the layout position of every column (a compact batch,
-    :attr:`attnlens.inputs.Batch.positions`); the offsets of ``to_prev`` / ``to_next`` are then
+    :attr:`attnlens.core.inputs.Batch.positions`); the offsets of ``to_prev`` / ``to_next`` are then
     counted in positions, not columns, so a compact batch gives what its padded layout gives
     (where two neighbouring columns are not neighbouring positions, e.g. the last word and the
     final [SEP] of the PAPA layout, the neighbour is padding there: 0). ``None``: the columns are
@@ -285,8 +286,7 @@ class AttentionStatistics(Result):
         ], self.COLUMNS)
 
     def figure(self, statistic: str = "to_cls") -> Any:
-        """One statistic's ``[layer, head]`` grid (:func:`attnlens.plots.head_grid`)."""
-        from attnlens.core.plots import head_grid
+        """One statistic's ``[layer, head]`` grid (:func:`attnlens.core.plots.head_grid`)."""
 
         if statistic not in STATISTICS:
             raise InputError(f"unknown statistic {statistic!r}; use one of {', '.join(STATISTICS)}.")
@@ -322,7 +322,7 @@ def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
 
 
 class Statistics(Accumulator):
-    """:class:`AttentionStatistics` as an accumulator of :func:`attnlens.passes.run`.
+    """:class:`AttentionStatistics` as an accumulator of :func:`attnlens.engine.passes.run`.
 
     ``view="standard"`` reads each layer's pattern, ``"effective"`` its effective attention
     (computed once per layer by the engine). ``result()`` is :meth:`AttentionStatistics.means`:
@@ -372,7 +372,7 @@ def total_variation(
 
 class Distance(Accumulator):
     """The summed :func:`total_variation` of ``view``'s maps from the standard pattern, per
-    ``[layer, head]``, as an accumulator of :func:`attnlens.passes.run` (``distance_from_standard``
+    ``[layer, head]``, as an accumulator of :func:`attnlens.engine.passes.run` (``distance_from_standard``
     of :func:`attnlens.compare` is ``result() / n_tokens``). ``constants``/``causal``: as in
     :class:`Statistics` (PAPA maps from the constants, in the same pass). Totals stay beside the
     patterns (float64; float32 on MPS, which has no float64)."""

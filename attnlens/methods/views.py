@@ -3,7 +3,7 @@
 :func:`unknown_view`), and what it implies for the pass.
 
 - ``"standard"``: the model's own attention patterns;
-- ``"effective"``: effective attention (Brunner et al. 2020, :mod:`attnlens.effective`), signed;
+- ``"effective"``: effective attention (Brunner et al. 2020, :mod:`attnlens.methods.effective`), signed;
 - ``"norm"``: norm-based attention (Kobayashi et al. 2020, :mod:`attnlens.methods.norm`), each row
   of ``α·‖f(x)‖`` normalised (``raw``: the norms themselves);
 - fitted :class:`~attnlens.papa.PapaConstants` (or trainable ones): every head replaced by its
@@ -70,7 +70,7 @@ class View:
     ``takes_constants``: whether the view is given by PAPA constants (the constants are the view
     value; their hooks make the patterns the maps are read from); ``default_layout``: the inputs'
     layout, a fixed name, or a callable of the model (None: the model's own,
-    :func:`attnlens.inputs.default_layout`).
+    :func:`attnlens.core.inputs.default_layout`).
 
     ``intervention``: the name, in :data:`attnlens.methods.interventions.REGISTRY`, of the
     intervention that runs the model under this view (built with

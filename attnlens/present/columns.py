@@ -51,7 +51,7 @@ COLUMN_DOCS: dict[str, str] = {
     ),
     **{
         f"type_{name}": f"share of the examples whose map of this head is of Kovaleva's {name} type "
-        "(attnlens.patterns.classify's template rules)"
+        "(attnlens.methods.patterns.classify's template rules)"
         for name in TYPES
     },
     "pattern_type": "the head's most frequent Kovaleva pattern type",

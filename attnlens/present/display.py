@@ -19,7 +19,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from attnlens.core.notebook import (  # noqa: F401  (re-exported: attnlens.display.in_notebook, ...)
+from attnlens.core.notebook import (  # noqa: F401  (re-exported: attnlens.present.display.in_notebook, ...)
     _STYLE,
     SHOWN_ROWS,
     _box,

@@ -7,12 +7,12 @@ comparison side by side, tokens on both axes (queries down, keys across). A chec
 non-standard view minus standard instead. A sentence pair's segments are separated by dotted
 lines at the separator boundary and named in the hover.
 
-Colour scales follow :mod:`attnlens.plots`: sequential from 0 (:data:`attnlens.plots.SEQUENTIAL`)
+Colour scales follow :mod:`attnlens.core.plots`: sequential from 0 (:data:`attnlens.core.plots.SEQUENTIAL`)
 for non-negative maps (standard, PAPA), diverging and centred on 0
 (:data:`attnlens.core.plots.DIVERGING`) for signed ones (effective attention, differences).
 
 Everything is in the page, nothing is fetched: the maps are embedded as base64 of their deflated
-8-bit codes (:mod:`attnlens.kept`) in a ``<script type="application/json">`` element and
+8-bit codes (:mod:`attnlens.present.kept`) in a ``<script type="application/json">`` element and
 inflated by the browser (``DecompressionStream("deflate")``) when an example is first shown; the
 figure is drawn by the plotly.js the report embeds once. :func:`section` gives the controls and
 the plot's ``<div>``, :func:`script` the data and code, to be placed after every figure of the

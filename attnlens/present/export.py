@@ -74,7 +74,7 @@ class OfflineHTML:
         )
 
     def save(self, path: str | os.PathLike, *, overwrite_read_only: bool = False) -> Path:
-        """Write :meth:`to_page` to ``path`` atomically (:func:`attnlens.files.write_atomic`)."""
+        """Write :meth:`to_page` to ``path`` atomically (:func:`attnlens.core.files.write_atomic`)."""
         page = self.to_page(self.description).encode("utf-8")
         return write_atomic(Path(path), page, overwrite_read_only=overwrite_read_only)
 
@@ -179,7 +179,7 @@ def bertviz_attention(
         raise InputError(
             "bertviz draws attention weights as line opacities and cannot show negative values "
             f"(the smallest here is {array.min():.4g}); show signed maps such as effective "
-            "attention with attnlens.export.to_circuitsvis"
+            "attention with attnlens.present.export.to_circuitsvis"
         )
     names = _check_tokens(tokens, array.shape[-1], array.shape)
     layers = tuple(torch.from_numpy(layer.astype(np.float32))[None] for layer in array)

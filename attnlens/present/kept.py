@@ -2,7 +2,7 @@
 
 :func:`attnlens.compare` keeps, besides its statistics of the whole corpus, the attention maps of
 the first examples of the corpus under each view (valid tokens only), so that the HTML report can
-show any head of any of them (:mod:`attnlens.explorer`). A map ``a[query, key]`` of one head is
+show any head of any of them (:mod:`attnlens.present.explorer`). A map ``a[query, key]`` of one head is
 stored as 8-bit codes with one scale per map:
 
 - non-negative views (standard, PAPA): ``code = round(a / scale)`` with ``scale = max a / 255``;

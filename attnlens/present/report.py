@@ -1,7 +1,7 @@
 """The HTML report of a :class:`attnlens.comparison.result.Comparison`: self-contained and offline.
 
 plotly.js is embedded once (inline, no CDN) with the first figure; the other figures reuse it.
-In place of the static side-by-side figure the report has an explorer (:mod:`attnlens.explorer`):
+In place of the static side-by-side figure the report has an explorer (:mod:`attnlens.present.explorer`):
 a reader picks any kept example and any head (or clicks a head-grid cell) and sees that head
 under every view. The scores (when computed), the pattern types (when computed,
 :func:`pattern_types_html`) and the table of statistics follow the figures. The same HTML
@@ -207,7 +207,7 @@ def pattern_types_html(c: Comparison) -> str:
 
 
 def head_grid_names(figures: Mapping[str, Any]) -> list[str]:
-    """Names of the figures that are head grids (:func:`attnlens.plots.head_grid`: every trace
+    """Names of the figures that are head grids (:func:`attnlens.core.plots.head_grid`: every trace
     a heatmap of cells ``(x, y) = (head, layer)``); a click on one of their cells selects the
     head in the explorer."""
     names = []

@@ -2,7 +2,7 @@
 each enumerates its kind from attnlens (a registry, or a walk over the package) and fails when
 one has no case.
 
-- ``test_accumulators.py``: every accumulator of :func:`attnlens.passes.run` (a walk: classes
+- ``test_accumulators.py``: every accumulator of :func:`attnlens.engine.passes.run` (a walk: classes
   with ``update``/``merge``/``result``): split and merge equals the whole, merge order, state
   round trip;
 - ``test_views.py``: every registered view (``attnlens.methods.views``);

@@ -1,4 +1,4 @@
-"""The contract of every accumulator of :func:`attnlens.passes.run`, run over all of them (as
+"""The contract of every accumulator of :func:`attnlens.engine.passes.run`, run over all of them (as
 torchmetrics' ``MetricTester`` runs one set of properties over every metric).
 
 Every class of attnlens with ``update``, ``merge`` and ``result`` is found by a walk over the
@@ -155,7 +155,7 @@ def _views(model, start, stop):
 
 
 def _sampled(model, start, stop):
-    from attnlens.patterns.labelling import _Sampled
+    from attnlens.methods.patterns.labelling import _Sampled
 
     # (example, layer) -> [(slot, head)]: one map of every example of the corpus (every rank is
     # given all of them, as by sample_maps), layer 1, head example % 4
@@ -164,15 +164,16 @@ def _sampled(model, start, stop):
 
 
 def _cases() -> list[Case]:
-    from attnlens import ablation, clustering, papa, stats, syntax
+    from attnlens import ablation, papa
     from attnlens.comparison.accumulator import ViewsAccumulator
     from attnlens.evaluation.lm.scorer import LMScorer
+    from attnlens.evaluation.probing.features import HiddenStates
     from attnlens.evaluation.probing.mlm import MaskedStates
+    from attnlens.methods import clustering, stats, syntax
+    from attnlens.methods.papa.fitting import PatternSums
+    from attnlens.methods.patterns.counts import PatternTypes
+    from attnlens.methods.patterns.labelling import _Sampled
     from attnlens.papa import PapaConstants
-    from attnlens.papa.fitting import PatternSums
-    from attnlens.patterns.counts import PatternTypes
-    from attnlens.patterns.labelling import _Sampled
-    from attnlens.probing.features import HiddenStates
 
     shape = (2, 4)  # tiny.SIZES: layers, heads
     words = lambda: [Words(tuple(text.split())) for text in TEXTS]  # noqa: E731
@@ -376,7 +377,7 @@ def assert_close(actual: Any, expected: Any, what: str) -> None:
 @pytest.mark.parametrize("case", _params("any order", lambda case: case.cls.any_order))
 def test_any_order_accumulators_give_the_same_result_by_length(case, model):
     corpus = case.corpus()
-    order = attnlens.inputs.by_length(model.tokenizer, corpus)
+    order = attnlens.core.inputs.by_length(model.tokenizer, corpus)
     assert order != sorted(order)  # the pass by length runs another order
     results = {}
     for by_length in (False, True):

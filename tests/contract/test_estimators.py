@@ -27,7 +27,7 @@ from attnlens.errors import InputError
 def _learners() -> set[type]:
     found = set()
     for info in pkgutil.walk_packages(attnlens.__path__, "attnlens."):
-        if info.name.endswith("__main__") or info.name == "attnlens.streaming":
+        if info.name.endswith("__main__") or info.name == "attnlens.engine.passes":
             continue
         module = importlib.import_module(info.name)
         for value in vars(module).values():
@@ -38,9 +38,9 @@ def _learners() -> set[type]:
 
 
 def _cases():
+    from attnlens.evaluation.probing import LinearBaseline, PapaProbe
     from attnlens.evaluation.probing.mlm import MLMHead
-    from attnlens.patterns import PatternCNN
-    from attnlens.probing import LinearBaseline, PapaProbe
+    from attnlens.methods.patterns import PatternCNN
 
     # (class, non-default arguments, a change and how to see it, a bad value)
     return {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlens.corpus import default_corpus
+from attnlens.core.corpus import default_corpus
 from tests.conftest import required
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -148,11 +148,12 @@ def test_bad_output_paths_are_refused_before_the_model_is_loaded(tmp_path, capsy
     """An --out or --json under a regular file, or naming a folder, is one line, exit 2, before
     the model is loaded (so before any pass over the corpus), and nothing is written."""
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
     def no_load(*args, **kwargs):
         pytest.fail("the model was loaded before the bad output path was refused")
 
-    monkeypatch.setattr(cli, "_load", no_load)
+    monkeypatch.setattr(common, "load", no_load)
     afile, folder, report = tmp_path / "afile", tmp_path / "folder", tmp_path / "r.html"
     afile.write_text("not a folder", encoding="utf-8")
     folder.mkdir()
@@ -180,8 +181,9 @@ def test_outputs_never_overwrite_an_input_or_another_output(tmp_path, capsys, mo
     """--json must end in .json and, like --out, not be the corpus, the constants or the report
     (through a link or another spelling): refused before the model is loaded, nothing written."""
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "sub").mkdir()
     for name in ("texts.json", "texts.html", "c.json"):
@@ -216,11 +218,12 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_is_
 ):
     """Creating a file is tried before any work (os.access says yes to root even in /proc)."""
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
     if not Path("/proc/self").is_dir():
         required("/proc", "a folder where no file can be made, even as root (Linux has it)")
 
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     for argv in (
         ["fit-papa", "--out", "/proc/attnlens-new/c.safetensors"],
         ["fit-papa", "--out", str(tmp_path / "c.safetensors"), "--checkpoint", "/proc/ck"],
@@ -241,8 +244,9 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_the_model_is_
 
 def test_checkpoint_options_are_checked_before_the_model_is_loaded(tmp_path, capsys, monkeypatch):
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     out = tmp_path / "c.safetensors"
     cases = [
         (["--checkpoint-every", "3"], "--checkpoint-every 3 would be unused without --checkpoint"),
@@ -409,7 +413,7 @@ def test_max_len_beyond_the_position_embeddings(tmp_path, small_corpus):
 
 
 def test_default_corpus_is_embedded_prose():
-    from attnlens.corpus import PROJECT_SENTENCES
+    from attnlens.core.corpus import PROJECT_SENTENCES
 
     texts = default_corpus()
     assert texts == default_corpus()  # deterministic
@@ -421,7 +425,7 @@ def test_default_corpus_is_embedded_prose():
 
 
 def test_read_corpus_formats_and_errors(tmp_path):
-    from attnlens.corpus import CorpusError, read_corpus, resolve_corpus
+    from attnlens.core.corpus import CorpusError, read_corpus, resolve_corpus
 
     (tmp_path / "a.txt").write_text("first text\n\n  second text  \n", encoding="utf-8")
     assert read_corpus(tmp_path / "a.txt") == ["first text", "second text"]
@@ -441,7 +445,7 @@ def test_read_corpus_formats_and_errors(tmp_path):
 def test_read_corpus_keeps_line_breaks_in_quoted_cells_and_splits_on_line_breaks_only(tmp_path):
     """A quoted CSV cell spanning lines keeps its line break; texts and TSV rows end only at
     \\n, \\r\\n or \\r, not at the other characters str.splitlines splits on."""
-    from attnlens.corpus import read_corpus
+    from attnlens.core.corpus import read_corpus
 
     (tmp_path / "m.csv").write_bytes(b'text,label\n"first line\nsecond line",1\r\n"plain",0\n')
     assert read_corpus(tmp_path / "m.csv") == ["first line\nsecond line", "plain"]
@@ -517,8 +521,9 @@ def test_every_public_name_still_resolves():
 
 def test_example_out_of_range_is_refused_before_the_model_is_loaded(tmp_path, capsys, monkeypatch):
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     for argv, expected in [
         (["--n-examples", "5", "--example", "5"],
          "--example 5 is outside the corpus of 5 texts; use 0 to 4"),
@@ -539,7 +544,6 @@ def test_focus_out_of_range_is_refused_before_any_pass(tmp_path, tiny_models, ti
     the valid range, after loading the model (its shape) and before fitting or comparing."""
     from attnlens import cli
     from attnlens.engine import passes
-
     monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a pass over the corpus ran"))
     for focus in ("2,0", "0,4", "-1,0"):
         with pytest.raises(SystemExit) as exit_info:
@@ -576,12 +580,13 @@ def test_device_auto_and_a_missing_device(tmp_path, capsys, monkeypatch):
     import torch
 
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
-    assert cli._resolve_device("auto") == "cpu"
-    assert cli._resolve_device(None) is None and cli._resolve_device("cpu") == "cpu"
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    assert common.resolve_device("auto") == "cpu"
+    assert common.resolve_device(None) is None and common.resolve_device("cpu") == "cpu"
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     for device, expected in [
         ("cuda", "--device cuda: no CUDA GPU is available here"),
         ("mps", "--device mps: Apple's MPS is not available here (devices: cpu)"),
@@ -594,9 +599,9 @@ def test_device_auto_and_a_missing_device(tmp_path, capsys, monkeypatch):
         assert err.endswith("use --device cpu or --device auto"), err
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert cli._resolve_device("auto") == "cuda" and cli._resolve_device("cuda:1") == "cuda:1"
-    with pytest.raises(cli.UsageError, match=r"has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
-        cli._resolve_device("cuda:2")
+    assert common.resolve_device("auto") == "cuda" and common.resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(common.UsageError, match=r"has 2 CUDA GPUs \(cuda:0 to cuda:1\)"):
+        common.resolve_device("cuda:2")
     with pytest.raises(SystemExit):
         cli.main(["compare", "--device", "tpu"])
     assert "unknown device 'tpu'; use one of cpu, cuda, mps, auto" in capsys.readouterr().err
@@ -605,8 +610,9 @@ def test_device_auto_and_a_missing_device(tmp_path, capsys, monkeypatch):
 def test_an_output_on_an_input_is_refused(tmp_path, capsys, monkeypatch):
     """--out (and curve's CSV beside it) never replaces --lm-texts, --corpus or --constants."""
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     monkeypatch.chdir(tmp_path)
     for name in ("texts.html", "lm.csv", "c.safetensors"):
         (tmp_path / name).write_text("keep\n", encoding="utf-8")
@@ -647,8 +653,8 @@ def test_types_syntax_and_importance_write_csv_and_html(tmp_path, tiny_models, t
     import pandas as pd
 
     import attnlens
-    from attnlens import patterns, syntax
     from attnlens.cli import main
+    from attnlens.methods import patterns, syntax
     from tests.conftest import DATA
 
     model = str(tiny_models["bert"])
@@ -683,8 +689,9 @@ def test_types_syntax_and_importance_write_csv_and_html(tmp_path, tiny_models, t
 
 def test_types_syntax_and_importance_refuse_bad_arguments(tmp_path, capsys, monkeypatch):
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "t.conllu").write_text(CONLLU, encoding="utf-8")
     cases = [

@@ -58,7 +58,7 @@ def test_table_has_two_times_72_rows_plus_standard(comparison):
 def test_pattern_types_equal_patterns_types(comparison, minilm, view):
     """The type shares of the comparison's pass equal attnlens.methods.patterns.types' own pass over the
     same corpus, layout and max_len (counts of the same template rules: exact)."""
-    from attnlens import patterns
+    from attnlens.methods import patterns
 
     expected = patterns.types(
         minilm, texts(), view=view, max_len=comparison.max_len, layout=comparison.layout, progress=False
@@ -146,7 +146,7 @@ def test_unknown_view_is_a_value_error_naming_valid_views(minilm):
 
 
 def test_bad_corpus_and_options(minilm, tmp_path):
-    from attnlens.corpus import CorpusError
+    from attnlens.core.corpus import CorpusError
 
     with pytest.raises(CorpusError, match="empty"):
         attnlens.compare(minilm, "standard", corpus=[])
@@ -331,7 +331,7 @@ def test_constants_fitted_on_pairs_are_refused_for_single_sentences(tiny_bert):
 
 
 def papa_real_tokens(tokenizer, first: str, second: str, max_len: int) -> int:
-    """Real tokens of a pair in the PAPA layout, from its definition (attnlens.inputs docstring):
+    """Real tokens of a pair in the PAPA layout, from its definition (attnlens.core.inputs docstring):
     [CLS], the middle and final [SEP], the first segment in max_len//2 - 1 positions, the second
     in max_len - max_len//2 - 2."""
     middle = max_len // 2
@@ -414,7 +414,7 @@ def test_compare_shows_the_shared_progress_bar(tiny_bert, capsys):
 
 def test_side_by_side_caption_describes_the_views_shown(tiny_bert):
     """Standard alone shows the lowest-entropy head; the caption must not promise other views."""
-    from attnlens.report import render
+    from attnlens.present.report import render
     from tests.tiny import CORPUS
 
     alone = attnlens.compare(tiny_bert, "standard", corpus=CORPUS[:3], max_len=16, progress=False)

@@ -1,5 +1,5 @@
 """``papa.intervention(..., fast=True)``: replaced heads skip Q, K, QKᵀ and softmax
-(:func:`attnlens.seam.constant_heads`), and give what the hook path gives.
+(:func:`attnlens.core.seam.constant_heads`), and give what the hook path gives.
 
 Reference: the hook path (:func:`attnlens.papa.hooks`: the full softmax computed, then the
 selected heads' patterns replaced in ``hook_pattern``), on the same batch in the PAPA layout.
@@ -18,7 +18,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, seam
+from attnlens import papa
+from attnlens.core import seam
 from tests import tiny
 from tests.precision import float32_sum_error
 
@@ -107,8 +108,8 @@ def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(set
     """A compact PAPA batch (real tokens packed, layout positions passed) under the fast path
     gives, at every real token, the padded batch's hook-path logits: the constant is gathered
     at the same layout positions (same tolerance as above)."""
+    from attnlens.core.inputs import compact_batch
     from attnlens.engine.forward import run_with_hooks
-    from attnlens.inputs import compact_batch
 
     model, constants, _ = setup
     short = [text for text in sst2_sentences[100:300] if len(text.split()) < 12][:8]
@@ -127,7 +128,7 @@ def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(set
 
 def count_split_forwards(monkeypatch) -> list[int]:
     """Count the fast path's forwards that weigh the constant heads' values without assembling
-    the pattern (:func:`attnlens.seam._weigh`), recording each constant's leading axis."""
+    the pattern (:func:`attnlens.core.seam._weigh`), recording each constant's leading axis."""
     calls: list[int] = []
     weigh = seam._weigh
 
@@ -252,7 +253,7 @@ def test_fast_hooks_in_the_pass_engine_give_the_hook_paths_features(setup, heads
     Tolerance: the residual stream carries the logits' error (``n_layers · γ_{d_model}`` of its
     magnitude, see the module docstring), then both are rounded to float16 (half an ulp each,
     ``2⁻¹¹`` relative): ``rtol = 2⁻¹⁰`` plus that ``atol``."""
-    from attnlens import probing
+    from attnlens.evaluation import probing
 
     model, constants, _ = setup
     texts = sst2_sentences[100:124]
@@ -276,7 +277,7 @@ def test_fast_hooks_in_the_pass_engine_give_the_hook_paths_features(setup, heads
 
 
 def test_fast_hooks_in_run_with_hooks_and_apply_skip_the_replaced_heads(setup):
-    """:func:`attnlens.passes.run_with_hooks` and :meth:`PapaHooks.apply` honour ``fast``; the
+    """:func:`attnlens.engine.forward.run_with_hooks` and :meth:`PapaHooks.apply` honour ``fast``; the
     same hooks handed straight to TransformerLens run the hook path: the same logits."""
     from attnlens.engine.forward import run_with_hooks
 

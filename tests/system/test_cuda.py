@@ -100,8 +100,9 @@ def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job
     """On n and 2n batches of 8 texts, the synchronisations may grow by one per batch, or by as
     many as a plain forward of the same batches makes if that is more (transformers' mask code
     waits about once per batch); the sites that grew are named."""
-    from attnlens import effective, probing
-    from attnlens.corpus import default_corpus
+    from attnlens.core.corpus import default_corpus
+    from attnlens.evaluation import probing
+    from attnlens.methods import effective
 
     texts = default_corpus(128)
     constants = papa.fit(cuda_minilm, texts, max_len=MAX_LEN, progress=False)

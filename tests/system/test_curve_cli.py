@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from attnlens import cli
+from attnlens.cli.jobs import common
 from attnlens.evaluation.curve import Curve, curve
 from attnlens.evaluation.curve_inputs import LM_MIN_WORDS, constants_by_task, wikitext
 from attnlens.evaluation.table import PapaTable
@@ -82,7 +83,7 @@ def test_the_cli_curve_is_the_python_call(minilm, data, tmp_path):
 
 
 def test_bad_curve_options_are_refused_before_the_model_loads(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     constants = tmp_path / "c.safetensors"
     constants.write_bytes(b"")
     cases = [

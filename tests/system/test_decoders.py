@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import effective, papa
+from attnlens import papa
 from attnlens.engine.distributed import world
+from attnlens.methods import effective
 
 ATOL = 1e-5  # identity hooks vs HF eager, float32 (in practice the difference is 0)
 
@@ -22,7 +23,7 @@ ATOL = 1e-5  # identity hooks vs HF eager, float32 (in practice the difference i
 def eager(smollm2):
     from transformers import AutoModelForCausalLM
 
-    folder = attnlens.models.gguf.smollm2_folder()
+    folder = attnlens.core.models.gguf.smollm2_folder()
     return AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
 
 
@@ -34,13 +35,13 @@ def long_texts(wikitext_paragraphs):
 
 
 def test_smollm2_facts(smollm2):
-    architecture = attnlens.models.of(smollm2)
+    architecture = attnlens.core.models.of(smollm2)
     config = smollm2.original_model.config
     assert architecture.name == "llama" and architecture.causal and architecture.layout == "padded"
     assert (smollm2.cfg.n_layers, smollm2.cfg.n_heads, smollm2.cfg.d_head) == (30, 9, 64)
     assert architecture.kv_heads(config) == 3 and architecture.kv_group(config) == 3
-    assert attnlens.seam.is_installed(smollm2) and attnlens.loading.is_causal(smollm2)
-    assert attnlens.loading.model_id(smollm2) == "smollm2-135m"
+    assert attnlens.core.seam.is_installed(smollm2) and attnlens.core.loading.is_causal(smollm2)
+    assert attnlens.core.loading.model_id(smollm2) == "smollm2-135m"
 
 
 def test_identity_hooks_are_exact_to_hf_eager(smollm2, eager, long_texts):
@@ -189,7 +190,7 @@ def test_llama_family_with_grouped_kv_heads_is_exact_to_hf_eager(family):
     reference = copy.deepcopy(model)
     reference.set_attn_implementation("eager")
     bridge = attnlens.load(model, tokenizer=tokenizer)
-    assert attnlens.models.of(bridge).name == "llama" and attnlens.loading.is_causal(bridge)
+    assert attnlens.core.models.of(bridge).name == "llama" and attnlens.core.loading.is_causal(bridge)
     batch = attnlens.tokenize(bridge, tiny.CORPUS[:3], max_len=32, layout="padded")
     with torch.no_grad():
         got = attnlens.run_with_hooks(bridge, batch, [(lambda name: name.endswith("hook_pattern"), lambda p, hook: p.clone())])

@@ -32,7 +32,7 @@ def demo():
 def test_demo_embeddings_are_minilms_sentence_embeddings(demo, minilm):
     from transformers import BertModel
 
-    from attnlens.loading import default_model_path
+    from attnlens.core.loading import default_model_path
 
     hf = BertModel.from_pretrained(str(default_model_path()), attn_implementation="eager").eval()
     batch = attnlens.tokenize(minilm, demo.SENTENCES, max_len=32, layout="padded")

@@ -112,8 +112,8 @@ FEATURES_SCRIPT = """
 import sys
 import torch.distributed as dist
 import attnlens
-from attnlens import probing
-from attnlens.inputs import Words
+from attnlens.evaluation import probing
+from attnlens.core.inputs import Words
 dist.init_process_group("gloo")
 model = attnlens.load(sys.argv[1])
 texts = open(sys.argv[2], encoding="utf-8").read().splitlines()
@@ -152,8 +152,8 @@ def test_torchrun_features_equal_the_single_process_ones(tmp_path, bert_folder, 
     (no collective carries a tensor); every rank ends with the single-process features, bit for
     bit, and the shard files are gone."""
     import attnlens
-    from attnlens import probing
-    from attnlens.inputs import Words
+    from attnlens.core.inputs import Words
+    from attnlens.evaluation import probing
 
     out, cache = torchrun_features
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path / "single"))

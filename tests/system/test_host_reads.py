@@ -33,11 +33,13 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import effective, papa, probing
+from attnlens import papa
 from attnlens.core import devices
 from attnlens.engine import passes
 from attnlens.engine.batches import _stage
+from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
+from attnlens.methods import effective
 from tests import tiny
 
 #: batches of the shorter run; the longer runs twice as many
@@ -138,7 +140,7 @@ def growth(counter, job, texts):
 
 
 def texts_for(minilm):
-    return attnlens.corpus.default_corpus(2 * N_BATCHES * BATCH)
+    return attnlens.core.corpus.default_corpus(2 * N_BATCHES * BATCH)
 
 
 @pytest.mark.slow
@@ -218,7 +220,7 @@ def test_effective_run_reads_do_not_grow_with_the_batch(minilm, counter, device_
 @pytest.mark.parametrize("kind", ["causal", "mlm"])
 def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
     bridge = tiny.gpt2_bridge() if kind == "causal" else tiny.bert_bridge()
-    texts = attnlens.corpus.default_corpus(2 * N_BATCHES * BATCH)
+    texts = attnlens.core.corpus.default_corpus(2 * N_BATCHES * BATCH)
     per_batch, grew, _ = growth(
         counter, lambda t: scorer.score(bridge, t, kind=kind, max_len=MAX_LEN, batch_size=BATCH, progress=False),
         texts)

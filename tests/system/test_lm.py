@@ -31,7 +31,7 @@ from safetensors.torch import save_file
 
 import attnlens
 from attnlens import papa
-from attnlens.loading import checkpoint_keys, lm_head_in_checkpoint, lm_head_trained
+from attnlens.core.loading import checkpoint_keys, lm_head_in_checkpoint, lm_head_trained
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.lm.masks import mlm_masks
 from tests import tiny
@@ -104,7 +104,7 @@ def antiberty_hf(antiberty_folder):
 def smollm2_hf(smollm2):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(attnlens.models.gguf.smollm2_folder()).eval()
+    return AutoModelForCausalLM.from_pretrained(attnlens.core.models.gguf.smollm2_folder()).eval()
 
 
 def tiny_llama(seed: int = 0):
@@ -414,10 +414,10 @@ def test_papa_hooks_change_the_score_and_no_hooks_repeat_it(which, request, wiki
 def test_scorer_states_merge_over_shards(tiny_gpt2):
     texts = tiny.CORPUS[:6]
     whole = scorer.LMScorer(tiny_gpt2, "causal")
-    attnlens.passes.run(tiny_gpt2, texts, [whole], max_len=32, layout="padded", batch_size=2, progress=False)
+    attnlens.engine.passes.run(tiny_gpt2, texts, [whole], max_len=32, layout="padded", batch_size=2, progress=False)
     first, second = scorer.LMScorer(tiny_gpt2, "causal"), scorer.LMScorer(tiny_gpt2, "causal")
-    attnlens.passes.run(tiny_gpt2, texts[:2], [first], max_len=32, layout="padded", batch_size=2, progress=False)
-    attnlens.passes.run(tiny_gpt2, texts[2:], [second], max_len=32, layout="padded", batch_size=2, progress=False)
+    attnlens.engine.passes.run(tiny_gpt2, texts[:2], [first], max_len=32, layout="padded", batch_size=2, progress=False)
+    attnlens.engine.passes.run(tiny_gpt2, texts[2:], [second], max_len=32, layout="padded", batch_size=2, progress=False)
     merged = first.merge(second).result()
     assert merged[1] == whole.result()[1]
     assert merged[0] == pytest.approx(whole.result()[0], abs=1e-12)

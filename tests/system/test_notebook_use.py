@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import effective, papa
+from attnlens import papa
+from attnlens.methods import effective
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -112,7 +113,7 @@ def test_trainable_constants_follow_the_patterns_device():
     """The pattern goes where the model's tensors are (the mask's device), not where the trained
     logits live: on a GPU model a CPU pattern would be mixed with GPU ones. ``meta`` stands in for
     a second device."""
-    from attnlens.papa.replace import softmax_pattern
+    from attnlens.methods.papa.replace import softmax_pattern
 
     logits = torch.randn(2, 5, 5, requires_grad=True)
     pattern = softmax_pattern(logits, torch.ones(1, 5, dtype=torch.bool, device="meta"))

@@ -102,7 +102,7 @@ def test_a_pass_inside_inference_mode_keeps_working(minilm):
     """State made under ``torch.inference_mode`` has no version counter: the pass copies it
     before each batch instead of reading one (it used to raise "Inference tensors do not track
     version counter")."""
-    texts = attnlens.corpus.default_corpus(12)
+    texts = attnlens.core.corpus.default_corpus(12)
     with torch.inference_mode():
         inside = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False)
     outside = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False)

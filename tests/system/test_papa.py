@@ -8,7 +8,7 @@ import torch
 
 import attnlens
 from attnlens import papa
-from attnlens.loading import default_model_path
+from attnlens.core.loading import default_model_path
 from tests import interrupts, tiny
 from tests.precision import float32_sum_error
 
@@ -232,7 +232,7 @@ def test_data_free_constants(minilm):
     torch.testing.assert_close(flat.mean[5, 11], torch.full((n, n), 1.0 / n, dtype=torch.float64))
     assert torch.equal(nothing.mean, torch.zeros(6, 12, n, n, dtype=torch.float64))
     for constants in (eye, harmonic, flat, nothing):
-        assert constants.model_id == attnlens.loading.model_id(minilm)
+        assert constants.model_id == attnlens.core.loading.model_id(minilm)
         assert constants.counts.shape == constants.sums.shape
     assert (nothing.layout, eye.layout, nothing.renormalize, eye.renormalize) == ("padded", "papa", False, True)
     with pytest.raises(ValueError, match="input_dependence is measured during papa.fit"):
@@ -328,9 +328,9 @@ def tiny_berts():
 
 def test_constants_of_a_model_with_other_weights_are_refused(tiny_berts, tmp_path):
     first, second = tiny_berts
-    assert attnlens.loading.model_id(first) == attnlens.loading.model_id(second)
+    assert attnlens.core.loading.model_id(first) == attnlens.core.loading.model_id(second)
     constants = papa.fit(first, tiny.CORPUS, max_len=16, progress=False)
-    assert constants.fingerprint == attnlens.loading.weights_fingerprint(first)
+    assert constants.fingerprint == attnlens.core.loading.weights_fingerprint(first)
     refusal = r"other weights than this model's .* papa\.fit\(model, corpus\).* constants\.fingerprint = None"
     constants.check_compatible(first)
     with pytest.raises(ValueError, match=refusal):
@@ -361,7 +361,7 @@ def test_constants_saved_before_fingerprints_still_load(tiny_berts, tmp_path):
     with safe_open(str(path), framework="pt") as handle:
         metadata = {k: v for k, v in handle.metadata().items() if k not in ("causal", "fingerprint")}
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
-    from attnlens.files import tensor_checksum
+    from attnlens.core.files import tensor_checksum
 
     metadata["checksum"] = tensor_checksum(tensors)  # what attnlens wrote then: the tensors only
     old = tmp_path / "old.safetensors"
@@ -437,9 +437,9 @@ def test_constants_follow_the_weights_across_folders_and_are_saved_readable(tmp_
         tiny.tiny_bert().save_pretrained(tmp_path / folder)
         tiny.bert_tokenizer().save_pretrained(tmp_path / folder)
     first, copy = (attnlens.load(str(tmp_path / folder)) for folder in ("a", "b"))
-    assert attnlens.loading.model_id(first) != attnlens.loading.model_id(copy)
+    assert attnlens.core.loading.model_id(first) != attnlens.core.loading.model_id(copy)
     path = papa.fit(first, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors")
-    assert papa.load(path, copy).fingerprint == attnlens.loading.weights_fingerprint(copy)
+    assert papa.load(path, copy).fingerprint == attnlens.core.loading.weights_fingerprint(copy)
     mask = os.umask(0o022)
     os.umask(mask)
     assert (path.stat().st_mode & 0o777) == 0o666 & ~mask

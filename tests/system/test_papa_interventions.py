@@ -296,7 +296,7 @@ def test_input_dependence_and_lambda_strategies_rank_by_their_scores(constants):
 def test_fraction_of_heads_rounds_exact_halves_up(fraction, total, expected):
     """``round(k · heads)`` with halves up, on the decimal ``k`` the user wrote; expected counts
     worked out by hand (exact integers, no tolerance)."""
-    from attnlens.papa.selection import n_selected
+    from attnlens.methods.papa.selection import n_selected
 
     assert n_selected(fraction, 1, total) == expected
     assert len(papa.select_heads("first_to_last", fraction=fraction, n_layers=1, n_heads=total)) == expected

@@ -10,7 +10,7 @@ top of ``<head>`` (it records ``window.onerror``, unhandled rejections and ``con
   side-by-side figure shows the layer, head, query and key tokens and the value;
 - ``--screenshot`` of the report itself: the pixels of the top of the page (the first figure is
   a head grid) are far from blank: many non-white pixels and many distinct colours;
-- ``--dump-dom`` of a copy with :data:`EXPLORE`, which drives the explorer (attnlens.explorer) as a
+- ``--dump-dom`` of a copy with :data:`EXPLORE`, which drives the explorer (attnlens.present.explorer) as a
   reader would: it picks another example, layer and head in the select boxes (``change``
   events), clicks a head-grid cell (``plotly_click`` emitted on the grid), ticks "minus
   standard", and records the explorer's figure after each step; and a sentence pair's report

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.seam import key_mask
+from attnlens.core.seam import key_mask
 from tests import tiny
 
 ATOL = 1e-5  # identity hooks vs HF eager, float32

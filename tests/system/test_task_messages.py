@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from attnlens import tasks
 from attnlens.errors import InputError
+from attnlens.evaluation import tasks
 
 SST2_TRAIN = "sentence\tlabel\n" + "".join(f"good film {i} .\t1\nbad film {i} .\t0\n" for i in range(4))
 FIX = "(or data_dir=None for the Hugging Face hub)."
@@ -74,7 +74,7 @@ def test_a_missing_file_names_task_split_and_file(tmp_path):
 
 
 def test_probing_run_names_the_empty_split(tmp_path, minilm):
-    from attnlens import probing
+    from attnlens.evaluation import probing
 
     write(tmp_path / "sst2" / "train.tsv", SST2_TRAIN)
     write(tmp_path / "sst2" / "dev.tsv", "sentence\tlabel\n")

@@ -1,4 +1,4 @@
-"""attnlens.tasks: GLUE and CoNLL-2003 loaders on the real files of ../shared/data, their metrics
+"""attnlens.evaluation.tasks: GLUE and CoNLL-2003 loaders on the real files of ../shared/data, their metrics
 against scikit-learn's and seqeval's, and their one-line errors.
 
 Counts are checked twice: against the figures of the data's README / MANIFEST, and against a count
@@ -17,10 +17,9 @@ import pytest
 from seqeval.metrics import f1_score as seqeval_f1
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
-from attnlens import tasks
-from attnlens.evaluation import task_files
-from attnlens.inputs import Words
-from attnlens.tasks import TaskError
+from attnlens.core.inputs import Words
+from attnlens.evaluation import task_files, tasks
+from attnlens.evaluation.tasks import TaskError
 from tests.conftest import DATA, data_file, read_tsv
 from tests.typechecks import unchecked
 

@@ -21,11 +21,12 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import ablation, papa, probing, tasks
+from attnlens import ablation, papa
+from attnlens.core.heads import HeadSet
 from attnlens.engine.forward import run_with_hooks, value_hook, values_per_query_head
+from attnlens.evaluation import probing, tasks
 from attnlens.evaluation.lm.masks import mlm_masks
 from attnlens.evaluation.lm.scorer import UntrainedHead
-from attnlens.heads import HeadSet
 from tests import tiny
 from tests.conftest import DATA, data_file
 from tests.typechecks import unchecked

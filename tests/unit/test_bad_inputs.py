@@ -19,7 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import attnlens
-from attnlens import effective, papa
+from attnlens import papa
+from attnlens.methods import effective
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -45,7 +46,7 @@ def rewrite(path, out, *, tensors=None, metadata=None, drop_checksum=False):
     if drop_checksum:
         meta.pop("checksum")
     elif tensors or metadata:  # keep the checksum right, so that the value checks are what refuses it
-        from attnlens.files import file_checksum
+        from attnlens.core.files import file_checksum
 
         meta["checksum"] = file_checksum(values, meta)
     save_file(values, str(out), metadata=meta)
@@ -285,7 +286,7 @@ def test_a_damaged_model_folder_is_one_line(tmp_path, bert_folder, corpus_file, 
     The pickle's code never runs (weights-only loading)."""
     import shutil
 
-    from attnlens.loading import ModelFilesError
+    from attnlens.core.loading import ModelFilesError
 
     folder, marker = tmp_path / "model", tmp_path / "pwned"
     shutil.copytree(bert_folder, folder)
@@ -302,7 +303,7 @@ def test_a_damaged_model_folder_is_one_line(tmp_path, bert_folder, corpus_file, 
 def test_an_old_transformerlens_alias_is_one_short_warning():
     """TransformerLens logs five lines of deprecation text for its aliases; attnlens resolves the
     alias itself and warns in one line."""
-    from attnlens.loading import _official_name
+    from attnlens.core.loading import _official_name
 
     with pytest.warns(UserWarning, match=r"^'gpt2-small' is an old TransformerLens alias; loading 'gpt2'\.$"):
         assert _official_name("gpt2-small") == "gpt2"
@@ -364,12 +365,13 @@ def test_a_read_only_output_is_refused_before_any_work_unless_forced(tmp_path, f
     import stat
 
     from attnlens import cli
+    from attnlens.cli.jobs import common
 
     part = fitted.save(tmp_path / "part.safetensors")
     out = tmp_path / "ro.safetensors"
     out.write_bytes(b"keep me")
     out.chmod(stat.S_IRUSR | stat.S_IRGRP)
-    monkeypatch.setattr(cli, "_load", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(common, "load", lambda *a, **k: pytest.fail("the model was loaded"))
     for argv in (["fit-papa", "--out", str(out)], ["compare", "--out", str(tmp_path / "ro.html")],
                  ["merge", str(part), "--out", str(out)]):
         if argv[0] == "compare":
@@ -397,7 +399,7 @@ def test_out_through_a_symlink_never_touches_its_target(tmp_path, fitted):
 
 
 def test_a_string_corpus_says_a_list_was_maybe_meant(bert):
-    from attnlens.corpus import CorpusError
+    from attnlens.core.corpus import CorpusError
 
     with pytest.raises(CorpusError, match=r"pass a list: corpus=\['the film was great'\]"):
         attnlens.compare(bert, "standard", corpus="the film was great")
@@ -407,7 +409,7 @@ def test_blank_lines_of_a_corpus_file_are_skipped_and_counted(tmp_path, bert_fol
     """A file's blank and whitespace-only lines are skipped, their number said on stderr (the
     API refuses blank texts in a list, with their index: both are explicit)."""
     from attnlens.cli import main
-    from attnlens.corpus import read_corpus_counted
+    from attnlens.core.corpus import read_corpus_counted
 
     path = tmp_path / "texts.txt"
     path.write_text("the first text\n\n   \nthe second text\n\t\n", encoding="utf-8")

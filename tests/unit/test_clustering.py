@@ -1,4 +1,4 @@
-"""attnlens.clustering: heads clustered by their Jensen-Shannon distances (Clark et al. 2019, §6)."""
+"""attnlens.methods.clustering: heads clustered by their Jensen-Shannon distances (Clark et al. 2019, §6)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon, pdist
 
-from attnlens import clustering, papa
+from attnlens import papa
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator
+from attnlens.methods import clustering
 from tests import tiny
 from tests.typechecks import unchecked
 

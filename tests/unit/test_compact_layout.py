@@ -25,11 +25,12 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, probing, tasks
+from attnlens import papa
+from attnlens.core.inputs import compact_batch
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator
 from attnlens.engine.forward import run_with_hooks
-from attnlens.inputs import compact_batch
+from attnlens.evaluation import probing, tasks
 from tests import tiny
 from tests.conftest import DATA
 

@@ -1,4 +1,4 @@
-"""Reading corpus tables (attnlens.corpus.read_corpus): headers, columns, big cells, pairs."""
+"""Reading corpus tables (attnlens.core.corpus.read_corpus): headers, columns, big cells, pairs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import csv
 
 import pytest
 
-from attnlens import corpus
 from attnlens.cli import main
-from attnlens.corpus import CorpusError, read_corpus, resolve_corpus
+from attnlens.core import corpus
+from attnlens.core.corpus import CorpusError, read_corpus, resolve_corpus
 from tests.conftest import data_file
 
 

@@ -49,7 +49,7 @@ def test_import_attnlens_then_attnlens_error():
 
 def test_every_error_class_attnlens_defines_derives_from_attnlens_error():
     classes = defined_exceptions()
-    assert {"attnlens.cli.UsageError", "attnlens.core.corpus.CorpusError",
+    assert {"attnlens.cli.jobs.common.UsageError", "attnlens.core.corpus.CorpusError",
             "attnlens.evaluation.tasks.TaskError", "attnlens.core.loading.ModelFilesError",
             "attnlens.core.models.UnsupportedArchitecture", "attnlens.evaluation.lm.scorer.UntrainedHead",
             "attnlens.core.layouts.BlankText", "attnlens.evaluation.importance.GatesUnused",

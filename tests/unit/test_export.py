@@ -1,4 +1,4 @@
-"""attnlens.export: CircuitsVis's attention_heads view (offline) and bertviz's head_view inputs.
+"""attnlens.present.export: CircuitsVis's attention_heads view (offline) and bertviz's head_view inputs.
 
 References: the values CircuitsVis is given are read back out of the HTML (the props of its
 ``render`` call) and compared with the comparison's own maps; bertviz's input format is checked
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import export
+from attnlens.present import export
 from tests import tiny
 from tests.conftest import required
 from tests.typechecks import unchecked

@@ -9,7 +9,8 @@ import signal
 import pytest
 import torch
 
-from attnlens import files, papa
+from attnlens import papa
+from attnlens.core import files
 from attnlens.engine import passes
 from attnlens.engine.checkpoints import read_checkpoint, save_checkpoint
 from tests import interrupts, tiny
@@ -128,7 +129,7 @@ def test_a_second_signal_during_the_save_waits_for_it(bert, tmp_path, monkeypatc
 
 
 def test_a_pass_checkpoint_holds_every_accumulator(bert, tmp_path):
-    from attnlens.stats import Statistics
+    from attnlens.methods.stats import Statistics
 
     checkpoint = tmp_path / "pass.safetensors"
     stats = Statistics(2, 4, "standard")

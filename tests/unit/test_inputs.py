@@ -137,7 +137,7 @@ def test_max_len_beyond_position_embeddings_is_refused(bridge):
     """The limit is where the HF model's own forward starts failing (BERT: 128 positions;
     RoBERTa: 130 embeddings of which padding_idx + 1 = 2 are never used), and a larger max_len
     is a ValueError naming both numbers and the fix, not an error deep in the forward."""
-    from attnlens.inputs import position_limit
+    from attnlens.core.inputs import position_limit
 
     limit = position_limit(bridge)
     assert hf_forward_accepts(bridge.original_model, bridge.tokenizer, limit)

@@ -19,8 +19,8 @@ import torch
 from plotly.colors import get_colorscale, sample_colorscale
 
 import attnlens
-from attnlens.inputs import default_layout
-from attnlens.patterns import (
+from attnlens.core.inputs import default_layout
+from attnlens.methods.patterns import (
     PatternCNN,
     classify,
     export_for_labelling,
@@ -28,7 +28,7 @@ from attnlens.patterns import (
     sample_maps,
     synthetic,
 )
-from attnlens.patterns.labelling import GAP
+from attnlens.methods.patterns.labelling import GAP
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -233,7 +233,7 @@ def test_sample_maps_are_the_models_own_patterns(bert):
 
 
 def test_sample_maps_of_effective_attention_match_the_loop(bert, tmp_path):
-    from attnlens.effective.reference import effective_attention_loop
+    from attnlens.methods.effective.reference import effective_attention_loop
 
     maps, tokens, meta = sample_maps(bert, TEXTS, n=6, view="effective", seed=0, max_len=32)
     assert set(meta["view"]) == {"effective"}

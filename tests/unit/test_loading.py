@@ -10,8 +10,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, seam
-from attnlens.loading import is_causal, model_id, weights_fingerprint
+from attnlens import papa
+from attnlens.core import seam
+from attnlens.core.loading import is_causal, model_id, weights_fingerprint
 from tests import tiny
 
 
@@ -44,7 +45,7 @@ def test_existing_bridge_is_prepared_in_place():
     from transformer_lens.model_bridge import TransformerBridge
 
     bridge = TransformerBridge.boot_transformers(
-        str(attnlens.loading.default_model_path()), device="cpu"
+        str(attnlens.core.loading.default_model_path()), device="cpu"
     )
     assert not seam.is_installed(bridge)
     assert attnlens.load(bridge) is bridge and seam.is_installed(bridge)
@@ -152,7 +153,7 @@ def test_cached_hub_name_loads_offline(tmp_path):
     (tmp_path / "hub" / "models--someorg--tiny-bert" / "refs" / "main").write_text("0" * 40)
     tiny.tiny_bert().save_pretrained(snapshot)
     tiny.bert_tokenizer().save_pretrained(snapshot)
-    code = "import attnlens; m = attnlens.load('someorg/tiny-bert'); print(m.cfg.n_layers, attnlens.seam.is_installed(m))"
+    code = "import attnlens; m = attnlens.load('someorg/tiny-bert'); print(m.cfg.n_layers, attnlens.core.seam.is_installed(m))"
     env = {**__import__("os").environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -175,7 +176,7 @@ def test_an_architecture_without_adapter_gets_one_short_line_naming_the_adapters
     model = DistilBertForMaskedLM(DistilBertConfig(n_layers=1, n_heads=2, dim=16, hidden_dim=32))
     model.save_pretrained(tmp_path)
     tiny.bert_tokenizer().save_pretrained(tmp_path)
-    with pytest.raises(attnlens.models.UnsupportedArchitecture) as error:
+    with pytest.raises(attnlens.core.models.UnsupportedArchitecture) as error:
         attnlens.load(str(tmp_path))
     message = str(error.value)
     assert "\n" not in message and len(message) < 600, message
@@ -184,7 +185,7 @@ def test_an_architecture_without_adapter_gets_one_short_line_naming_the_adapters
 
 
 def test_every_adapter_is_one_file_of_facts():
-    from attnlens import models
+    from attnlens.core import models
 
     names = [architecture.name for architecture in models.ARCHITECTURES]
     assert names == ["bert", "roberta", "gpt2", "llama"]

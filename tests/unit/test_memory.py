@@ -18,8 +18,7 @@ import torch
 
 from attnlens.core import memory
 from attnlens.engine import passes
-from attnlens.engine.accumulator import Accumulator
-from attnlens.probing import Features, PapaProbe
+from attnlens.evaluation.probing import Features, PapaProbe
 from tests import tiny
 
 GLIBC = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
@@ -67,7 +66,7 @@ import ctypes, resource
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE, as above
 import torch
 torch.set_num_threads(1)
-from attnlens.probing import Features, PapaProbe
+from attnlens.evaluation.probing import Features, PapaProbe
 generator = torch.Generator().manual_seed(0)
 lengths = torch.randint(20, 121, (160,), generator=generator)
 vectors = torch.randn(int(lengths.sum()), 7, 384, generator=generator).half()
@@ -131,7 +130,7 @@ def test_a_refused_setting_reports_false(fresh):
 def test_a_pass_applies_it(fresh):
     model = tiny.bert_bridge()
     assert memory._applied is None
-    summary = passes.run(model, tiny.CORPUS[:4], [Accumulator()], max_len=16, progress=False)
+    summary = passes.run(model, tiny.CORPUS[:4], [passes.Accumulator()], max_len=16, progress=False)
     assert summary.n_examples == 4
     assert memory._applied is True and len(fresh.calls) == 2
 

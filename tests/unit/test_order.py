@@ -1,5 +1,5 @@
-"""A pass by length (issue 25): :func:`attnlens.passes.run` runs each window of
-:data:`~attnlens.passes.BY_LENGTH_BATCHES` batches of consecutive examples from the shortest to
+"""A pass by length (issue 25): :func:`attnlens.engine.passes.run` runs each window of
+:data:`~attnlens.engine.passes.BY_LENGTH_BATCHES` batches of consecutive examples from the shortest to
 the longest, when every accumulator allows it (``any_order``) and batches are not all padded to
 ``max_len``, and tells each accumulator the corpus index of every row.
 
@@ -18,7 +18,7 @@ import torch
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator
 from attnlens.engine.checkpoints import read_checkpoint, save_checkpoint
-from attnlens.stats import Statistics
+from attnlens.methods.stats import Statistics
 from tests import interrupts, tiny
 from tests.typechecks import unchecked
 

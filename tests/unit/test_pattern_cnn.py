@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import save_file
 from sklearn.metrics import recall_score
 
-from attnlens.patterns import TYPES, PatternCNN, synthetic
-from attnlens.patterns.cnn import FORMAT
+from attnlens.methods.patterns import TYPES, PatternCNN, synthetic
+from attnlens.methods.patterns.cnn import FORMAT
 from tests.typechecks import unchecked
 
 # most tests here need the `trained` fixture: a CNN trained on synthetic maps
@@ -202,7 +202,7 @@ def test_damaged_foreign_and_other_version_files_are_refused(trained, tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         PatternCNN.load(tmp_path / "missing.safetensors")
     # the right format and checksum, but tensors of another network
-    from attnlens.files import safetensors_bytes, tensor_checksum
+    from attnlens.core.files import safetensors_bytes, tensor_checksum
 
     tensors = {"out.weight": torch.zeros(5, 3)}
     settings = json.dumps({"size": 32, "classes": list(TYPES)})

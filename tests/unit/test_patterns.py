@@ -1,4 +1,4 @@
-"""attnlens.patterns: Kovaleva et al. 2019's pattern types (template classifier, types pass)."""
+"""attnlens.methods.patterns: Kovaleva et al. 2019's pattern types (template classifier, types pass)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import papa, patterns
+from attnlens import papa
+from attnlens.core.inputs import tokenize
 from attnlens.engine import passes
 from attnlens.engine.forward import value_hook, values_per_query_head
-from attnlens.inputs import tokenize
-from attnlens.patterns.counts import COLUMNS
-from attnlens.patterns.templates import BAND, Positions
+from attnlens.methods import patterns
+from attnlens.methods.patterns.counts import COLUMNS
+from attnlens.methods.patterns.templates import BAND, Positions
 from tests import tiny
 
 PAIRS = [
@@ -202,7 +203,7 @@ def test_bad_inputs_give_clear_errors():
 def classify_by_hand(model, texts, view="standard"):
     """Counts of each type per (layer, head) from run_with_cache patterns, one example at a
     time (no padding), classified with tokens= — an independent path to the same counts."""
-    from attnlens.effective import effective_attention
+    from attnlens.methods.effective import effective_attention
 
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     counts = torch.zeros(n_layers, n_heads, len(patterns.TYPES), dtype=torch.int64)

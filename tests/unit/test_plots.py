@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnlens import plots
+from attnlens.core import plots
 from tests.typechecks import unchecked
 
 N_LAYERS, N_HEADS = 6, 12

@@ -1,5 +1,5 @@
 """Refusals of ablation (issue 26): counts, seeds, fractions, layer indices and tensors of
-attnlens.ablation go through attnlens.checks and are named before any forward pass."""
+attnlens.ablation go through attnlens.core.checks and are named before any forward pass."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnlens import ablation
+from attnlens.core.heads import HeadSet
 from attnlens.errors import InputError, InputTypeError
-from attnlens.heads import HeadSet
 from tests import tiny
 from tests.refusals import assert_refused
 

@@ -1,5 +1,5 @@
 """Refusals of the analyses (issue 26): stats, patterns, clustering and syntax take their
-counts, lengths, seeds and tensors through attnlens.checks; each row asserts the exact error
+counts, lengths, seeds and tensors through attnlens.core.checks; each row asserts the exact error
 class and the argument named."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlens import clustering, patterns, stats, syntax
 from attnlens.errors import InputError, InputTypeError
+from attnlens.methods import clustering, patterns, stats, syntax
 from tests.refusals import assert_refused
 
 NAN = float("nan")

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from attnlens.effective import effective_attention
 from attnlens.errors import InputError, InputTypeError
+from attnlens.methods.effective import effective_attention
 from tests.typechecks import unchecked
 
 
@@ -80,7 +80,7 @@ LAYER_ROWS = [
 @pytest.mark.parametrize(("argument", "value", "error", "words"), LAYER_ROWS,
                          ids=[f"{a}={v!r}" for a, v, _, _ in LAYER_ROWS])
 def test_layers_and_rtol_of_the_hooks_are_named(bridge, function, argument, value, error, words):
-    from attnlens import effective
+    from attnlens.methods import effective
 
     call = effective.hooks if function == "hooks" else (
         lambda model, **kw: effective.pattern_hooks(model, lambda *a: None, **kw))

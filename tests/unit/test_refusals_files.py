@@ -51,7 +51,7 @@ def edited(value: str) -> str:
 
 
 def features(kind: str = "sequence", n: int = 6, key: str = "k"):
-    from attnlens.probing.features import Features
+    from attnlens.evaluation.probing.features import Features
 
     generator = torch.Generator().manual_seed(0)
     lengths = torch.full((n,), 3, dtype=torch.long)
@@ -76,20 +76,19 @@ def _constants(folder: Path, bridge) -> tuple[Path, callable]:
 def _checkpoint(folder: Path, bridge) -> tuple[Path, callable]:
     from attnlens import papa
     from attnlens.engine.checkpoints import read_checkpoint
-
     path = folder / "fit.ckpt"
     papa.fit(bridge, tiny.CORPUS[:4], max_len=12, progress=False, checkpoint=path)
     return path, read_checkpoint
 
 
 def _features(folder: Path, bridge) -> tuple[Path, callable]:
-    from attnlens.probing.features import Features
+    from attnlens.evaluation.probing.features import Features
 
     return features().save(folder / "f.safetensors"), Features.load
 
 
 def _probe(folder: Path, bridge) -> tuple[Path, callable]:
-    from attnlens.probing.probe import PapaProbe
+    from attnlens.evaluation.probing.probe import PapaProbe
 
     probe = PapaProbe(epochs=1).fit(features(), [0, 1, 0, 1, 0, 1])
     return probe.save(folder / "p.safetensors"), PapaProbe.load
@@ -103,7 +102,7 @@ def _mlm_head(folder: Path, bridge) -> tuple[Path, callable]:
 
 
 def _pattern_cnn(folder: Path, bridge) -> tuple[Path, callable]:
-    from attnlens.patterns.cnn import PatternCNN
+    from attnlens.methods.patterns.cnn import PatternCNN
 
     generator = torch.Generator().manual_seed(0)
     maps = torch.softmax(torch.randn(8, 6, 6, generator=generator), -1)
@@ -112,7 +111,7 @@ def _pattern_cnn(folder: Path, bridge) -> tuple[Path, callable]:
 
 
 def _linear_baseline(folder: Path, bridge) -> tuple[Path, callable]:
-    from attnlens.probing import LinearBaseline
+    from attnlens.evaluation.probing import LinearBaseline
 
     linear = LinearBaseline(grid=(0.1,)).fit(features(), [0, 1, 0, 1, 0, 1])
     return linear.save(folder / "linear.safetensors"), LinearBaseline.load
@@ -121,7 +120,7 @@ def _linear_baseline(folder: Path, bridge) -> tuple[Path, callable]:
 def _curve_point(folder: Path, bridge) -> tuple[Path, callable]:
     """A task's first point in a curve's checkpoint folder (its result and linear baseline)."""
     from attnlens.evaluation import points
-    from attnlens.probing import LinearBaseline, ProbeResult
+    from attnlens.evaluation.probing import LinearBaseline, ProbeResult
 
     linear = LinearBaseline(grid=(0.1,)).fit(features(), [0, 1, 0, 1, 0, 1])
     result = ProbeResult(task="sst2", split="dev", metric="accuracy", score=0.5, majority=0.5,
@@ -184,7 +183,7 @@ def test_constants_whose_examples_were_edited_are_not_merged(tmp_path, bridge):
 
 def test_an_old_file_with_a_checksum_of_its_tensors_only_still_loads_with_a_warning(tmp_path, bridge):
     from attnlens import papa
-    from attnlens.files import tensor_checksum
+    from attnlens.core.files import tensor_checksum
 
     path, _ = _constants(tmp_path, bridge)
     header = read_header(path)
@@ -203,7 +202,7 @@ def test_an_old_file_with_a_checksum_of_its_tensors_only_still_loads_with_a_warn
 
 def test_a_folder_or_a_missing_path_given_as_a_file_is_named(tmp_path):
     from attnlens import papa
-    from attnlens.probing.probe import PapaProbe
+    from attnlens.evaluation.probing.probe import PapaProbe
 
     with pytest.raises(FileFormatError, match=f"constants file {tmp_path} is a folder"):
         papa.load(tmp_path)
@@ -214,17 +213,17 @@ def test_a_folder_or_a_missing_path_given_as_a_file_is_named(tmp_path):
 def _with_a_nan(kind: str):
     """A fitted object of ``kind`` with one NaN in its first weight (or vector), and its loader:
     what a diverged fit would save, its checksum valid."""
+    from attnlens.evaluation.probing.features import Features
     from attnlens.evaluation.probing.mlm import MLMHead
-    from attnlens.patterns.cnn import PatternCNN
-    from attnlens.probing.features import Features
-    from attnlens.probing.probe import PapaProbe
+    from attnlens.evaluation.probing.probe import PapaProbe
+    from attnlens.methods.patterns.cnn import PatternCNN
 
     if kind == "features":
         made = features()
         made.vectors[1, 2, 3] = float("nan")
         return made, Features.load
     if kind == "linear baseline":
-        from attnlens.probing import LinearBaseline
+        from attnlens.evaluation.probing import LinearBaseline
 
         made = LinearBaseline(grid=(0.1,)).fit(features(), [0, 1, 0, 1, 0, 1])
         made.model[-1].coef_[0, 3] = float("nan")

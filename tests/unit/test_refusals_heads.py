@@ -1,13 +1,13 @@
 """Refusals of head sets (issue 26): layer and head counts, (layer, head) indices and fractions
-go through attnlens.checks; each row asserts the exact error class and the argument named."""
+go through attnlens.core.checks; each row asserts the exact error class and the argument named."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from attnlens.core.heads import HeadSet, n_selected
 from attnlens.errors import InputError, InputTypeError
-from attnlens.heads import HeadSet, n_selected
 from tests.refusals import assert_refused
 
 NAN = float("nan")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnlens import tasks
 from attnlens.errors import InputError
+from attnlens.evaluation import tasks
 
 CONLL = (
     "-DOCSTART- -X- -X- O\n\n"
@@ -79,7 +79,7 @@ def test_a_single_unknown_sentence_label(tmp_path):
 
 def test_a_probes_own_predictions_carry_its_label_set(conll):
     """End to end: a probe fitted with NER's label names predicts ints that POS refuses."""
-    from attnlens import probing
+    from attnlens.evaluation import probing
     from tests import tiny
 
     pos, ner = conll

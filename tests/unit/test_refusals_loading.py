@@ -84,7 +84,7 @@ def test_a_truncated_comparison_json_is_named(bridge, tmp_path):
 
 
 def test_a_classifier_given_by_name_is_named(bridge):
-    from attnlens import patterns
+    from attnlens.methods import patterns
 
     with pytest.raises(InputTypeError, match="classifier must be None .* or a fitted PatternCNN, got 'cnn'"):
         patterns.types(bridge, tiny.CORPUS[:2], classifier="cnn", max_len=12, progress=False)
@@ -94,7 +94,7 @@ NAN = float("nan")
 
 
 def sst2(limit=4):
-    from attnlens import tasks
+    from attnlens.evaluation import tasks
     from tests.conftest import DATA, data_file
 
     data_file("sst2/dev.tsv")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlens import patterns
 from attnlens.errors import InputError
+from attnlens.methods import patterns
 from attnlens.methods.patterns.maps_check import row_tolerance
 
 TOKENS = [["[CLS]", "a", "b", "c", "[SEP]", "[PAD]"], ["[CLS]", "a", "b", "c", "d", "[SEP]"]]

@@ -94,7 +94,7 @@ def test_constants_fitted_on_pairs_are_refused_on_single_sentences(bridge):
     assert "single sentences" in str(error)
     run_with_hooks(bridge, papa_batch(bridge, pairs[:2], 24), hooks)  # what they were made for
     # the pass engine checks each batch too (features, probes, LM scores run through it)
-    from attnlens.probing.features import extract
+    from attnlens.evaluation.probing.features import extract
 
     with pytest.raises(MismatchError, match="fitted on sentence pairs"):
         extract(bridge, tiny.CORPUS[:2], hooks=hooks, cache=False, max_len=24, layout="papa", progress=False)
@@ -102,7 +102,7 @@ def test_constants_fitted_on_pairs_are_refused_on_single_sentences(bridge):
 
 def test_curve_takes_one_task_name_as_that_task(bridge, monkeypatch):
     """papa.curve(tasks="sst2") probes sst2, not the tasks s, s, t and 2."""
-    from attnlens import probing
+    from attnlens.evaluation import probing
 
     seen = []
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlens import probing
 from attnlens.errors import AttnlensError, InputError, InputTypeError, MismatchError, NotFittedError
+from attnlens.evaluation import probing
 from tests import tiny
 from tests.refusals import assert_refused
 
 
 def word_features(n: int = 6, d_model: int = 8, kind: str = "words"):
-    from attnlens.probing.features import Features
+    from attnlens.evaluation.probing.features import Features
 
     generator = torch.Generator().manual_seed(0)
     lengths = torch.full((n,), 3, dtype=torch.long)
@@ -25,7 +25,7 @@ def word_features(n: int = 6, d_model: int = 8, kind: str = "words"):
 
 @pytest.fixture()
 def ner_probe(tmp_path):
-    from attnlens.probing.probe import PapaProbe
+    from attnlens.evaluation.probing.probe import PapaProbe
 
     labels = [[0, 1, 2]] * 6
     path = PapaProbe(epochs=1).fit(word_features(), labels, task="ner",
@@ -49,7 +49,7 @@ def test_a_probe_refuses_features_of_another_kind_or_width(ner_probe):
 
 
 def test_an_unfitted_probe_says_so():
-    from attnlens.probing.probe import PapaProbe
+    from attnlens.evaluation.probing.probe import PapaProbe
 
     with pytest.raises(NotFittedError, match="not fitted yet"):
         PapaProbe().predict(word_features())
@@ -57,7 +57,7 @@ def test_an_unfitted_probe_says_so():
 
 
 def test_cached_features_swapped_between_keys_are_not_used_under_the_wrong_key(tmp_path, monkeypatch):
-    from attnlens.probing import features as module
+    from attnlens.evaluation.probing import features as module
 
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
     bridge = tiny.bert_bridge()
@@ -99,7 +99,7 @@ def probe_run(**options):
 
 
 def fitted_probe():
-    from attnlens.probing.probe import PapaProbe
+    from attnlens.evaluation.probing.probe import PapaProbe
 
     return PapaProbe(epochs=1).fit(word_features(kind="sequence"), [0, 1] * 3)
 

@@ -1,8 +1,8 @@
-"""The data behind the report's explorer (attnlens.kept, Comparison.kept_patterns) and its HTML.
+"""The data behind the report's explorer (attnlens.present.kept, Comparison.kept_patterns) and its HTML.
 
-References: the 8-bit codes against their definition (attnlens.kept docstring) and the error
+References: the 8-bit codes against their definition (attnlens.present.kept docstring) and the error
 bound it states; kept maps against the model's own patterns (run_with_cache, one example at a
-time) and effective attention's NumPy SVD loop (attnlens.effective.reference); the choice of
+time) and effective attention's NumPy SVD loop (attnlens.methods.effective.reference); the choice of
 examples against a plain loop over their sizes. The browser side is in test_report_browser.py.
 """
 
@@ -115,8 +115,8 @@ def test_label_of():
 
 def reference_maps(model, text, view) -> np.ndarray:
     """``[layer, head, n, n]`` of one text run alone: its softmax patterns (standard) or effective
-    attention from the NumPy SVD loop (attnlens.effective.reference), valid tokens only."""
-    from attnlens.effective.reference import effective_attention_loop
+    attention from the NumPy SVD loop (attnlens.methods.effective.reference), valid tokens only."""
+    from attnlens.methods.effective.reference import effective_attention_loop
 
     batch = attnlens.tokenize(model, [text], max_len=MAX_LEN, layout="papa")
     with torch.no_grad():
@@ -334,7 +334,7 @@ def test_pattern_types_render_when_present(comparison):
 
 def test_head_grids_use_sequential_scales_for_non_negative_panels():
     """A grid mixing non-negative views with a signed one: only the signed panel is diverging."""
-    from attnlens import plots
+    from attnlens.core import plots
 
     grid = plots.head_grid(
         {"standard": np.full((2, 4), 0.3), "papa": np.full((2, 4), 0.5),

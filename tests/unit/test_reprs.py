@@ -19,9 +19,10 @@ import plotly.graph_objects as go
 import pytest
 
 import attnlens
-from attnlens import display, papa
+from attnlens import papa
+from attnlens.core.heads import HeadSet
 from attnlens.engine.batches import progress_bar, tqdm_class
-from attnlens.heads import HeadSet
+from attnlens.present import display
 from tests import tiny
 
 #: the most a compact display may weigh

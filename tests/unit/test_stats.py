@@ -1,4 +1,4 @@
-"""attnlens.stats against a plain Python loop written from the definitions (Clark et al. 2019)."""
+"""attnlens.methods.stats against a plain Python loop written from the definitions (Clark et al. 2019)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from attnlens.stats import STATISTICS, AttentionStatistics, token_classes
+from attnlens.methods.stats import STATISTICS, AttentionStatistics, token_classes
 from tests import tiny
 
 TEXTS = ["the film , though slow , is wise .", "a charming portrait !", "it rained ; the match was off ."]
@@ -82,7 +82,7 @@ def test_means_without_any_batch_are_refused():
 def test_punctuation_is_judged_on_the_decoded_text(make_tokenizer):
     """Byte-level BPE writes '—' as 'âĢĶ' (its UTF-8 bytes as stand-in characters): the table must
     classify the text an entry decodes to (Unicode category P*), not the stand-ins."""
-    from attnlens.stats import _punctuation_flags, token_texts
+    from attnlens.methods.stats import _punctuation_flags, token_texts
 
     tokenizer = make_tokenizer()
     byte_level = make_tokenizer is not tiny.bert_tokenizer

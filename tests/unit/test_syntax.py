@@ -1,4 +1,4 @@
-"""attnlens.syntax: attention heads as dependency parsers (Clark et al. 2019, §4)."""
+"""attnlens.methods.syntax: attention heads as dependency parsers (Clark et al. 2019, §4)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import attnlens
-from attnlens import Words, syntax
+from attnlens import Words
 from attnlens.engine import passes
-from attnlens.methods import conllu
+from attnlens.methods import conllu, syntax
 from tests import tiny
 from tests.conftest import data_file
 

@@ -1,4 +1,4 @@
-"""The linear baseline's torch solver (issue 58): :func:`attnlens.probing.logistic.fit` is
+"""The linear baseline's torch solver (issue 58): :func:`attnlens.evaluation.probing.logistic.fit` is
 scikit-learn's ``StandardScaler`` + ``LogisticRegression(penalty="l2", solver="lbfgs")``, the
 same objective minimised by ``torch.optim.LBFGS`` on the rows' device, and
 ``LinearBaseline(solver="torch")`` keeps the estimator's contract (fit, predict, score, clone,
@@ -6,7 +6,7 @@ save / load).
 
 How close the two solvers' coefficients must be is derived from their common stopping rule,
 ``max |∇f| ≤ tol`` on the scaled objective ``f`` (the module docstring of
-:mod:`attnlens.probing.logistic`): ``f`` is μ-strongly convex near its optimum θ*, μ the
+:mod:`attnlens.evaluation.probing.logistic`): ``f`` is μ-strongly convex near its optimum θ*, μ the
 smallest eigenvalue of its Hessian there (on the intercepts' zero-sum subspace with more than
 two classes: adding one constant to every intercept changes nothing), so a point θ with gradient
 g lies within ``‖g‖₂ / μ`` of θ*, and the two solutions within the sum of theirs. The test
@@ -26,9 +26,9 @@ import sklearn.base
 import torch
 from torch.nn import functional
 
-from attnlens.probing import LinearBaseline, logistic
-from attnlens.probing.baseline import design
-from attnlens.probing.features import Features
+from attnlens.evaluation.probing import LinearBaseline, logistic
+from attnlens.evaluation.probing.baseline import design
+from attnlens.evaluation.probing.features import Features
 from tests.conftest import DATA, data_file
 
 #: the column of :func:`_problem` that is constant
@@ -260,7 +260,7 @@ def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_to
     the accuracies must be equal there; measured: equal on both, and no prediction differs (with
     400 / 300 SST-2 and 200 / 150 NER examples too; on POS, 200 / 150 sentences, 2 of 2,321
     words differ, the accuracies equal). The fit seconds of each solver are printed (``-s``)."""
-    from attnlens import probing, tasks
+    from attnlens.evaluation import probing, tasks
 
     data_file("sst2/train.tsv")
     data_file("conll2003/train.txt")

@@ -16,7 +16,7 @@ import torch
 
 import attnlens
 from attnlens import papa
-from attnlens.effective import effective_attention
+from attnlens.methods.effective import effective_attention
 from tests import tiny
 from tests.typechecks import unchecked
 

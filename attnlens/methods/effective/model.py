@@ -32,6 +32,7 @@ from attnlens.core import models, seam
 from attnlens.core.checks import finite, index, items
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
+from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine import forward, passes
 from attnlens.engine.effective import effective_attention, warn_if_short
@@ -126,7 +127,6 @@ class EffectiveStatistics(Result):
     def figure(self, statistic: str = "to_cls") -> Any:
         """One statistic's ``[layer, head]`` grids, standard beside effective
         (:func:`attnlens.core.plots.head_grid`)."""
-        from attnlens.core.plots import head_grid
 
         if statistic not in self.standard:
             raise InputError(f"unknown statistic {statistic!r}; use one of {', '.join(self.standard)}.")

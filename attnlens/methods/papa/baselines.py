@@ -254,5 +254,5 @@ class TrainableConstants(nn.Module):
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
+        """Jupyter's view: origin and shape, not values (:func:`attnlens.present.display.constants_html`)."""
         return constants_html(self)

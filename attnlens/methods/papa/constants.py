@@ -10,7 +10,7 @@ A :class:`PapaConstants` holds, per ``(layer, head, query, key)``:
   ``counts`` is an expanded ``[layer, head, query, key]`` view;
 
 and ``mean = sums / counts`` (0 where a pair was never seen). Fitted constants
-(:func:`attnlens.papa.fit`) and data-free ones (:mod:`attnlens.papa.baselines`) share this class;
+(:func:`attnlens.papa.fit`) and data-free ones (:mod:`attnlens.methods.papa.baselines`) share this class;
 ``kind`` tells them apart.
 """
 
@@ -28,7 +28,6 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core.checks import finite_tensor, index, whole_number
-from attnlens.core.deprecation import renamed_fields
 from attnlens.core.files import (
     check_readable,
     check_sealed,
@@ -68,22 +67,21 @@ def fields_of(metadata: dict[str, Any]) -> dict[str, Any]:
     return {FILE_COUNTS.get(key, key): value for key, value in metadata.items()}
 
 
-@renamed_fields(**FILE_COUNTS)
 @dataclass(eq=False)
 class PapaConstants:
     """Per-head constant attention matrices and how they were obtained.
 
     Axes: ``layer`` and ``head`` index attention heads; ``query`` and ``key`` are token positions
-    ``0 .. max_len-1`` of inputs tokenized with ``layout`` (see :mod:`attnlens.inputs`).
+    ``0 .. max_len-1`` of inputs tokenized with ``layout`` (see :mod:`attnlens.core.inputs`).
 
     Metadata: ``model_id``, ``layout``, ``max_len``, ``n_examples`` (examples seen), ``n_tokens``
     (real tokens seen, i.e. valid query rows), ``n_truncated`` (examples that lost tokens to
-    ``max_len``; the three were named ``examples``, ``tokens`` and ``truncated``, still read,
-    deprecated, and still the keys of the file's metadata), ``kind`` (one of :data:`KINDS`), ``pairs`` (True if fitted on sentence
+    ``max_len``; a file's metadata keeps them under the keys ``examples``, ``tokens`` and
+    ``truncated``, :data:`FILE_COUNTS`), ``kind`` (one of :data:`KINDS`), ``pairs`` (True if fitted on sentence
     pairs, False on single sentences, None for data-free constants), ``causal`` (True for a
     decoder: replacement then keeps keys after the query at 0; None when unknown, as in files
     saved before it was recorded) and ``fingerprint`` (the fitted model's
-    :func:`attnlens.loading.weights_fingerprint`; None for data-free constants and older files,
+    :func:`attnlens.core.loading.weights_fingerprint`; None for data-free constants and older files,
     which are then not checked against the model's weights).
     """
 
@@ -279,7 +277,7 @@ class PapaConstants:
         )
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: origin and shape, not values (:func:`attnlens.display.constants_html`)."""
+        """Jupyter's view: origin and shape, not values (:func:`attnlens.present.display.constants_html`)."""
         return constants_html(self)
 
     # ---- merging ------------------------------------------------------------------------
@@ -360,7 +358,7 @@ class PapaConstants:
 
     def save(self, path: str | os.PathLike, *, overwrite_read_only: bool = False) -> Path:
         """Write tensors and metadata to one safetensors file, atomically (through
-        :func:`attnlens.files.write_atomic`; a read-only file is replaced only with
+        :func:`attnlens.core.files.write_atomic`; a read-only file is replaced only with
         ``overwrite_read_only``); returns the path."""
         return self._save(path, overwrite_read_only=overwrite_read_only)
 

@@ -1,10 +1,10 @@
-"""Fit PAPA constants: one pass of the engine (:mod:`attnlens.passes`) over an unlabeled corpus.
+"""Fit PAPA constants: one pass of the engine (:mod:`attnlens.engine.passes`) over an unlabeled corpus.
 
 This module is the one place where constants are averaged. :class:`PatternSums` is the pass's
 accumulator: for every batch it sums ``attention × valid(query) × valid(key)`` and its square
 over the batch at each layer's ``hook_pattern`` (in float32, one batch at a time), and adds the
 batch totals into float64 running sums together with the number of valid ``(query, key)`` pairs.
-A compact batch (:func:`attnlens.inputs.compact_batch`, the default of the PAPA layout) is
+A compact batch (:func:`attnlens.core.inputs.compact_batch`, the default of the PAPA layout) is
 scatter-added instead: the value of column pair ``(i, j)`` of example ``b`` goes to
 ``(positions[b, i], positions[b, j])``, the fixed positions of the layout, so the constants are
 those of the padded layout (up to the float32 order of the per-batch sums).
@@ -12,7 +12,7 @@ Only one batch of patterns exists at any time: memory is constant in the corpus 
 stops right after the last layer's pattern is summed (the rest of the last block and the LM head,
 which for MiniLM costs more than the encoder, are skipped).
 
-Under ``torchrun`` each rank sums its shard and the sums are all-reduced (:func:`attnlens.passes.run`).
+Under ``torchrun`` each rank sums its shard and the sums are all-reduced (:func:`attnlens.engine.passes.run`).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def fit(
     ``corpus`` is an iterable of strings or of ``(str, str)`` pairs (a list, a generator, a
     ``datasets`` column such as ``dataset["sentence"]``); it is read once, ``batch_size`` examples
     at a time, tokenized with ``attnlens.tokenize(model, ..., max_len=max_len, layout=layout)``;
-    ``layout=None`` is the model's default (:func:`attnlens.inputs.default_layout`: ``"papa"``
+    ``layout=None`` is the model's default (:func:`attnlens.core.inputs.default_layout`: ``"papa"``
     for encoders, ``"padded"`` for decoders).
 
     With ``checkpoint="path"`` the running sums are written there atomically every
@@ -70,10 +70,10 @@ def fit(
     fit simply returns its constants.
 
     ``compact``: run PAPA-layout batches at the length of their longest real text and
-    scatter-add the patterns to the layout's positions (:func:`attnlens.passes.run`); ``False``
+    scatter-add the patterns to the layout's positions (:func:`attnlens.engine.passes.run`); ``False``
     pads every text to ``max_len`` (the same constants up to float32 rounding, at a higher cost).
     ``by_length``: run each window of consecutive examples from the shortest to the longest, so
-    that a batch computes little padding (:func:`attnlens.passes.run`; the same constants up to
+    that a batch computes little padding (:func:`attnlens.engine.passes.run`; the same constants up to
     float32 rounding); ``False`` runs the corpus in its order, so that the fits of consecutive
     parts of a corpus, each a whole number of batches, merge to the fit of the whole bit for bit.
 
@@ -122,7 +122,7 @@ class _Sized:
 
 
 class PatternSums(Accumulator):
-    """The PAPA fit as an accumulator of :func:`attnlens.passes.run`: running float64 sums of
+    """The PAPA fit as an accumulator of :func:`attnlens.engine.passes.run`: running float64 sums of
     masked patterns and of their squares, per ``(layer, head, query, key)``, and valid-pair
     counts, kept in a :class:`PapaConstants` (``result()``)."""
 

@@ -5,7 +5,7 @@ the same hooks inside a ``with`` block. For each selected head of each layer:
 
 - ``mode="replace"``: the head's pattern becomes the constant restricted to the example's valid
   ``(query, key)`` pairs, rows renormalized over the valid keys; a row with no mass left is
-  uniform over the valid keys (see :mod:`attnlens.papa.replace`);
+  uniform over the valid keys (see :mod:`attnlens.methods.papa.replace`);
 - ``mode="blend"``: ``B = λ·A + (1 − λ)·C`` with ``λ = sigmoid(θ)`` per head; ``θ`` is a
   trainable ``nn.Parameter`` of shape ``[layer, head]`` (``hooks.theta``), 0 unless ``lam=``
   sets it. ``θ`` stays finite so that it can be trained: ``lam=1`` gives the largest float32
@@ -14,13 +14,13 @@ the same hooks inside a ``with`` block. For each selected head of each layer:
 
 On a causal model (a decoder such as GPT-2) the constant pattern ``C`` is causal: keys after the
 query get 0 and rows are renormalized over the keys at or before the query (see
-:mod:`attnlens.papa.replace`), so no token sees the future through a replaced head.
+:mod:`attnlens.methods.papa.replace`), so no token sees the future through a replaced head.
 
 Heads that are not selected keep their attention; layers without a selected head get no hook.
 
-A compact batch (:func:`attnlens.inputs.compact_batch`, what the pass engine runs by default)
+A compact batch (:func:`attnlens.core.inputs.compact_batch`, what the pass engine runs by default)
 gets the constants gathered at its layout positions, ``C[pos_q, pos_k]``: the hooks read them
-from :func:`attnlens.seam.positions`, set by :func:`attnlens.engine.forward.run_with_hooks` (and by
+from :func:`attnlens.core.seam.positions`, set by :func:`attnlens.engine.forward.run_with_hooks` (and by
 every attnlens pass). Run a compact batch that way, not with ``model(batch.input_ids, ...)``.
 
 Inputs must have the layout and length the constants were fitted with. The hooks check what a
@@ -91,7 +91,7 @@ class PapaHooks(Hooks):
     @contextmanager
     def patched(self, model: Any) -> Iterator[list]:
         """With ``fast``: for the block, the replaced heads of ``model`` skip their work
-        (:func:`attnlens.seam.constant_heads`) and no pair is left to pass as ``fwd_hooks``;
+        (:func:`attnlens.core.seam.constant_heads`) and no pair is left to pass as ``fwd_hooks``;
         without it, every pair (the hook path). :class:`~attnlens.errors.InputError` for a model
         whose heads cannot skip their work (a decoder, or a model not prepared by
         :func:`attnlens.load`)."""
@@ -151,7 +151,7 @@ def hooks(
     query at 0. By default ``constants.causal`` (recorded when they were made); when that is
     unknown (files saved before it was recorded), it is read off each pattern: a pattern with no
     weight above the diagonal comes from a causal model.
-    ``fast``: wherever the engine runs them (:func:`attnlens.passes.run`, e.g. probe features and
+    ``fast``: wherever the engine runs them (:func:`attnlens.engine.passes.run`, e.g. probe features and
     :func:`attnlens.papa.curve`; :func:`attnlens.engine.forward.run_with_hooks`; :meth:`PapaHooks.apply`),
     the replaced heads skip their work, as in :func:`intervention` with ``fast=True``; the same
     intervention and the same :meth:`PapaHooks.key`. Replace mode on an encoder only.
@@ -333,10 +333,10 @@ def intervention(
 
     Same arguments as :func:`hooks`; checks first that the constants were made for ``model``
     (model id, layers, heads, weights) and that its ``hook_pattern`` edits are real. Whether the
-    patterns are causal is taken from ``model`` (:func:`attnlens.loading.is_causal`). Yields the
+    patterns are causal is taken from ``model`` (:func:`attnlens.core.loading.is_causal`). Yields the
     :class:`PapaHooks` (e.g. to train ``h.theta``).
 
-    ``fast=True``: the replaced heads skip their work (:func:`attnlens.seam.constant_heads`): no
+    ``fast=True``: the replaced heads skip their work (:func:`attnlens.core.seam.constant_heads`): no
     query or key projection, no ``QKᵀ``, no softmax; their pattern is the constant, exactly as
     the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), made for
     the replaced heads only (once per layer when every example shares it), and ``hook_pattern``
@@ -358,7 +358,7 @@ def intervention(
 
 
 def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.ConstantFn]]:
-    """The layers of ``installed`` for :func:`attnlens.seam.constant_heads` (replace mode only:
+    """The layers of ``installed`` for :func:`attnlens.core.seam.constant_heads` (replace mode only:
     :class:`PapaHooks` refuses ``fast`` with a blend)."""
     if installed.causal:
         raise InputError("fast=True is for encoders (BERT, RoBERTa); this model is causal")

@@ -1,9 +1,9 @@
 """The order in which heads are replaced, and ``heads=`` read as a :class:`HeadSet`.
 
 :func:`ranked` keeps the first ``count`` heads of a strategy's order (the strategies are listed in
-:mod:`attnlens.papa.selection`); :func:`resolve_heads` reads what the hooks accept as ``heads=``.
+:mod:`attnlens.methods.papa.selection`); :func:`resolve_heads` reads what the hooks accept as ``heads=``.
 Neither learns anything: learning ``λ`` runs interventions (:func:`attnlens.papa.learn_lambda`),
-so it lives above the hooks, in :mod:`attnlens.papa.selection`, and this module below them.
+so it lives above the hooks, in :mod:`attnlens.methods.papa.selection`, and this module below them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ get exactly 0, rows are renormalized over the allowed keys, and the uniform fall
 over the allowed keys too, so that replacing heads never lets a token see the future. (A row
 with no allowed key at all, such as a left-padded query, is 0.)
 
-A **compact batch** (:func:`attnlens.inputs.compact_batch`) gives ``positions`` ``[batch, key]``,
+A **compact batch** (:func:`attnlens.core.inputs.compact_batch`) gives ``positions`` ``[batch, key]``,
 the layout position of each column: the pattern of column pair ``(i, j)`` of an example is then
 ``C[positions[i], positions[j]]``, gathered per example, before the same restriction and
 renormalisation. Since a compact row keeps the real tokens in order, "at or before the query"
@@ -108,7 +108,7 @@ def constant_pattern(
 
     ``constant`` is ``[head, max_len, max_len]`` (one layer of :attr:`PapaConstants.mean`;
     positions beyond the batch's length are dropped, as for right-padded inputs). ``key_mask`` is
-    ``[batch, key]``, True for real tokens (see :func:`attnlens.seam.key_mask`). ``causal``: the
+    ``[batch, key]``, True for real tokens (see :func:`attnlens.core.seam.key_mask`). ``causal``: the
     model is a decoder, so query ``q`` may only attend to keys ``k <= q``. ``positions``: the
     layout position of each column of a compact batch (:func:`gather`); ``None``: column ``i``
     is position ``i``.

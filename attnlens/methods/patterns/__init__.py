@@ -1,12 +1,12 @@
 """What each head's map looks like: Kovaleva et al. 2019's five pattern types.
 
 - :func:`classify`: the transparent template classifier of one batch of maps
-  (:mod:`attnlens.patterns.templates`, rules and thresholds there);
-- :func:`synthetic`: noisy prototype maps of each type (:mod:`attnlens.patterns.synthetic`);
+  (:mod:`attnlens.methods.patterns.templates`, rules and thresholds there);
+- :func:`synthetic`: noisy prototype maps of each type (:mod:`attnlens.methods.patterns.synthetic`);
 - :class:`PatternCNN`: Kovaleva's small CNN on resized maps, for maps you label
-  (:mod:`attnlens.patterns.cnn`);
+  (:mod:`attnlens.methods.patterns.cnn`);
 - :func:`sample_maps`, :func:`export_for_labelling`, :func:`read_labelled`: maps to label by
-  hand, as an image grid and a CSV, and back (:mod:`attnlens.patterns.labelling`).
+  hand, as an image grid and a CSV, and back (:mod:`attnlens.methods.patterns.labelling`).
 """
 
 from attnlens.methods.patterns.cnn import PatternCNN

@@ -1,7 +1,7 @@
 """A small CNN that labels attention maps with Kovaleva et al.'s five types (scikit-learn style).
 
 Kovaleva et al. 2019 (§4.1, "BERT's self-attention patterns") hand-labelled about 400 maps of
-fine-tuned BERT with the five types of :data:`attnlens.patterns.TYPES` (about 30% of them
+fine-tuned BERT with the five types of :data:`attnlens.methods.patterns.TYPES` (about 30% of them
 vertical) and trained a convolutional network on them, which then labelled the maps of every
 head. Their labels were never published, and the network's details are not reproduced here from
 the paper (the paper was not at hand when this was written; check its §4.1 before citing an
@@ -9,7 +9,7 @@ architecture), so :class:`PatternCNN` is attnlens's own small CNN, every choice 
 
 - **input**: maps of any length are brought to one small fixed image. Each is made a
   distribution per row, ``|a| / Σ|a|`` (the identity for the rows of standard and PAPA maps;
-  signed effective attention is read as :mod:`attnlens.stats` reads it, so no flag is needed),
+  signed effective attention is read as :mod:`attnlens.methods.stats` reads it, so no flag is needed),
   resized to ``size × size`` by area averaging (``torch.nn.functional.adaptive_avg_pool2d``:
   every output pixel is the mean of the entries its bin covers, so each entry counts in
   proportion to its area and a one-token-wide diagonal or column survives at any length;
@@ -34,9 +34,9 @@ architecture), so :class:`PatternCNN` is attnlens's own small CNN, every choice 
   ≥ 99% per class for training seeds 0, 1 and 2, and of length 16 (the edge of the augmentation)
   at 89–99% (``tests/test_pattern_cnn.py`` checks lengths 24, 32 and 48 at ≥ 95%).
 
-Labels to train on come from :func:`attnlens.patterns.export_for_labelling` and
-:func:`attnlens.patterns.read_labelled` (maps you label yourself), or from
-:func:`attnlens.patterns.synthetic` for a quick start.
+Labels to train on come from :func:`attnlens.methods.patterns.export_for_labelling` and
+:func:`attnlens.methods.patterns.read_labelled` (maps you label yourself), or from
+:func:`attnlens.methods.patterns.synthetic` for a quick start.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class CNNSettings:
 
 def row_distributions(pattern: Float[Tensor, "*maps query key"]) -> Float[Tensor, "*maps query key"]:
     """``|a| / Σ_k |a|`` per row (float32): the identity for rows that are distributions
-    (standard and PAPA maps), signed effective attention made one as :mod:`attnlens.stats` does.
+    (standard and PAPA maps), signed effective attention made one as :mod:`attnlens.methods.stats` does.
     All-zero rows stay zero."""
     rows = pattern.float().abs()
     return rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
@@ -188,7 +188,7 @@ class PatternCNN(Estimator):
     :meth:`load`, ``get_params`` / ``set_params``; :meth:`classify_batch` labels a pass's ``[batch, head, query, key]`` maps.
 
     ``size``: the side of the resized image (at least 8); ``classes``: the type names, in the
-    order of :meth:`predict_proba`'s columns (default :data:`~attnlens.patterns.TYPES`);
+    order of :meth:`predict_proba`'s columns (default :data:`~attnlens.methods.patterns.TYPES`);
     ``epochs``, ``lr``, ``batch_size``, ``seed``, ``class_weight`` (None or ``"balanced"``),
     ``augment``: training (module docstring).
     """
@@ -332,7 +332,7 @@ class PatternCNN(Estimator):
         causal: bool = False,
     ) -> Int[Tensor, "batch head"]:
         """Label every (example, head) map of a pass's batch: indices into
-        :data:`~attnlens.patterns.TYPES` (``[batch, head]``, on ``pattern``'s device).
+        :data:`~attnlens.methods.patterns.TYPES` (``[batch, head]``, on ``pattern``'s device).
 
         ``pattern``: ``[batch, head, query, key]``; ``key_mask``: ``[batch, key]``, True for real
         tokens: each example's map is cropped to its real rows and columns (wherever the padding
@@ -340,9 +340,9 @@ class PatternCNN(Estimator):
         view goes through the same ``|a|`` row normalisation (the identity for standard and PAPA
         rows), so which view the CNN should label is the user's call: train it on labelled maps
         of that view. The CNN's classes must be names of ``TYPES``. The maps are checked as
-        :func:`attnlens.patterns.classify` checks them (standard and PAPA maps: distributions
+        :func:`attnlens.methods.patterns.classify` checks them (standard and PAPA maps: distributions
         over their visible keys, ``causal``: a decoder's, which sees no later key; effective:
-        finite; :func:`attnlens.patterns.maps_check.check_maps`)."""
+        finite; :func:`attnlens.methods.patterns.maps_check.check_maps`)."""
         self._fitted()
         if not isinstance(view, str):
             raise views.unknown_view(view)

@@ -1,11 +1,11 @@
 """How often each head's map is of each of Kovaleva et al.'s types, over a corpus.
 
-:func:`types` streams a corpus through :func:`attnlens.passes.run` with a :class:`PatternTypes`
+:func:`types` streams a corpus through :func:`attnlens.engine.passes.run` with a :class:`PatternTypes`
 accumulator: every (example, layer, head) map is classified (by the template rules of
-:mod:`attnlens.patterns.templates`, or by a fitted :class:`~attnlens.patterns.PatternCNN`) and
+:mod:`attnlens.methods.patterns.templates`, or by a fitted :class:`~attnlens.methods.patterns.PatternCNN`) and
 counted; the result is the share of each type per (layer, head). Views: standard, effective
 (Sun & Marasović 2021 find it has fewer vertical maps: less mass on [SEP] and punctuation) or
-PAPA constants (:mod:`attnlens.views`). :func:`figure` draws the shares per layer, one panel
+PAPA constants (:mod:`attnlens.methods.views`). :func:`figure` draws the shares per layer, one panel
 per view.
 """
 
@@ -48,12 +48,12 @@ def batch_positions(batch: PassBatch) -> Positions:
 
 class PatternTypes(Accumulator):
     """Counts of each type per (layer, head) (:func:`types`), streamed by
-    :func:`attnlens.passes.run`.
+    :func:`attnlens.engine.passes.run`.
 
     ``view``: ``"standard"`` or ``"papa"`` (read the patterns, after the pass's hooks) or
     ``"effective"`` (read effective attention); ``classifier``: None for the template rules, or
     an object with ``classify_batch(pattern, key_mask, view) -> [batch, head]`` type indices
-    (a fitted :class:`~attnlens.patterns.PatternCNN`). State (adds up over shards): ``counts``
+    (a fitted :class:`~attnlens.methods.patterns.PatternCNN`). State (adds up over shards): ``counts``
     ``[layer, head, type]`` and ``maps`` (examples seen).
     """
 
@@ -137,12 +137,12 @@ def types(
 
     ``corpus``: texts or sentence pairs, or a file of them (as :func:`attnlens.compare` takes
     it; default: its default corpus). ``view``: ``"standard"``, ``"effective"`` or PAPA
-    constants (:mod:`attnlens.views`), or a list of them: standard and effective attention are
+    constants (:mod:`attnlens.methods.views`), or a list of them: standard and effective attention are
     then classified in one pass (PAPA constants, which change the forward, in one pass each)
     and the table has rows for every view. ``classifier``: None for the template rules
-    (:func:`attnlens.patterns.classify`), or a fitted :class:`~attnlens.patterns.PatternCNN`.
+    (:func:`attnlens.methods.patterns.classify`), or a fitted :class:`~attnlens.methods.patterns.PatternCNN`.
     ``hooks``: further interventions during the pass. ``checkpoint``: a file to resume from
-    (:func:`attnlens.passes.run`).
+    (:func:`attnlens.engine.passes.run`).
 
     Returns a DataFrame with :data:`COLUMNS`: ``view``, ``layer``, ``head``, one share column
     per type (they sum to 1 per head), ``type`` (the most frequent) and ``maps`` (examples

@@ -1,10 +1,10 @@
-"""Maps to label by hand, for :class:`attnlens.patterns.PatternCNN`.
+"""Maps to label by hand, for :class:`attnlens.methods.patterns.PatternCNN`.
 
 Kovaleva et al. 2019 trained their CNN on about 400 maps they labelled by hand; those labels were
 never published. Users label their own:
 
 1. :func:`sample_maps` draws random (example, layer, head) maps of a model over a corpus (one
-   pass of :func:`attnlens.passes.run`);
+   pass of :func:`attnlens.engine.passes.run`);
 2. :func:`export_for_labelling` writes them to a folder: ``maps.png`` (an image grid),
    ``labels.csv`` (one row per map, with the tile's ``row`` and ``column`` in the grid, the
    template classifier's ``suggested`` type and an empty ``label`` to fill in) and
@@ -35,6 +35,7 @@ from torch import Tensor
 from attnlens.core.checks import describe, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.core.plots import DIVERGING, SEQUENTIAL
 from attnlens.engine.accumulator import Accumulator
 from attnlens.engine.passes import run
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
@@ -134,7 +135,7 @@ def sample_maps(
     """``n`` random maps of ``model`` over ``corpus``, to label (:func:`export_for_labelling`).
 
     The (example, layer, head) triples are drawn without replacement from ``seed``, uniformly
-    among all of them, before the pass; the pass (:func:`attnlens.passes.run`, ``max_len``,
+    among all of them, before the pass; the pass (:func:`attnlens.engine.passes.run`, ``max_len``,
     ``layout``, ``batch_size``) runs over the chosen examples only. ``view``: ``"standard"``
     (``hook_pattern``) or ``"effective"`` (effective attention, computed by the pass engine).
 
@@ -281,9 +282,8 @@ def grid_image(maps: list[Tensor], *, columns: int, tile: int) -> np.ndarray:
     """The grid of ``maps`` as ``[height, width, 3]`` uint8 RGB: tiles of ``tile × tile`` in
     row-major order, ``min(columns, n)`` per row, :data:`GAP` white pixels between them. Each map is
     scaled by its own largest ``|a|``: a map without negative entries on the sequential scale of
-    :mod:`attnlens.plots` (0 to its largest value), a signed one on its diverging scale centred
+    :mod:`attnlens.core.plots` (0 to its largest value), a signed one on its diverging scale centred
     on 0."""
-    from attnlens.core.plots import DIVERGING, SEQUENTIAL
 
     sequential, diverging = _colours(SEQUENTIAL), _colours(DIVERGING)
     used = min(columns, len(maps))
@@ -322,7 +322,7 @@ def export_for_labelling(
     :func:`sample_maps`). ``tokens``: each map's token strings (optional). ``meta``: one row per
     map (a DataFrame, a dict of columns or a list of dicts), copied into ``labels.csv`` between
     ``column`` and ``suggested`` (e.g. example, layer, head, view). ``suggested``: a type name per
-    map; None (default): the template classifier's type (:func:`attnlens.patterns.classify`) when
+    map; None (default): the template classifier's type (:func:`attnlens.methods.patterns.classify`) when
     ``tokens`` are given, in the meta's ``view`` if it has one (else ``"effective"`` for maps with
     negative entries, ``"standard"`` otherwise), left empty without tokens; False: empty.
     ``columns``: tiles per row of the grid; ``tile``: pixels per tile side.
@@ -330,7 +330,7 @@ def export_for_labelling(
     Files (each written atomically): ``maps.png``, the grid (:func:`grid_image`); ``labels.csv``,
     columns ``id, row, column, <meta>, suggested, label`` (``id``: the map's index; ``row`` /
     ``column``: its tile in the grid, from 0; ``label``: empty, to fill with names of
-    :data:`~attnlens.patterns.TYPES`); ``maps.safetensors``, the maps padded to the longest with
+    :data:`~attnlens.methods.patterns.TYPES`); ``maps.safetensors``, the maps padded to the longest with
     their lengths (and tokens) in float32, for :func:`read_labelled`. A ``labels.csv`` that already holds a
     label is never replaced unless ``overwrite=True`` (``FileExistsError``)."""
     image_module = _pillow()

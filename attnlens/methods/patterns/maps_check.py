@@ -1,11 +1,11 @@
 """The one check of attention maps given to a public function with a view (issue 61).
 
-:func:`check_maps` is what :func:`attnlens.patterns.classify` and
-:meth:`attnlens.patterns.PatternCNN.classify_batch` call on the maps they are given:
+:func:`check_maps` is what :func:`attnlens.methods.patterns.classify` and
+:meth:`attnlens.methods.patterns.PatternCNN.classify_batch` call on the maps they are given:
 
 - every view: every entry is finite;
 - a view whose maps are distributions (``"standard"`` and ``"papa"``: not
-  :attr:`attnlens.views.View.signed`): in every valid query row (a real token), every entry is
+  :attr:`attnlens.methods.views.View.signed`): in every valid query row (a real token), every entry is
   non-negative, the keys the query cannot see (padding, positions beyond the example's length,
   and for a decoder (``causal``) the keys after the query) hold exactly 0, as a masked softmax
   gives (``exp(-inf) = 0``), and the visible keys sum to 1 within :func:`row_tolerance`;

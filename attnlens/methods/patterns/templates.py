@@ -58,6 +58,7 @@ from torch import Tensor
 
 from attnlens.core import models
 from attnlens.core.checks import describe, whole_number
+from attnlens.core.plots import CATEGORICAL_COLOURS
 from attnlens.core.result import Result, frame
 from attnlens.errors import InputError
 from attnlens.methods import views
@@ -243,7 +244,6 @@ class Classification(Result):
         """Each head's share of maps of each type, as stacked bars (one colour per type)."""
         import plotly.graph_objects as go
 
-        from attnlens.core.plots import CATEGORICAL_COLOURS
 
         n_heads = self.labels.shape[1]
         counts = torch.nn.functional.one_hot(self.labels.cpu().long(), len(TYPES)).sum(0).double()
