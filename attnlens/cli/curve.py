@@ -11,10 +11,9 @@ of runs split by task (:meth:`attnlens.evaluation.curve.Curve.combine`).
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from attnlens import cli
+from attnlens.cli import options
 
 
 def add(commands: Any) -> None:
@@ -25,7 +24,7 @@ def add(commands: Any) -> None:
         "(Hassid et al. 2022) and write the table (CSV), its figure (HTML) and, with --table, "
         "PAPA's Table 1 read from the same curve.",
     )
-    cli._model_option(parser)
+    options.model_options(parser)
     constants = parser.add_mutually_exclusive_group()
     constants.add_argument("--constants", default=None, help="PAPA constants from 'attnlens fit-papa'")
     constants.add_argument(
@@ -49,7 +48,7 @@ def add(commands: Any) -> None:
         "uniform: Table 1's rows) or 'none' (default identity,toeplitz,zeros)",
     )
     parser.add_argument(
-        "--lm-wikitext", type=cli._positive, default=None, metavar="N",
+        "--lm-wikitext", type=options.positive, default=None, metavar="N",
         help="also score the language model (PAPA's MLM probe on an encoder) on the first N WikiText-2 "
         "test paragraphs of more than 20 words (--data-dir/wikitext2/test.txt)",
     )
@@ -69,181 +68,13 @@ def add(commands: Any) -> None:
         help="run nothing: join the CSVs of runs split by task (each one's --out FILE.csv) into --out "
         "and --table",
     )
-    cli._probe_options(parser, required=False)
+    options.probe_options(parser, required=False)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``attnlens curve`` with the parsed ``args``; returns the exit status."""
-    inputs = [("--constants", args.constants), ("--lm-texts", args.lm_texts),
-              *(("--combine", path) for path in args.combine or ())]
-    outputs = _outputs(args, inputs)
-    baselines = _baselines(args.baselines)
-    if args.combine:
-        return _combine(args, outputs)
-    fractions = _fractions(args.fractions, table=args.table)
-    _check(args)
-    measures = cli._measures(args)
-    model = cli._load(args.model, quiet=args.quiet, device=cli._resolve_device(args.device))
-    from attnlens.evaluation import curve_inputs
-    from attnlens.evaluation.curve import curve
-    from attnlens.methods.papa import PapaConstants, fitting
+    """``attnlens curve`` with the parsed ``args``: :func:`attnlens.cli.jobs.curve.run`, imported
+    here, as the command runs (it imports torch); returns the exit status."""
+    from attnlens.cli.jobs import curve
 
-    if args.fit_wikitext:
-        constants = fitting.fit(model, curve_inputs.wikitext(args.data_dir), progress=not args.quiet)
-        if args.save_constants is not None and cli._rank() == 0:
-            constants.save(outputs["constants"], overwrite_read_only=args.force)
-    else:
-        constants = PapaConstants.load(args.constants, model)
-    tasks = measures.pop("tasks")
-    by_task = curve_inputs.constants_by_task(
-        model, constants, tasks, data_dir=measures["data_dir"], train_limit=measures["train_limit"],
-        batch_size=args.batch_size, progress=not args.quiet)
-    if args.lm_wikitext is not None:
-        measures["lm_texts"] = curve_inputs.wikitext(args.data_dir, ["test"], min_words=curve_inputs.LM_MIN_WORDS,
-                                                     limit=args.lm_wikitext)
-    result = curve(
-        model, by_task, tasks, fractions=fractions, strategy=args.strategy, baselines=baselines,
-        batch_size=args.batch_size, seeds=args.seeds, checkpoint=args.checkpoint, progress=not args.quiet,
-        **measures,
-    )
-    if cli._rank() != 0:  # under torchrun every rank holds the curve; rank 0 writes it
-        return 0
-    _write(result, args, outputs)
-    print(f"({result.seconds:.0f} s, {result.forward_seconds:.0f} s extracting features, "
-          f"{result.probe_seconds:.0f} s training probes)")
-    return 0
-
-
-def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
-    """The files to write, each checked before any work: ``csv`` and ``html`` (``--out``: a
-    figure with its CSV beside it, or a CSV alone), ``table`` and ``markdown`` (Table 1),
-    ``json`` and the saved constants."""
-    out = cli._out(args.out, "--out", (".html", ".htm", ".csv"), inputs, force=args.force)
-    html = None if out.suffix.lower() == ".csv" else out
-    csv = out if html is None else cli._out(str(out.with_suffix(".csv")), "--out (its CSV)", (".csv",), inputs,
-                                            force=args.force)
-    written = [("--out", out), ("--out (its CSV)", csv)]
-    files: dict[str, Path | None] = {"html": html, "csv": csv, "table": None, "markdown": None, "json": None,
-                                     "constants": None}
-    if args.table is not None:
-        files["table"] = cli._out(args.table, "--table", (".csv",), [*inputs, *written], force=args.force)
-        written.append(("--table", files["table"]))
-        files["markdown"] = cli._out(str(files["table"].with_suffix(".md")), "--table (its Markdown)", (".md",),
-                                     [*inputs, *written], force=args.force)
-        written.append(("--table (its Markdown)", files["markdown"]))
-    if args.json is not None:
-        files["json"] = cli._out(args.json, "--json", (".json",), [*inputs, *written], force=args.force)
-        written.append(("--json", files["json"]))
-    if args.save_constants is not None:
-        if not args.fit_wikitext:
-            raise cli.UsageError(f"--save-constants {args.save_constants} would be unused: it saves the "
-                                 "constants of --fit-wikitext")
-        files["constants"] = cli._out(args.save_constants, "--save-constants", (".safetensors",),
-                                      [*inputs, *written], force=args.force)
-    return files
-
-
-def _baselines(text: str) -> tuple[str, ...]:
-    """``--baselines``: names of data-free matrices, ``all`` or ``none``."""
-    from attnlens.evaluation.curve import DATA_FREE
-
-    if text.strip() == "all":
-        return DATA_FREE
-    if text.strip() == "none":
-        return ()
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in DATA_FREE]
-    if unknown or not names:
-        raise cli.UsageError(f"--baselines {text!r}: use names among {', '.join(DATA_FREE)} separated by "
-                             "commas, 'all' or 'none'")
-    return names
-
-
-def _fractions(text: str, *, table: str | None) -> list[float]:
-    try:
-        fractions = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise cli.UsageError(f"--fractions {text} should be numbers separated by commas") from None
-    if not fractions:
-        raise cli.UsageError(f"--fractions {text!r} holds no fraction; give numbers separated by commas (e.g. 0,0.5,1)")
-    if table is not None and 1.0 not in fractions:
-        raise cli.UsageError(f"--table {table} needs every head replaced: add 1 to --fractions {text}")
-    return fractions
-
-
-def _check(args: argparse.Namespace) -> None:
-    """Refuse, before the model is loaded, what the curve cannot run."""
-    from attnlens.methods.papa import STRATEGIES
-
-    if not args.task:
-        raise cli.UsageError("the following arguments are required: --task (or --combine CSV ...)")
-    if args.strategy not in STRATEGIES:
-        raise cli.UsageError(f"--strategy {args.strategy} is unknown; use one of {', '.join(STRATEGIES)}")
-    if args.constants is None and not args.fit_wikitext:
-        raise cli.UsageError("the constants are needed: --constants FILE (from 'attnlens fit-papa') or "
-                             "--fit-wikitext")
-    if args.constants is not None and not Path(args.constants).is_file():
-        raise cli.UsageError(f"constants file not found: {args.constants}")
-    if args.lm_wikitext is not None and args.lm_texts is not None:
-        raise cli.UsageError("--lm-wikitext and --lm-texts both give the LM's texts; give one of them")
-    for option, used, split in (("--fit-wikitext", args.fit_wikitext, "valid"),
-                                ("--fit-wikitext", args.fit_wikitext, "test"),
-                                ("--lm-wikitext", args.lm_wikitext is not None, "test")):
-        if used and (args.data_dir is None or not (Path(args.data_dir) / "wikitext2" / f"{split}.txt").is_file()):
-            raise cli.UsageError(f"{option} reads --data-dir/wikitext2/{split}.txt: "
-                                 + ("give --data-dir" if args.data_dir is None else
-                                    f"{Path(args.data_dir) / 'wikitext2' / f'{split}.txt'} is not a file"))
-    if args.checkpoint is not None and Path(args.checkpoint).exists() and not Path(args.checkpoint).is_dir():
-        raise cli.UsageError(f"--checkpoint {args.checkpoint} is a file; give a folder (made if missing)")
-
-
-def _combine(args: argparse.Namespace, outputs: dict[str, Path | None]) -> int:
-    """``--combine``: one curve (and Table 1) from the CSVs of runs split by task."""
-    given = [option for option, value in (("--task", args.task), ("--constants", args.constants),
-                                          ("--fit-wikitext", args.fit_wikitext), ("--checkpoint", args.checkpoint),
-                                          ("--lm-texts", args.lm_texts), ("--lm-wikitext", args.lm_wikitext))
-             if value]
-    if given:
-        raise cli.UsageError(f"--combine runs nothing: {given[0]} would be unused")
-    from attnlens.errors import InputError
-    from attnlens.evaluation.curve import Curve
-
-    for path in args.combine:
-        if not Path(path).is_file():
-            raise cli.UsageError(f"--combine: file not found: {path}")
-    try:
-        result = Curve.combine([Curve.read_csv(path) for path in args.combine])
-    except InputError as error:
-        raise cli.UsageError(f"--combine: {error}") from None
-    _write(result, args, outputs)
-    return 0
-
-
-def _write(result: Any, args: argparse.Namespace, outputs: dict[str, Path | None]) -> None:
-    """The curve's table, figure, JSON and Table 1, each written atomically, and the table printed."""
-    from attnlens.core.files import write_atomic
-
-    print(result.table.to_string(index=False, float_format=lambda value: f"{value:.4f}"))
-    result.to_csv(outputs["csv"], overwrite_read_only=args.force)
-    written = [outputs["csv"]]
-    if outputs["html"] is not None:
-        html = result.figure().to_html(include_plotlyjs=True, full_html=True)
-        write_atomic(outputs["html"], html.encode("utf-8"), overwrite_read_only=args.force)
-        written.append(outputs["html"])
-    if outputs["json"] is not None:
-        result.to_json(outputs["json"], overwrite_read_only=args.force)
-        written.append(outputs["json"])
-    if outputs["table"] is not None:
-        from attnlens.evaluation.table import PapaTable
-
-        table = PapaTable.from_curve(result)
-        write_atomic(outputs["table"], table.table.to_csv(index=False).encode("utf-8"),
-                     overwrite_read_only=args.force)
-        write_atomic(outputs["markdown"], (table.to_markdown() + "\n").encode("utf-8"),
-                     overwrite_read_only=args.force)
-        print(table.frame().to_string())
-        written += [outputs["table"], outputs["markdown"]]
-    if outputs["constants"] is not None:
-        written.append(outputs["constants"])
-    print(f"wrote {', '.join(map(str, written))}")
+    return curve.run(args)

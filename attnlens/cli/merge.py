@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from attnlens import cli
+from attnlens.cli import options
 
 
 def add(commands: Any) -> None:
@@ -18,27 +17,13 @@ def add(commands: Any) -> None:
     )
     parser.add_argument("inputs", nargs="+", help="constants files (.safetensors) to merge")
     parser.add_argument("--out", required=True, help="safetensors file to write")
-    cli._force(parser)
+    options.force_option(parser)
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``attnlens merge`` with the parsed ``args``; returns the exit status."""
-    inputs = [("input", path) for path in args.inputs]
-    out = cli._out(args.out, "--out", (".safetensors",), inputs, force=args.force)
-    for _, path in inputs:
-        if not Path(path).is_file():
-            raise cli.UsageError(f"constants file not found: {path}")
-    from attnlens.methods.papa import PapaConstants
+    """``attnlens merge`` with the parsed ``args``: :func:`attnlens.cli.jobs.merge.run`, imported
+    here, as the command runs (it imports torch); returns the exit status."""
+    from attnlens.cli.jobs import merge
 
-    parts = [PapaConstants.load(path) for path in args.inputs]
-    merged = parts[0]
-    for path, part in zip(args.inputs[1:], parts[1:], strict=True):
-        try:
-            merged = merged + part
-        except ValueError as error:
-            raise cli.UsageError(f"cannot merge {path}: {error}") from None
-    path = merged.save(out, overwrite_read_only=args.force)
-    print(repr(merged))
-    print(f"wrote constants: {Path(path).resolve()}")
-    return 0
+    return merge.run(args)
