@@ -11,7 +11,9 @@ the file cache) of
 
 Each line shows its ratio to the 0.5 s target (below 1.00 meets it). The command line imports
 only the standard library until a subcommand runs (``attnlens/__init__.py`` imports its names
-lazily, :mod:`attnlens.cli` imports torch, transformers, plotly and pandas in the handlers).
+lazily; the parser of :mod:`attnlens.cli` is built from modules that import no torch, and each
+command imports its job, :mod:`attnlens.cli.jobs`, which imports torch, transformers, plotly and
+pandas, only when it runs).
 
 Usage: ``python benchmarks/cli_help.py [--repeats 5]``
 """
