@@ -5,7 +5,7 @@ constant (corpus-mean) attention and probe what is left, at fractions {1, 1/2, 1
 the input-dependent heads *kept*: replaced fractions ``(0, 0.5, 0.875, 0.9375, 1)``. Data-free
 constants (identity, Toeplitz, zeros) replacing every head are the baselines.
 
-:func:`curve` probes every (task, fraction) with :func:`attnlens.probing.run` (features cached,
+:func:`curve` probes every (task, fraction) with :func:`attnlens.evaluation.probing.run` (features cached,
 so a repeated or interrupted curve reuses every finished point) and, with ``lm_texts``, adds the
 language-model score of each point (:func:`attnlens.evaluation.lm.scorer.evaluate`: the model's own trained head,
 or the MLM probe when its head is untrained), named by its kind.
@@ -26,10 +26,11 @@ from attnlens.core import seam
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
 from attnlens.core.notebook import curve_html
+from attnlens.core.plots import papa_curve
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine.distributed import world
 from attnlens.errors import InputError, InputTypeError, MismatchError
-from attnlens.evaluation import points, probing
+from attnlens.evaluation import conventions, points, probing
 from attnlens.evaluation.curve_inputs import checked_constants, lambda_order
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import paired
@@ -42,7 +43,7 @@ from attnlens.methods.papa.selection import STRATEGIES, select_heads
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
 FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
 BASELINES: tuple[str, ...] = ("identity", "toeplitz", "zeros")
-#: Every data-free matrix a curve or a table can show (:mod:`attnlens.papa.baselines`).
+#: Every data-free matrix a curve or a table can show (:mod:`attnlens.methods.papa.baselines`).
 DATA_FREE: tuple[str, ...] = ("identity", "toeplitz", "zeros", "uniform")
 #: Probe seeds per point by default (PAPA §4.1: three seeds).
 SEEDS = 3
@@ -59,12 +60,21 @@ COLUMNS = {
     "high": "95% bootstrap interval of score: upper end",
     "seed_std": "standard deviation of the score over probe seeds",
     "metric": "which metric (or LM score kind)",
-    "relative": "score / score with no head replaced (the same task and strategy)",
+    "relative": "score / score with no head replaced (the same task and strategy); empty where the metric can be "
+                "negative (Matthews correlation, the LM's log-likelihood): read difference there",
     "difference": "score minus the score with no head replaced, on the same examples",
     "difference_low": "95% paired bootstrap interval of difference (examples and probe seeds): lower end",
     "difference_high": "95% paired bootstrap interval of difference: upper end",
-    "p_value": "paired bootstrap: share of resamples where the difference is >= 0 (small: a real drop)",
-    "significant": "whether the interval of difference excludes 0",
+    "p_value": "paired bootstrap, two-sided: 2 min(P*(d <= 0), P*(d >= 0)) over the resampled differences "
+               "(empty for the reference point itself)",
+    "p_adjusted": "p_value adjusted by Holm's step-down method across the tests of the table",
+    "significant": "whether p_adjusted < 0.05",
+    "detectable": "the difference this dev set detects with 80% power at two-sided 0.05, at the observed spread",
+    "margin": "the equivalence margin: conventions.EQUIVALENCE_MARGIN (2%) of the absolute score with no head replaced",
+    "equivalent": "paired TOST at 0.05: whether the 90% interval of difference lies inside (-margin, margin)",
+    "versus_linear": "score minus the linear baseline's, on the same examples (the probe above linear: > 0)",
+    "versus_linear_low": "95% paired bootstrap interval of versus_linear: lower end",
+    "versus_linear_high": "95% paired bootstrap interval of versus_linear: upper end",
     "baseline": "linear baseline (logistic regression on the same features) under the same hooks",
     "baseline_low": "95% bootstrap interval of baseline: lower end",
     "baseline_high": "95% bootstrap interval of baseline: upper end",
@@ -75,12 +85,26 @@ COLUMNS = {
 
 
 #: The columns of :meth:`Curve.to_markdown`, in order.
-MARKDOWN_COLUMNS: tuple[str, ...] = ("task", "strategy", "kept", "heads", "score", "95% interval", "relative",
-                                     "drop [paired 95%]", "significant", "linear", "majority")
+MARKDOWN_COLUMNS: tuple[str, ...] = (
+    "task", "strategy", "kept", "heads", "score [95%]", "relative", "difference [paired 95%]", "p (Holm)",
+    "significant", "detectable", "equivalent (± margin)", "probe − linear [paired 95%]", "linear [95%]",
+    "majority [95%]")
 
 
 def _number(value: float) -> str:
     return "–" if pd.isna(value) else f"{value:.4f}"
+
+
+def _yes_no(value: Any) -> str:
+    return "–" if value is None or pd.isna(value) else ("yes" if bool(value) else "no")
+
+
+def _with_interval(value: float, low: float, high: float, *, signed: bool = False) -> str:
+    """``0.8120 [0.7890, 0.8340]`` (``signed``: with its sign), ``–`` for no number."""
+    if pd.isna(value):
+        return "–"
+    form = "+.4f" if signed else ".4f"
+    return format(value, form) + ("" if pd.isna(low) else f" [{format(low, form)}, {format(high, form)}]")
 
 
 @dataclass
@@ -122,8 +146,7 @@ class Curve(Result):
 
     def figure(self) -> Any:
         """Score against the share of input-dependent heads kept, one line per task and
-        strategy, the baselines as marks at 0 kept (:func:`attnlens.plots.papa_curve`)."""
-        from attnlens.core.plots import papa_curve
+        strategy, the baselines as marks at 0 kept (:func:`attnlens.core.plots.papa_curve`)."""
 
         return papa_curve(self.table)
 
@@ -132,29 +155,33 @@ class Curve(Result):
         return f"Curve({tasks}; {len(self.table)} points, {self.seconds:.0f} s)"
 
     def _repr_html_(self) -> str:
-        """Jupyter's view: tasks, the first rows of the table (:func:`attnlens.display.curve_html`)."""
+        """Jupyter's view: tasks, the first rows of the table (:func:`attnlens.present.display.curve_html`)."""
         return curve_html(self)
 
     def to_csv(self, path: Any, *, overwrite_read_only: bool = False) -> Any:
-        """Write the table as CSV, atomically (:func:`attnlens.files.write_atomic`)."""
+        """Write the table as CSV, atomically (:func:`attnlens.core.files.write_atomic`)."""
         return write_atomic(path, self.table.to_csv(index=False).encode("utf-8"),
                             overwrite_read_only=overwrite_read_only)
 
     def to_markdown(self) -> str:
         """The table as the docs show it (``docs/probing.md``), in Markdown: one row per task,
-        strategy and fraction, with the share of heads kept, the heads replaced, the score and
-        its 95% interval, the relative score, the paired drop against no head replaced with its
-        95% interval and whether it is significant, and the linear and majority baselines;
-        ``–`` where a row has no such number (the LM's model head)."""
+        strategy and fraction (:data:`MARKDOWN_COLUMNS`): the share of heads kept, the heads
+        replaced, the score and every baseline with its 95% interval, the relative score, the
+        paired difference against no head replaced with its 95% interval, its Holm-adjusted
+        p-value and whether it is significant, the difference its dev set detects, whether the
+        paired TOST shows it equivalent within its margin, and the probe against its linear
+        baseline; ``–`` where a row has no such number (the reference point's own test, the LM's
+        model head)."""
         lines = ["| " + " | ".join(MARKDOWN_COLUMNS) + " |", "|" + " --- |" * len(MARKDOWN_COLUMNS)]
-        for row in self.table.itertuples(index=False):
-            interval = "–" if pd.isna(row.low) else f"[{row.low:.4f}, {row.high:.4f}]"
-            drop = ("–" if pd.isna(row.difference_low) else
-                    f"{row.difference:+.4f} [{row.difference_low:+.4f}, {row.difference_high:+.4f}]")
-            significant = "–" if pd.isna(row.significant) else ("yes" if bool(row.significant) else "no")
-            cells = [row.task, row.strategy, f"{row.fraction_kept:.4f}", str(int(row.heads)), _number(row.score),
-                     interval, _number(row.relative), drop, significant, _number(row.baseline),
-                     _number(row.majority)]
+        for row in self.table.reindex(columns=list(COLUMNS)).itertuples(index=False):
+            cells = [row.task, row.strategy, f"{row.fraction_kept:.4f}", str(int(row.heads)),
+                     _with_interval(row.score, row.low, row.high), _number(row.relative),
+                     _with_interval(row.difference, row.difference_low, row.difference_high, signed=True),
+                     _number(row.p_adjusted), _yes_no(row.significant), _number(row.detectable),
+                     "–" if pd.isna(row.margin) else f"{_yes_no(row.equivalent)} (± {row.margin:.4f})",
+                     _with_interval(row.versus_linear, row.versus_linear_low, row.versus_linear_high, signed=True),
+                     _with_interval(row.baseline, row.baseline_low, row.baseline_high),
+                     _with_interval(row.majority, row.majority_low, row.majority_high)]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
 
@@ -174,7 +201,9 @@ class Curve(Result):
         settings = {"strategy": strategy,
                     "fractions": [float(f) for f in dict.fromkeys(table.loc[ordered, "fraction_replaced"])],
                     "baselines": list(dict.fromkeys(table.loc[~ordered, "strategy"]))}
-        return cls(table.reindex(columns=list(COLUMNS)), settings=settings)
+        # a table made before a column existed keeps the columns it has (docs/papa_curve.csv
+        # predates the two-sided tests: its p_value is one-sided, and it has no p_adjusted)
+        return cls(table.reindex(columns=[name for name in COLUMNS if name in table]), settings=settings)
 
     @classmethod
     def combine(cls, curves: Sequence[Curve]) -> Curve:
@@ -257,12 +286,12 @@ def curve(
     score is their mean, ``seed_std`` their spread). ``baseline``: fit the linear baseline at
     every point. Every score carries its 95% bootstrap interval, and every point a paired
     bootstrap test against the same task with no head replaced, on the same examples; both
-    resample the probe seeds too, paired by seed (:func:`attnlens.probing.paired`). The other
-    arguments go to :func:`attnlens.probing.run`.
+    resample the probe seeds too, paired by seed (:func:`attnlens.evaluation.probing.paired`). The other
+    arguments go to :func:`attnlens.evaluation.probing.run`.
 
     The probe's epochs and the linear baseline's ``C`` are chosen once per task, on held-out
-    training examples with no head replaced (:func:`attnlens.probing.choose_epochs`,
-    :class:`attnlens.probing.LinearBaseline`), and every point of that task trains that long
+    training examples with no head replaced (:func:`attnlens.evaluation.probing.choose_epochs`,
+    :class:`attnlens.evaluation.probing.LinearBaseline`), and every point of that task trains that long
     with that ``C``: the points differ in their features only. The linear baseline of every
     later point starts from the solution with no head replaced (a warm start: the same optimum
     to the solver's tolerance, a third of the iterations on POS).
@@ -278,10 +307,10 @@ def curve(
     head is the model itself, as fraction 0; repeated fractions) share one probing run per task,
     and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
     feature cache after their first extraction. Features run in compact PAPA batches
-    (:func:`attnlens.inputs.compact_batch`). ``fast``: the replaced heads skip their query, key,
-    ``QKᵀ`` and softmax (``papa.hooks(..., fast=True)``, :func:`attnlens.seam.constant_heads`);
+    (:func:`attnlens.core.inputs.compact_batch`). ``fast``: the replaced heads skip their query, key,
+    ``QKᵀ`` and softmax (``papa.hooks(..., fast=True)``, :func:`attnlens.core.seam.constant_heads`);
     the same features up to float32 rounding (the same cache entries). ``None`` (default):
-    wherever the model allows it (:func:`attnlens.seam.skips_constant_heads`: encoders loaded
+    wherever the model allows it (:func:`attnlens.core.seam.skips_constant_heads`: encoders loaded
     by :func:`attnlens.load`); ``True`` refuses a model that does not.
 
     ``checkpoint``: a folder where every finished point of a task is written, atomically
@@ -458,7 +487,7 @@ def curve(
                                 features_rank=extracted.get((name, key), part)["rank"],
                                 resumed=part.get("resumed", False)))
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
-    table["relative"] = table.apply(lambda row: _relative(table, row), axis=1)
+    table = conventions.apply(table)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
                     seeds=seeds, processes=world().size, fast=fast, **{
         key: value for key, value in options.items() if key != "data_dir"})
@@ -482,7 +511,7 @@ def _task_name(task: Any) -> str:
 def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dict, fast: bool) -> str:
     """The key of a task's point under hooks of key ``hooks`` in a curve's checkpoint folder
     (:func:`attnlens.evaluation.points.key`): its examples, its settings (``options``, the
-    point's :func:`attnlens.probing.run` arguments before the first point's choices, and
+    point's :func:`attnlens.evaluation.probing.run` arguments before the first point's choices, and
     ``fast``) and, for a later point, the key of its first point (hooks ``first_hooks``)."""
     train, evaluation, *_ = probing._examples(model, task, options["data_dir"], None, options["train_limit"],
                                               options["eval_limit"], options["seed"], options["max_len"],
@@ -495,19 +524,24 @@ def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dic
 
 
 def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
-    """A curve point's score columns: its interval, baselines, and the paired test against the
-    same task with no head replaced (``unchanged``), resampling the same examples."""
-    versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
-                    resamples=result.settings["resamples"])
-    linear = result.baseline_interval
-    return dict(
+    """A curve point's score columns: its interval, baselines, the paired test against the same
+    task with no head replaced (``unchanged``; none for that point itself), resampling the same
+    examples, and the paired test of the probe against its linear baseline."""
+    linear, versus_linear = result.baseline_interval, result.versus_baseline
+    columns = dict(
         score=result.score, low=result.interval.low, high=result.interval.high,
-        seed_std=result.seed_std, difference=versus.difference, difference_low=versus.low,
-        difference_high=versus.high, p_value=versus.p_value, significant=versus.significant,
-        baseline=result.baseline, baseline_low=linear.low if linear else float("nan"),
+        seed_std=result.seed_std, baseline=result.baseline, baseline_low=linear.low if linear else float("nan"),
         baseline_high=linear.high if linear else float("nan"), majority=result.majority,
         majority_low=result.majority_interval.low, majority_high=result.majority_interval.high,
+        versus_linear=versus_linear.difference if versus_linear else float("nan"),
+        versus_linear_low=versus_linear.low if versus_linear else float("nan"),
+        versus_linear_high=versus_linear.high if versus_linear else float("nan"),
     )
+    if result is unchanged:
+        return {**columns, "difference": 0.0, "difference_low": 0.0, "difference_high": 0.0}
+    versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
+                    resamples=result.settings["resamples"])
+    return {**columns, **conventions.paired_columns(versus, unchanged.score)}
 
 
 def _after_first(options: dict, first: Any, probe: dict | None) -> dict:
@@ -527,16 +561,8 @@ def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
     per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
     if score.counts is None or unchanged.counts is None:
         return {}
-
+    columns = dict(low=score.interval.low, high=score.interval.high)
+    if score is unchanged:
+        return {**columns, "difference": 0.0, "difference_low": 0.0, "difference_high": 0.0}
     versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
-    return dict(low=score.interval.low, high=score.interval.high, difference=versus.difference,
-                difference_low=versus.low, difference_high=versus.high, p_value=versus.p_value,
-                significant=versus.significant)
-
-
-def _relative(table: pd.DataFrame, row: Any) -> float:
-    base = table[(table["task"] == row["task"]) & (table["fraction_replaced"] == 0.0)]
-    if base.empty or base["score"].iloc[0] == 0:
-        return float("nan")
-    return float(row["score"] / base["score"].iloc[0])
-
+    return {**columns, **conventions.paired_columns(versus, unchanged.value)}

@@ -3,7 +3,7 @@ order of ``strategy="lambda"``.
 
 The curve of ``docs/papa_curve.csv`` (and PAPA's Table 1, ``docs/papa_table.csv``) is
 :func:`attnlens.evaluation.curve.curve` on :data:`TASKS` with constants fitted on
-:func:`wikitext` (its validation and test paragraphs, ``max_len`` 128), given to each task by
+:func:`wikitext` (its validation paragraphs, ``max_len`` 128), given to each task by
 :func:`constants_by_task` (MRPC, a sentence-pair task, gets constants fitted on its own training
 pairs), every data-free baseline, and PAPA's MLM probe on the first :data:`LM_PARAGRAPHS`
 WikiText-2 test paragraphs of more than :data:`LM_MIN_WORDS` words. ``attnlens curve`` runs it
@@ -33,13 +33,14 @@ TASKS: tuple[str, ...] = ("sst2", "cola", "mrpc", "ner", "pos")
 LM_PARAGRAPHS, LM_MIN_WORDS = 400, 20
 
 
-def wikitext(data_dir: str | os.PathLike, splits: Sequence[str] = ("valid", "test"), *, min_words: int = 0,
+def wikitext(data_dir: str | os.PathLike, splits: Sequence[str] = ("valid",), *, min_words: int = 0,
              limit: int | None = None) -> list[str]:
     """WikiText-2's paragraphs: the lines of ``data_dir/wikitext2/<split>.txt``, split after
     split, stripped, without blank lines and headings (`` = Title = ``), those of more than
     ``min_words`` words, the first ``limit`` (``None``: all). The documented curve fits its
-    constants on ``wikitext(data_dir)`` (4,024 paragraphs) and scores the MLM probe on
-    ``wikitext(data_dir, ["test"], min_words=LM_MIN_WORDS, limit=LM_PARAGRAPHS)``."""
+    constants on ``wikitext(data_dir)``, the validation paragraphs, and scores the MLM probe on
+    ``wikitext(data_dir, ["test"], min_words=LM_MIN_WORDS, limit=LM_PARAGRAPHS)``: no scored
+    paragraph is among those the constants were fitted on (``tests/system/test_curve_cli.py``)."""
     if isinstance(splits, str):
         raise InputTypeError(f"splits is a list of names, e.g. [{splits!r}], not one string.")
     limit = optional_count(limit, "limit", " of paragraphs (or None for all)")
@@ -52,6 +53,19 @@ def wikitext(data_dir: str | os.PathLike, splits: Sequence[str] = ("valid", "tes
         lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
         paragraphs += [line for line in lines if line and not line.startswith("=") and len(line.split()) > min_words]
     return paragraphs if limit is None else paragraphs[:limit]
+
+
+def constant_texts(data_dir: str | os.PathLike) -> list[str]:
+    """The paragraphs the documented curve fits its constants on: WikiText-2's validation split
+    (:func:`wikitext`), disjoint from :func:`lm_texts`."""
+    return wikitext(data_dir, ["valid"])
+
+
+def lm_texts(data_dir: str | os.PathLike, limit: int = LM_PARAGRAPHS) -> list[str]:
+    """The paragraphs the documented curve scores the LM on: the first ``limit`` WikiText-2 test
+    paragraphs of more than :data:`LM_MIN_WORDS` words (:func:`wikitext`), none of which the
+    constants of :func:`constant_texts` saw."""
+    return wikitext(data_dir, ["test"], min_words=LM_MIN_WORDS, limit=limit)
 
 
 def constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], *, data_dir: Any = None,

@@ -20,13 +20,17 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnlens.core.plots import papa_table
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
+from attnlens.evaluation import conventions
 from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
 from attnlens.evaluation.curve import DATA_FREE, curve
 
 #: The rows of Table 1, in order.
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
+#: The paper's Table 1 tasks this environment cannot run, and why (``PapaTable.from_curve``).
+UNAVAILABLE: dict[str, str] = {"mnli": "not available: dev data not in this environment"}
 
 
 @dataclass
@@ -41,6 +45,7 @@ class PapaTable(Result):
         **CURVE_COLUMNS,
         "row": "the row of Table 1: original (no head replaced), average (every head replaced by "
                "the constants), or the data-free matrix replacing every head",
+        "note": "why a task of the paper's Table 1 has no score here (empty for the tasks run)",
     }
     FORMAT: ClassVar[str] = "attnlens.PapaTable/1"
 
@@ -49,12 +54,12 @@ class PapaTable(Result):
     settings: dict = field(default_factory=dict, repr=False)
 
     def frame(self, *, relative: bool = False) -> pd.DataFrame:
-        """Rows × tasks: ``"0.812 [0.785, 0.835]"`` (``relative=True``: score / original's,
-        with ``*`` where the paired bootstrap finds the drop significant)."""
+        """Rows × tasks: ``"0.812 [0.785, 0.835]"`` (``relative=True``: score / original's, or
+        ``Δ`` score − original's where the metric can be negative (``relative`` is empty there),
+        with ``*`` where the drop is significant, ``significant``: Holm-adjusted)."""
         cells = self.table.copy()
         if relative:
-            cells["cell"] = [f"{r:.3f}{'*' if s else ''}" for r, s in
-                             zip(cells["relative"], cells["significant"].fillna(False), strict=True)]
+            cells["cell"] = [_relative_cell(row) for row in cells.itertuples()]
         else:
             cells["cell"] = [_cell(row) for row in cells.itertuples()]
         wide = cells.pivot(index="row", columns="task", values="cell")
@@ -63,7 +68,6 @@ class PapaTable(Result):
 
     def figure(self) -> Any:
         """One panel per task: a bar per row with its 95% interval (:func:`attnlens.core.plots.papa_table`)."""
-        from attnlens.core.plots import papa_table
 
         return papa_table(self.table)
 
@@ -85,11 +89,15 @@ class PapaTable(Result):
         return cls(frame_from_json(data["table"]), float(data["seconds"]), dict(data.get("settings") or {}))
 
     @classmethod
-    def from_curve(cls, measured: Any) -> PapaTable:
+    def from_curve(cls, measured: Any, *, unavailable: dict[str, str] | None = None) -> PapaTable:
         """Table 1 read from a :class:`attnlens.papa.Curve` that has the points it needs: no head
         replaced (``original``), every head replaced by the constants (``average``), and any of the
         data-free baselines it measured. One curve run with ``baselines=DATA_FREE`` gives both the
-        curve and the table."""
+        curve and the table. The table's tests are one family: ``p_adjusted`` and ``significant``
+        are Holm's across its rows (:func:`attnlens.evaluation.conventions.apply`).
+        ``unavailable``: tasks of the paper's Table 1 that were not run, each with the reason,
+        shown as rows with no score and that ``note`` (e.g. :data:`UNAVAILABLE`: MNLI, whose dev
+        data is not in this environment), never silently absent."""
         long = measured.table.copy()
         strategy = measured.settings["strategy"]
         fractions = long["fraction_replaced"]
@@ -102,10 +110,27 @@ class PapaTable(Result):
             ("original" if fraction == 0 else "average") if name == strategy else name
             for name, fraction in zip(long["strategy"], long["fraction_replaced"], strict=True)
         ]
+        if "detectable" in long:  # a table of two-sided tests: its rows are one family (Holm)
+            long = conventions.apply(long)
+        for task, why in (unavailable or {}).items():
+            if task not in set(long["task"]):
+                long = pd.concat([long, pd.DataFrame([{"task": task, "row": row, "note": why} for row in ROWS])],
+                                 ignore_index=True)
         return cls(long.reset_index(drop=True), measured.seconds, measured.settings)
 
 
+def _relative_cell(row: Any) -> str:
+    if pd.isna(row.score):
+        return _cell(row)
+    mark = "*" if row.significant is True or (not pd.isna(row.significant) and bool(row.significant)) else ""
+    if pd.isna(row.relative):
+        return f"Δ {row.difference:+.3f}{mark}" if not pd.isna(row.difference) else "–"
+    return f"{row.relative:.3f}{mark}"
+
+
 def _cell(row: Any) -> str:
+    if pd.isna(row.score):
+        return str(row.note) if isinstance(getattr(row, "note", None), str) else "–"
     if pd.isna(row.low):
         return f"{row.score:.3f}"
     return f"{row.score:.3f} [{row.low:.3f}, {row.high:.3f}]"

@@ -203,7 +203,11 @@ def test_the_curve_scores_the_language_model_named_by_its_kind(minilm, constants
     assert table["score"].iloc[0] == plain.value
     # intervals over the evaluation texts and the paired test against no head replaced
     assert ((table["low"] <= table["score"]) & (table["score"] <= table["high"])).all()
-    assert table["difference"].iloc[0] == 0 and not table["significant"].iloc[0]
+    assert table["difference"].iloc[0] == 0 and pd.isna(table["p_value"].iloc[0])  # the reference: no test
+    # one test, two-sided: Holm leaves it alone; a log-likelihood can be negative: no ratio
+    assert 0 <= table["p_value"].iloc[1] <= 1 and table["p_adjusted"].iloc[1] == table["p_value"].iloc[1]
+    assert table["significant"].iloc[1] == (table["p_adjusted"].iloc[1] < 0.05)
+    assert table["relative"].isna().all() and table["margin"].iloc[1] == pytest.approx(0.02 * abs(table["score"].iloc[0]))
     assert table["difference"].iloc[1] == pytest.approx(table["score"].iloc[1] - table["score"].iloc[0], abs=1e-9)
     assert plain.counts.shape == (plain.n_examples, 2) and plain.counts[:, 1].sum() == plain.n_tokens
     assert plain.counts[:, 0].sum() / plain.n_tokens == pytest.approx(plain.value, abs=1e-9)
@@ -342,7 +346,21 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
     assert list(long["row"]) == list(ROWS)
     assert ((long["low"] <= long["score"]) & (long["score"] <= long["high"])).all()
     original = long[long["row"] == "original"].iloc[0]
-    assert original["relative"] == 1.0 and original["difference"] == 0 and not original["significant"]
+    assert original["relative"] == 1.0 and original["difference"] == 0
+    assert pd.isna(original["p_value"]) and pd.isna(original["significant"])  # the reference: no test
+    # the other rows are one family: Holm's step-down by its definition (a plain loop), and
+    # significant is p_adjusted < 0.05
+    tested = long[long["row"] != "original"]
+    p = list(tested["p_value"])
+    order = sorted(range(len(p)), key=p.__getitem__)
+    expected, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        expected[i] = running
+    assert list(tested["p_adjusted"]) == pytest.approx(expected, abs=1e-12)
+    assert list(tested["significant"]) == [a < 0.05 for a in expected]
+    assert (tested["detectable"] > 0).all() and tested["equivalent"].isin([True, False]).all()
+    assert (tested["versus_linear"] - (tested["score"] - tested["baseline"])).abs().max() < 1e-9
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
     assert markdown.count("\n") == 8 and "| average |" in markdown and "[" in markdown
     assert out.read_text(encoding="utf-8").count("<html") == 1

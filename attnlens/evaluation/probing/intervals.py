@@ -139,7 +139,7 @@ def two_sided_p(differences: Float[np.ndarray, " resample"]) -> float:
     return float(min(1.0, 2 * min(np.mean(differences <= 0), np.mean(differences >= 0))))
 
 
-def holm(p_values: Sequence[float]) -> Float[np.ndarray, " test"]:
+def holm(p_values: Sequence[float] | np.ndarray) -> Float[np.ndarray, " test"]:
     """Holm's (1979) step-down adjustment of the p-values of one family of tests (a table):
     the ``i``-th smallest of ``m`` becomes ``max_{j ≤ i} min(1, (m − j + 1) · p_(j))``; NaN
     (no test) stays NaN and does not count in ``m``. ``adjusted < α`` rejects exactly the
