@@ -331,7 +331,7 @@ def test_fit_papa_checkpoint_resumes_an_interrupted_fit(
 
     from attnlens import papa
     from attnlens.cli import main
-    from attnlens.papa import fitting
+    from attnlens.methods.papa import fitting
 
     argv = [
         "fit-papa", "--model", str(tiny_models["bert"]), "--corpus", str(tiny_corpus),

@@ -19,7 +19,7 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
 #: runs the CLI; with SIGNAL set, the process sends itself that signal during its third batch
 SIGNALLED = """
 import os, signal, sys
-from attnlens.papa import fitting
+from attnlens.methods.papa import fitting
 from attnlens.cli import main
 name = os.environ.get("SIGNAL")
 if name:

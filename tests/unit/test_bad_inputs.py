@@ -337,7 +337,7 @@ def test_an_uncached_hub_alias_through_the_cli_is_one_warning_and_one_error(tmp_
 def test_an_unexpected_error_is_one_line_and_debug_shows_its_traceback(
     tmp_path, bert_folder, corpus_file, capsys, monkeypatch
 ):
-    from attnlens.papa import fitting
+    from attnlens.methods.papa import fitting
 
     def broken(*args, **kwargs):
         raise RuntimeError("something inside broke")
