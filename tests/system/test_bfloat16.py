@@ -71,7 +71,9 @@ from attnlens.methods.papa.fitting import PatternSums
 from attnlens.methods.stats import SINK_THRESHOLD, STATISTICS, Statistics, token_classes
 from tests.precision import U32, gamma
 
-U_BF16 = 2.0**-8
+#: two MiniLM loads and four passes: about 15 s on 2 cores
+pytestmark = pytest.mark.slow
+
 N_TEXTS, MAX_LEN = 32, 64
 VIEWS = ("standard", "effective")
 LINEAR = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next")
