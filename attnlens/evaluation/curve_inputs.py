@@ -68,6 +68,30 @@ def lm_texts(data_dir: str | os.PathLike, limit: int = LM_PARAGRAPHS) -> list[st
     return wikitext(data_dir, ["test"], min_words=LM_MIN_WORDS, limit=limit)
 
 
+def missing_tasks(measured: Any, data_dir: str | os.PathLike | None) -> dict[str, str]:
+    """The tasks of PAPA's Table 1 (:data:`attnlens.evaluation.tasks.NAMES`) that the curve
+    ``measured`` lacks, each with why, for :meth:`attnlens.evaluation.table.PapaTable.from_curve`:
+    ``"not available: dev data not in this environment"`` when ``data_dir`` has no dev split of
+    it (MNLI here), ``"not run"`` otherwise (or without ``data_dir``). A task is never silently
+    absent from Table 1."""
+    run = set(measured.table["task"])
+    missing = {}
+    for name in task_module.NAMES:
+        if name in run:
+            continue
+        missing[name] = "not run"
+        if data_dir is not None:
+            try:
+                task_module.load(name, "dev", data_dir=data_dir, limit=1)
+            except task_module.TaskError:
+                missing[name] = UNAVAILABLE
+    return missing
+
+
+#: why a task of Table 1 has no row here: its dev data cannot be read
+UNAVAILABLE = "not available: dev data not in this environment"
+
+
 def constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], *, data_dir: Any = None,
                       train_limit: int | None = 4000, seed: int = 0, batch_size: int = 32,
                       progress: bool = True) -> dict[str, Any]:

@@ -29,8 +29,6 @@ from attnlens.evaluation.curve import DATA_FREE, curve
 
 #: The rows of Table 1, in order.
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
-#: The paper's Table 1 tasks this environment cannot run, and why (``PapaTable.from_curve``).
-UNAVAILABLE: dict[str, str] = {"mnli": "not available: dev data not in this environment"}
 
 
 @dataclass
@@ -62,7 +60,7 @@ class PapaTable(Result):
             cells["cell"] = [_relative_cell(row) for row in cells.itertuples()]
         else:
             cells["cell"] = [_cell(row) for row in cells.itertuples()]
-        wide = cells.pivot(index="row", columns="task", values="cell")
+        wide = cells.pivot(index="row", columns="task", values="cell").fillna("–")
         order = [row for row in ROWS if row in wide.index]
         return wide.loc[order, list(dict.fromkeys(cells["task"]))]
 
@@ -74,9 +72,10 @@ class PapaTable(Result):
     def __repr__(self) -> str:
         return f"PapaTable({', '.join(dict.fromkeys(self.table['task']))}; {self.seconds:.0f} s)\n{self.frame()}"
 
-    def to_markdown(self) -> str:
-        """The paper's layout as a Markdown table (for docs and notes)."""
-        frame = self.frame()
+    def to_markdown(self, *, relative: bool = False) -> str:
+        """The paper's layout as a Markdown table (for docs and notes); ``relative``: the relative
+        view of :meth:`frame`, with ``*`` where the drop is significant."""
+        frame = self.frame(relative=relative)
         lines = ["| | " + " | ".join(frame.columns) + " |", "|---" * (len(frame.columns) + 1) + "|"]
         lines += [f"| {index} | " + " | ".join(frame.loc[index]) + " |" for index in frame.index]
         return "\n".join(lines)
@@ -96,8 +95,9 @@ class PapaTable(Result):
         curve and the table. The table's tests are one family: ``p_adjusted`` and ``significant``
         are Holm's across its rows (:func:`attnlens.evaluation.conventions.apply`).
         ``unavailable``: tasks of the paper's Table 1 that were not run, each with the reason,
-        shown as rows with no score and that ``note`` (e.g. :data:`UNAVAILABLE`: MNLI, whose dev
-        data is not in this environment), never silently absent."""
+        shown as rows with no score and that ``note``
+        (:func:`attnlens.evaluation.curve_inputs.missing_tasks`: MNLI, whose dev data is not in
+        this environment), never silently absent."""
         long = measured.table.copy()
         strategy = measured.settings["strategy"]
         fractions = long["fraction_replaced"]
@@ -112,9 +112,10 @@ class PapaTable(Result):
         ]
         if "detectable" in long:  # a table of two-sided tests: its rows are one family (Holm)
             long = conventions.apply(long)
+        rows = [row for row in ROWS if row in set(long["row"])]
         for task, why in (unavailable or {}).items():
             if task not in set(long["task"]):
-                long = pd.concat([long, pd.DataFrame([{"task": task, "row": row, "note": why} for row in ROWS])],
+                long = pd.concat([long, pd.DataFrame([{"task": task, "row": row, "note": why} for row in rows])],
                                  ignore_index=True)
         return cls(long.reset_index(drop=True), measured.seconds, measured.settings)
 

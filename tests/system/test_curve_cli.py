@@ -6,13 +6,20 @@ table split by task into the same table."""
 
 from __future__ import annotations
 
+import io
+
 import pandas as pd
 import pytest
 
 from attnlens import cli
 from attnlens.cli.jobs import common
 from attnlens.evaluation.curve import Curve, curve
-from attnlens.evaluation.curve_inputs import LM_MIN_WORDS, constants_by_task, wikitext
+from attnlens.evaluation.curve_inputs import (
+    LM_MIN_WORDS,
+    constants_by_task,
+    missing_tasks,
+    wikitext,
+)
 from attnlens.evaluation.table import PapaTable
 from attnlens.methods.papa import PapaConstants, fitting
 from tests.conftest import DATA, data_file
@@ -66,9 +73,13 @@ def test_the_cli_curve_is_the_python_call(minilm, data, tmp_path):
     assert list(dict.fromkeys(written["task"])) == ["sst2", "mrpc", "lm"]
     pd.testing.assert_frame_equal(written, pd.read_csv(_csv(expected, tmp_path / "expected.csv")), rtol=0, atol=0)
     assert Curve.read_csv(out).to_markdown() == expected.to_markdown()
-    pd.testing.assert_frame_equal(pd.read_csv(table), PapaTable.from_curve(expected).table, rtol=0, atol=0,
-                                  check_dtype=False)
-    assert table.with_suffix(".md").read_text(encoding="utf-8") == PapaTable.from_curve(expected).to_markdown() + "\n"
+    expected_table = PapaTable.from_curve(expected, unavailable=missing_tasks(expected, data))
+    assert set(expected_table.table.loc[expected_table.table["score"].isna(), "task"]) == {"cola", "mnli", "ner", "pos"}
+    pd.testing.assert_frame_equal(pd.read_csv(table), pd.read_csv(io.StringIO(expected_table.table.to_csv(index=False))),
+                                  rtol=0, atol=0)
+    assert table.with_suffix(".md").read_text(encoding="utf-8") == expected_table.to_markdown() + "\n"
+    relative = table.with_name(table.stem + "_relative.md").read_text(encoding="utf-8")
+    assert relative == expected_table.to_markdown(relative=True) + "\n" and "not available" in relative
     assert (PapaConstants.load(saved).mean == constants.mean).all()
     assert Curve.from_json(tmp_path / "curve.json").settings["baselines"] == ["zeros"]
 
@@ -78,7 +89,7 @@ def test_the_cli_curve_is_the_python_call(minilm, data, tmp_path):
     written[written["task"] != "sst2"].to_csv(parts[1], index=False)
     joined, joined_table = tmp_path / "joined.csv", tmp_path / "joined-table.csv"
     assert cli.main(["curve", "--combine", *map(str, parts), "--out", str(joined), "--table", str(joined_table),
-                     "--quiet"]) == 0
+                     "--data-dir", str(data), "--quiet"]) == 0  # --data-dir: which missing tasks have no data
     assert joined.read_bytes() == out.read_bytes() and joined_table.read_bytes() == table.read_bytes()
 
 

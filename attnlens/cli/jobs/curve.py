@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     measures = common.measures(args)
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
     if args.fit_wikitext:
-        constants = fitting.fit(model, curve_inputs.wikitext(args.data_dir), progress=not args.quiet)
+        constants = fitting.fit(model, curve_inputs.constant_texts(args.data_dir), progress=not args.quiet)
         if args.save_constants is not None and world().rank == 0:
             constants.save(outputs["constants"], overwrite_read_only=args.force)
     else:
@@ -40,8 +40,7 @@ def run(args: argparse.Namespace) -> int:
         model, constants, tasks, data_dir=measures["data_dir"], train_limit=measures["train_limit"],
         batch_size=args.batch_size, progress=not args.quiet)
     if args.lm_wikitext is not None:
-        measures["lm_texts"] = curve_inputs.wikitext(args.data_dir, ["test"], min_words=curve_inputs.LM_MIN_WORDS,
-                                                     limit=args.lm_wikitext)
+        measures["lm_texts"] = curve_inputs.lm_texts(args.data_dir, args.lm_wikitext)
     result = curve(
         model, by_task, tasks, fractions=fractions, strategy=args.strategy, baselines=baselines,
         batch_size=args.batch_size, seeds=args.seeds, checkpoint=args.checkpoint, progress=not args.quiet,
@@ -64,14 +63,18 @@ def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
     csv = out if html is None else common.output(str(out.with_suffix(".csv")), "--out (its CSV)", (".csv",),
                                                  inputs, force=args.force)
     written = [("--out", out), ("--out (its CSV)", csv)]
-    files: dict[str, Path | None] = {"html": html, "csv": csv, "table": None, "markdown": None, "json": None,
-                                     "constants": None}
+    files: dict[str, Path | None] = {"html": html, "csv": csv, "table": None, "markdown": None, "relative": None,
+                                     "json": None, "constants": None}
     if args.table is not None:
         files["table"] = common.output(args.table, "--table", (".csv",), [*inputs, *written], force=args.force)
         written.append(("--table", files["table"]))
         files["markdown"] = common.output(str(files["table"].with_suffix(".md")), "--table (its Markdown)",
                                           (".md",), [*inputs, *written], force=args.force)
         written.append(("--table (its Markdown)", files["markdown"]))
+        relative = files["table"].with_name(files["table"].stem + "_relative.md")
+        files["relative"] = common.output(str(relative), "--table (its relative view)", (".md",),
+                                          [*inputs, *written], force=args.force)
+        written.append(("--table (its relative view)", files["relative"]))
     if args.json is not None:
         files["json"] = common.output(args.json, "--json", (".json",), [*inputs, *written], force=args.force)
         written.append(("--json", files["json"]))
@@ -124,7 +127,6 @@ def _check(args: argparse.Namespace) -> None:
     if args.lm_wikitext is not None and args.lm_texts is not None:
         raise common.UsageError("--lm-wikitext and --lm-texts both give the LM's texts; give one of them")
     for option, used, split in (("--fit-wikitext", args.fit_wikitext, "valid"),
-                                ("--fit-wikitext", args.fit_wikitext, "test"),
                                 ("--lm-wikitext", args.lm_wikitext is not None, "test")):
         if used and (args.data_dir is None or not (Path(args.data_dir) / "wikitext2" / f"{split}.txt").is_file()):
             raise common.UsageError(f"{option} reads --data-dir/wikitext2/{split}.txt: "
@@ -167,13 +169,15 @@ def _write(result: Any, args: argparse.Namespace, outputs: dict[str, Path | None
         result.to_json(outputs["json"], overwrite_read_only=args.force)
         written.append(outputs["json"])
     if outputs["table"] is not None:
-        table = PapaTable.from_curve(result)
+        table = PapaTable.from_curve(result, unavailable=curve_inputs.missing_tasks(result, args.data_dir))
         write_atomic(outputs["table"], table.table.to_csv(index=False).encode("utf-8"),
                      overwrite_read_only=args.force)
         write_atomic(outputs["markdown"], (table.to_markdown() + "\n").encode("utf-8"),
                      overwrite_read_only=args.force)
+        write_atomic(outputs["relative"], (table.to_markdown(relative=True) + "\n").encode("utf-8"),
+                     overwrite_read_only=args.force)
         print(table.frame().to_string())
-        written += [outputs["table"], outputs["markdown"]]
+        written += [outputs["table"], outputs["markdown"], outputs["relative"]]
     if outputs["constants"] is not None:
         written.append(outputs["constants"])
     print(f"wrote {', '.join(map(str, written))}")
