@@ -112,6 +112,7 @@ class PapaTable(Result):
         ]
         if "detectable" in long:  # a table of two-sided tests: its rows are one family (Holm)
             long = conventions.apply(long)
+        long["note"] = None  # a task run has no note; one not run says why (below)
         rows = [row for row in ROWS if row in set(long["row"])]
         for task, why in (unavailable or {}).items():
             if task not in set(long["task"]):

@@ -107,7 +107,7 @@ def test_every_page_of_the_navigation_and_every_notebook_is_built(site):
         assert 'href="../docs/' not in page, f"{notebook.name}: a link to ../docs/ is left on its page"
         links = re.findall(r'href="\.\./([\w-]+)\.html', page)
         assert all((site / f"{link}.html").is_file() for link in links), links
-    for module in ("attnlens", "compare", "papa", "effective", "stats", "passes", "heads", "probing",
+    for module in ("attnlens", "comparison", "papa", "effective", "norm", "stats", "passes", "heads", "probing",
                    "tasks", "lm", "syntax", "ablation", "plots", "report", "files", "loading", "models"):
         assert f"api/{module}.md" in pages, module
     assert (site / "vendor" / "plotly.min.js").stat().st_size > 1_000_000

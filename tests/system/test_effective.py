@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import attnlens
-from attnlens.methods.effective import core, effective_attention
+from attnlens.engine import effective as core
+from attnlens.methods.effective import effective_attention
 from attnlens.methods.effective.reference import effective_attention_loop
 from tests.typechecks import unchecked
 
