@@ -282,3 +282,34 @@ def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_to
         print(f"{name}: accuracy gap {gap:+.4f}, {differ} predictions differ; fit seconds sklearn "
               f"{seconds['sklearn']:.2f}, torch {seconds['torch']:.2f}")
         assert abs(gap) <= 0.002, (name, gap)
+
+
+# -- the grid of C grows until its choice is interior (issue 60) --------------------------------------
+
+
+@pytest.mark.parametrize("grid", [(1e-3, 1e-2, 1e-1), (10.0, 100.0), (1e-7, 1e-6)])
+def test_the_chosen_c_is_interior_to_the_grid_searched(grid):
+    """Whatever grid it starts from, the C chosen on the held-out training examples has a tried
+    C on both sides (or sits at C_LIMITS), and it is the best held-out score among those tried,
+    each score equal to a plain scikit-learn fit of that C on the same split (the reference)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    from attnlens.evaluation.probing.baseline import C_LIMITS
+
+    features, labels = _features("sequence", n=200, seed=3)
+    baseline = LinearBaseline(grid=grid).fit(features, labels)
+    tried = sorted(baseline.held_out)
+    assert set(grid) <= set(tried)
+    assert tried[0] < baseline.C < tried[-1] or baseline.C in C_LIMITS, (baseline.C, baseline.held_out)
+    assert baseline.held_out[baseline.C] == max(baseline.held_out.values())
+    rows, y = design(features), np.asarray(labels)
+    order = np.random.default_rng(0).permutation(len(labels))
+    held, kept = np.sort(order[:40]), np.sort(order[40:])
+    for C in tried:
+        scaler = StandardScaler().fit(rows[kept])
+        model = LogisticRegression(C=C, max_iter=1000).fit(scaler.transform(rows[kept]), y[kept])
+        reference = float((model.predict(scaler.transform(rows[held])) == y[held]).mean())
+        # at most one held-out example apart: a warm-started fit stops within lbfgs tolerance of the same optimum
+        assert baseline.held_out[C] == pytest.approx(reference, abs=1.5 / len(held)), C
+    assert not LinearBaseline(grid=grid, extend=False).fit(features, labels).held_out.keys() - set(grid)

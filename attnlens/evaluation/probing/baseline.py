@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
-from attnlens.core.checks import all_finite, finite, items, whole_number
+from attnlens.core.checks import all_finite, finite, flag, items, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.errors import InputError, NotFittedError
@@ -43,8 +43,11 @@ from attnlens.evaluation.probing.probe import PapaProbe
 #: File format of a saved linear baseline.
 FORMAT = "attnlens.LinearBaseline/1"
 
-#: The grid of ``C`` tried on the held-out split (strong to weak regularisation).
+#: The grid of ``C`` tried on the held-out split first (strong to weak regularisation); with
+#: ``extend`` it grows by factors of 10 past the edge where the best ``C`` lies until that ``C`` is
+#: interior, within :data:`C_LIMITS`.
 C_GRID: tuple[float, ...] = (1e-3, 1e-2, 1e-1)
+C_LIMITS: tuple[float, float] = (1e-7, 1e3)
 
 #: sequence examples pooled at a time by :func:`design` (a float32 copy of their vectors that
 #: stays in the processor's cache)
@@ -100,13 +103,15 @@ class LinearBaseline(Estimator):
 
     ``scorer(indices, predictions)``: how a ``C`` is judged on the held-out examples at
     ``indices`` (by default accuracy; :func:`attnlens.evaluation.probing.run` passes the task's metric).
-    After :meth:`fit`: ``C`` (chosen), ``held_out`` (``{C: score}``). :meth:`save` / :meth:`load`
+    After :meth:`fit`: ``C`` (chosen), ``held_out`` (``{C: score}``, every ``C`` tried: the grid,
+    and with ``extend`` (default) the factors of 10 past its edge until the best ``C`` is interior,
+    within :data:`C_LIMITS`; a choice made on held-out *training* examples only). :meth:`save` / :meth:`load`
     keep a fitted baseline in one safetensors file (its scaler's and its model's arrays, exactly,
     and its solver's name; a file without one was scikit-learn's).
     """
 
     def __init__(self, *, grid: Sequence[float] = C_GRID, holdout: float = 0.2, seed: int = 0,
-                 max_iter: int = 1000, solver: str | None = None) -> None:
+                 max_iter: int = 1000, solver: str | None = None, extend: bool = True) -> None:
         self._grid = tuple(finite(c, f"grid[{i}]", low=0.0) for i, c in enumerate(items(grid, "grid", "(0.01, 0.1)")))
         if not self._grid or min(self._grid) <= 0:
             raise InputError("grid must hold at least one C above 0.")
@@ -118,7 +123,7 @@ class LinearBaseline(Estimator):
                              f"features' device), not {solver!r}.")
         # scikit-learn's contract: every argument stored unchanged (checked above)
         self.grid, self.holdout, self.seed, self.max_iter = grid, holdout, seed, max_iter
-        self.solver = solver
+        self.solver, self.extend = solver, flag(extend, "extend")
         self.C: float | None = None
         self.held_out: dict[float, float] = {}
         self.model: Any = None
@@ -176,23 +181,39 @@ class LinearBaseline(Estimator):
         order = np.random.default_rng(self.seed).permutation(n)
         cut = int(round(n * self.holdout))
         fitted: dict[float, Any] = {}
+        chosen = None  # the best C once a step past the grid's edge gained nothing
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             if len(self._grid) > 1 and cut >= 1 and n - cut >= 2:
                 held, kept = np.sort(order[:cut]), np.sort(order[cut:])
                 fit_rows, held_rows = np.isin(owner, kept), np.isin(owner, held)
                 if len(np.unique(targets[fit_rows])) > 1:
-                    previous = None
-                    for C in sorted(self._grid):
+
+                    def judge(C: float, previous: Any) -> None:
                         model = self._fit(_take(rows, fit_rows), _take(fit_targets, fit_rows), C, previous)
-                        previous = fitted[C] = _last(model)
+                        fitted[C] = _last(model)
                         predicted = np.zeros(len(rows), dtype=np.int64)
                         predicted[held_rows] = _predict(model, _take(rows, held_rows))
                         predicted = self._per_example(features, predicted, targets, held)
                         self.held_out[C] = float((scorer or _accuracy(labels))(held, predicted))
+
+                    previous = None
+                    for C in sorted(self._grid):
+                        judge(C, previous)
+                        previous = fitted[C]
+                    # widen the grid by a factor of 10 at the edge where the best C lies, until it
+                    # is interior (or at C_LIMITS): a C on the grid's edge may be under-tuned
+                    while self.extend:
+                        best, tried = _best(self.held_out), sorted(self.held_out)
+                        beyond = best / 10 if best == tried[0] else best * 10 if best == tried[-1] else None
+                        if beyond is None or not C_LIMITS[0] <= beyond <= C_LIMITS[1]:
+                            break
+                        judge(beyond, fitted[best])
+                        if self.held_out[beyond] <= self.held_out[best]:  # no gain past it: interior now
+                            chosen = best
+                            break
             # the best held-out score; ties go to the stronger regularisation (the smaller C)
-            self.C = (max(sorted(self.held_out), key=self.held_out.get) if self.held_out
-                      else self._grid[0])
+            self.C = chosen if chosen is not None else _best(self.held_out) if self.held_out else self._grid[0]
             if len(np.unique(targets)) < 2:
                 raise InputError("the linear baseline needs at least two labels in the training examples.")
             first = fitted.get(self.C, _last(start.model) if start is not None and start.model is not None else None)
@@ -384,3 +405,8 @@ def _as_logistic(model: Any) -> Logistic | None:
     coef, intercept, classes = (torch.from_numpy(np.asarray(value)) for value in _solution(model))
     return Logistic(mean=torch.zeros(0), scale=torch.ones(0), var=torch.ones(0), classes=classes, C=1.0,
                     coef=coef, intercept=intercept)
+
+
+def _best(scores: dict[float, float]) -> float:
+    """The ``C`` of the best held-out score; ties go to the stronger regularisation (the smaller)."""
+    return max(sorted(scores), key=scores.get)
