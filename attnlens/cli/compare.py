@@ -6,19 +6,20 @@ import argparse
 from typing import Any
 
 from attnlens.cli import options
+from attnlens.methods import views
 
 
 def add(commands: Any) -> None:
     """The ``compare`` command and its options."""
     parser = commands.add_parser(
         "compare", help="compare views of attention head by head; write an HTML report",
-        description="Compare standard, PAPA and effective attention head by head over a corpus "
-        "and write a self-contained HTML report.",
+        description="Compare views of attention (every registered one by default: "
+        f"{', '.join(views.names())}) head by head over a corpus and write a self-contained HTML report.",
     )
     options.corpus_options(parser, out_help="HTML report to write (default report.html)", out_default="report.html")
     parser.add_argument(
-        "--views", default="standard,papa,effective",
-        help="comma-separated views among standard, papa, effective (default: all)",
+        "--views", default=None,
+        help=f"comma-separated views among {', '.join(views.names())} (default: all)",
     )
     parser.add_argument(
         "--constants", default=None, help="PAPA constants from 'attnlens fit-papa' (else fitted)",

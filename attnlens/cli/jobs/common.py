@@ -24,6 +24,7 @@ from attnlens.core import inputs, loading
 from attnlens.core.corpus import read_corpus, read_corpus_counted, resolve_corpus
 from attnlens.core.files import write_atomic
 from attnlens.errors import AttnlensError
+from attnlens.methods import views
 
 
 class UsageError(AttnlensError):
@@ -51,13 +52,21 @@ def corpus_file(args: argparse.Namespace) -> tuple[str, str | None]:
     return "--corpus", None if args.corpus == "default" else args.corpus
 
 
-def view_names(text: str) -> list[str]:
-    """``--views``: the comma-separated names, each a registered view."""
+def view_names(text: str | None) -> list[str]:
+    """``--views``: the comma-separated names, each a registered view (``None``: every one,
+    :data:`attnlens.methods.views.REGISTRY` read now)."""
+    if text is None:
+        return list(views.names())
     names = [name.strip() for name in text.split(",") if name.strip()]
     if not names:
-        raise UsageError("--views is empty; choose from standard, papa, effective")
+        raise UsageError(f"--views is empty; choose from {', '.join(views.names())}")
     run.validate_views(names)
     return names
+
+
+def constant_views(names: list[str]) -> list[str]:
+    """The views among ``names`` given by PAPA constants (:attr:`View.takes_constants`)."""
+    return [name for name in names if views.get_view(name).takes_constants]
 
 
 def constants_for(args: argparse.Namespace, wanted: bool) -> None:

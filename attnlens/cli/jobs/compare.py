@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     json_out = None
     if args.json is not None:
         json_out = common.output(args.json, "--json", (".json",), [*inputs, ("--out", out)], force=args.force)
-    if args.constants is not None and "papa" not in views:
+    if args.constants is not None and not common.constant_views(views):
         raise common.UsageError(
             f"--constants {args.constants} would be unused: --views {args.views} has no papa "
             "view; add papa to --views (e.g. --views standard,papa) or drop --constants"
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         if constants is not None:
             layout = constants.layout
         else:
-            layout = fitting.default_layout(model) if "papa" in views else "padded"
+            layout = fitting.default_layout(model) if common.constant_views(views) else "padded"
         common.check_max_len(model, texts, args.max_len, layout)
     comparison = compare(
         model, *views, corpus=texts, max_len=args.max_len,

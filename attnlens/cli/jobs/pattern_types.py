@@ -17,16 +17,17 @@ def run(args: argparse.Namespace) -> int:
     unknown = [name for name in names if name not in views.REGISTRY]
     if not names or unknown:
         raise common.UsageError(f"--views {args.views}: choose among {', '.join(views.names())}")
-    common.constants_for(args, "papa" in names)
+    given = common.constant_views(names)  # views given by the constants
+    common.constants_for(args, bool(given))
     out, csv = common.figure_outputs(args, [common.corpus_file(args), ("--constants", args.constants)])
     texts = common.corpus_texts(args)
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
     options = dict(batch_size=args.batch_size, progress=not args.quiet)
     tables = []
-    named = [name for name in names if name != "papa"]
-    if named:  # standard and effective: one pass, the maximum length asked for
+    named = [name for name in names if name not in given]
+    if named:  # the views given by name: one pass, the maximum length asked for
         tables.append(patterns.types(model, texts, view=named, max_len=args.max_len, **options))
-    if "papa" in names:  # the constants' own pass, their own max_len and layout
+    if given:  # the constants' own pass, their own max_len and layout
         constants = PapaConstants.load(args.constants, model)
         tables.append(patterns.types(model, texts, view=constants, **options))
     table = pd.concat(tables, ignore_index=True)

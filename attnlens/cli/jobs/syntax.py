@@ -13,13 +13,14 @@ from attnlens.methods.papa import PapaConstants
 
 def run(args: argparse.Namespace) -> int:
     """``attnlens syntax`` with the parsed ``args``; returns the exit status."""
-    common.constants_for(args, args.view == "papa")
+    given = bool(common.constant_views([args.view]))  # a view given by the constants
+    common.constants_for(args, given)
     if not Path(args.conllu).is_file():
         raise common.UsageError(f"--conllu {args.conllu}: file not found")
     out, csv = common.figure_outputs(args, [("--conllu", args.conllu), ("--constants", args.constants)])
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
     view: Any = args.view
-    if args.view == "papa":
+    if given:
         view = PapaConstants.load(args.constants, model)
     table = syntax.dependency_heads(
         model, args.conllu, view=view, max_len=args.max_len, batch_size=args.batch_size,
