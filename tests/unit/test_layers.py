@@ -360,3 +360,27 @@ def test_the_check_finds_a_cycle_planted_inside_a_function(tmp_path):
     assert cycles(imports, top_level_only=True) == []
     assert cycles(imports, top_level_only=False) == [
         {"attnlens.methods.papa.intervene", "attnlens.methods.papa.selection"}]
+
+
+# -- readable parts -----------------------------------------------------------------------------------
+
+#: the most lines a module of attnlens may have, and the pass engine's ``run``
+MODULE_LINES, RUN_LINES = 600, 80
+#: the most imports of attnlens inside functions (the command line's one per command among them)
+LOCAL_IMPORTS = 30
+
+
+def test_no_module_is_over_600_lines_and_run_is_short():
+    long = {str(path.relative_to(ROOT)): n for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text(encoding="utf-8").splitlines())) > MODULE_LINES}
+    assert not long, f"modules over {MODULE_LINES} lines: {long}"
+    tree = ast.parse((PACKAGE / "engine" / "passes.py").read_text(encoding="utf-8"))
+    run = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "run")
+    assert run.end_lineno - run.lineno + 1 <= RUN_LINES
+
+
+def test_one_name_per_module_and_few_deferred_imports():
+    assert not (PACKAGE / "_aliases.py").exists() and not (PACKAGE / "core" / "deprecation.py").exists()
+    imports, _ = all_imports()
+    local = [str(item) for item in imports if item.local]
+    assert len(local) <= LOCAL_IMPORTS, "\n".join(local)
