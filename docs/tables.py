@@ -22,6 +22,7 @@ MARKERS = {
                    "<!-- end of the papa table -->"),
     "curve table": ("<!-- curve table: docs/tables.py writes it from docs/papa_curve.csv (Curve.to_markdown) -->",
                     "<!-- end of the curve table -->"),
+    "lm check": ("<!-- lm check: benchmarks/lm_check.py writes docs/lm_check.md -->", "<!-- end of the lm check -->"),
 }
 
 
@@ -29,7 +30,8 @@ def blocks() -> dict[str, str]:
     """What goes between each pair of markers."""
     return {"probe baselines": (DOCS / "probe_baselines.md").read_text(encoding="utf-8"),
             "papa table": (DOCS / "papa_table.md").read_text(encoding="utf-8"),
-            "curve table": Curve.read_csv(DOCS / "papa_curve.csv").to_markdown()}
+            "curve table": Curve.read_csv(DOCS / "papa_curve.csv").to_markdown(),
+            "lm check": (DOCS / "lm_check.md").read_text(encoding="utf-8")}
 
 
 def fill(text: str, name: str, block: str) -> str:
