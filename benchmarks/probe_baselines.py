@@ -7,8 +7,9 @@ and its Markdown beside it):
 
 - ``probe``: attnlens's default probe (:func:`attnlens.evaluation.probing.run`: Table 3's learning rate
   and batch size, its epochs as the floor of the epochs chosen on a held-out tenth of the
-  training examples, :func:`attnlens.evaluation.probing.choose_epochs`; mean pooling and standardised
-  inputs), the mean over ``--seeds`` seeds, with its 95% bootstrap interval over the dev
+  training examples, :func:`attnlens.evaluation.probing.choose_epochs`; ``PapaProbe``'s default
+  pooling and inputs: the paper's since 2026-11-28, ``benchmarks/probe_choices.py``; the stored
+  ``docs/probe_baselines.csv`` was made with mean pooling and standardised inputs), the mean over ``--seeds`` seeds, with its 95% bootstrap interval over the dev
   examples, and the epochs chosen;
 - ``paper_probe``: the paper's probe exactly (``pooling="sum"``, ``standardize=False``, Table 3's
   epochs: ``select_epochs=False``), same seeds;

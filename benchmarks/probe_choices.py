@@ -18,8 +18,8 @@ any dev set:
   on the fit part, and is scored on the held-out part with the task's metric;
 - reported: the seed mean ± seed standard deviation, and the paired bootstrap (1,000 resamples of
   the held-out examples and the seeds, :func:`attnlens.evaluation.probing.intervals.paired`) of
-  each combination minus the current default (mean, standardised) and minus the paper's probe
-  (sum, raw).
+  each combination minus the default before this measurement (mean, standardised) and minus the
+  paper's probe (sum, raw).
 
 **The decision rule (fixed before any of these numbers was seen).** ``Y`` *beats* ``X`` on a task
 when the paired 95% interval of ``Y − X`` on its held-out examples lies above 0. A combination is
@@ -63,7 +63,7 @@ TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
 OUT = Path(__file__).resolve().parents[1] / "docs" / "probe_choices.csv"
 #: (pooling, standardize), with the number of deviations from the paper's probe.
 COMBINATIONS = (("mean", True), ("mean", False), ("sum", True), ("sum", False))
-DEFAULT = ("mean", True)  # attnlens's default before this measurement
+DEFAULT = ("mean", True)  # attnlens's default before this measurement (the CSV's versus_default)
 PAPER = ("sum", False)  # PAPA's probe
 SPLIT_SEED = 0
 HELD_OUT = 0.2
@@ -173,13 +173,15 @@ def decide(comparisons: dict[str, dict], rows: list[dict]) -> tuple[tuple[str, b
         chosen = min(COMBINATIONS, key=lambda x: (count[x], deviations(x)))
         lines.append(f"Every combination is dominated; chosen: {name(chosen)}, beaten in the fewest "
                      "(task, combination) pairs.")
-    lines.append("The default " + ("stays." if chosen == DEFAULT else
-                                   f"changes from {name(DEFAULT)} to {name(chosen)}."))
+    current = (PapaProbe().settings.pooling, PapaProbe().settings.standardize)
+    lines.append(f"The default before this measurement was {name(DEFAULT)}; PapaProbe's default is now "
+                 f"{name(current)}" + (", the chosen one." if current == chosen else
+                                       f": change it to {name(chosen)}."))
     return chosen, lines
 
 
 def markdown(rows: list[dict], lines: list[str]) -> str:
-    header = ("| task | metric | pooling + inputs | held-out score ± seed std | − default (mean + standardised) "
+    header = ("| task | metric | pooling + inputs | held-out score ± seed std | − former default (mean + standardised) "
               "[paired 95%] | − paper's probe (sum + raw) [paired 95%] |\n|---|---|---|---|---|---|")
 
     def versus(row: dict, which: str) -> str:
@@ -190,7 +192,8 @@ def markdown(rows: list[dict], lines: list[str]) -> str:
     body = [f"| {row['task']} | {row['metric']} | {name((row['pooling'], row['standardize']))} | "
             f"{row['score']:.3f} ± {row['seed_std']:.3f} | {versus(row, 'versus_default')} | "
             f"{versus(row, 'versus_paper')} |" for row in rows]
-    return "\n".join([header, *body, "", *lines]) + "\n"
+    # blank lines around the list, so that Markdown renders the verdict as its own paragraph
+    return "\n".join([header, *body, "", lines[0], "", *lines[1:-2], "", *lines[-2:]]) + "\n"
 
 
 def main() -> None:

@@ -310,7 +310,7 @@ def test_mean_pooling_and_standardisation_follow_their_definitions(bert):
 
     texts = tiny.CORPUS[:6]
     features = probing.extract(bert, texts, max_len=24, progress=False)
-    probe = probing.PapaProbe(epochs=1)
+    probe = probing.PapaProbe(epochs=1, pooling="mean", standardize=True)
     probe.fit(features, [0, 1, 0, 1, 0, 1])
     vectors = features.vectors.double().numpy()
     assert np.allclose(probe.network.mean.numpy(), vectors.mean(0), rtol=1e-6, atol=1e-6)
@@ -340,7 +340,7 @@ def test_learned_pooling_equals_standardising_each_token_then_pooling(bert, pool
     dozen terms of magnitude ≤ 10 after standardising, so 1e-5 relative and absolute."""
     texts = tiny.CORPUS[:6]
     features = probing.extract(bert, texts, max_len=24, progress=False)
-    probe = probing.PapaProbe(epochs=1, pooling=pooling).fit(features, [0, 1, 0, 1, 0, 1])
+    probe = probing.PapaProbe(epochs=1, pooling=pooling, standardize=True).fit(features, [0, 1, 0, 1, 0, 1])
     network = probe.network
     with torch.no_grad():
         network.position_weights.copy_(torch.rand(network.position_weights.shape,
@@ -610,7 +610,7 @@ def test_standardisation_and_baseline_rows_follow_their_definitions_across_chunk
     offsets = np.concatenate([[0], np.cumsum(lengths.numpy())])
 
     sequence = probing.Features(vectors, lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 40)
-    fitted = probing.PapaProbe(epochs=1).fit(sequence, [i % 2 for i in range(len(lengths))])
+    fitted = probing.PapaProbe(epochs=1, standardize=True).fit(sequence, [i % 2 for i in range(len(lengths))])
     np.testing.assert_allclose(fitted.network.mean.numpy(), values.mean(0), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(fitted.network.scale.numpy(), values.std(0), rtol=1e-4)
     means = np.stack([values[offsets[i] : offsets[i + 1]].mean(0).reshape(-1) for i in range(len(lengths))])
@@ -618,7 +618,7 @@ def test_standardisation_and_baseline_rows_follow_their_definitions_across_chunk
 
     words = probing.Features(vectors, lengths, positions, lengths.clone(), "words", 40)
     labels = [[-1 if (i + j) % 5 == 0 else (i + j) % 3 for j in range(int(n))] for i, n in enumerate(lengths)]
-    fitted = probing.PapaProbe(epochs=1).fit(words, labels)
+    fitted = probing.PapaProbe(epochs=1, standardize=True).fit(words, labels)
     labelled = np.concatenate([np.asarray(tags) >= 0 for tags in labels])
     assert 0 < labelled.sum() < total
     np.testing.assert_allclose(fitted.network.mean.numpy(), values[labelled].mean(0), rtol=1e-4, atol=1e-5)

@@ -80,7 +80,7 @@ def _check_members(probes: list, feature_sets: list, labels: list, scorer=None) 
     return [probe.epochs_ for probe in probes]
 
 
-@pytest.mark.parametrize("options", [{}, {"pooling": "sum", "standardize": False}], ids=["mean", "paper"])
+@pytest.mark.parametrize("options", [{"pooling": "mean", "standardize": True}, {}], ids=["mean", "paper"])
 def test_three_seeds_on_two_feature_sets_each_equal_their_own_fit(options):
     """3 seeds × 2 feature sets of one shape (two points of a task), early stopping on the
     held-out loss: six members, which stop at different epochs (finished members leave)."""
