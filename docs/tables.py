@@ -1,6 +1,6 @@
 """Write the measured tables into docs/probing.md, between their markers, from the files the
-benchmarks and ``attnlens curve`` wrote: ``docs/probe_baselines.md``
-(``benchmarks/probe_baselines.py``), ``docs/papa_table.md`` (Table 1, ``attnlens curve --table``)
+benchmarks and ``attnlens curve`` wrote: ``docs/probe_choices.md``
+(``benchmarks/probe_choices.py``), ``docs/probe_baselines.md`` (``benchmarks/probe_baselines.py``), ``docs/papa_table.md`` (Table 1, ``attnlens curve --table``)
 and ``docs/papa_curve.csv`` (``attnlens curve --out``, as :meth:`Curve.to_markdown` shows it).
 
 Run: ``python docs/tables.py`` after them (``tests/system/test_docs.py`` checks the page holds
@@ -16,6 +16,8 @@ from attnlens.evaluation.curve import Curve
 DOCS = Path(__file__).resolve().parent
 PAGE = DOCS / "probing.md"
 MARKERS = {
+    "probe choices": ("<!-- probe choices: benchmarks/probe_choices.py writes docs/probe_choices.md -->",
+                      "<!-- end of the probe choices -->"),
     "probe baselines": ("<!-- probe baselines: benchmarks/probe_baselines.py writes docs/probe_baselines.md -->",
                         "<!-- end of the probe baselines -->"),
     "papa table": ("<!-- papa table: attnlens curve --table writes docs/papa_table.md -->",
@@ -28,7 +30,8 @@ MARKERS = {
 
 def blocks() -> dict[str, str]:
     """What goes between each pair of markers."""
-    return {"probe baselines": (DOCS / "probe_baselines.md").read_text(encoding="utf-8"),
+    return {"probe choices": (DOCS / "probe_choices.md").read_text(encoding="utf-8"),
+            "probe baselines": (DOCS / "probe_baselines.md").read_text(encoding="utf-8"),
             "papa table": (DOCS / "papa_table.md").read_text(encoding="utf-8"),
             "curve table": Curve.read_csv(DOCS / "papa_curve.csv").to_markdown(),
             "lm check": (DOCS / "lm_check.md").read_text(encoding="utf-8")}

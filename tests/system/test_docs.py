@@ -214,6 +214,53 @@ def test_probing_page_tables_are_the_stored_measurements():
     assert list(dict.fromkeys(table["row"])) == ["original", "average", "identity", "toeplitz", "zeros", "uniform"]
 
 
+def test_probing_page_cites_the_probe_choices_file_and_the_probe_has_the_chosen_default():
+    """The numbers docs/probing.md cites from the held-out choice of pooling and standardisation
+    are docs/probe_choices.csv's (rounded as printed), its claim "every paired interval holds 0"
+    holds there, the decision written in docs/probe_choices.md is PapaProbe's default, and the
+    choice read no dev example (fit + held out = the curve's training examples, 4,000 or MRPC's 3,668)."""
+    import re
+
+    import pandas as pd
+
+    from attnlens.evaluation.probing import PapaProbe
+
+    frame = pd.read_csv(DOCS / "probe_choices.csv")
+    text = " ".join((DOCS / "probing.md").read_text().split())
+    decision = (DOCS / "probe_choices.md").read_text()
+
+    def row(task, pooling, standardize):
+        found = frame[(frame["task"] == task) & (frame["pooling"] == pooling) & (frame["standardize"] == standardize)]
+        assert len(found) == 1
+        return found.iloc[0]
+
+    def signed(value):
+        return f"{value:+.3f}".replace("-", "−")
+
+    totals = frame["n_fit"] + frame["n_held_out"]  # the curve's training examples (MRPC has 3,668)
+    assert dict(zip(frame["task"], totals, strict=True)) == {"sst2": 4000, "cola": 4000, "mrpc": 3668, "ner": 4000,
+                                                             "pos": 4000}
+    assert (frame["n_held_out"] == (0.2 * totals).round()).all()
+    assert set(frame["task"]) == {"sst2", "cola", "mrpc", "ner", "pos"} and (frame["seeds"] == 3).all()
+    for column in ("versus_default", "versus_paper"):
+        tested = frame[frame[f"{column}_low"].notna()]
+        assert ((tested[f"{column}_low"] <= 0) & (0 <= tested[f"{column}_high"])).all()
+    assert decision.count("beaten by none: not dominated.") == 4  # every pair tested, none beaten
+    cola, cola_paper = row("cola", "mean", True), row("cola", "sum", False)
+    assert (f"the former default {cola['score']:.3f} against the paper's probe {cola_paper['score']:.3f} "
+            f"({signed(cola['versus_paper'])} [{signed(cola['versus_paper_low'])}, "
+            f"{signed(cola['versus_paper_high'])}])") in text
+    assert (f"({row('sst2', 'sum', False)['score']:.3f} and {row('sst2', 'mean', True)['score']:.3f}; "
+            f"F1 {row('mrpc', 'sum', False)['score']:.3f} and {row('mrpc', 'mean', True)['score']:.3f})") in text
+    words = frame[frame["task"].isin(["ner", "pos"])]
+    assert "standardisation moves the score by less than 0.005" in text
+    assert words["versus_paper"].abs().max() < 0.005 and words["versus_default"].abs().max() < 0.005
+    chosen = re.search(r"^Chosen: (mean|sum) \+ (standardised|raw),", decision, re.M)
+    settings = PapaProbe().settings
+    assert (settings.pooling, settings.standardize) == (chosen[1], chosen[2] == "standardised") == ("sum", False)
+    assert "**the default is now the paper's probe**" in text
+
+
 def test_quickstart_page(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     names = run_without_short_text_warning("quickstart.md", monkeypatch)
