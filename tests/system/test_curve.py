@@ -74,6 +74,8 @@ def test_the_mlm_probe_beats_the_unigram_distribution(minilm, paragraphs):
     assert again.kind == "probe" and again.value == result.value  # cached features, same seed
 
 
+# the probe against its baseline is not the subject: a small train set may put it below, by chance
+@pytest.mark.filterwarnings("ignore::attnlens.evaluation.probing.ProbeWarning")
 def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, monkeypatch):
     """Fraction 0 equals probing.run with no hooks (the same call); replacing heads changes the
     score; every fraction and baseline has its row; the figure has a trace per line. The epochs
