@@ -33,6 +33,10 @@ TASKS: tuple[str, ...] = ("sst2", "cola", "mrpc", "ner", "pos")
 LM_PARAGRAPHS, LM_MIN_WORDS = 400, 20
 
 
+#: why a task of Table 1 has no row here: its dev data cannot be read
+UNAVAILABLE = "not available: dev data not in this environment"
+
+
 def wikitext(data_dir: str | os.PathLike, splits: Sequence[str] = ("valid",), *, min_words: int = 0,
              limit: int | None = None) -> list[str]:
     """WikiText-2's paragraphs: the lines of ``data_dir/wikitext2/<split>.txt``, split after
@@ -86,10 +90,6 @@ def missing_tasks(measured: Any, data_dir: str | os.PathLike | None) -> dict[str
             except task_module.TaskError:
                 missing[name] = UNAVAILABLE
     return missing
-
-
-#: why a task of Table 1 has no row here: its dev data cannot be read
-UNAVAILABLE = "not available: dev data not in this environment"
 
 
 def constants_by_task(model: Any, constants: Any, tasks: Sequence[Any], *, data_dir: Any = None,

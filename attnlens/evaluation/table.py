@@ -124,7 +124,7 @@ class PapaTable(Result):
 def _relative_cell(row: Any) -> str:
     if pd.isna(row.score):
         return _cell(row)
-    mark = "*" if row.significant is True or (not pd.isna(row.significant) and bool(row.significant)) else ""
+    mark = "*" if not pd.isna(row.significant) and bool(row.significant) else ""
     if pd.isna(row.relative):
         return f"Δ {row.difference:+.3f}{mark}" if not pd.isna(row.difference) else "–"
     return f"{row.relative:.3f}{mark}"

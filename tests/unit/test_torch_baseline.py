@@ -301,6 +301,10 @@ def test_the_chosen_c_is_interior_to_the_grid_searched(grid):
     baseline = LinearBaseline(grid=grid).fit(features, labels)
     tried = sorted(baseline.held_out)
     assert set(grid) <= set(tried)
+    on_grid = max(sorted(grid), key=baseline.held_out.get)  # the choice the grid alone makes
+    edge = on_grid / 10 if on_grid == min(grid) else on_grid * 10 if on_grid == max(grid) else None
+    if edge is not None and C_LIMITS[0] <= edge <= C_LIMITS[1]:
+        assert edge in baseline.held_out  # an edge choice was looked past
     assert tried[0] < baseline.C < tried[-1] or baseline.C in C_LIMITS, (baseline.C, baseline.held_out)
     assert baseline.held_out[baseline.C] == max(baseline.held_out.values())
     rows, y = design(features), np.asarray(labels)
