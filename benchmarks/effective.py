@@ -61,7 +61,7 @@ class EffectiveSum(Accumulator):
     """Computes every layer's effective attention and keeps only its sum (a streaming pass)."""
 
     name = "effective_sum"
-    needs_effective = True
+    needs_values = True
 
     def __init__(self) -> None:
         self.total = torch.zeros((), dtype=torch.float64)

@@ -97,7 +97,7 @@ class ViewsAccumulator(Accumulator):
         self.model, self.names, self.constants = model, names, constants
         self.example, self.causal, self.n_layers, self.n_heads = example, causal, n_layers, n_heads
         self.views = {view: registry.get_view(view) for view in names}
-        self.needs_effective = any(value.needs_effective for value in self.views.values())
+        self.needs_values = any(value.needs_values for value in self.views.values())
         # the methods' own accumulators (ANALYSES) for every view, updated in this one pass, each
         # a child whose state is this one's under "{view}.{analysis}" (Accumulator.add_child):
         # state_dict, merge, all_reduce, load_state_dict and to follow from the declarations

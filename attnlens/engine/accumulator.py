@@ -129,7 +129,7 @@ class LayerPatterns:
     def effective(self) -> Float[Tensor, "batch head query key"]:
         if self.values is None:
             raise ModelBehaviourError(
-                "effective attention needs the layer's values: set needs_effective = True "
+                "effective attention needs the layer's values: set needs_values = True "
                 "on the accumulator that reads LayerPatterns.effective."
             )
 
@@ -155,7 +155,8 @@ class Accumulator:
     Class attributes:
 
     - ``name``: a key unique among the accumulators of one :func:`~attnlens.engine.passes.run` (checkpoints use it);
-    - ``needs_effective``: :attr:`LayerPatterns.effective` is read (the engine then stashes V);
+    - ``needs_values``: the layer's value vectors are read, :attr:`LayerPatterns.effective` or a
+      view's ``"values"`` (the engine then stashes V);
     - ``needs_output``: the whole forward runs and :meth:`update_output` gets the model output
       (otherwise the forward stops after the last layer's ``hook_pattern``);
     - ``needs_residual``: the forward runs through the last block (its ``hook_out``, the
@@ -191,7 +192,7 @@ class Accumulator:
     """
 
     name: str = "accumulator"
-    needs_effective: bool = False
+    needs_values: bool = False
     needs_output: bool = False
     needs_residual: bool = False
     needs_grad: bool = False

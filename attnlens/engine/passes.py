@@ -258,14 +258,14 @@ class _Pass:
         self.start, self.header, self.hooks, self.description = start, header, hooks, description
         self.counts, self.fingerprint, self.tail = start.counts, start.fingerprint, start.tail
         self.device = device_of(model)
-        needs_effective = any(a.needs_effective for a in accumulators)
+        needs_values = any(a.needs_values for a in accumulators)
         self.needs_output = any(a.needs_output for a in accumulators)
         self.until = f"blocks.{int(model.cfg.n_layers) - 1}.hook_out" if any(
             a.needs_residual for a in accumulators) else None
         self.needs_grad = any(a.needs_grad for a in accumulators)
         self.options = dict(effective or {})
         self.state: dict[str, Any] = {}  # the batch being run, its layers seen, whether whole batches
-        self.reading = pattern_hooks(model, self._on_pattern, values=needs_effective)
+        self.reading = pattern_hooks(model, self._on_pattern, values=needs_values)
         self.extra = [hook for accumulator in accumulators for hook in accumulator.hooks(model)]
         self.n_layers = int(model.cfg.n_layers)
         self.fwd_hooks: list = []  # set for the whole pass, inside the interventions' patch

@@ -159,7 +159,7 @@ class HeadDistances(Accumulator):
         self.chunk_bytes = whole_number(chunk_bytes, "chunk_bytes", " of bytes", minimum=1)
         self.view = view
         self.name = f"clustering.{view}"
-        self.needs_effective = self._view.needs_effective
+        self.needs_values = self._view.needs_values
         n = self.n_layers * self.n_heads
         self.total = torch.zeros(n, n, dtype=torch.float64)
         self.tokens = torch.zeros(1, dtype=torch.float64)

@@ -71,7 +71,7 @@ def maps(model: Any, batch: Batch, view: Any = "standard", *, raw: bool = False
             gathered.append(made.new_empty((n_layers, *made.shape)))
         gathered[0][layer].copy_(made)
 
-    hooks = pattern_hooks(model, on_pattern, values=chosen.needs_effective)
+    hooks = pattern_hooks(model, on_pattern, values=chosen.needs_values)
     with eval_mode(model), torch.no_grad():
         run_patterns(model, on_device, hooks)
     return gathered[0]

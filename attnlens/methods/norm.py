@@ -120,7 +120,7 @@ def _compute(layer: LayerPatterns) -> NormMaps:
     if layer.values is None:
         raise ModelBehaviourError(
             "norm-based attention needs the layer's value vectors: the accumulator that reads the "
-            "'norm' view must copy View.needs_effective (the engine then captures them)."
+            "'norm' view must copy View.needs_values (the engine then captures them)."
         )
     # the engine hands the values per query head ([batch, head, key, d_head]): as key-value heads
     values = layer.values.transpose(1, 2)

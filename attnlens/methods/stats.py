@@ -338,7 +338,7 @@ class Statistics(Accumulator):
         self._view = views.get_view(view, among=None if constants is not None else views.names(constants=False))
         view = self.view = self._view.name
         self.name = f"statistics.{view}"
-        self.needs_effective = self._view.needs_effective
+        self.needs_values = self._view.needs_values
         self.statistics = AttentionStatistics(n_layers, n_heads)
 
     def update(self, layer: Any) -> None:
@@ -386,7 +386,7 @@ class Distance(Accumulator):
         self._view = views.get_view(view, among=None if constants is not None else views.names(constants=False))
         self.view = self._view.name
         self.name = f"distance.{self.view}"
-        self.needs_effective = self._view.needs_effective
+        self.needs_values = self._view.needs_values
         self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
 
     def update(self, layer: Any) -> None:

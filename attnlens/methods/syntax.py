@@ -164,7 +164,7 @@ class DependencyCounts(Accumulator):
         self.relations = tuple(relations) if relations is not None else relations_of(self.sentences)
         self._view = view if isinstance(view, views.View) else views.get_view(
             view, among=views.names(constants=False), where=" for DependencyCounts")
-        self.needs_effective = self._view.needs_effective
+        self.needs_values = self._view.needs_values
         index = {relation: i for i, relation in enumerate(self.relations)}
         self._arcs = [
             [(dependent, head, index[relation]) for dependent, head, relation in sentence.arcs()

@@ -34,11 +34,6 @@ class ViewSetup:
         """The registered :class:`View` of :attr:`name`."""
         return REGISTRY[self.name]
 
-    @property
-    def effective(self) -> bool:
-        """Whether the view reads effective attention (:attr:`View.needs_effective`)."""
-        return self.view.needs_effective
-
 
 def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = None,
           default_max_len: int = 128, hooks: Any = ()) -> ViewSetup:

@@ -66,7 +66,6 @@ class View:
     (effective attention: drawn on a diverging scale, rows need not sum to 1); ``maps``: how its
     maps are made from what the pass engine hands each accumulator, a
     :class:`attnlens.engine.accumulator.LayerPatterns` (``maps(layer) -> [batch, head, query, key]``);
-    ``needs_effective``: whether the engine must compute effective attention for it;
     ``takes_constants``: whether the view is given by PAPA constants (the constants are the view
     value; their hooks make the patterns the maps are read from); ``default_layout``: the inputs'
     layout, a fixed name, or a callable of the model (None: the model's own,
@@ -87,10 +86,10 @@ class View:
     texts are that short.
 
     ``reads``: what the view reads of a layer, a subset of :data:`READS`. The engine captures the
-    value vectors only for a pass whose views read them: ``needs_effective`` (the flag the
-    accumulators that read a view copy onto :attr:`attnlens.engine.accumulator.Accumulator.needs_effective`,
-    which makes the engine capture them) is True exactly when ``"values"`` is read, whichever of
-    the two is given. ``raw``: for a view whose maps are normalised rows of other maps (the norms
+    value vectors only for a pass whose views read them: :attr:`needs_values` (``"values"`` is
+    read; the accumulators that read a view copy it onto
+    :attr:`attnlens.engine.accumulator.Accumulator.needs_values`, which makes the engine capture
+    them). ``raw``: for a view whose maps are normalised rows of other maps (the norms
     of ``"norm"``), how those raw maps are read (``raw(layer) -> [batch, head, query, key]``,
     :func:`attnlens.methods.maps.maps` with ``raw=True``); None: the maps are the raw ones."""
 
@@ -98,7 +97,6 @@ class View:
     description: str
     signed: bool
     maps: Callable[[Any], Any] = _pattern
-    needs_effective: bool = False
     takes_constants: bool = False
     default_layout: str | Callable[[Any], str] | None = None
     intervention: str | None = None
@@ -113,10 +111,12 @@ class View:
         if not reads <= READS:
             raise InputError(f"View {self.name!r} reads {sorted(reads - READS)}; a view reads some of "
                              f"{', '.join(sorted(READS))}.")
-        if self.needs_effective:
-            reads |= {"values"}
         object.__setattr__(self, "reads", reads)  # a frozen dataclass: set once, here
-        object.__setattr__(self, "needs_effective", "values" in reads)
+
+    @property
+    def needs_values(self) -> bool:
+        """Whether the view reads the layer's value vectors (``"values"`` in :attr:`reads`)."""
+        return "values" in self.reads
 
     def read(self, layer: Any, constants: Any = None, *, causal: bool | None = None) -> Any:
         """This view's maps of one :class:`attnlens.engine.accumulator.LayerPatterns`. A view given by PAPA
@@ -236,7 +236,7 @@ register_view(View("papa", "PAPA constants (attnlens.papa.fit(model, texts) or p
                    signed=False, takes_constants=True, intervention="papa", accepts=_papa_constants,
                    value_hint="the PAPA constants themselves: view=attnlens.papa.fit(model, texts)"))
 register_view(View("effective", "effective attention (Brunner et al. 2020), signed", signed=True,
-                   maps=_effective, needs_effective=True, intervention="effective",
+                   maps=_effective, reads=frozenset({"pattern", "values"}), intervention="effective",
                    blind_below_d_head=True))
 register_view(View("norm", "norm-based attention (Kobayashi et al. 2020): weight x ||f(x)||, rows normalised",
                    signed=False, maps=_norm, raw=_norm_raw, reads=frozenset({"pattern", "values", "output_weights"})))

@@ -25,7 +25,7 @@ class Record(Accumulator):
     """Keeps a view's maps of every layer with the batch's key mask."""
 
     def __init__(self, view: View) -> None:
-        self.view, self.name, self.needs_effective = view, f"record.{view.name}", view.needs_effective
+        self.view, self.name, self.needs_values = view, f"record.{view.name}", view.needs_values
         self.seen: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def update(self, layer):

@@ -99,7 +99,7 @@ class Capture(Accumulator):
 
     def __init__(self, view: str) -> None:
         self.name, self.view = f"capture.{view}", view
-        self.needs_effective = view == "effective"
+        self.needs_values = view == "effective"
         self.batches: list[tuple[torch.Tensor, dict[int, torch.Tensor]]] = []
 
     def start_batch(self, batch):
@@ -107,7 +107,7 @@ class Capture(Accumulator):
         self.batches.append((batch.key_mask.clone(), {}))
 
     def update(self, layer):
-        pattern = layer.effective if self.needs_effective else layer.pattern
+        pattern = layer.effective if self.needs_values else layer.pattern
         self.batches[-1][1][layer.layer] = pattern.detach().double().clone()
 
 

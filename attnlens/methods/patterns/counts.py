@@ -70,7 +70,7 @@ class PatternTypes(Accumulator):
         view = self._view.name
         self.view = view
         self.name = f"patterns.types.{view}"
-        self.needs_effective = self._view.needs_effective
+        self.needs_values = self._view.needs_values
         self.classifier, self.constants, self.causal = classifier, constants, causal
         self.counts = torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64)
         self.maps = torch.zeros(1, dtype=torch.int64)

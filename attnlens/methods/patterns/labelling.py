@@ -79,7 +79,7 @@ class _Sampled(Accumulator):
         self.wanted = wanted  # (example of the pass, layer) -> [(slot, head)]
         self._view = views.get_view(view)
         self.view = self._view.name
-        self.needs_effective = self._view.needs_effective
+        self.needs_values = self._view.needs_values
         self.maps: dict[int, Tensor] = {}
         self.tokens: dict[int, list[str]] = {}
 
