@@ -44,8 +44,9 @@ def add(commands: Any) -> None:
     )
     parser.add_argument(
         "--baselines", default="identity,toeplitz,zeros",
-        help="data-free matrices replacing every head, comma-separated, 'all' (identity,toeplitz,zeros,"
-        "uniform: Table 1's rows) or 'none' (default identity,toeplitz,zeros)",
+        help="matrices replacing every head, comma-separated: data-free (identity, toeplitz, zeros, uniform) "
+        "or trained with the task's labels (toeplitz_init, average_init); 'all' (all six: Table 1's rows) "
+        "or 'none' (default identity,toeplitz,zeros)",
     )
     parser.add_argument(
         "--lm-wikitext", type=options.positive, default=None, metavar="N",
@@ -56,7 +57,7 @@ def add(commands: Any) -> None:
                         help="HTML figure to write, the CSV beside it; or a .csv file: the table alone")
     parser.add_argument("--table", default=None, metavar="CSV",
                         help="also PAPA's Table 1, read from the same curve: this CSV and its Markdown "
-                        "beside it (needs fraction 1 and, for its rows, --baselines all)")
+                        "beside it, its relative view (_relative.md) and its baselines against average (_versus_average.md) (needs fraction 1 and, for its rows, --baselines all)")
     parser.add_argument("--json", default=None, metavar="FILE",
                         help="also the whole curve (table, seconds, timings, settings) as JSON")
     parser.add_argument(

@@ -154,6 +154,9 @@ def probe_options(parser: argparse.ArgumentParser, *, required: bool = True) -> 
     ``required``: whether argparse requires ``--task`` (curve checks it itself: its ``--combine``
     runs no task)."""
     parser.add_argument("--seeds", type=positive, default=3, help="probe seeds per point (default 3)")
+    parser.add_argument("--labelled-steps", type=positive, default=250, metavar="N",
+                        help="training steps of the labelled rows, toeplitz_init and average_init (default 250: "
+                        "one pass over 4,000 training examples)")
     parser.add_argument("--batch-size", type=positive, default=32, help="texts per forward pass")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     measure_options(parser, required=required)

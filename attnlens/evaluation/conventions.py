@@ -38,10 +38,13 @@ def paired_columns(versus: Any, reference: float) -> dict:
 def apply(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with the columns that follow from its tests as one family (the module's test
     convention, :mod:`attnlens.evaluation.probing.intervals`): ``p_adjusted`` (Holm across its
-    rows with a test), ``significant`` (``p_adjusted < 0.05``) and ``relative`` (empty where the
-    metric can be negative)."""
+    rows with a test), ``significant`` (``p_adjusted < 0.05``), ``relative`` (empty where the
+    metric can be negative) and, where the baselines were tested against the average constants,
+    ``versus_average_p_adjusted`` (Holm across those tests: a second family)."""
     table = table.copy()
     table["p_adjusted"] = holm(table["p_value"].astype(float).to_numpy())
+    if "versus_average_p" in table:
+        table["versus_average_p_adjusted"] = holm(table["versus_average_p"].astype(float).to_numpy())
     table["significant"] = [None if pd.isna(p) else bool(p < 0.05) for p in table["p_adjusted"]]
     table["relative"] = [float("nan") if metric in SIGNED_METRICS else relative(table, row)
                          for metric, (_, row) in zip(table["metric"], table.iterrows(), strict=True)]

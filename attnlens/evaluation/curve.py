@@ -3,7 +3,10 @@
 Hassid et al. 2022 (Fig. 2, Table 1) replace a growing share of a frozen model's heads by their
 constant (corpus-mean) attention and probe what is left, at fractions {1, 1/2, 1/8, 1/16, 0} of
 the input-dependent heads *kept*: replaced fractions ``(0, 0.5, 0.875, 0.9375, 1)``. Data-free
-constants (identity, Toeplitz, zeros) replacing every head are the baselines.
+constants (identity, Toeplitz, zeros) replacing every head are the baselines, and so are the
+paper's labelled rows: matrices trained with the task's labels from a Toeplitz or an average start
+(:func:`attnlens.evaluation.curve_inputs.labelled_constants`). Each baseline row is also tested
+against the average constants in every head (``versus_average``: does PAPA's average beat it?).
 
 :func:`curve` probes every (task, fraction) with :func:`attnlens.evaluation.probing.run` (features cached,
 so a repeated or interrupted curve reuses every finished point) and, with ``lm_texts``, adds the
@@ -31,11 +34,15 @@ from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine.distributed import world
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation import conventions, points, probing
-from attnlens.evaluation.curve_inputs import checked_constants, lambda_order
+from attnlens.evaluation.curve_inputs import (
+    LABELLED,
+    LABELLED_STEPS,
+    checked_constants,
+    labelled_constants,
+    lambda_order,
+)
 from attnlens.evaluation.lm import scorer
-from attnlens.evaluation.probing import paired
 from attnlens.evaluation.probing.features import hooks_key
-from attnlens.evaluation.probing.intervals import paired_counts
 from attnlens.methods import interventions
 from attnlens.methods.papa import baselines as data_free
 from attnlens.methods.papa.selection import STRATEGIES, select_heads
@@ -45,6 +52,8 @@ FRACTIONS: tuple[float, ...] = (0.0, 0.5, 0.875, 0.9375, 1.0)
 BASELINES: tuple[str, ...] = ("identity", "toeplitz", "zeros")
 #: Every data-free matrix a curve or a table can show (:mod:`attnlens.methods.papa.baselines`).
 DATA_FREE: tuple[str, ...] = ("identity", "toeplitz", "zeros", "uniform")
+#: Every baseline of a curve or a table: the data-free matrices, then those trained with labels.
+ALL_BASELINES: tuple[str, ...] = (*DATA_FREE, *LABELLED)
 #: Probe seeds per point by default (PAPA §4.1: three seeds).
 SEEDS = 3
 
@@ -81,6 +90,12 @@ COLUMNS = {
     "majority": "score of always predicting the most frequent training label",
     "majority_low": "95% bootstrap interval of majority: lower end",
     "majority_high": "95% bootstrap interval of majority: upper end",
+    "versus_average": "a baseline row's score minus the score with every head replaced by the curve's "
+                      "constants (PAPA's average), on the same examples and seeds (PAPA's average above it: < 0)",
+    "versus_average_low": "95% paired bootstrap interval of versus_average: lower end",
+    "versus_average_high": "95% paired bootstrap interval of versus_average: upper end",
+    "versus_average_p": "two-sided paired bootstrap p-value of versus_average",
+    "versus_average_p_adjusted": "versus_average_p adjusted by Holm's method across the table's versus_average tests",
 }
 
 
@@ -211,7 +226,8 @@ class Curve(Result):
         probes only, so they join as those of one run would): their tables in order, the LM's
         rows last; their seconds summed (the cold time of the whole is the sum of the runs'),
         their ``timings`` joined, and the ``fractions`` and ``baselines`` of any of them in
-        ``settings``. Refused: a task in more than one curve, or curves of different
+        ``settings``; ``p_adjusted`` and ``significant`` are Holm's across the joined table, as one
+        run's (:func:`attnlens.evaluation.conventions.apply`). Refused: a task in more than one curve, or curves of different
         strategies."""
         curves = list(curves)
         if not curves or not all(isinstance(one, Curve) for one in curves):
@@ -228,6 +244,8 @@ class Curve(Result):
                                 "combine curves of one strategy.")
         table = pd.concat([one.table for one in curves], ignore_index=True)
         table = pd.concat([table[table["task"] != "lm"], table[table["task"] == "lm"]], ignore_index=True)
+        if "detectable" in table:  # two-sided tests: the joined table is one family (Holm across it)
+            table = conventions.apply(table)
         settings = {**curves[0].settings,
                     "fractions": sorted({float(f) for one in curves for f in one.settings.get("fractions", ())}),
                     "baselines": list(dict.fromkeys(b for one in curves for b in one.settings.get("baselines", ())))}
@@ -266,6 +284,7 @@ def curve(
     probe: dict | None = None,
     lambda_steps: int = 100,
     lambda_examples: int = 512,
+    labelled_steps: int = LABELLED_STEPS,
     fast: bool | None = None,
     checkpoint: str | os.PathLike | None = None,
     progress: bool = True,
@@ -280,9 +299,13 @@ def curve(
     replaced in (:func:`attnlens.papa.select_heads`; ``"input_dependence"``, label-free, by
     default; ``"lambda"`` learns λ with the first task's probe loss, see :func:`lambda_order`;
     its cost and the Spearman correlation of λ with the input dependence are in ``settings``).
-    ``baselines``: data-free constants replacing every head. ``lm_texts``: also score the
+    ``baselines``: constants replacing every head: data-free ones (:data:`DATA_FREE`) and those
+    trained with each task's labels (:data:`attnlens.evaluation.curve_inputs.LABELLED`, from a
+    Toeplitz or the average start; not for the LM), each also tested against the average constants
+    in every head (``versus_average``) when ``fractions`` hold 1. ``lm_texts``: also score the
     language model on these texts at every point. ``lambda_steps`` / ``lambda_examples``: the
-    recipe of ``strategy="lambda"``. ``seeds``: probe seeds per point (a count or a list; the
+    recipe of ``strategy="lambda"``. ``labelled_steps``: the training steps of the labelled
+    baselines (:func:`attnlens.evaluation.curve_inputs.labelled_constants`). ``seeds``: probe seeds per point (a count or a list; the
     score is their mean, ``seed_std`` their spread). ``baseline``: fit the linear baseline at
     every point. Every score carries its 95% bootstrap interval, and every point a paired
     bootstrap test against the same task with no head replaced, on the same examples; both
@@ -335,6 +358,7 @@ def curve(
     batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
     lambda_steps = whole_number(lambda_steps, "lambda_steps", " of λ training steps", minimum=1)
     lambda_examples = whole_number(lambda_examples, "lambda_examples", " of λ training examples", minimum=1)
+    labelled_steps = whole_number(labelled_steps, "labelled_steps", " of training steps", minimum=1)
     if isinstance(fractions, str | float | int):
         raise InputTypeError("tasks and fractions are lists: pass e.g. tasks=['sst2'], fractions=[0.0, 0.5].")
     fractions = [finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
@@ -342,9 +366,9 @@ def curve(
         raise InputError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
     # no head replaced comes first: every point is compared with it (added when not asked for)
     fractions = [0.0, *(f for f in fractions if f != 0.0)]
-    unknown = [name for name in baselines if name not in DATA_FREE]
+    unknown = [name for name in baselines if name not in ALL_BASELINES]
     if unknown:
-        raise InputError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(DATA_FREE)}.")
+        raise InputError(f"Unknown baseline {unknown[0]!r}; use any of {', '.join(ALL_BASELINES)}.")
     if strategy not in STRATEGIES:
         raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
     if fast is None:
@@ -374,18 +398,25 @@ def curve(
                            **options)
         lambda_seconds = time.perf_counter() - start
 
-    def points_of(fitted: Any) -> list[tuple[str, str, float, Any]]:
-        """The curve's points with ``fitted`` constants: the fractions, then the baselines."""
+    def points_of(name: str) -> list[tuple[str, str, float, Any]]:
+        """The points of task ``name`` (or ``"lm"``): the fractions, then the baselines (the
+        labelled ones trained here, on the task's training examples; none for the LM)."""
+        fitted = by_task[name]
         listed: list[tuple[str, str, float, Any]] = []
         for fraction in fractions:
             heads = select_heads(strategy, fraction=fraction, constants=fitted, seed=seed, lam=lam)
             replaced = fraction and bool(heads.mask.any())  # no head replaced: the model itself
             hooks = interventions.build("papa", model, heads, constants=fitted, fast=fast) if replaced else ()
             listed.append((strategy, f"{fraction}", fraction, hooks))
-        for name in baselines:
-            made = getattr(data_free, name)(fitted)
+        for baseline in baselines:
+            if baseline in LABELLED:
+                if name == "lm":
+                    continue
+                made = labelled_constants(model, fitted, by_name[name], baseline, steps=labelled_steps, **options)
+            else:
+                made = getattr(data_free, baseline)(fitted)
             hooks = interventions.build("papa", model, "all", constants=made, fast=fast)
-            listed.append((name, "1.0", 1.0, hooks))
+            listed.append((baseline, "1.0", 1.0, hooks))
         return listed
 
     # Every point is one job (points with the same hooks, one job). A task's first point (no head
@@ -401,7 +432,7 @@ def curve(
     hooks_key_of: dict[tuple[str, str], str] = {}  # the latter -> its hooks' key
     for name in names:
         plans[name] = []
-        for label, _, fraction, hooks in points_of(by_task[name]):
+        for label, _, fraction, hooks in points_of(name):
             key = hooks_key(hooks)
             if (name, key) not in jobs:
                 jobs[(name, key)] = (name, f"{label} {fraction:g}")
@@ -433,21 +464,21 @@ def curve(
                                 seed=seed, progress=progress)
             return {"score": score, "forward": time.perf_counter() - started}
         task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}
-        saved = None if checkpoint is None else _point_key(model, by_name[name], hooks_key_of[item[:2]],
+        saved = None if checkpoint is None else points.task_key(model, by_name[name], hooks_key_of[item[:2]],
                                                            plans[name][0][2], task_options, fast)
         if saved is not None:
             found = points.load(checkpoint, saved)
             if found is not None:
                 return found
         if first is not None:
-            task_options = _after_first(task_options, first["result"], probe)
+            task_options = points.later_options(task_options, first["result"], probe)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
             result = probing.run(model, by_name[name], hooks=hooks, **task_options)
         unchanged = result if first is None else first["result"]
         done = {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
-                "columns": _point_columns(result, unchanged, seed), "result": result if first is None else None,
-                "resumed": False}
+                "columns": points.columns(result, unchanged, seed), "result": result if first is None else None,
+                "runs": result.runs, "resumed": False}
         if saved is not None:
             points.save(checkpoint, saved, done)
         return done
@@ -461,17 +492,30 @@ def curve(
     forward_seconds = probe_seconds = 0.0
     for name in names:
         first = done[(name, plans[name][0][2])]
+        average = next((done[(name, key)] for label, fraction, key in plans[name]
+                        if label == strategy and fraction == 1.0), None)  # every head: the constants
+        evaluation = None
         seen: set[str] = set()
         for label, fraction, key in plans[name]:
             part = done[(name, key)]
             where = dict(strategy=label, fraction_replaced=fraction, fraction_kept=1.0 - fraction,
                          heads=round(fraction * n_heads))
+            versus = {}
             if name == "lm":
                 score = part["score"]
+                if average is not None and label in baselines:
+                    versus = points.lm_versus_average(average["score"], score, seed=seed)
                 rows.append(dict(task="lm", **where, score=score.value, metric=score.name,
-                                 **_lm_columns(score, first["score"], seed)))
+                                 **points.lm_columns(score, first["score"], seed), **versus))
             else:
-                rows.append(dict(task=part["task"], **where, metric=part["metric"], **part["columns"]))
+                if average is not None and label in baselines:
+                    if evaluation is None:  # the dev examples (a point read back has no result)
+                        evaluation = probing._examples(model, by_name[name], data_dir, None, train_limit,
+                                                       eval_limit, seed, by_task[name].max_len,
+                                                       by_task[name].layout)[1]
+                    versus = points.versus_average(average["runs"], part["runs"], evaluation, seed=seed,
+                                                   resamples=first["result"].settings["resamples"])
+                rows.append(dict(task=part["task"], **where, metric=part["metric"], **part["columns"], **versus))
             if key in seen:
                 continue
             seen.add(key)
@@ -489,6 +533,7 @@ def curve(
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table = conventions.apply(table)
     settings = dict(strategy=strategy, fractions=list(fractions), baselines=list(baselines),
+                    **({"labelled_steps": labelled_steps} if set(baselines) & set(LABELLED) else {}),
                     seeds=seeds, processes=world().size, fast=fast, **{
         key: value for key, value in options.items() if key != "data_dir"})
     if lam is not None:
@@ -505,64 +550,3 @@ def curve(
 
 def _task_name(task: Any) -> str:
     return task if isinstance(task, str) else str(getattr(task, "name", task))
-
-
-
-def _point_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dict, fast: bool) -> str:
-    """The key of a task's point under hooks of key ``hooks`` in a curve's checkpoint folder
-    (:func:`attnlens.evaluation.points.key`): its examples, its settings (``options``, the
-    point's :func:`attnlens.evaluation.probing.run` arguments before the first point's choices, and
-    ``fast``) and, for a later point, the key of its first point (hooks ``first_hooks``)."""
-    train, evaluation, *_ = probing._examples(model, task, options["data_dir"], None, options["train_limit"],
-                                              options["eval_limit"], options["seed"], options["max_len"],
-                                              options["layout"])
-    settings = {name: value for name, value in options.items() if name not in ("data_dir", "progress")}
-    settings["fast"] = fast
-    first = points.key(model, train, evaluation, hooks=first_hooks, settings=settings, first=None)
-    return first if hooks == first_hooks else points.key(model, train, evaluation, hooks=hooks,
-                                                         settings=settings, first=first)
-
-
-def _point_columns(result: Any, unchanged: Any, seed: int) -> dict:
-    """A curve point's score columns: its interval, baselines, the paired test against the same
-    task with no head replaced (``unchanged``; none for that point itself), resampling the same
-    examples, and the paired test of the probe against its linear baseline."""
-    linear, versus_linear = result.baseline_interval, result.versus_baseline
-    columns = dict(
-        score=result.score, low=result.interval.low, high=result.interval.high,
-        seed_std=result.seed_std, baseline=result.baseline, baseline_low=linear.low if linear else float("nan"),
-        baseline_high=linear.high if linear else float("nan"), majority=result.majority,
-        majority_low=result.majority_interval.low, majority_high=result.majority_interval.high,
-        versus_linear=versus_linear.difference if versus_linear else float("nan"),
-        versus_linear_low=versus_linear.low if versus_linear else float("nan"),
-        versus_linear_high=versus_linear.high if versus_linear else float("nan"),
-    )
-    if result is unchanged:
-        return {**columns, "difference": 0.0, "difference_low": 0.0, "difference_high": 0.0}
-    versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
-                    resamples=result.settings["resamples"])
-    return {**columns, **conventions.paired_columns(versus, unchanged.score)}
-
-
-def _after_first(options: dict, first: Any, probe: dict | None) -> dict:
-    """A task's options for its later points: the epochs chosen at its first point (no head
-    replaced) and its linear baseline's ``C``, whose solution starts theirs (a warm start: the
-    same optimum, a third of the iterations)."""
-    if first.settings.get("epochs_chosen"):
-        options = {**options, "select_epochs": False,
-                   "probe": {**(probe or {}), "epochs": first.settings["epochs_chosen"]}}
-    if first.settings.get("baseline_C") is not None:
-        options = {**options, "baseline_C": first.settings["baseline_C"], "baseline_start": first.linear}
-    return options
-
-
-def _lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
-    """An LM point's interval and paired test against no head replaced, where the score has
-    per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
-    if score.counts is None or unchanged.counts is None:
-        return {}
-    columns = dict(low=score.interval.low, high=score.interval.high)
-    if score is unchanged:
-        return {**columns, "difference": 0.0, "difference_low": 0.0, "difference_high": 0.0}
-    versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
-    return {**columns, **conventions.paired_columns(versus, unchanged.value)}

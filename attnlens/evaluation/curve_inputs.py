@@ -1,12 +1,12 @@
-"""What a PAPA curve runs on: the constants of each task, WikiText-2's paragraphs, and the λ
-order of ``strategy="lambda"``.
+"""What a PAPA curve runs on: the constants of each task, WikiText-2's paragraphs, the λ order
+of ``strategy="lambda"`` and the constants trained with labels (Table 1's labelled rows).
 
 The curve of ``docs/papa_curve.csv`` (and PAPA's Table 1, ``docs/papa_table.csv``) is
 :func:`attnlens.evaluation.curve.curve` on :data:`TASKS` with constants fitted on
 :func:`wikitext` (its validation paragraphs, ``max_len`` 128), given to each task by
 :func:`constants_by_task` (MRPC, a sentence-pair task, gets constants fitted on its own training
-pairs), every data-free baseline, and PAPA's MLM probe on the first :data:`LM_PARAGRAPHS`
-WikiText-2 test paragraphs of more than :data:`LM_MIN_WORDS` words. ``attnlens curve`` runs it
+pairs), every data-free baseline, the labelled rows (:func:`labelled_constants`), and PAPA's
+MLM probe on the first :data:`LM_PARAGRAPHS` WikiText-2 test paragraphs of more than :data:`LM_MIN_WORDS` words. ``attnlens curve`` runs it
 (``docs/probing.md`` gives the command).
 """
 
@@ -24,8 +24,12 @@ from attnlens.core.inputs import tokenize
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation import probing
 from attnlens.evaluation import tasks as task_module
+from attnlens.evaluation.probing.recipes import TABLE3
+from attnlens.methods import interventions
+from attnlens.methods.papa.baselines import TrainableConstants, toeplitz
 from attnlens.methods.papa.fitting import fit
 from attnlens.methods.papa.selection import learn_lambda
+from attnlens.methods.papa.training import train_constants
 
 #: The tasks of the documented curve (``docs/papa_curve.csv``), in its table's order.
 TASKS: tuple[str, ...] = ("sst2", "cola", "mrpc", "ner", "pos")
@@ -172,6 +176,11 @@ def checked_constants(model: Any, constants: Any, tasks: Sequence[Any], lm_texts
 
 #: The documented cheaper recipe of ``strategy="lambda"``: steps and training examples.
 LAMBDA_STEPS, LAMBDA_EXAMPLES, LAMBDA_BATCH = 100, 512, 16
+#: The labelled rows of Table 1 (:func:`labelled_constants`): each a start for trainable constants.
+LABELLED: tuple[str, ...] = ("toeplitz_init", "average_init")
+#: Their recipe, fixed before any result was read: Adam steps of LAMBDA_BATCH training examples
+#: (250 steps: one pass over a 4,000-example training subset) and the logits' learning rate.
+LABELLED_STEPS, LABELLED_LR = 250, 1e-2
 
 
 def lambda_order(
@@ -190,11 +199,80 @@ def lambda_order(
     ``steps`` steps of ``LAMBDA_BATCH`` examples drawn from the first ``examples`` training
     examples. Returns λ ``[layer, head]`` (its cost is the curve's ``settings["lambda_seconds"]``).
     """
-    train = task if not isinstance(task, str) else task_module.load(
+    train = _train(task, data_dir, train_limit, seed)
+    network, fwd_hooks, loss_fn, batches = _probe_objective(
+        model, train, (), max_len=max_len, layout=layout, batch_size=batch_size,
+        probe={"seed": seed, **(probe or {})}, examples=examples, progress=progress)
+    network.train()
+    try:
+        with model.hooks(fwd_hooks=fwd_hooks):
+            lam = learn_lambda(model, constants, loss_fn=loss_fn, batches=batches, steps=steps,
+                               progress=progress, jointly=list(network.parameters()))
+    finally:
+        network.eval()
+    return lam
+
+
+def labelled_constants(
+    model: Any, constants: Any, task: Any, init: str, *, data_dir: Any = None, train_limit: Any = 4000,
+    seed: int = 0, batch_size: int = 32, probe: dict | None = None, progress: bool = True,
+    steps: int = LABELLED_STEPS, lr: float = LABELLED_LR, **_: Any,
+) -> Any:
+    """Constants trained with ``task``'s labels, for the labelled rows of PAPA's Table 1
+    (Hassid et al. 2022, §5.2): ``init`` ``"toeplitz_init"`` starts from the Toeplitz matrix,
+    ``"average_init"`` from ``constants`` (PAPA's average), every head replaced, and the matrices
+    are "updated during the training procedure of the probing classifier".
+
+    attnlens's recipe (the paper gives none): the probe (Table 3's recipe for the task) is first
+    fitted on the training features under the starting matrices (the feature cache's entries of
+    the Toeplitz and average rows), then the matrices' logits (Adam, ``lr``) and the probe (Adam,
+    its Table 3 learning rate) are trained together (:func:`attnlens.papa.train_constants`) for
+    ``steps`` steps of ``LAMBDA_BATCH`` training examples, in order, cycling (the default: one
+    pass over 4,000). The model's weights stay frozen. Returns the trained matrices as
+    :class:`PapaConstants` (``kind="trained"``), which the curve then probes as any other row: a
+    fresh probe per seed on the frozen model under them, so that the row differs from the others
+    in its matrices only."""
+    if init not in LABELLED:
+        raise InputError(f"Unknown labelled start {init!r}; use one of {', '.join(LABELLED)}.")
+    train = _train(task, data_dir, train_limit, seed)
+    if init == "toeplitz_init":
+        start, trainable = toeplitz(constants), TrainableConstants.from_toeplitz(constants)
+    else:
+        start, trainable = constants, TrainableConstants.from_average(constants)
+    row = TABLE3.get(train.name, TABLE3["sst2"])
+    settings = {**row.probe_settings(), "seed": seed, **(probe or {})}
+    hooks = interventions.build("papa", model, "all", constants=start)
+    network, fwd_hooks, loss_fn, batches = _probe_objective(
+        model, train, hooks, max_len=constants.max_len, layout=constants.layout, batch_size=batch_size,
+        probe=settings, examples=len(train), progress=progress)
+    torch.manual_seed(seed)  # the probe's dropout while the matrices train
+    network.train()
+    try:
+        with model.hooks(fwd_hooks=fwd_hooks):
+            return train_constants(model, trainable, loss_fn=loss_fn, batches=batches, steps=steps, lr=lr,
+                                   jointly=list(network.parameters()), jointly_lr=settings["lr"],
+                                   progress=progress)
+    finally:
+        network.eval()
+
+
+def _train(task: Any, data_dir: Any, train_limit: Any, seed: int) -> Any:
+    """The training split of ``task`` (a name, loaded as the curve's probes train on, or a Task)."""
+    return task if not isinstance(task, str) else task_module.load(
         task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
-    features = probing.extract(model, train.inputs(), max_len=max_len, layout=layout,
+
+
+def _probe_objective(model: Any, train: Any, hooks: Any, *, max_len: int, layout: str | None, batch_size: int,
+                     probe: dict, examples: int, progress: bool) -> tuple[Any, list, Any, list]:
+    """What trains something inside the model with a task probe's loss: the probe's network
+    (a :class:`attnlens.evaluation.probing.PapaProbe` fitted with ``probe`` on the cached features
+    of ``train`` under ``hooks``), the forward hooks that capture every layer's residual stream,
+    the loss of a batch (the probe's cross-entropy on what those hooks captured: the pooled
+    tokens of a sentence, each word's first sub-token of a token task) and the compact batches
+    of ``LAMBDA_BATCH`` of the first ``examples`` training examples, their labels attached."""
+    features = probing.extract(model, train.inputs(), hooks=hooks, max_len=max_len, layout=layout,
                                batch_size=batch_size, progress=progress)
-    fitted = probing.PapaProbe(**{"seed": seed, **(probe or {})}).fit(features, train.labels())
+    fitted = probing.PapaProbe(**probe).fit(features, train.labels())
     inputs, labels = train.inputs()[:examples], train.labels()[:examples]
     batches = []
     for start in range(0, len(inputs), LAMBDA_BATCH):
@@ -232,11 +310,4 @@ def lambda_order(
         output = network(stacked[keep_mask], positions, example, keep_mask.shape[0])
         return loss_of(output, targets)
 
-    network.train()
-    try:
-        with model.hooks(fwd_hooks=[(name, keep(index)) for index, name in enumerate(names)]):
-            lam = learn_lambda(model, constants, loss_fn=loss_fn, batches=batches, steps=steps,
-                               progress=progress, jointly=list(network.parameters()))
-    finally:
-        network.eval()
-    return lam
+    return network, [(name, keep(index)) for index, name in enumerate(names)], loss_fn, batches

@@ -1,8 +1,10 @@
-"""A PAPA curve's finished points, kept in a folder so that an interrupted curve resumes.
+"""A PAPA curve's points: the columns of a point's row, the options of a task's later points,
+and the finished points kept in a folder so that an interrupted curve resumes.
 
 ``papa.curve(..., checkpoint=folder)`` writes every finished point of a task to one file in
 ``folder``, atomically (:func:`attnlens.core.files.write_atomic`, with a checksum): the row's columns
-(score, intervals, baselines, the paired test against no head replaced) and its seconds, and
+(score, intervals, baselines, the paired test against no head replaced), every seed's predictions
+and its seconds, and
 for a task's first point (no head replaced) also what its later points need: the chosen epochs
 and ``C`` (in the result's settings), every seed's predictions and the fitted linear baseline,
 whose solution starts theirs. The same call again reads every point it finds there instead of
@@ -33,13 +35,16 @@ from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Words
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.errors import FileFormatError
-from attnlens.evaluation.probing import LinearBaseline, ProbeResult
+from attnlens.evaluation import conventions, probing
+from attnlens.evaluation.probing import LinearBaseline, ProbeResult, paired
+from attnlens.evaluation.probing.intervals import paired_counts
 
 #: File format of a curve point.
-FORMAT = "attnlens.CurvePoint/1"
+FORMAT = "attnlens.CurvePoint/2"
 
-#: The fields of a point kept in its file (the curve's ``point`` dicts; ``result`` apart).
-FIELDS = ("task", "metric", "seconds", "rank", "columns")
+#: The fields of a point kept in its file (the curve's ``point`` dicts; ``result`` apart):
+#: ``runs`` are every seed's predictions (for the paired tests between its rows).
+FIELDS = ("task", "metric", "seconds", "rank", "columns", "runs")
 
 
 def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mapping[str, Any],
@@ -109,6 +114,87 @@ def load(folder: str | os.PathLike, point_key: str) -> dict[str, Any] | None:
         raise FileFormatError(f"curve point file {path} does not describe a curve point ({error}); "
                               "delete it, and the curve computes that point again.") from None
     return {**found, "resumed": True}
+
+
+def task_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dict, fast: bool) -> str:
+    """The key of a task's point under hooks of key ``hooks`` in a curve's checkpoint folder
+    (:func:`attnlens.evaluation.points.key`): its examples, its settings (``options``, the
+    point's :func:`attnlens.evaluation.probing.run` arguments before the first point's choices, and
+    ``fast``) and, for a later point, the key of its first point (hooks ``first_hooks``)."""
+    train, evaluation, *_ = probing._examples(model, task, options["data_dir"], None, options["train_limit"],
+                                              options["eval_limit"], options["seed"], options["max_len"],
+                                              options["layout"])
+    settings = {name: value for name, value in options.items() if name not in ("data_dir", "progress")}
+    settings["fast"] = fast
+    first = key(model, train, evaluation, hooks=first_hooks, settings=settings, first=None)
+    return first if hooks == first_hooks else key(model, train, evaluation, hooks=hooks, settings=settings,
+                                                  first=first)
+
+
+def columns(result: Any, unchanged: Any, seed: int) -> dict:
+    """A curve point's score columns: its interval, baselines, the paired test against the same
+    task with no head replaced (``unchanged``; none for that point itself), resampling the same
+    examples, and the paired test of the probe against its linear baseline."""
+    linear, versus_linear = result.baseline_interval, result.versus_baseline
+    row = dict(
+        score=result.score, low=result.interval.low, high=result.interval.high,
+        seed_std=result.seed_std, baseline=result.baseline, baseline_low=linear.low if linear else float("nan"),
+        baseline_high=linear.high if linear else float("nan"), majority=result.majority,
+        majority_low=result.majority_interval.low, majority_high=result.majority_interval.high,
+        versus_linear=versus_linear.difference if versus_linear else float("nan"),
+        versus_linear_low=versus_linear.low if versus_linear else float("nan"),
+        versus_linear_high=versus_linear.high if versus_linear else float("nan"),
+    )
+    if result is unchanged:
+        return {**row, "difference": 0.0, "difference_low": 0.0, "difference_high": 0.0}
+    versus = paired(result.evaluation, unchanged.runs, result.runs, runs=True, seed=seed,
+                    resamples=result.settings["resamples"])
+    return {**row, **conventions.paired_columns(versus, unchanged.score)}
+
+
+def later_options(options: dict, first: Any, probe: dict | None) -> dict:
+    """A task's options for its later points: the epochs chosen at its first point (no head
+    replaced) and its linear baseline's ``C``, whose solution starts theirs (a warm start: the
+    same optimum, a third of the iterations)."""
+    if first.settings.get("epochs_chosen"):
+        options = {**options, "select_epochs": False,
+                   "probe": {**(probe or {}), "epochs": first.settings["epochs_chosen"]}}
+    if first.settings.get("baseline_C") is not None:
+        options = {**options, "baseline_C": first.settings["baseline_C"], "baseline_start": first.linear}
+    return options
+
+
+def versus_average(average: Sequence[Any], runs: Sequence[Any], evaluation: Any, *, seed: int,
+                   resamples: int) -> dict:
+    """A baseline row's columns of its paired test against the average constants in every head:
+    ``average`` and ``runs``, every seed's predictions of the two rows, on the examples of
+    ``evaluation`` (paired by seed, as every test of a curve)."""
+    return _versus_average(paired(evaluation, average, runs, runs=True, seed=seed, resamples=resamples))
+
+
+def lm_versus_average(average: Any, score: Any, *, seed: int) -> dict:
+    """An LM baseline row's columns of its paired test against the average constants in every
+    head (per-text counts of the MLM probe; none for the model's own head)."""
+    if score.counts is None or average.counts is None:
+        return {}
+    return _versus_average(paired_counts(average.counts, score.counts, "accuracy", seed=seed))
+
+
+def _versus_average(versus: Any) -> dict:
+    return dict(versus_average=versus.difference, versus_average_low=versus.low, versus_average_high=versus.high,
+                versus_average_p=versus.p_value)
+
+
+def lm_columns(score: Any, unchanged: Any, seed: int) -> dict:
+    """An LM point's interval and paired test against no head replaced, where the score has
+    per-text counts (the MLM probe); none for the model's own head (a corpus-level number)."""
+    if score.counts is None or unchanged.counts is None:
+        return {}
+    interval = dict(low=score.interval.low, high=score.interval.high)
+    if score is unchanged:
+        return {**interval, "difference": 0.0, "difference_low": 0.0, "difference_high": 0.0}
+    versus = paired_counts(unchanged.counts, score.counts, "accuracy", seed=seed)
+    return {**interval, **conventions.paired_columns(versus, unchanged.value)}
 
 
 def _ready(value: Any) -> Any:

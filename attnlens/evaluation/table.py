@@ -3,13 +3,17 @@ average constants in every head, and with data-free matrices in every head.
 
 Hassid et al. 2022, Table 1 (RoBERTa-base, frozen, probed; regular attention): CoLA 0.47,
 MRPC 0.85, SST-2 0.91, MNLI 0.78, NER 0.92, POS 0.93. Its rows replace *all* heads by identity,
-Toeplitz or zeros matrices, or by PAPA's average (corpus-mean) constants.
+Toeplitz or zeros matrices, by PAPA's average (corpus-mean) constants, or by matrices trained
+with the task's labels from a Toeplitz or an average start ("Toeplitz init.", "average init.").
 
-:func:`table` is :func:`attnlens.papa.curve` at fractions ``(0, 1)`` with every data-free
-matrix, read row by row: ``original`` (no head replaced), ``average`` (every head replaced by
-``constants``), then ``identity``, ``toeplitz``, ``zeros`` and ``uniform``. Each cell carries
-the seed-mean score, its 95% bootstrap interval, the relative score (over ``original``) and the
-paired bootstrap test of its drop.
+:func:`table` is :func:`attnlens.papa.curve` at fractions ``(0, 1)`` with every baseline, read
+row by row: ``original`` (no head replaced), ``average`` (every head replaced by
+``constants``), then ``identity``, ``toeplitz``, ``zeros`` and ``uniform``, then
+``toeplitz_init`` and ``average_init``
+(:func:`attnlens.evaluation.curve_inputs.labelled_constants`). Each cell carries the seed-mean
+score, its 95% bootstrap interval, the relative score (over ``original``) and the paired
+bootstrap test of its drop; each baseline row also the paired test against ``average``
+(``versus_average``, :meth:`PapaTable.frame` with ``versus_average=True``).
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from attnlens.core.plots import papa_table
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
 from attnlens.evaluation import conventions
+from attnlens.evaluation.curve import ALL_BASELINES, curve
 from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
-from attnlens.evaluation.curve import DATA_FREE, curve
 
 #: The rows of Table 1, in order.
-ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform")
+ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform", "toeplitz_init",
+                         "average_init")
 
 
 @dataclass
@@ -42,7 +47,8 @@ class PapaTable(Result):
     COLUMNS: ClassVar[dict[str, str]] = {
         **CURVE_COLUMNS,
         "row": "the row of Table 1: original (no head replaced), average (every head replaced by "
-               "the constants), or the data-free matrix replacing every head",
+               "the constants), the data-free matrix replacing every head, or the matrices trained with the "
+               "task's labels from a Toeplitz (toeplitz_init) or the average start (average_init)",
         "note": "why a task of the paper's Table 1 has no score here (empty for the tasks run)",
     }
     FORMAT: ClassVar[str] = "attnlens.PapaTable/1"
@@ -51,13 +57,20 @@ class PapaTable(Result):
     seconds: float = 0.0
     settings: dict = field(default_factory=dict, repr=False)
 
-    def frame(self, *, relative: bool = False) -> pd.DataFrame:
+    def frame(self, *, relative: bool = False, versus_average: bool = False) -> pd.DataFrame:
         """Rows × tasks: ``"0.812 [0.785, 0.835]"`` (``relative=True``: score / original's, or
         ``Δ`` score − original's where the metric can be negative (``relative`` is empty there),
-        with ``*`` where the drop is significant, ``significant``: Holm-adjusted)."""
+        with ``*`` where the drop is significant, ``significant``: Holm-adjusted;
+        ``versus_average=True``: each baseline row's score − average's ``[paired 95%]``, with
+        ``*`` where ``versus_average_p_adjusted < 0.05``)."""
+        if relative and versus_average:
+            raise InputError("frame shows one view: pass relative=True or versus_average=True, not both.")
         cells = self.table.copy()
         if relative:
             cells["cell"] = [_relative_cell(row) for row in cells.itertuples()]
+        elif versus_average:
+            cells = cells[cells["row"].isin(ROWS[2:])].copy()
+            cells["cell"] = [_versus_average_cell(row) for row in cells.itertuples()]
         else:
             cells["cell"] = [_cell(row) for row in cells.itertuples()]
         wide = cells.pivot(index="row", columns="task", values="cell").fillna("–")
@@ -72,10 +85,10 @@ class PapaTable(Result):
     def __repr__(self) -> str:
         return f"PapaTable({', '.join(dict.fromkeys(self.table['task']))}; {self.seconds:.0f} s)\n{self.frame()}"
 
-    def to_markdown(self, *, relative: bool = False) -> str:
-        """The paper's layout as a Markdown table (for docs and notes); ``relative``: the relative
-        view of :meth:`frame`, with ``*`` where the drop is significant."""
-        frame = self.frame(relative=relative)
+    def to_markdown(self, *, relative: bool = False, versus_average: bool = False) -> str:
+        """The paper's layout as a Markdown table (for docs and notes); ``relative`` and
+        ``versus_average``: those views of :meth:`frame`."""
+        frame = self.frame(relative=relative, versus_average=versus_average)
         lines = ["| | " + " | ".join(frame.columns) + " |", "|---" * (len(frame.columns) + 1) + "|"]
         lines += [f"| {index} | " + " | ".join(frame.loc[index]) + " |" for index in frame.index]
         return "\n".join(lines)
@@ -130,6 +143,14 @@ def _relative_cell(row: Any) -> str:
     return f"{row.relative:.3f}{mark}"
 
 
+def _versus_average_cell(row: Any) -> str:
+    value = getattr(row, "versus_average", float("nan"))
+    if pd.isna(value):
+        return _cell(row) if pd.isna(row.score) else "–"
+    mark = "*" if not pd.isna(row.versus_average_p_adjusted) and row.versus_average_p_adjusted < 0.05 else ""
+    return f"{value:+.3f} [{row.versus_average_low:+.3f}, {row.versus_average_high:+.3f}]{mark}"
+
+
 def _cell(row: Any) -> str:
     if pd.isna(row.score):
         return str(row.note) if isinstance(getattr(row, "note", None), str) else "–"
@@ -142,10 +163,11 @@ def table(model: Any, constants: Any, tasks: Sequence[Any], *, lm_texts: Sequenc
           **options: Any) -> PapaTable:
     """PAPA's Table 1 of ``model`` (see the module docstring): ``tasks`` (names or tasks),
     ``lm_texts`` (also the LM score: the MLM probe for an encoder with an untrained head), the
-    other arguments as :func:`attnlens.papa.curve`'s (``seeds``, ``train_limit``, ...)."""
+    other arguments as :func:`attnlens.papa.curve`'s (``seeds``, ``train_limit``, ``baselines``:
+    by default every row, the labelled ones included, ...)."""
     options.pop("fractions", None)
-    measured = curve(model, constants, tasks, fractions=(0.0, 1.0), baselines=DATA_FREE,
-                     lm_texts=lm_texts, **options)
+    options.setdefault("baselines", ALL_BASELINES)
+    measured = curve(model, constants, tasks, fractions=(0.0, 1.0), lm_texts=lm_texts, **options)
     return PapaTable.from_curve(measured)
 
 

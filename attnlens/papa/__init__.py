@@ -20,15 +20,16 @@ unlabeled corpus, with hooks on an unmodified model::
 - :func:`fit` -> :class:`PapaConstants` (``sums``, ``counts``, ``mean``, ``input_dependence``,
   merge / ``+``, ``save`` / ``load``, checkpoint and resume);
 - data-free :func:`identity`, :func:`toeplitz`, :func:`zeros`, :func:`uniform`, and
-  :class:`TrainableConstants`;
+  :class:`TrainableConstants`, trained with any loss by :func:`train_constants` (the labelled rows
+  of Table 1);
 - :func:`hooks` / :func:`intervention`: ``mode="replace"`` or ``"blend"``;
   :func:`constant_pattern`: the pattern a constant gives a batch (causal on a decoder such as
   GPT-2: no key after the query);
 - :class:`HeadSet` and :func:`select_heads`: which heads to replace;
 - :func:`curve`: what replacing them costs, task probes and LM scores at growing fractions of
   heads replaced (:class:`Curve`: table and figure), with intervals and baselines;
-- :func:`table`: PAPA's Table 1 of a model (:class:`PapaTable`): original, average constants and
-  data-free matrices in every head, per task.
+- :func:`table`: PAPA's Table 1 of a model (:class:`PapaTable`): original, average constants,
+  data-free matrices and matrices trained with labels in every head, per task.
 
 ``attnlens.papa`` gathers names of two layers: the method, :mod:`attnlens.methods.papa`
 (constants, their hooks, head selection), and what replacing heads costs,
@@ -58,6 +59,7 @@ from attnlens.methods.papa import (
     select_heads,
     softmax_pattern,
     toeplitz,
+    train_constants,
     uniform,
     zeros,
 )
@@ -83,6 +85,7 @@ __all__ = [
     "softmax_pattern",
     "table",
     "toeplitz",
+    "train_constants",
     "uniform",
     "zeros",
 ]

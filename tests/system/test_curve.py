@@ -333,16 +333,28 @@ def test_cache_features_extracts_what_run_reads(minilm, monkeypatch):
         probing.cache_features(minilm, "cola", hooks=identity, **options)
 
 
+def holm_loop(p: list[float]) -> list[float]:
+    """Holm's step-down adjustment by its definition, a plain loop."""
+    order = sorted(range(len(p)), key=p.__getitem__)
+    expected, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        expected[i] = running
+    return expected
+
+
 def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants):
-    """attnlens table: the rows of PAPA's Table 1 in order, one column per task, each cell with
-    its interval; the original row has relative score 1 and no drop; CSV, Markdown and HTML."""
+    """attnlens table: the rows of PAPA's Table 1 in order (the labelled ones too, two training
+    steps here), one column per task, each cell with its interval; the original row has relative
+    score 1 and no drop; every baseline row is tested against average, its difference that of the
+    seed means; CSV, Markdown and HTML."""
     from attnlens.cli import main
 
     path = constants.save(tmp_path / "constants.safetensors")
     out = tmp_path / "table.html"
     assert main(["table", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
                  "--train-limit", str(TRAIN), "--eval-limit", str(EVAL), "--seeds", "1", "--quiet",
-                 "--out", str(out)]) == 0
+                 "--labelled-steps", "2", "--out", str(out)]) == 0
 
     long = pd.read_csv(out.with_suffix(".csv"))
     assert list(long["row"]) == list(ROWS)
@@ -353,18 +365,22 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
     # the other rows are one family: Holm's step-down by its definition (a plain loop), and
     # significant is p_adjusted < 0.05
     tested = long[long["row"] != "original"]
-    p = list(tested["p_value"])
-    order = sorted(range(len(p)), key=p.__getitem__)
-    expected, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        expected[i] = running
+    expected = holm_loop(list(tested["p_value"]))
     assert list(tested["p_adjusted"]) == pytest.approx(expected, abs=1e-12)
     assert list(tested["significant"]) == [a < 0.05 for a in expected]
     assert (tested["detectable"] > 0).all() and tested["equivalent"].isin([True, False]).all()
     assert (tested["versus_linear"] - (tested["score"] - tested["baseline"])).abs().max() < 1e-9
+    versus = long[long["row"].isin(ROWS[2:])]
+    average = long.loc[long["row"] == "average", "score"].iloc[0]
+    assert (versus["versus_average"] - (versus["score"] - average)).abs().max() < 1e-9
+    assert ((versus["versus_average_low"] <= versus["versus_average"])
+            & (versus["versus_average"] <= versus["versus_average_high"])).all()
+    assert versus["versus_average_p"].between(0, 1).all()
+    assert list(versus["versus_average_p_adjusted"]) == pytest.approx(holm_loop(list(versus["versus_average_p"])),
+                                                                      abs=1e-12)  # a second family
+    assert long.loc[long["row"].isin(ROWS[:2]), "versus_average"].isna().all()
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
-    assert markdown.count("\n") == 8 and "| average |" in markdown and "[" in markdown
+    assert markdown.count("\n") == 10 and "| average |" in markdown and "| average_init |" in markdown
     assert out.read_text(encoding="utf-8").count("<html") == 1
 
 
@@ -375,8 +391,8 @@ def test_table_1_read_from_a_curve_equals_papa_table(minilm, constants):
     options = dict(data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     measured = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=DATA_FREE, **options)
     read = papa.PapaTable.from_curve(measured)
-    direct = papa.table(minilm, constants, ["sst2"], **options)
-    assert list(read.table["row"]) == list(ROWS) == list(direct.table["row"])
+    direct = papa.table(minilm, constants, ["sst2"], baselines=DATA_FREE, **options)
+    assert list(read.table["row"]) == list(ROWS[:6]) == list(direct.table["row"])
     columns = ["row", "score", "low", "high", "difference", "baseline", "majority"]
     pd.testing.assert_frame_equal(read.table[columns], direct.table[columns])
     half = measured.table[measured.table["fraction_replaced"] == 0.5]

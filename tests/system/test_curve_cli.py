@@ -13,6 +13,7 @@ import pytest
 
 from attnlens import cli
 from attnlens.cli.jobs import common
+from attnlens.evaluation import conventions
 from attnlens.evaluation.curve import Curve, curve
 from attnlens.evaluation.curve_inputs import (
     LM_MIN_WORDS,
@@ -80,13 +81,16 @@ def test_the_cli_curve_is_the_python_call(minilm, data, tmp_path):
     assert table.with_suffix(".md").read_text(encoding="utf-8") == expected_table.to_markdown() + "\n"
     relative = table.with_name(table.stem + "_relative.md").read_text(encoding="utf-8")
     assert relative == expected_table.to_markdown(relative=True) + "\n" and "not available" in relative
+    versus = table.with_name(table.stem + "_versus_average.md").read_text(encoding="utf-8")
+    assert versus == expected_table.to_markdown(versus_average=True) + "\n" and "| zeros |" in versus
     assert (PapaConstants.load(saved).mean == constants.mean).all()
     assert Curve.from_json(tmp_path / "curve.json").settings["baselines"] == ["zeros"]
 
-    # the table split by task, then joined by --combine: the same table and Table 1
+    # the table split by task, each part Holm-adjusted on its own as a run of its tasks would be,
+    # then joined by --combine: one family again, the same table and Table 1
     parts = [tmp_path / "sst2.csv", tmp_path / "mrpc-lm.csv"]
-    written[written["task"] == "sst2"].to_csv(parts[0], index=False)
-    written[written["task"] != "sst2"].to_csv(parts[1], index=False)
+    conventions.apply(written[written["task"] == "sst2"]).to_csv(parts[0], index=False)
+    conventions.apply(written[written["task"] != "sst2"]).to_csv(parts[1], index=False)
     joined, joined_table = tmp_path / "joined.csv", tmp_path / "joined-table.csv"
     assert cli.main(["curve", "--combine", *map(str, parts), "--out", str(joined), "--table", str(joined_table),
                      "--data-dir", str(data), "--quiet"]) == 0  # --data-dir: which missing tasks have no data

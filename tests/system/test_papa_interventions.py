@@ -523,3 +523,41 @@ def test_learn_lambda_leaves_other_gradients_alone_and_shows_progress(capsys):
     assert all(p.requires_grad for p in model.parameters() if p is not frozen_before)
     papa.learn_lambda(model, fitted, loss_fn=loss_fn, batches=batches, steps=1, progress=False)
     assert "papa.learn_lambda" not in capsys.readouterr().err
+
+
+def test_train_constants_lowers_the_loss_with_the_model_frozen(capsys):
+    """papa.train_constants: Adam steps on the logits (and a probe's parameters, jointly) lower
+    the loss, measured independently of the training loop (plain replacement hooks with the
+    returned snapshot); the model's weights and requires_grad are as before; refused inputs."""
+    model = tiny.bert_bridge()
+    fitted = papa.fit(model, tiny.CORPUS, max_len=16, progress=False)
+    trainable = papa.TrainableConstants.from_toeplitz(fitted)
+    start = trainable.to_constants()
+    weights = {name: value.clone() for name, value in model.state_dict().items()}
+    scale = torch.nn.Parameter(torch.ones(()))  # a probe's parameter, trained with the logits
+    batch = attnlens.tokenize(model, tiny.CORPUS[:4], max_len=16)
+    valid = batch.attention_mask.bool()
+    target = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(),
+                                  fwd_hooks=papa.hooks(fitted)).detach()  # under the average
+
+    def loss_fn(logits, batch):
+        return (scale * logits - target)[valid].square().mean()
+
+    def loss_under(constants):
+        with torch.no_grad():
+            logits = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=papa.hooks(constants))
+        return float((logits - target)[valid].square().mean())
+
+    capsys.readouterr()
+    trained = papa.train_constants(model, trainable, loss_fn=loss_fn, batches=[batch], steps=20, lr=0.1,
+                                   jointly=[scale], jointly_lr=0.01)
+    assert "papa.train_constants" in capsys.readouterr().err
+    assert trained.kind == "trained" and scale.grad is not None and float(scale.detach()) != 1.0
+    assert loss_under(trained) < 0.5 * loss_under(start), "20 steps pull Toeplitz towards the target"
+    assert all(torch.equal(value, weights[name]) for name, value in model.state_dict().items())
+    assert all(p.requires_grad for p in model.parameters()) and all(p.grad is None for p in model.parameters())
+    with unchecked(), pytest.raises(attnlens.AttnlensError, match="TrainableConstants"):
+        papa.train_constants(model, fitted, loss_fn=loss_fn, batches=[batch], steps=1)
+    with pytest.raises(attnlens.AttnlensError, match="does not depend on the constants"):
+        papa.train_constants(model, trainable, loss_fn=lambda logits, batch: scale * 1.0, batches=[batch], steps=1,
+                             progress=False)

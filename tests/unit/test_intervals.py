@@ -7,10 +7,12 @@ import random
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from attnlens.errors import InputError
-from attnlens.evaluation import probing, tasks
+from attnlens.evaluation import conventions, probing, tasks
+from attnlens.evaluation.curve import Curve
 from attnlens.evaluation.probing import intervals
 from tests.conftest import DATA
 
@@ -312,3 +314,31 @@ def test_equivalence_is_a_tost_on_the_90_percent_interval():
     assert not wide.significant and not wide.equivalent(0.01)  # neither a drop nor shown equal
     with pytest.raises(InputError, match="margin"):
         close.equivalent(float("nan"))
+
+
+def test_curves_joined_are_one_family_again():
+    """Curve.combine re-adjusts: two runs split by task, each adjusted on its own, join into the
+    Holm adjustment of all their tests (and of their versus_average tests, a second family), as
+    one run's table would be."""
+    def part(task: str, p: list[float]) -> Curve:
+        rows = [dict(task=task, strategy="input_dependence", fraction_replaced=0.0, score=0.8, metric="accuracy",
+                     p_value=float("nan"), detectable=float("nan"), versus_average_p=float("nan"))]
+        rows += [dict(task=task, strategy="toeplitz", fraction_replaced=1.0, score=0.7, metric="accuracy",
+                      p_value=value, detectable=0.01, versus_average_p=value / 2) for value in p]
+        return Curve(conventions.apply(pd.DataFrame(rows)), settings={"strategy": "input_dependence"})
+
+    first, second = part("sst2", [0.01, 0.03]), part("cola", [0.02])
+    joined = Curve.combine([first, second]).table
+    p = [0.01, 0.03, 0.02]
+    assert list(joined["p_adjusted"].dropna()) == pytest.approx([_holm_loop(p)[i] for i in range(3)], abs=1e-15)
+    assert list(joined["versus_average_p_adjusted"].dropna()) == pytest.approx(_holm_loop([v / 2 for v in p]), abs=1e-15)
+    assert list(first.table["p_adjusted"].dropna()) != list(joined["p_adjusted"].dropna())[:2]  # each alone differs
+
+
+def _holm_loop(p: list[float]) -> list[float]:
+    order = sorted(range(len(p)), key=p.__getitem__)
+    adjusted, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted

@@ -12,7 +12,7 @@ from attnlens.core.files import write_atomic
 from attnlens.engine.distributed import world
 from attnlens.errors import InputError
 from attnlens.evaluation import curve_inputs
-from attnlens.evaluation.curve import DATA_FREE, Curve, curve
+from attnlens.evaluation.curve import ALL_BASELINES, Curve, curve
 from attnlens.evaluation.table import PapaTable
 from attnlens.methods.papa import STRATEGIES, PapaConstants, fitting
 
@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
         measures["lm_texts"] = curve_inputs.lm_texts(args.data_dir, args.lm_wikitext)
     result = curve(
         model, by_task, tasks, fractions=fractions, strategy=args.strategy, baselines=baselines,
-        batch_size=args.batch_size, seeds=args.seeds, checkpoint=args.checkpoint, progress=not args.quiet,
+        batch_size=args.batch_size, seeds=args.seeds, labelled_steps=args.labelled_steps,
+        checkpoint=args.checkpoint, progress=not args.quiet,
         **measures,
     )
     if world().rank != 0:  # under torchrun every rank holds the curve; rank 0 writes it
@@ -64,7 +65,7 @@ def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
                                                  inputs, force=args.force)
     written = [("--out", out), ("--out (its CSV)", csv)]
     files: dict[str, Path | None] = {"html": html, "csv": csv, "table": None, "markdown": None, "relative": None,
-                                     "json": None, "constants": None}
+                                     "versus_average": None, "json": None, "constants": None}
     if args.table is not None:
         files["table"] = common.output(args.table, "--table", (".csv",), [*inputs, *written], force=args.force)
         written.append(("--table", files["table"]))
@@ -75,6 +76,10 @@ def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
         files["relative"] = common.output(str(relative), "--table (its relative view)", (".md",),
                                           [*inputs, *written], force=args.force)
         written.append(("--table (its relative view)", files["relative"]))
+        versus = files["table"].with_name(files["table"].stem + "_versus_average.md")
+        files["versus_average"] = common.output(str(versus), "--table (its baselines against average)", (".md",),
+                                                [*inputs, *written], force=args.force)
+        written.append(("--table (its baselines against average)", files["versus_average"]))
     if args.json is not None:
         files["json"] = common.output(args.json, "--json", (".json",), [*inputs, *written], force=args.force)
         written.append(("--json", files["json"]))
@@ -88,15 +93,15 @@ def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
 
 
 def _baselines(text: str) -> tuple[str, ...]:
-    """``--baselines``: names of data-free matrices, ``all`` or ``none``."""
+    """``--baselines``: names of data-free or labelled matrices, ``all`` or ``none``."""
     if text.strip() == "all":
-        return DATA_FREE
+        return ALL_BASELINES
     if text.strip() == "none":
         return ()
     names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in DATA_FREE]
+    unknown = [name for name in names if name not in ALL_BASELINES]
     if unknown or not names:
-        raise common.UsageError(f"--baselines {text!r}: use names among {', '.join(DATA_FREE)} separated by "
+        raise common.UsageError(f"--baselines {text!r}: use names among {', '.join(ALL_BASELINES)} separated by "
                                 "commas, 'all' or 'none'")
     return names
 
@@ -176,8 +181,10 @@ def _write(result: Any, args: argparse.Namespace, outputs: dict[str, Path | None
                      overwrite_read_only=args.force)
         write_atomic(outputs["relative"], (table.to_markdown(relative=True) + "\n").encode("utf-8"),
                      overwrite_read_only=args.force)
+        write_atomic(outputs["versus_average"], (table.to_markdown(versus_average=True) + "\n").encode("utf-8"),
+                     overwrite_read_only=args.force)
         print(table.frame().to_string())
-        written += [outputs["table"], outputs["markdown"], outputs["relative"]]
+        written += [outputs["table"], outputs["markdown"], outputs["relative"], outputs["versus_average"]]
     if outputs["constants"] is not None:
         written.append(outputs["constants"])
     print(f"wrote {', '.join(map(str, written))}")

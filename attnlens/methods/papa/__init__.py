@@ -11,6 +11,7 @@ from attnlens.methods.papa.fitting import fit
 from attnlens.methods.papa.intervene import PapaHooks, check_inputs, hooks, intervention
 from attnlens.methods.papa.replace import constant_pattern, softmax_pattern
 from attnlens.methods.papa.selection import STRATEGIES, HeadSet, learn_lambda, select_heads
+from attnlens.methods.papa.training import train_constants
 
 load = PapaConstants.load
 
@@ -31,6 +32,7 @@ __all__ = [
     "select_heads",
     "softmax_pattern",
     "toeplitz",
+    "train_constants",
     "uniform",
     "zeros",
 ]
