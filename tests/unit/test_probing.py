@@ -525,7 +525,8 @@ def test_a_saved_linear_baseline_loads_back_exactly_and_starts_the_same_fit(bert
 def test_a_curve_point_file_reads_back_what_was_written(tmp_path):
     """attnlens.evaluation.points (papa.curve's checkpoint): a point's row reads back equal,
     NaN as NaN and NumPy values as Python's (a float64 to the bit); a first point's result
-    keeps its settings, every seed's predictions and its linear baseline's arrays. A key with
+    keeps its settings, every seed's predictions and its linear baseline's arrays; every point keeps
+    every seed's predictions (the paired tests between rows, e.g. versus_average). A key with
     no file is ``None``; a file under another key's name is refused, naming it."""
     import math
 
@@ -543,7 +544,7 @@ def test_a_curve_point_file_reads_back_what_was_written(tmp_path):
                                  settings={"epochs_chosen": 7, "baseline_C": 0.1}, linear=linear)
     columns = {"score": np.float64(1 / 3), "baseline": float("nan"), "significant": np.bool_(True)}
     point = {"task": "sst2", "metric": "accuracy", "seconds": {"probe": 1.25}, "rank": 1, "columns": columns,
-             "result": result}
+             "runs": result.runs, "result": result}
     key = "ab" * 16
     assert points.load(tmp_path, key) is None
     points.save(tmp_path, key, point)
@@ -551,6 +552,7 @@ def test_a_curve_point_file_reads_back_what_was_written(tmp_path):
     assert found["resumed"] is True and (found["task"], found["rank"], found["seconds"]) == ("sst2", 1, {"probe": 1.25})
     assert found["columns"]["score"] == 1 / 3 and math.isnan(found["columns"]["baseline"])
     assert found["columns"]["significant"] is True
+    assert found["runs"] == [["neg", "pos"], ["pos", "pos"]]  # every seed's, for tests between rows
     again = found["result"]
     assert again.runs == result.runs and again.predictions == ["neg", "pos"]
     assert again.settings["epochs_chosen"] == 7 and again.settings["baseline_C"] == 0.1

@@ -126,7 +126,7 @@ def _curve_point(folder: Path, bridge) -> tuple[Path, callable]:
     result = ProbeResult(task="sst2", split="dev", metric="accuracy", score=0.5, majority=0.5,
                          predictions=["a", "b"], runs=[["a", "b"]], settings={"baseline_C": 0.1}, linear=linear)
     point = {"task": "sst2", "metric": "accuracy", "seconds": {"probe": 1.5}, "rank": 0,
-             "columns": {"score": 0.5, "significant": False}, "result": result}
+             "columns": {"score": 0.5, "significant": False}, "runs": result.runs, "result": result}
     key = "0123456789abcdef" * 2
     return points.save(folder, key, point), lambda path: points.load(path.parent, key)
 
