@@ -174,7 +174,12 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
     started = False
     try:
         started = _start_distributed(getattr(args, "device", None))
-        return int(args.handler(args) or 0)
+        status = int(args.handler(args) or 0)
+        if started:  # every rank done before any tears its group down (gloo's threads hold work)
+            import torch.distributed as dist
+
+            dist.barrier()
+        return status
     except KeyboardInterrupt as interrupt:
         if debug:
             raise

@@ -36,6 +36,23 @@ def run(*args: str, cwd: Path, timeout: int = 300) -> subprocess.CompletedProces
     )
 
 
+def run_here(*args: str, cwd: Path, capsys, monkeypatch) -> subprocess.CompletedProcess:
+    """``attnlens ARGS`` in this process (:func:`attnlens.cli.main`, as the console script calls
+    it): its exit status, stdout and stderr, as :func:`run` returns them, without a process's
+    start and imports (the tests of what only a process shows, its entry point and its help,
+    use :func:`run`)."""
+    from attnlens.cli import main
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        code = main(list(args))
+    except SystemExit as exit_info:
+        code = exit_info.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(list(args), code, out, err)
+
+
 @pytest.fixture()
 def small_corpus(tmp_path) -> Path:
     path = tmp_path / "corpus.txt"
@@ -90,11 +107,12 @@ def test_missing_corpus_file(tmp_path):
     assert "corpus file not found: missing.txt" in line
 
 
-def test_empty_corpus(tmp_path):
+def test_empty_corpus(tmp_path, capsys, monkeypatch):
     (tmp_path / "empty.txt").write_text("\n  \n\n", encoding="utf-8")
-    line = _one_line_error(run("fit-papa", "--corpus", "empty.txt", "--out", "c.safetensors", cwd=tmp_path))
+    here = dict(cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    line = _one_line_error(run_here("fit-papa", "--corpus", "empty.txt", "--out", "c.safetensors", **here))
     assert "empty" in line and "empty.txt" in line
-    line = _one_line_error(run("compare", "--corpus", "empty.txt", "--out", "r.html", cwd=tmp_path))
+    line = _one_line_error(run_here("compare", "--corpus", "empty.txt", "--out", "r.html", **here))
     assert "empty" in line
 
 
@@ -372,13 +390,13 @@ def test_fit_papa_checkpoint_resumes_an_interrupted_fit(
 
 
 @pytest.mark.slow
-def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus):
+def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus, capsys, monkeypatch):
     """--json creates its folders, as --out does, instead of failing after the pass."""
     table = tmp_path / "new" / "deeper" / "comparison.json"
-    compared = run(
+    compared = run_here(
         "compare", "--corpus", str(small_corpus), "--views", "standard", "--n-examples", "1",
         "--max-len", "16", "--json", str(table), "--out", str(tmp_path / "r.html"), "--quiet",
-        cwd=tmp_path,
+        cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch,
     )
     assert compared.returncode == 0, compared.stderr
     data = json.loads(table.read_text(encoding="utf-8"))
@@ -386,24 +404,22 @@ def test_json_in_a_missing_folder_is_written(tmp_path, small_corpus):
 
 
 @pytest.mark.slow
-def test_max_len_beyond_the_position_embeddings(tmp_path, small_corpus):
+def test_max_len_beyond_the_position_embeddings(tmp_path, small_corpus, minilm, capsys, monkeypatch):
     """MiniLM has 512 positions: --max-len 600 is one line naming both numbers, exit 2, before
     the pass over the corpus (no papa.fit bar, no traceback, no constants written); 512 works."""
-    from attnlens import load
-
-    positions = load().original_model.config.max_position_embeddings
+    positions = minilm.original_model.config.max_position_embeddings
     assert positions == 512
     out = tmp_path / "c.safetensors"
-    line = _one_line_error(run(
-        "fit-papa", "--corpus", str(small_corpus), "--max-len", "600", "--out", str(out),
-        "--quiet", cwd=tmp_path,
+    here = dict(cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch)
+    line = _one_line_error(run_here(
+        "fit-papa", "--corpus", str(small_corpus), "--max-len", "600", "--out", str(out), "--quiet", **here,
     ))
     assert "max_len=600" in line and "max_position_embeddings=512" in line
     assert "use max_len=512 or less" in line
     assert not out.exists()
-    compared = run(
+    compared = run_here(
         "compare", "--corpus", str(small_corpus), "--views", "standard", "--max-len", "512",
-        "--n-examples", "1", "--out", str(tmp_path / "r.html"), "--quiet", cwd=tmp_path,
+        "--n-examples", "1", "--out", str(tmp_path / "r.html"), "--quiet", **here,
     )
     assert compared.returncode == 0, compared.stderr
     assert compared.stderr == ""  # --quiet: no bars at all, the weight loading's included
