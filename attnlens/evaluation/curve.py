@@ -34,6 +34,7 @@ from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.engine.distributed import world
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation import conventions, points, probing
+from attnlens.evaluation.claims import curve_claims
 from attnlens.evaluation.curve_inputs import (
     LABELLED,
     LABELLED_STEPS,
@@ -199,6 +200,11 @@ class Curve(Result):
                      _with_interval(row.majority, row.majority_low, row.majority_high)]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines)
+
+    def claims(self) -> str:
+        """What the curve lets one claim, task by task, from its test columns only
+        (:func:`attnlens.evaluation.claims.curve_claims`): a Markdown list."""
+        return curve_claims(self.table, str(self.settings.get("strategy", self.table["strategy"].iloc[0])))
 
     @classmethod
     def read_csv(cls, path: str | os.PathLike) -> Curve:

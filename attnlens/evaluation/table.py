@@ -28,6 +28,7 @@ from attnlens.core.plots import papa_table
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
 from attnlens.evaluation import conventions
+from attnlens.evaluation.claims import table_claims
 from attnlens.evaluation.curve import ALL_BASELINES, curve
 from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
 
@@ -92,6 +93,11 @@ class PapaTable(Result):
         lines = ["| | " + " | ".join(frame.columns) + " |", "|---" * (len(frame.columns) + 1) + "|"]
         lines += [f"| {index} | " + " | ".join(frame.loc[index]) + " |" for index in frame.index]
         return "\n".join(lines)
+
+    def claims(self) -> str:
+        """What the table lets one claim, task by task, from its test columns only
+        (:func:`attnlens.evaluation.claims.table_claims`): a Markdown list."""
+        return table_claims(self.table)
 
     def to_dict(self) -> dict[str, Any]:
         return {"table": frame_to_json(self.table), "seconds": self.seconds, "settings": plain(self.settings)}
