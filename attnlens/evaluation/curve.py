@@ -37,6 +37,7 @@ from attnlens.evaluation import conventions, points, probing
 from attnlens.evaluation.claims import curve_claims
 from attnlens.evaluation.curve_inputs import (
     LABELLED,
+    LABELLED_LR,
     LABELLED_STEPS,
     checked_constants,
     labelled_constants,
@@ -46,6 +47,7 @@ from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing.features import hooks_key
 from attnlens.methods import interventions
 from attnlens.methods.papa import baselines as data_free
+from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.selection import STRATEGIES, select_heads
 
 #: Replaced fractions of the paper's curve (kept: 1, 1/2, 1/8, 1/16, 0).
@@ -346,7 +348,9 @@ def curve(
     (:mod:`attnlens.evaluation.points`); the same call again reads the points it finds there
     instead of training them, so an interrupted curve loses only the points that were running
     and gives the same table, in every digit, as an uninterrupted one (``timings`` marks the
-    points read back: ``resumed``). The LM's points are computed again. Without it, an
+    points read back: ``resumed``), and so are the labelled baselines' trained constants
+    (:func:`attnlens.evaluation.points.labelled_path`), which it reads instead of training them
+    again. The LM's points are computed again. Without it, an
     interrupted curve still reads its features from the feature cache, but trains every probe
     again.
     """
@@ -404,6 +408,22 @@ def curve(
                            **options)
         lambda_seconds = time.perf_counter() - start
 
+    def labelled(name: str, init: str, fitted: Any) -> Any:
+        """Task ``name``'s constants trained from ``init``: read from the checkpoint folder when
+        an earlier run of the same settings trained them, else trained (and kept there)."""
+        if checkpoint is None:
+            return labelled_constants(model, fitted, by_name[name], init, steps=labelled_steps, **options)
+        train = probing._examples(model, by_name[name], data_dir, None, train_limit, eval_limit, seed,
+                                  fitted.max_len, fitted.layout)[0]
+        recipe = {key: value for key, value in options.items() if key not in ("data_dir", "progress")}
+        path = points.labelled_path(checkpoint, model, train, init, fitted, {**recipe, "steps": labelled_steps,
+                                                                            "lr": LABELLED_LR})
+        if path.is_file():
+            return PapaConstants.load(path, model)
+        made = labelled_constants(model, fitted, by_name[name], init, steps=labelled_steps, **options)
+        made.save(path)
+        return made
+
     def points_of(name: str) -> list[tuple[str, str, float, Any]]:
         """The points of task ``name`` (or ``"lm"``): the fractions, then the baselines (the
         labelled ones trained here, on the task's training examples; none for the LM)."""
@@ -418,7 +438,7 @@ def curve(
             if baseline in LABELLED:
                 if name == "lm":
                     continue
-                made = labelled_constants(model, fitted, by_name[name], baseline, steps=labelled_steps, **options)
+                made = labelled(name, baseline, fitted)
             else:
                 made = getattr(data_free, baseline)(fitted)
             hooks = interventions.build("papa", model, "all", constants=made, fast=fast)

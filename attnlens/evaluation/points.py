@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from attnlens.core import version  # read at each call: the version now (tests set it)
-from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.core.files import read_checked, safetensors_bytes, tensor_checksum, write_atomic
 from attnlens.core.inputs import Words
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.errors import FileFormatError
@@ -63,6 +63,23 @@ def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mappin
         for value in (examples.inputs(), examples.labels()):
             digest.update(json.dumps(_ready(value), ensure_ascii=False, default=str).encode() + b"\n")
     return digest.hexdigest()[:32]
+
+
+def labelled_path(folder: str | os.PathLike, model: Any, train: Any, init: str, start: Any,
+                  settings: Mapping[str, Any]) -> Path:
+    """The file in a curve's checkpoint ``folder`` of the constants trained with ``train``'s labels
+    from ``init`` (:func:`attnlens.evaluation.curve_inputs.labelled_constants`), named by a hash of
+    what they depend on: attnlens's version, the model, the training examples and labels, the
+    start (``init`` and the constants ``start`` it trains from) and the recipe's ``settings``. A
+    resumed curve reads them instead of training them again, and so finds its points."""
+    digest = hashlib.sha256()
+    header = {"attnlens": version.__version__, "model": model_id(model), "weights": weights_fingerprint(model),
+              "task": train.name, "init": init, "settings": settings,
+              "start": tensor_checksum({name: getattr(start, name) for name in ("sums", "squares", "pair_counts")})}
+    digest.update(json.dumps(header, sort_keys=True, default=str).encode())
+    for value in (train.inputs(), train.labels()):
+        digest.update(json.dumps(_ready(value), ensure_ascii=False, default=str).encode() + b"\n")
+    return Path(folder) / f"labelled-{digest.hexdigest()[:32]}.safetensors"
 
 
 def path_of(folder: str | os.PathLike, point_key: str) -> Path:

@@ -262,14 +262,18 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
     second probing.run) runs again only the points it had not finished, and its table equals an
     uninterrupted curve's in every column and digit: the later points start from the first
     point's epochs, C and linear solution read back from the folder (the warm start is bit for
-    bit the same). Run a third time, it trains nothing. A point file changed on disk is refused
-    with one error naming it; a file given as the folder is refused before any work."""
+    bit the same). The labelled baseline's constants are trained once and read back (the
+    resumed curve finds its point by them). Run a third time, it trains nothing. A point file
+    changed on disk is refused with one error naming it; a file given as the folder is refused
+    before any work."""
     import numpy as np
 
     from attnlens.errors import DamagedFileError
 
-    options = dict(fractions=(0, 0.5, 1), baselines=(), data_dir=DATA, train_limit=100, eval_limit=50,
-                   seeds=1, progress=False)
+    from attnlens.evaluation import curve as curve_module
+
+    options = dict(fractions=(0, 0.5, 1), baselines=("average_init",), labelled_steps=2, data_dir=DATA,
+                   train_limit=100, eval_limit=50, seeds=1, progress=False)
     calls, real_run = [], probing.run
     monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(real_run(*a, **k)) or calls[-1])
     whole = papa.curve(minilm, constants, ["cola"], **options)
@@ -287,21 +291,23 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
     with pytest.raises(KeyboardInterrupt):
         papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
     assert len(list(folder.glob("point-*.safetensors"))) == 1 and not list(folder.glob(".*"))
+    assert len(list(folder.glob("labelled-*.safetensors"))) == 1  # trained before the points
     calls.clear()
     monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(k) or real_run(*a, **k))
+    monkeypatch.setattr(curve_module, "labelled_constants", lambda *a, **k: pytest.fail("trained again"))
     resumed = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
-    assert len(calls) == 2 and all(len(kwargs["hooks"]) for kwargs in calls)  # the later points only
+    assert len(calls) == 3 and all(len(kwargs["hooks"]) for kwargs in calls)  # the later points only
     for kwargs in calls:  # the first point's choices and solution, read back exactly
         assert kwargs["probe"]["epochs"] == epochs and kwargs["baseline_C"] == linear.C
         start = kwargs["baseline_start"].model
         assert np.array_equal(start[-1].coef_, linear.model[-1].coef_)
         assert np.array_equal(start[-1].intercept_, linear.model[-1].intercept_)
-    assert [timing["resumed"] for timing in resumed.timings] == [True, False, False]
+    assert [timing["resumed"] for timing in resumed.timings] == [True, False, False, False]
     pd.testing.assert_frame_equal(resumed.table, whole.table, check_exact=True)
     monkeypatch.setattr(probing, "run", lambda *a, **k: pytest.fail("a probe was trained again"))
     again = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
     pd.testing.assert_frame_equal(again.table, whole.table, check_exact=True)
-    assert [timing["resumed"] for timing in again.timings] == [True, True, True]
+    assert [timing["resumed"] for timing in again.timings] == [True, True, True, True]
     damaged = sorted(folder.glob("point-*.safetensors"))[0]
     raw = bytearray(damaged.read_bytes())
     at = raw.index(b"seconds")
