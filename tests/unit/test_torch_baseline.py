@@ -267,8 +267,9 @@ def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_to
     for name, train_size, dev_size in (("sst2", 300, 200), ("ner", 150, 100)):
         train = tasks.load(name, "train", data_dir=DATA, limit=train_size, seed=0)
         dev = tasks.load(name, "dev", data_dir=DATA, limit=dev_size, seed=0)
-        train_features = probing.extract(minilm, train.inputs(), max_len=64, progress=False, cache=False)
-        dev_features = probing.extract(minilm, dev.inputs(), max_len=64, progress=False, cache=False)
+        # the session's feature cache: SST-2's are the pruning test's (tests/unit/test_ablation.py)
+        train_features = probing.extract(minilm, train.inputs(), max_len=64, progress=False)
+        dev_features = probing.extract(minilm, dev.inputs(), max_len=64, progress=False)
         fitted, seconds = {}, {}
         for solver in ("sklearn", "torch"):
             started = time.perf_counter()
