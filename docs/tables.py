@@ -1,6 +1,7 @@
 """Write the measured tables into docs/probing.md, between their markers, from the files the
 benchmarks and ``attnlens curve`` wrote: ``docs/probe_choices.md``
-(``benchmarks/probe_choices.py``), ``docs/probe_baselines.md`` (``benchmarks/probe_baselines.py``), ``docs/papa_table.md`` (Table 1, ``attnlens curve --table``)
+(``benchmarks/probe_choices.py``), ``docs/epoch_choice.md`` (``benchmarks/epoch_choice.py``),
+``docs/probe_baselines.md`` (``benchmarks/probe_baselines.py``), ``docs/papa_table.md`` (Table 1, ``attnlens curve --table``)
 and ``docs/papa_curve.csv`` (``attnlens curve --out``, as :meth:`Curve.to_markdown` shows it).
 
 Run: ``python docs/tables.py`` after them (``tests/system/test_docs.py`` checks the page holds
@@ -25,6 +26,8 @@ MARKERS = {
     "curve table": ("<!-- curve table: docs/tables.py writes it from docs/papa_curve.csv (Curve.to_markdown) -->",
                     "<!-- end of the curve table -->"),
     "lm check": ("<!-- lm check: benchmarks/lm_check.py writes docs/lm_check.md -->", "<!-- end of the lm check -->"),
+    "epoch choice": ("<!-- epoch choice: benchmarks/epoch_choice.py writes docs/epoch_choice.md -->",
+                     "<!-- end of the epoch choice -->"),
 }
 
 
@@ -34,7 +37,8 @@ def blocks() -> dict[str, str]:
             "probe baselines": (DOCS / "probe_baselines.md").read_text(encoding="utf-8"),
             "papa table": (DOCS / "papa_table.md").read_text(encoding="utf-8"),
             "curve table": Curve.read_csv(DOCS / "papa_curve.csv").to_markdown(),
-            "lm check": (DOCS / "lm_check.md").read_text(encoding="utf-8")}
+            "lm check": (DOCS / "lm_check.md").read_text(encoding="utf-8"),
+            "epoch choice": (DOCS / "epoch_choice.md").read_text(encoding="utf-8")}
 
 
 def fill(text: str, name: str, block: str) -> str:

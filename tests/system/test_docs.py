@@ -301,3 +301,24 @@ def test_passes_page(tmp_path, monkeypatch):
                 totals[layer] += float(-(p * p.clamp_min(1e-30).log()).sum())
         rows += int(mask.sum()) * model.cfg.n_heads
     torch.testing.assert_close(got, totals / rows, atol=1e-6, rtol=0)
+
+
+def test_the_epoch_rule_is_the_one_judged_on_held_out_training_examples():
+    """docs/epoch_choice.csv (benchmarks/epoch_choice.py) read no dev example (fit + held out =
+    the curve's training examples), the page's reading of it holds there (the rule helps on NER
+    alone, hurts nowhere), and probing.run's default is what its decision says."""
+    import inspect
+
+    import pandas as pd
+
+    from attnlens.evaluation import probing
+
+    frame = pd.read_csv(DOCS / "epoch_choice.csv")
+    totals = frame["n_fit"] + frame["n_held_out"]
+    assert dict(zip(frame["task"], totals, strict=True)) == {"sst2": 4000, "cola": 4000, "mrpc": 3668, "ner": 4000,
+                                                             "pos": 4000}
+    assert list(frame.loc[frame["versus_low"] > 0, "task"]) == ["ner"] and not (frame["versus_high"] < 0).any()
+    keep = "Decided: keep choosing the epochs (select_epochs=True)" in (DOCS / "epoch_choice.md").read_text()
+    assert keep and inspect.signature(probing.run).parameters["select_epochs"].default is True
+    text = " ".join((DOCS / "probing.md").read_text().split())
+    assert "So the rule stays: it helps on NER" in text
