@@ -5,7 +5,7 @@ threads of each process; the ``slow`` marker (tests over 5 s; ``make test-fast``
 Layout: ``unit/`` tiny random models and pure functions, ``contract/`` one property run over
 every accumulator (views and interventions to come), ``system/`` real weights and data, CLI
 subprocesses, the browser, the docs site and notebooks. Helpers (``tiny``, ``refusals``,
-``precision``, ``small_comparison``, ``typechecks``) stay in ``tests/``, a package: import them as
+``precision``, ``small_comparison``, ``typechecks``, ``holm``) stay in ``tests/``, a package: import them as
 ``from tests import tiny``.
 """
 

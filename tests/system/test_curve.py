@@ -22,6 +22,7 @@ from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import mlm
 from attnlens.evaluation.table import ROWS
 from tests.conftest import DATA, data_file
+from tests.holm import holm_loop
 
 # every test here runs probes on real data, or needs the fit of the `constants` fixture
 pytestmark = pytest.mark.slow
@@ -336,16 +337,6 @@ def test_cache_features_extracts_what_run_reads(minilm, monkeypatch):
     identity = [("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]
     with pytest.raises(InputError, match=r"no key\(\).*cache_key="):
         probing.cache_features(minilm, "cola", hooks=identity, **options)
-
-
-def holm_loop(p: list[float]) -> list[float]:
-    """Holm's step-down adjustment by its definition, a plain loop."""
-    order = sorted(range(len(p)), key=p.__getitem__)
-    expected, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        expected[i] = running
-    return expected
 
 
 def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants):

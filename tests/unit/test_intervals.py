@@ -15,6 +15,7 @@ from attnlens.evaluation import conventions, probing, tasks
 from attnlens.evaluation.curve import Curve
 from attnlens.evaluation.probing import intervals
 from tests.conftest import DATA
+from tests.holm import holm_loop
 
 
 @pytest.fixture(autouse=True)
@@ -330,15 +331,6 @@ def test_curves_joined_are_one_family_again():
     first, second = part("sst2", [0.01, 0.03]), part("cola", [0.02])
     joined = Curve.combine([first, second]).table
     p = [0.01, 0.03, 0.02]
-    assert list(joined["p_adjusted"].dropna()) == pytest.approx([_holm_loop(p)[i] for i in range(3)], abs=1e-15)
-    assert list(joined["versus_average_p_adjusted"].dropna()) == pytest.approx(_holm_loop([v / 2 for v in p]), abs=1e-15)
+    assert list(joined["p_adjusted"].dropna()) == pytest.approx([holm_loop(p)[i] for i in range(3)], abs=1e-15)
+    assert list(joined["versus_average_p_adjusted"].dropna()) == pytest.approx(holm_loop([v / 2 for v in p]), abs=1e-15)
     assert list(first.table["p_adjusted"].dropna()) != list(joined["p_adjusted"].dropna())[:2]  # each alone differs
-
-
-def _holm_loop(p: list[float]) -> list[float]:
-    order = sorted(range(len(p)), key=p.__getitem__)
-    adjusted, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        adjusted[i] = running
-    return adjusted
