@@ -15,6 +15,8 @@ and check both that they read nothing and that they give the CPU route's results
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 
@@ -33,3 +35,14 @@ def reads_are_free(where: Tensor | torch.device) -> bool:
     wait for a device: the CPU."""
     device = where.device if isinstance(where, Tensor) else torch.device(where)
     return device.type == "cpu"
+
+
+def free_bytes(where: Tensor | torch.device) -> int:
+    """The memory free on ``where`` now, in bytes: the device's free memory as its driver
+    reports it (``torch.cuda.mem_get_info``) on a GPU, the host's unused physical memory
+    (``sysconf``'s available pages) on the CPU. What a caller sizes the work it holds at once
+    by (e.g. :func:`attnlens.evaluation.probing.run_many`'s stacked probes)."""
+    device = where.device if isinstance(where, Tensor) else torch.device(where)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))

@@ -132,11 +132,10 @@ class Curve(Result):
     cache reads; ``probe_seconds``: training and running the probes and their linear baselines,
     whose share of the time of all :attr:`processes` is :attr:`probe_share`; the last two are
     summed over the processes that shared the points), ``timings`` (per task point computed: ``task``,
-    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds, the ``rank``
-    that ran it and the ``features_rank`` that extracted its features, 0 without
-    ``torch.distributed``, and ``resumed``: read back from a ``checkpoint`` folder, its seconds
-    those of the run that computed it; a later point's ``features`` are its extraction and its
-    read from the cache; a point whose
+    ``strategy``, ``fraction``, ``features``, ``probe`` and ``baseline`` seconds (a later
+    point's ``probe``: its share of the stacked fit of its task's later points), the ``rank``
+    that ran it, 0 without ``torch.distributed``, and ``resumed``: read back from a
+    ``checkpoint`` folder, its seconds those of the run that computed it; a point whose
     hooks another point already ran is not computed again), and :meth:`figure`. A
     :class:`~attnlens.core.result.Result`: :meth:`to_json` / :meth:`from_json` keep all of it
     (``settings`` values that are not JSON as their ``str``), :meth:`to_csv` the table."""
@@ -327,10 +326,11 @@ def curve(
     later point starts from the solution with no head replaced (a warm start: the same optimum
     to the solver's tolerance, a third of the iterations on POS).
 
-    The points run in order, one after the other: every task's first point (no head replaced),
-    then the later points' feature extraction (:func:`attnlens.evaluation.probing.cache_features`),
-    then the later points, each given its task's first point's result (the epochs, ``C`` and the
-    warm start above). Under ``torch.distributed`` (``torchrun``) every rank runs every point, each
+    The points run in order: every task's first point (no head replaced), then each task's
+    later points together, given its first point's result (the epochs, ``C`` and the warm start
+    above): :func:`attnlens.evaluation.probing.run_many` trains their probes, every seed, as one
+    stacked model (as many points at once as their features fit in a quarter of the free
+    memory of the model's device; each probe the same fit as alone). Under ``torch.distributed`` (``torchrun``) every rank runs every point, each
     feature pass shared by the ranks (:func:`attnlens.engine.passes.run`), and returns the whole
     curve.
 
@@ -347,8 +347,11 @@ def curve(
     ``checkpoint``: a folder where every finished point of a task is written, atomically
     (:mod:`attnlens.evaluation.points`); the same call again reads the points it finds there
     instead of training them, so an interrupted curve loses only the points that were running
-    and gives the same table, in every digit, as an uninterrupted one (``timings`` marks the
-    points read back: ``resumed``), and so are the labelled baselines' trained constants
+    and gives the same table as an uninterrupted one (``timings`` marks the points read back:
+    ``resumed``; the points trained again form a smaller stack, whose probes are each the same
+    fit as in the whole stack up to the order of float32 sums, measured ≤ 2e-8 on their
+    weights: the same predictions unless an example lies that close to a decision boundary, so
+    in practice the same table in every digit), and so are the labelled baselines' trained constants
     (:func:`attnlens.evaluation.points.labelled_path`), which it reads instead of training them
     again. The LM's points are computed again. Without it, an
     interrupted curve still reads its features from the feature cache, but trains every probe
@@ -447,73 +450,76 @@ def curve(
 
     # Every point is one job (points with the same hooks, one job). A task's first point (no head
     # replaced) chooses the probe's epochs and the linear baseline's C, and its solution starts the
-    # later points' baselines: they need its result, so they run after it. Their features do not
-    # need it: one job each extracts them into the feature cache first.
+    # later points' baselines: they need its result, so they run after it, all of a task's later
+    # points together (probing.run_many: their probes, every seed, as one stacked model).
     rank = world().rank
     by_name = {_task_name(task): task for task in tasks}
     names = [*by_name, *(["lm"] if lm_texts is not None else [])]
     plans: dict[str, list[tuple[str, float, str]]] = {}  # name -> (label, fraction, hooks' key) per point
-    jobs: dict[tuple[str, str], tuple[str, str]] = {}  # (name, hooks' key) -> (name, its first point's label)
-    hooks_of: dict[tuple[str, str], Any] = {}  # the latter -> its hooks
-    hooks_key_of: dict[tuple[str, str], str] = {}  # the latter -> its hooks' key
+    hooks_of: dict[tuple[str, str], Any] = {}  # (name, hooks' key) -> its hooks, one per job
     for name in names:
         plans[name] = []
         for label, _, fraction, hooks in points_of(name):
             key = hooks_key(hooks)
-            if (name, key) not in jobs:
-                jobs[(name, key)] = (name, f"{label} {fraction:g}")
-                hooks_of[jobs[(name, key)]] = hooks
-                hooks_key_of[jobs[(name, key)]] = key
+            hooks_of.setdefault((name, key), hooks)
             plans[name].append((label, fraction, key))
-    firsts = [(name, plans[name][0][2]) for name in by_name]
-    later = [job for job in jobs if job not in firsts]
-    early = [job for job in later if job[0] != "lm"]  # their features, extracted before they run
-    items = [*(jobs[job] for job in firsts), *((*jobs[job], "features") for job in early),
-             *(jobs[job] for job in later)]  # the costliest task first
-    after = [*([None] * (len(firsts) + len(early))),
-             *(None if name == "lm" else firsts.index((name, plans[name][0][2])) for name, _ in later)]
 
-    def point(item: tuple[str, ...], first: dict[str, Any] | None) -> dict[str, Any]:
-        """One point of a task (its row's columns and seconds; a first point's whole result too,
-        for its later points), the features of one (``item`` ends with ``"features"``), or a point
-        of the LM (its score). ``item``: (task, its first point's label[, "features"])."""
-        name, hooks = item[0], hooks_of[item[:2]]
-        fitted = by_task[name]
-        if item[2:] == ("features",):
-            return {"features": probing.cache_features(
-                model, by_name[name], hooks=hooks, data_dir=data_dir, train_limit=train_limit,
-                eval_limit=eval_limit, seed=seed, max_len=fitted.max_len, layout=fitted.layout,
-                batch_size=batch_size, progress=progress), "rank": rank}
-        if name == "lm":
-            started = time.perf_counter()
-            score = scorer.evaluate(model, lm_texts, hooks=hooks, max_len=fitted.max_len, layout=fitted.layout,
-                                seed=seed, progress=progress)
-            return {"score": score, "forward": time.perf_counter() - started}
-        task_options = {**options, **point_options, "max_len": fitted.max_len, "layout": fitted.layout}
-        saved = None if checkpoint is None else points.task_key(model, by_name[name], hooks_key_of[item[:2]],
-                                                           plans[name][0][2], task_options, fast)
-        if saved is not None:
-            found = points.load(checkpoint, saved)
-            if found is not None:
-                return found
-        if first is not None:
-            task_options = points.later_options(task_options, first["result"], probe)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
-            result = probing.run(model, by_name[name], hooks=hooks, **task_options)
-        unchanged = result if first is None else first["result"]
-        done = {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
+    def task_options(name: str) -> dict[str, Any]:
+        return {**options, **point_options, "max_len": by_task[name].max_len, "layout": by_task[name].layout}
+
+    def saved_key(job: tuple[str, str]) -> str | None:
+        """Where a task's point is (or will be) in the checkpoint folder (``None`` without one)."""
+        name = job[0]
+        return (None if checkpoint is None else
+                points.task_key(model, by_name[name], job[1], plans[name][0][2], task_options(name), fast))
+
+    def finished(result: Any, first: Any) -> dict[str, Any]:
+        """A task point's row columns and seconds (a first point's whole result too, for its later
+        points)."""
+        unchanged = result if first is None else first
+        return {"task": result.task, "metric": result.metric, "seconds": dict(result.seconds), "rank": rank,
                 "columns": points.columns(result, unchanged, seed), "result": result if first is None else None,
                 "runs": result.runs, "resumed": False}
-        if saved is not None:
-            points.save(checkpoint, saved, done)
-        return done
 
-    results: list[dict[str, Any]] = []  # a later point runs after the first point whose result it needs
-    for item, needed in zip(items, after, strict=True):
-        results.append(point(item, None if needed is None else results[needed]))
-    extracted = dict(zip(early, results[len(firsts):len(firsts) + len(early)], strict=True))
-    done = dict(zip([*firsts, *later], results[:len(firsts)] + results[len(firsts) + len(early):], strict=True))
+    done: dict[tuple[str, str], dict[str, Any]] = {}
+    for name in by_name:  # every task's first point: no head replaced
+        job = (name, plans[name][0][2])
+        found = None if checkpoint is None else points.load(checkpoint, saved_key(job))
+        if found is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", probing.ProbeWarning)  # the table shows the baselines
+                found = finished(probing.run(model, by_name[name], hooks=hooks_of[job], **task_options(name)), None)
+            if checkpoint is not None:
+                points.save(checkpoint, saved_key(job), found)
+        done[job] = found
+    for name in names:  # then the later points
+        jobs = list(dict.fromkeys((name, key) for _, _, key in plans[name]))
+        if name == "lm":
+            for job in jobs:
+                started = time.perf_counter()
+                score = scorer.evaluate(model, lm_texts, hooks=hooks_of[job], max_len=by_task[name].max_len,
+                                        layout=by_task[name].layout, seed=seed, progress=progress)
+                done[job] = {"score": score, "forward": time.perf_counter() - started}
+            continue
+        first = done[jobs[0]]
+        later = []
+        for job in jobs[1:]:
+            found = None if checkpoint is None else points.load(checkpoint, saved_key(job))
+            if found is None:
+                later.append(job)
+            else:
+                done[job] = found
+
+        def keep(index: int, result: Any, later: list = later, first: Any = first["result"]) -> None:
+            done[later[index]] = finished(result, first)
+            if checkpoint is not None:  # written as each point is ready
+                points.save(checkpoint, saved_key(later[index]), done[later[index]])
+
+        if later:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", probing.ProbeWarning)
+                probing.run_many(model, by_name[name], [hooks_of[job] for job in later], done=keep,
+                                 **points.later_options(task_options(name), first["result"], probe))
     rows, timings = [], []
     forward_seconds = probe_seconds = 0.0
     for name in names:
@@ -549,12 +555,9 @@ def curve(
                 forward_seconds += part["forward"]
                 continue
             seconds = dict(part["seconds"])
-            if (name, key) in extracted:  # extracted by its own job, then read from the cache here
-                seconds["features"] = seconds.get("features", 0.0) + extracted[(name, key)]["features"]
             forward_seconds += seconds.get("features", 0.0)
             probe_seconds += seconds.get("probe", 0.0) + seconds.get("baseline", 0.0)
             timings.append(dict(task=part["task"], strategy=label, fraction=fraction, **seconds, rank=part["rank"],
-                                features_rank=extracted.get((name, key), part)["rank"],
                                 resumed=part.get("resumed", False)))
     table = pd.DataFrame(rows).reindex(columns=list(COLUMNS))
     table = conventions.apply(table)

@@ -9,8 +9,9 @@ for a task's first point (no head replaced) also what its later points need: the
 and ``C`` (in the result's settings), every seed's predictions and the fitted linear baseline,
 whose solution starts theirs. The same call again reads every point it finds there instead of
 training it, so an interrupted curve loses only the points that were running, and its table is
-the same as an uninterrupted one's in every digit (the later points start from the same
-baseline solution, read back exactly).
+the same as an uninterrupted one's (the later points start from the same baseline solution, read
+back exactly; on the probes trained again in a smaller stack, see
+:func:`attnlens.evaluation.curve.curve`).
 
 A point's file is named by its :func:`key`, a hash of everything its numbers depend on:
 attnlens's version, the model (name and weights fingerprint), the task's training and

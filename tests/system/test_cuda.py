@@ -131,3 +131,28 @@ def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job
     allowed, _ = growth(forward)
     grew, sites = growth(jobs[job])
     assert grew <= max(allowed, 8), (grew, allowed, sites)
+
+
+def test_probes_train_where_the_model_is(cuda_minilm, sst2_sentences):
+    """Features come back with their vectors on the model's device (the index metadata on the
+    host), and every learner trains there: a single probe, the stacked probes of run_many (points
+    and seeds), the epoch selector, the linear baseline (the torch solver) and the MLM probe."""
+    from attnlens.evaluation import probing
+    from attnlens.evaluation.lm import scorer
+    from attnlens.evaluation.probing import PapaProbe
+    from attnlens.methods import interventions
+    from tests.conftest import DATA
+
+    features = probing.extract(cuda_minilm, sst2_sentences[:40], max_len=MAX_LEN, cache=False, progress=False)
+    assert features.vectors.device.type == "cuda" and features.lengths.device.type == "cpu"
+    labels = [index % 2 for index in range(40)]
+    probe = PapaProbe(epochs=2, early_stopping=True, progress=False).fit(features, labels)
+    assert probe.network.dense.weight.device.type == "cuda" and len(probe.predict(features)) == 40
+    constants = papa.fit(cuda_minilm, sst2_sentences[:64], max_len=64, progress=False)
+    hooks = [(), interventions.build("papa", cuda_minilm, "all", constants=constants)]
+    results = probing.run_many(cuda_minilm, "sst2", hooks, data_dir=DATA, train_limit=300, eval_limit=200,
+                               max_len=64, layout=constants.layout, seeds=2, resamples=100, progress=False)
+    assert results[0].score > results[0].majority and results[0].linear.solver_ == "torch"
+    paragraphs = [line for line in sst2_sentences if len(line) > 80][:60]
+    score = scorer.evaluate(cuda_minilm, paragraphs[:40], eval_texts=paragraphs[40:], max_len=MAX_LEN, progress=False)
+    assert score.kind == "probe" and math.isfinite(score.value)

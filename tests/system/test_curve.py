@@ -7,7 +7,6 @@ training examples per task, full dev sets) is measured by benchmarks/curve.py.
 from __future__ import annotations
 
 import math
-import warnings
 
 import pandas as pd
 import pytest
@@ -80,13 +79,13 @@ def test_the_mlm_probe_beats_the_unigram_distribution(minilm, paragraphs):
 def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, monkeypatch):
     """Fraction 0 equals probing.run with no hooks (the same call); replacing heads changes the
     score; every fraction and baseline has its row; the figure has a trace per line. The epochs
-    and the linear baseline's C chosen at fraction 0 are reused by every later point. Each
-    later point's features are extracted by their own job (cache_features) before the point
-    runs, and no features are extracted twice."""
+    and the linear baseline's C chosen at fraction 0 are reused by every later point. The later
+    points run in one probing.run_many call (their probes stacked), and no features are
+    extracted twice."""
     from attnlens.evaluation.probing import features as features_module
 
     calls, real_run = [], probing.run
-    cached, real_cache = [], probing.cache_features
+    many, real_many = [], probing.run_many
     extracted, real_extract = [], features_module._extract
 
     def spy(*args, **kwargs):
@@ -94,34 +93,36 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
         calls.append((kwargs, result.settings, result))
         return result
 
-    def spy_cache(*args, **kwargs):
-        cached.append((len(calls), kwargs["hooks"]))  # how many points had run before it
-        return real_cache(*args, **kwargs)
+    def spy_many(*args, **kwargs):
+        results = real_many(*args, **kwargs)
+        many.append((args[2], kwargs, [result.settings for result in results]))
+        return results
 
     def spy_extract(*args):
         extracted.append(args[-1])  # the file it writes
         return real_extract(*args)
 
     monkeypatch.setattr(probing, "run", spy)
-    monkeypatch.setattr(probing, "cache_features", spy_cache)
+    monkeypatch.setattr(probing, "run_many", spy_many)
     monkeypatch.setattr(features_module, "_extract", spy_extract)
     curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=("zeros",),
                        data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     monkeypatch.setattr(probing, "run", real_run)
-    monkeypatch.setattr(probing, "cache_features", real_cache)
+    monkeypatch.setattr(probing, "run_many", real_many)
     monkeypatch.setattr(features_module, "_extract", real_extract)
-    assert [ran for ran, _ in cached] == [1, 1, 1]  # after the first point, before any later one
-    assert [hooks for _, hooks in cached] == [kwargs["hooks"] for kwargs, _, _ in calls[1:]]
     assert None not in extracted and len(set(extracted)) == len(extracted)  # each file once, if at all
     later = [timing for timing in curve.timings if timing["fraction"] or timing["strategy"] == "zeros"]
-    assert len(later) == 3 and all(timing["features"] > 0 and timing["features_rank"] == 0 for timing in later)
+    assert len(later) == 3 and all(timing["features"] > 0 and timing["rank"] == 0 for timing in later)
     first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
     linear = calls[0][2].linear
-    assert len(calls) == 4 and first is not None and chosen in probing.LinearBaseline().grid
-    for kwargs, settings, _ in calls[1:]:
-        assert kwargs["select_epochs"] is False and kwargs["probe"]["epochs"] == first
-        assert kwargs["baseline_C"] == chosen and settings["baseline_C"] == chosen
-        assert kwargs["baseline_start"] is linear and linear is not None  # warm-started from no head replaced
+    assert len(calls) == 1 and first is not None and chosen in probing.LinearBaseline().grid
+    # the first point's (probing.run's own call), then one call for the 3 later points
+    assert [len(interventions) for interventions, _, _ in many] == [1, 3]
+    interventions, kwargs, settings = many[1]
+    assert kwargs["select_epochs"] is False and kwargs["probe"]["epochs"] == first
+    assert kwargs["baseline_C"] == chosen and all(one["baseline_C"] == chosen for one in settings)
+    assert kwargs["baseline_start"] is linear and linear is not None  # warm-started from no head replaced
+    assert [one["hooks"] for one in settings] == [hooks.key() for hooks in interventions]
     table = curve.table
     assert list(table["strategy"]) == ["input_dependence"] * 3 + ["zeros"]
     assert list(table["heads"]) == [0, 36, 72, 72]
@@ -133,6 +134,35 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
     assert (table["metric"] == "accuracy").all()
     figure = curve.figure()
     assert len(figure.data) == 2 and list(figure.data[0].x) == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.filterwarnings("ignore::attnlens.evaluation.probing.ProbeWarning")
+def test_run_many_gives_each_hook_set_its_own_run(minilm, constants):
+    """probing.run_many: each hook set's result is probing.run's for it alone, in stacks of any
+    size (``budget``: all hook sets in one stacked model, or one per stack), each given to
+    ``done`` as it is ready. Reference: probing.run, whose seeds are their own stacked model.
+    Every member of a stack is the same fit as alone up to float32 sums' order
+    (tests/unit/test_stacked_probe.py: parameters and logits within 1e-5), so the predicted
+    labels, and the scores and intervals computed from them, are compared exactly."""
+    from attnlens.methods import interventions
+
+    hooks = [interventions.build("papa", minilm, "all", constants=constants), ()]
+    options = dict(data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, max_len=64, layout=constants.layout,
+                   seeds=2, select_epochs=False, baseline=False, resamples=200, progress=False)
+    alone = [probing.run(minilm, "sst2", hooks=one, **options) for one in hooks]
+    for budget in (None, 1):
+        done = []
+        together = probing.run_many(minilm, "sst2", hooks, budget=budget,
+                                    done=lambda index, result, done=done: done.append((index, result)), **options)
+        assert [index for index, _ in done] == [0, 1] and [result for _, result in done] == together
+        for mine, reference in zip(together, alone, strict=True):
+            assert mine.runs == reference.runs and mine.scores == reference.scores
+            assert (mine.interval, mine.settings) == (reference.interval, reference.settings)
+    assert alone[0].score != alone[1].score  # the hook sets differ
+    with pytest.raises(InputError, match="interventions is empty"):
+        probing.run_many(minilm, "sst2", [], **options)
+    with pytest.raises(InputError, match="1 cache keys for 2 hook sets"):
+        probing.run_many(minilm, "sst2", hooks, cache_keys=["a"], **options)
 
 
 def test_curve_arguments_are_checked(minilm, constants, monkeypatch):
@@ -259,14 +289,15 @@ def test_an_interrupted_curve_resumes_from_the_feature_cache(minilm, constants, 
 
 
 def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, constants, monkeypatch, tmp_path):
-    """``checkpoint=``: a curve interrupted after its first point (KeyboardInterrupt in the
-    second probing.run) runs again only the points it had not finished, and its table equals an
-    uninterrupted curve's in every column and digit: the later points start from the first
-    point's epochs, C and linear solution read back from the folder (the warm start is bit for
-    bit the same). The labelled baseline's constants are trained once and read back (the
-    resumed curve finds its point by them). Run a third time, it trains nothing. A point file
-    changed on disk is refused with one error naming it; a file given as the folder is refused
-    before any work."""
+    """``checkpoint=``: a curve interrupted while its later points train (KeyboardInterrupt once
+    the first of them is ready: their probes are one stacked fit, probing.run_many) runs again
+    only the points it had not written, and its table equals an uninterrupted curve's in every
+    column and digit: the later points start from the first point's epochs, C and linear
+    solution read back from the folder (the warm start is bit for bit the same), and a stack of
+    fewer points trains each as the whole stack did (each member the same fit as alone). The
+    labelled baseline's constants are trained once and read back (the resumed curve finds its
+    point by them). Run a third time, it trains nothing. A point file changed on disk is refused
+    with one error naming it; a file given as the folder is refused before any work."""
     import numpy as np
 
     from attnlens.errors import DamagedFileError
@@ -274,37 +305,42 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
 
     options = dict(fractions=(0, 0.5, 1), baselines=("average_init",), labelled_steps=2, data_dir=DATA,
                    train_limit=100, eval_limit=50, seeds=1, progress=False)
-    calls, real_run = [], probing.run
+    calls, real_run, real_many = [], probing.run, probing.run_many
     monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(real_run(*a, **k)) or calls[-1])
     whole = papa.curve(minilm, constants, ["cola"], **options)
     linear, epochs = calls[0].linear, calls[0].settings["epochs_chosen"]
     folder = tmp_path / "points"
-    calls.clear()
+    monkeypatch.setattr(probing, "run", real_run)
 
-    def interrupted(*args, **kwargs):
-        calls.append(kwargs["hooks"])
-        if len(calls) == 2:
+    def interrupted(*args, done=None, **kwargs):
+        if done is None:  # probing.run's own call: the first point
+            return real_many(*args, **kwargs)
+
+        def then_stop(index, result):
+            done(index, result)  # the first later point, written
             raise KeyboardInterrupt
-        return real_run(*args, **kwargs)
 
-    monkeypatch.setattr(probing, "run", interrupted)
+        return real_many(*args, done=then_stop, **kwargs)
+
+    monkeypatch.setattr(probing, "run_many", interrupted)
     with pytest.raises(KeyboardInterrupt):
         papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
-    assert len(list(folder.glob("point-*.safetensors"))) == 1 and not list(folder.glob(".*"))
+    assert len(list(folder.glob("point-*.safetensors"))) == 2 and not list(folder.glob(".*"))
     assert len(list(folder.glob("labelled-*.safetensors"))) == 1  # trained before the points
     calls.clear()
-    monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(k) or real_run(*a, **k))
+    monkeypatch.setattr(probing, "run", lambda *a, **k: pytest.fail("the first point was trained again"))
+    monkeypatch.setattr(probing, "run_many", lambda *a, **k: calls.append((a[2], k)) or real_many(*a, **k))
     monkeypatch.setattr(curve_module, "labelled_constants", lambda *a, **k: pytest.fail("trained again"))
     resumed = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
-    assert len(calls) == 3 and all(len(kwargs["hooks"]) for kwargs in calls)  # the later points only
-    for kwargs in calls:  # the first point's choices and solution, read back exactly
-        assert kwargs["probe"]["epochs"] == epochs and kwargs["baseline_C"] == linear.C
-        start = kwargs["baseline_start"].model
-        assert np.array_equal(start[-1].coef_, linear.model[-1].coef_)
-        assert np.array_equal(start[-1].intercept_, linear.model[-1].intercept_)
-    assert [timing["resumed"] for timing in resumed.timings] == [True, False, False, False]
+    assert len(calls) == 1 and len(calls[0][0]) == 2  # the two later points not written
+    kwargs = calls[0][1]  # the first point's choices and solution, read back exactly
+    assert kwargs["probe"]["epochs"] == epochs and kwargs["baseline_C"] == linear.C
+    start = kwargs["baseline_start"].model
+    assert np.array_equal(start[-1].coef_, linear.model[-1].coef_)
+    assert np.array_equal(start[-1].intercept_, linear.model[-1].intercept_)
+    assert [timing["resumed"] for timing in resumed.timings] == [True, True, False, False]
     pd.testing.assert_frame_equal(resumed.table, whole.table, check_exact=True)
-    monkeypatch.setattr(probing, "run", lambda *a, **k: pytest.fail("a probe was trained again"))
+    monkeypatch.setattr(probing, "run_many", lambda *a, **k: pytest.fail("a probe was trained again"))
     again = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
     pd.testing.assert_frame_equal(again.table, whole.table, check_exact=True)
     assert [timing["resumed"] for timing in again.timings] == [True, True, True, True]
@@ -318,25 +354,6 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
         papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
     with pytest.raises(InputError, match="is a file; give a folder"):
         papa.curve(minilm, constants, ["cola"], checkpoint=damaged, **options)
-
-
-def test_cache_features_extracts_what_run_reads(minilm, monkeypatch):
-    """After probing.cache_features, probing.run with the same arguments runs no forward pass
-    (a curve's later points read the features their own job extracted); hooks without a key()
-    are refused, since nothing could find their features again."""
-    from attnlens.engine import passes
-
-    options = dict(data_dir=DATA, train_limit=60, eval_limit=40, max_len=64, seed=3)  # a subset no other test reads
-    assert probing.cache_features(minilm, "cola", progress=False, **options) > 0
-    monkeypatch.setattr(passes, "run", lambda *a, **k: pytest.fail("a forward pass ran again"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", probing.ProbeWarning)  # 60 examples: the probe is not the subject
-        result = probing.run(minilm, "cola", seeds=1, baseline=False, select_epochs=False, progress=False,
-                             **options)
-    assert (result.n_train, result.n_eval) == (60, 40)
-    identity = [("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]
-    with pytest.raises(InputError, match=r"no key\(\).*cache_key="):
-        probing.cache_features(minilm, "cola", hooks=identity, **options)
 
 
 def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants):

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from attnlens.core import devices
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.inputs import default_layout
 from attnlens.core.plots import score_bars
 from attnlens.core.result import Result, frame, plain
+from attnlens.engine.forward import device_of
 from attnlens.errors import AttnlensWarning, InputError
 from attnlens.evaluation import tasks
 from attnlens.evaluation.probing.baseline import LinearBaseline
@@ -43,8 +45,8 @@ from attnlens.evaluation.probing.stacked import fit_many
 
 __all__ = [
     "EPOCH_FACTOR", "Features", "Interval", "LinearBaseline", "Paired", "PapaProbe", "ProbeResult", "ProbeSettings",
-    "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "cache_features", "choose_epochs", "clear_cache",
-    "extract", "fit_many", "hooks_key", "paired", "recipe", "run",
+    "ProbeWarning", "Recipe", "TABLE3", "bootstrap", "cache_dir", "choose_epochs", "clear_cache",
+    "extract", "fit_many", "hooks_key", "paired", "recipe", "run", "run_many",
 ]
 
 #: Training examples a probe sees by default (PAPA's curve on 2 CPU cores fits in minutes).
@@ -267,7 +269,64 @@ def run(
     ``False``: exactly the recipe's epochs (the paper's probe). ``resamples``: bootstrap resamples per
     interval. ``cache`` / ``cache_key``: see :func:`attnlens.evaluation.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
+    :func:`run_many` does the same under several interventions at once.
     """
+    return run_many(model, task, [hooks], cache_keys=[cache_key], data_dir=data_dir, eval_split=eval_split,
+                    train_limit=train_limit, eval_limit=eval_limit, seed=seed, seeds=seeds, max_len=max_len,
+                    layout=layout, batch_size=batch_size, probe=probe, baseline=baseline, baseline_C=baseline_C,
+                    baseline_start=baseline_start, select_epochs=select_epochs, resamples=resamples, cache=cache,
+                    progress=progress, stacklevel=4)[0]
+
+
+def run_many(
+    model: Any,
+    task: Any,
+    interventions: Sequence[Any],
+    *,
+    cache_keys: Sequence[str | None] | None = None,
+    data_dir: Any = None,
+    eval_split: str | None = None,
+    train_limit: int | None = TRAIN_LIMIT,
+    eval_limit: int | None = None,
+    seed: int = 0,
+    seeds: int | Sequence[int] | None = None,
+    max_len: int | None = None,
+    layout: str | None = None,
+    batch_size: int = 32,
+    probe: PapaProbe | dict | None = None,
+    baseline: bool = True,
+    baseline_C: float | None = None,
+    baseline_start: LinearBaseline | None = None,
+    select_epochs: bool = True,
+    resamples: int = 1000,
+    cache: bool = True,
+    budget: int | None = None,
+    done: Callable[[int, ProbeResult], None] | None = None,
+    progress: bool = True,
+    stacklevel: int = 3,
+) -> list[ProbeResult]:
+    """:func:`run` under each of ``interventions`` (a list of hook sets: e.g. the points of
+    PAPA's curve, each a share of heads replaced), on the same examples with the same options:
+    one :class:`ProbeResult` per hook set, in order, each the result :func:`run` gives for it
+    (``cache_keys``: one per hook set, as :func:`run`'s ``cache_key``).
+
+    The probes of every hook set and seed train together as one stacked model
+    (:func:`fit_many`, one member per (hook set, seed), each the same fit as alone: its own
+    features, seed and held-out split), so that a GPU runs one sequence of kernels for all of
+    them. The features of the hook sets in one stack are held at once: as many hook sets as
+    fit in ``budget`` bytes of features (train and evaluation; default: a quarter of the memory
+    free on the model's device, :func:`attnlens.core.devices.free_bytes`) train together, the
+    next ones in the next stack. ``done(index, result)``: called as each hook set's result is
+    ready (e.g. to write it to a checkpoint before the next stack trains).
+    ``seconds["probe"]`` of each result is its share of its stack's fit (the fit's time over
+    its hook sets); with ``select_epochs``, each hook set's epochs are chosen on its own
+    features."""
+    interventions = list(interventions)
+    if not interventions:
+        raise InputError("interventions is empty; give at least one hook set (() for none).")
+    cache_keys = [None] * len(interventions) if cache_keys is None else list(cache_keys)
+    if len(cache_keys) != len(interventions):
+        raise InputError(f"{len(cache_keys)} cache keys for {len(interventions)} hook sets; give one per hook set.")
     train_limit, eval_limit, batch_size, max_len = _sizes(train_limit, eval_limit, batch_size, max_len)
     chosen_seeds = _as_seeds(seeds, seed)
     resamples = whole_number(resamples, "resamples", " of bootstrap resamples (e.g. 1000)", minimum=1)
@@ -275,38 +334,78 @@ def run(
         raise InputError(f"baseline_C must be above 0 (the inverse regularisation), not {baseline_C!r}.")
     train, evaluation, row, max_len, layout = _examples(model, task, data_dir, eval_split, train_limit,
                                                        eval_limit, seed, max_len, layout)
-    if isinstance(probe, PapaProbe):
-        if len(chosen_seeds) > 1:
-            raise InputError("several seeds need the probe's settings, not a PapaProbe; pass probe=dict(...).")
-        probes = [probe]
-    else:
-        given = {**row.probe_settings(), "progress": progress, **(probe or {})}
-        probes = [PapaProbe(**{**given, "seed": value}) for value in chosen_seeds]
-    started = time.perf_counter()
-    train_features, eval_features = _features(model, train, evaluation, hooks=hooks, cache=cache,
-                                              cache_key=cache_key, max_len=max_len, layout=layout,
-                                              batch_size=batch_size, progress=progress)
-    extracted = time.perf_counter()
+    if isinstance(probe, PapaProbe) and (len(chosen_seeds) > 1 or len(interventions) > 1):
+        raise InputError("several seeds or hook sets need the probe's settings, not a PapaProbe; "
+                         "pass probe=dict(...).")
+    given = {**row.probe_settings(), "progress": progress, **(probe or {})} if not isinstance(probe, PapaProbe) else {}
     names = train.label_names
+    labels = train.labels()
+
+    def held_out_score(indices: Any, predicted: list) -> float:
+        return train.select(indices.tolist()).score(predicted)
+
+    budget = (devices.free_bytes(device_of(model)) // 4 if budget is None
+              else whole_number(budget, "budget", " of bytes", minimum=1))
+    results: list[ProbeResult] = []
+    held: list[int] = []  # the hook sets whose features are held, not yet fitted
+    features: dict[int, tuple[Features, Features]] = {}
+    chosen: dict[int, tuple[int | None, list]] = {}
+    seconds: dict[int, dict] = {}
+    for index, (hooks, cache_key) in enumerate(zip(interventions, cache_keys, strict=True)):
+        started = time.perf_counter()
+        features[index] = _features(model, train, evaluation, hooks=hooks, cache=cache, cache_key=cache_key,
+                                    max_len=max_len, layout=layout, batch_size=batch_size, progress=progress)
+        extracted = time.perf_counter()
+        chosen[index] = (choose_epochs(features[index][0], labels, {**given, "seed": chosen_seeds[0]},
+                                       task=train.name, scorer=held_out_score)
+                         if select_epochs and not isinstance(probe, PapaProbe) else (None, []))
+        seconds[index] = {"features": extracted - started, "probe": time.perf_counter() - extracted}
+        held.append(index)
+        size = sum(part.vectors.nbytes for part in features[index])
+        if index + 1 < len(interventions) and (len(held) + 1) * size <= budget:
+            continue  # room for the next hook set's features too
+        # the held hook sets' probes, every seed, at once: one stacked model (probing.stacked)
+        started = time.perf_counter()
+        probes = ([probe] if isinstance(probe, PapaProbe) else
+                  [PapaProbe(**{**given, **({"epochs": chosen[one][0]} if chosen[one][0] else {}), "seed": value})
+                   for one in held for value in chosen_seeds])
+        fitted_probes = (fit_many(probes, [features[one][0] for one in held for _ in chosen_seeds], labels,
+                                  task=train.name, label_names=names)
+                         if len(probes) > 1 else
+                         [probes[0].fit(features[held[0]][0], labels, task=train.name, label_names=names)])
+        fit_seconds = (time.perf_counter() - started) / len(held)
+        for position, one in enumerate(held):
+            share = len(fitted_probes) // len(held)
+            results.append(_result(
+                train, evaluation, features.pop(one), fitted_probes[position * share:(position + 1) * share],
+                chosen[one], seconds[one], fit_seconds, baseline=baseline, baseline_C=baseline_C,
+                baseline_start=baseline_start, held_out_score=held_out_score,
+                settings={"hooks": hooks_key(interventions[one]) if cache_keys[one] is None else cache_keys[one],
+                          "train_limit": train_limit, "eval_limit": eval_limit, "seed": seed,
+                          "seeds": chosen_seeds, "max_len": max_len, "layout": layout, "resamples": resamples}))
+            _warn_if_below(results[-1], stacklevel=stacklevel)
+            if done is not None:
+                done(one, results[-1])
+        held = []
+    return results
+
+
+def _result(train: Any, evaluation: Any, features: tuple[Features, Features], fitted_probes: list[PapaProbe],
+            chosen: tuple[int | None, list], seconds: dict, fit_seconds: float, *, baseline: bool,
+            baseline_C: float | None, baseline_start: LinearBaseline | None, held_out_score: Any,
+            settings: dict) -> ProbeResult:
+    """One hook set's :class:`ProbeResult` from its features and fitted probes (one per seed):
+    their predictions, the linear and majority baselines, and the intervals."""
+    train_features, eval_features = features
+    names = train.label_names
+    seed, resamples = settings["seed"], settings["resamples"]
 
     def named(predicted: list) -> list:
         if train.kind == "token":
             return [[names[label] for label in tags] for tags in predicted]
         return [names[label] for label in predicted]
 
-    def held_out_score(indices: Any, predicted: list) -> float:
-        return train.select(indices.tolist()).score(predicted)
-
-    chosen_epochs, validation_scores = None, []
-    if select_epochs and not isinstance(probe, PapaProbe):
-        chosen_epochs, validation_scores = choose_epochs(
-            train_features, train.labels(), {**given, "seed": chosen_seeds[0]}, task=train.name,
-            scorer=held_out_score)
-        probes = [PapaProbe(**{**given, "epochs": chosen_epochs, "seed": value}) for value in chosen_seeds]
-    # every seed at once: one stacked model, each seed the same fit as its own (probing.stacked)
-    fitted_probes = (fit_many(probes, train_features, train.labels(), task=train.name, label_names=names)
-                     if len(probes) > 1 else
-                     [probes[0].fit(train_features, train.labels(), task=train.name, label_names=names)])
+    started = time.perf_counter()
     runs = [named(one.predict(eval_features)) for one in fitted_probes]
     fitted = time.perf_counter()
     baseline_predictions: list = []
@@ -315,7 +414,7 @@ def run(
                   LinearBaseline(seed=seed, grid=(baseline_C,))).fit(train_features, train.labels(), held_out_score,
                                                                      start=baseline_start)
         baseline_predictions = named(linear.predict(eval_features))
-    seconds = {"features": extracted - started, "probe": fitted - extracted,
+    seconds = {**seconds, "probe": seconds["probe"] + fit_seconds + fitted - started,
                "baseline": time.perf_counter() - fitted}
     interval = bootstrap(evaluation, runs, runs=True, resamples=resamples, seed=seed)
     majority_label = train.majority_label()
@@ -328,14 +427,13 @@ def run(
     versus_baseline = (paired(evaluation, [baseline_predictions], runs, runs=True, resamples=resamples,
                               seed=seed) if baseline else None)
     scores = [float(evaluation.score(one)) for one in runs]
-    settings = {
-        "hooks": hooks_key(hooks) if cache_key is None else cache_key,
-        "train_limit": train_limit, "eval_limit": eval_limit, "seed": seed, "seeds": chosen_seeds,
-        "max_len": max_len, "layout": layout, "probe": vars(probes[0].settings).copy(),
-        "baseline_C": linear.C if baseline else None, "resamples": resamples,
-        "epochs_chosen": chosen_epochs, "validation_scores": validation_scores,
-    }
-    result = ProbeResult(
+    settings = {**settings, "probe": vars(fitted_probes[0].settings).copy(),
+                "baseline_C": linear.C if baseline else None, "resamples": resamples,
+                "epochs_chosen": chosen[0], "validation_scores": chosen[1]}
+    settings = {key: settings[key] for key in ("hooks", "train_limit", "eval_limit", "seed", "seeds", "max_len",
+                                               "layout", "probe", "baseline_C", "resamples", "epochs_chosen",
+                                               "validation_scores")}
+    return ProbeResult(
         task=train.name, split=evaluation.split, metric=evaluation.metric,
         score=float(sum(scores) / len(scores)), majority=float(evaluation.majority_score(train)),
         predictions=runs[0], n_train=len(train), n_eval=len(evaluation), settings=settings,
@@ -345,13 +443,11 @@ def run(
         baseline_predictions=baseline_predictions, evaluation=evaluation,
         versus_baseline=versus_baseline, linear=linear if baseline else None,
     )
-    _warn_if_below(result, stacklevel=3)
-    return result
 
 
 def _sizes(train_limit: Any, eval_limit: Any, batch_size: Any, max_len: Any
            ) -> tuple[int | None, int | None, int, int | None]:
-    """:func:`run`'s and :func:`cache_features`'s counts, checked (one clear error each)."""
+    """:func:`run_many`'s counts, checked (one clear error each)."""
     return (optional_count(train_limit, "train_limit", " of training examples (or None for all)"),
             optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)"),
             whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1),
@@ -376,27 +472,6 @@ def _features(model: Any, train: Any, evaluation: Any, **options: Any) -> tuple[
     """The features of the training and the evaluation examples (:func:`extract`'s ``options``)."""
     return (extract(model, train.inputs(), description=f"{train.name} train", **options),
             extract(model, evaluation.inputs(), description=f"{train.name} {evaluation.split}", **options))
-
-
-def cache_features(model: Any, task: Any, *, hooks: Any = (), data_dir: Any = None, eval_split: str | None = None,
-                   train_limit: int | None = TRAIN_LIMIT, eval_limit: int | None = None, seed: int = 0,
-                   max_len: int | None = None, layout: str | None = None, batch_size: int = 32,
-                   cache_key: str | None = None, progress: bool = True) -> float:
-    """Extract into the feature cache the features that :func:`run` with the same arguments
-    reads, and train nothing; returns the seconds it took. A later :func:`run` then reads them
-    from the cache (:func:`attnlens.papa.curve` does this for a task's later points while its
-    first point trains, on a rank that would otherwise wait). Hooks without a ``key()`` need
-    ``cache_key``: nothing else could find their features again."""
-    train_limit, eval_limit, batch_size, max_len = _sizes(train_limit, eval_limit, batch_size, max_len)
-    if cache_key is None and hooks_key(hooks) is None:
-        raise InputError("these hooks have no key(), so their cached features could not be found again; "
-                         "pass cache_key='...' naming the intervention.")
-    started = time.perf_counter()
-    train, evaluation, _, max_len, layout = _examples(model, task, data_dir, eval_split, train_limit,
-                                                      eval_limit, seed, max_len, layout)
-    _features(model, train, evaluation, hooks=hooks, cache=True, cache_key=cache_key, max_len=max_len,
-              layout=layout, batch_size=batch_size, progress=progress)
-    return time.perf_counter() - started
 
 
 def choose_epochs(features: Features, labels: list, settings: dict, *, task: str | None = None,

@@ -56,6 +56,7 @@ from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
 from attnlens.engine.distributed import world
+from attnlens.engine.forward import device_of
 from attnlens.engine.hooks import as_hooks
 from attnlens.errors import InputError, InputTypeError, MismatchError
 
@@ -75,6 +76,10 @@ class Features:
     position. ``kind``: ``"sequence"``, ``"words"`` or ``"masked"``.
     ``n_words``: ``[example]`` words per example (token examples; their words cut by ``max_len``
     have no vector); empty otherwise.
+
+    ``vectors`` live on the device that computes with them (:meth:`to`; :func:`extract` returns
+    them on the model's); ``lengths``, ``positions`` and ``n_words`` are index metadata that a
+    probe's every step reads on the host, and stay there.
     """
 
     vectors: Float[Tensor, "token layer d_model"]
@@ -102,6 +107,15 @@ class Features:
         """``offsets[i] : offsets[i + 1]`` are example ``i``'s rows of :attr:`vectors`."""
         return torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
 
+    def to(self, device: str | torch.device) -> Features:
+        """These features with their ``vectors`` on ``device`` (the index metadata stays on the
+        host); ``self`` when they are there already."""
+        device = torch.device(device)
+        if self.vectors.device == device:
+            return self
+        return Features(self.vectors.to(device), self.lengths, self.positions, self.n_words, self.kind,
+                        self.max_len, self.key)
+
     def subset(self, indices: Sequence[int] | Tensor) -> Features:
         """The features of the examples at ``indices`` (in that order)."""
         indices = torch.as_tensor(checked(indices, "indices", len(self)), dtype=torch.long)
@@ -109,7 +123,7 @@ class Features:
         rows = [torch.arange(offsets[i], offsets[i + 1]) for i in indices.tolist()]
         rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.long)
         return Features(
-            self.vectors[rows], self.lengths[indices], self.positions[rows],
+            self.vectors[rows.to(self.vectors.device)], self.lengths[indices], self.positions[rows],
             self.n_words[indices] if self.n_words.numel() else self.n_words,
             self.kind, self.max_len, "",
         )
@@ -130,7 +144,7 @@ class Features:
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     def _tensors(self) -> dict[str, Tensor]:
-        return {"vectors": self.vectors.contiguous(), "lengths": self.lengths, "positions": self.positions,
+        return {"vectors": self.vectors.contiguous().cpu(), "lengths": self.lengths, "positions": self.positions,
                 "n_words": self.n_words}
 
     @classmethod
@@ -323,14 +337,23 @@ def extract(
     naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
     of their longest real text (:func:`attnlens.engine.passes.run`; the same features up to float32
     rounding, so one cache entry serves both), the examples run from the shortest to the longest
-    (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`.
+    (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`
+    with their vectors on the model's device.
 
     Processes that share the cache folder compute each features file once: the one that starts
     it holds ``<file>.lock`` (a :class:`filelock.FileLock`) until it is written, and the others
     wait for it and read it (e.g. NER and POS, which read the same sentences, in two processes of
     :func:`attnlens.papa.curve`). Under ``torch.distributed`` the ranks share the pass instead.
     """
-    examples = list(examples)
+    features = _extract_or_read(model, list(examples), hooks, cache, cache_key, max_len, layout, batch_size,
+                                progress, description, states, variant, compact)
+    return features.to(device_of(model))  # read from the cache or computed: on the model's device
+
+
+def _extract_or_read(model: Any, examples: list, hooks: Any, cache: bool, cache_key: str | None, max_len: int,
+                     layout: str | None, batch_size: int, progress: bool, description: str,
+                     states: HiddenStates | None, variant: str, compact: bool) -> Features:
+    """:func:`extract`'s features on the host: read from the cache, or computed (and cached)."""
     layout = default_layout(model) if layout is None else layout
     described = cache_key if cache_key is not None else hooks_key(hooks)
     path = None
@@ -338,7 +361,7 @@ def extract(
         warnings.warn(
             "these hooks have no key(), so their features cannot be told apart from others' and "
             "are not cached; pass cache_key='...' naming the intervention to cache them.",
-            stacklevel=2,
+            stacklevel=3,
         )
     elif cache:
         key = features_key(model, examples, hooks=described, max_len=max_len, layout=layout,

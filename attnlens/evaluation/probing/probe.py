@@ -35,7 +35,10 @@ attnlens's: ``epochs`` = 10, ``batch_size`` = 32, ``lr`` = 1e-3. Always:
 - ``dropout`` = 0.1 before the last layer (BERT's classifier dropout);
 - ``seed`` = 0: the initial weights and the order of the examples, so a fit is reproducible.
 
-Training runs in float32 on the float16 features, on the CPU or the features' device. Several
+Training runs in float32 on the float16 features, on the features' device (where
+:func:`attnlens.evaluation.probing.features.extract` returns them: the model's); the index
+arithmetic of each step (which rows, which example) runs on the host, where the features' lengths
+and positions stay. Several
 probes of one shape (seeds, points of a task) train as one stacked model with
 :func:`attnlens.evaluation.probing.stacked.fit_many`, each member the same fit as its own.
 """
@@ -223,13 +226,15 @@ class PapaProbe(Estimator):
         n = len(features)
         train, held = _split(n, self.settings.validation_fraction if self.settings.early_stopping else 0.0,
                              generator)
-        with torch.random.fork_rng(devices=[]):  # initial weights and dropout: from the seed
+        device = features.vectors.device
+        # initial weights and dropout: from the seed (the global generators restored after)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(self.settings.seed)
             self.network = _Network(
                 features.n_layers, features.d_model, self.settings.hidden or features.d_model,
                 self.n_labels, features.max_len, features.kind == "sequence", self.settings.dropout,
                 self.settings.pooling, self.settings.standardize,
-            )
+            ).to(device)  # built on the CPU: the same initial weights wherever it trains
             if self.settings.standardize:
                 self._standardize(features, targets)
             # fused: one kernel per step for all parameters (a third faster than the per-tensor
@@ -248,7 +253,7 @@ class PapaProbe(Estimator):
                     for start in range(0, len(order), self.settings.batch_size):
                         chosen = order[start : start + self.settings.batch_size]
                         logits, rows = self._logits(features, chosen)
-                        value = loss(logits, targets_of(targets, features, chosen, rows))
+                        value = loss(logits, targets_of(targets, features, chosen, rows).to(device))
                         optimiser.zero_grad()
                         value.backward()
                         optimiser.step()
@@ -284,7 +289,7 @@ class PapaProbe(Estimator):
             for start in range(0, len(chosen), batch_size):
                 part = chosen[start : start + batch_size]
                 logits, rows = self._logits(features, part)
-                wanted = targets_of(targets, features, part, rows)
+                wanted = targets_of(targets, features, part, rows).to(logits.device)
                 kept = wanted >= 0
                 total += float(nn.functional.cross_entropy(logits[kept], wanted[kept], reduction="sum"))
                 count += int(kept.sum())
@@ -296,8 +301,9 @@ class PapaProbe(Estimator):
         (word probes). Summed in float32 per chunk of :data:`CHUNK` vectors (relative error ≤
         256 · 2⁻²⁴ ≈ 1.5e-5 of the sum of magnitudes in the worst case, far below what moves a
         probe) into float64 totals; a constant dimension keeps scale 1."""
-        labelled = None if features.kind == "sequence" else targets >= 0
-        total = torch.zeros(features.vectors.shape[1:], dtype=torch.float64)
+        device = features.vectors.device
+        labelled = None if features.kind == "sequence" else (targets >= 0).to(device)
+        total = torch.zeros(features.vectors.shape[1:], dtype=torch.float64, device=device)
         square = torch.zeros_like(total)
         for start in range(0, features.vectors.shape[0], CHUNK):
             chunk = features.vectors[start : start + CHUNK]
@@ -306,7 +312,7 @@ class PapaProbe(Estimator):
             chunk = chunk.float()
             total += chunk.sum(0)
             square += (chunk * chunk).sum(0)
-        count = max(1, features.vectors.shape[0] if labelled is None else int(labelled.sum()))
+        count = max(1, features.vectors.shape[0] if labelled is None else int((targets >= 0).sum()))
         mean = total / count
         std = (square / count - mean.square()).clamp_min(0).sqrt()
         self.network.mean.copy_(mean.float())
@@ -335,8 +341,13 @@ class PapaProbe(Estimator):
         # the kept rows of the chosen examples: each example's first row plus 0 .. length - 1
         starts = features.offsets[:-1][chosen] - (lengths.cumsum(0) - lengths)
         rows = starts[example] + torch.arange(int(lengths.sum()))
-        vectors = features.vectors.index_select(0, rows).float()  # 5x faster than vectors[rows], the same rows
-        logits = self.network(vectors, features.positions.index_select(0, rows), example, len(chosen))
+        # the index arithmetic on the host (lengths, positions: host metadata), the vectors where they are
+        device = features.vectors.device
+        # index_select: 5x faster than vectors[rows], the same rows
+        vectors = features.vectors.index_select(0, rows.to(device, non_blocking=True)).float()
+        positions = features.positions.index_select(0, rows.to(features.positions.device))
+        logits = self.network(vectors, positions.to(device, non_blocking=True),
+                              example.to(device, non_blocking=True), len(chosen))
         return logits, rows
 
     # ---- prediction --------------------------------------------------------------------------
@@ -365,7 +376,8 @@ class PapaProbe(Estimator):
             for start in range(0, len(examples), batch_size):
                 chosen = examples[start : start + batch_size]
                 logits, _ = self._logits(features, chosen)
-                outputs.extend(as_lists(features, chosen, logits.argmax(-1), self.fallback))
+                # one read of the device per batch
+                outputs.extend(as_lists(features, chosen, logits.argmax(-1).cpu(), self.fallback))
         return outputs
 
     def score(self, features: Features, labels: list) -> float:

@@ -121,43 +121,47 @@ class StackedNetwork(nn.Module):
                               sequence=self.sequence, max_len=self.max_len, pooling=self.pooling,
                               standardize=self.standardize, dropout=self.dropout)
 
-    def forward(self, vectors: Float[Tensor, "token layer d_model"], positions: Int[Tensor, " token"],
-                member: Int[Tensor, " token"], row: Int[Tensor, " token"], n_rows: int,
-                noise: Sequence[torch.Generator] | None = None,
+    def forward(self, groups: Sequence[Group], n_rows: int, noise: Sequence[torch.Generator] | None = None,
                 real: Sequence[int] | None = None) -> Float[Tensor, "member row label"]:
         """Logits of every member's rows: ``[member, row, label]``, a row being an example
         (sequence probes) or a word's vector (word probes); rows past a member's ``real[m]``
         are padding (their logits are to be ignored).
 
-        ``vectors``: the kept tokens' vectors of every layer, of all members' examples;
-        ``positions``: each token's position in the layout (sequence) or word index (words);
-        ``member``: the member each token is for; ``row``: its row within that member (the
-        example, ``0 .. n_rows - 1``, of sequence probes; the token's own row for word probes).
-        ``noise``: one generator per member to draw its dropout masks from (training), or
-        ``None`` (evaluation: no dropout); ``real``: each member's real rows (masks are drawn
-        for those only, as a separate fit of that batch does)."""
+        ``groups``: the tokens of the members that read one feature set (:class:`Group`: their
+        vectors of every layer, positions, members and rows); each is pooled on its own, so that
+        no step holds a copy of all members' token vectors at once (on the CPU, tensors past the
+        allocator's reuse threshold are fresh pages at every step:
+        :data:`attnlens.core.memory.MMAP_THRESHOLD`). ``noise``: one generator per member to
+        draw its dropout masks from (training), or ``None`` (evaluation: no dropout); ``real``:
+        each member's real rows (masks are drawn for those only, as a separate fit of that batch
+        does)."""
         count = self.members
-        slot = member * n_rows + row
-        width = vectors.shape[1:]
+        first = groups[0].vectors
+        width = first.shape[1:]
+        pooled = torch.zeros((count * n_rows, *width), dtype=first.dtype, device=first.device)
         if self.sequence:
+            total = torch.zeros((count * n_rows, width[0]), dtype=first.dtype, device=first.device)
+            tokens = torch.zeros(count * n_rows, dtype=first.dtype, device=first.device)
+        for group in groups:
+            slot = group.member * n_rows + group.row
+            if not self.sequence:
+                pooled[slot] = group.vectors
+                continue
             # as _Network.forward, per member: s[e, l] = Σ_{p in e} w[l, p] · (h_l[p] − μ_l) / σ_l
-            weights = self.position_weights[member, :, positions]  # [token, layer]
-            pooled = torch.zeros((count * n_rows, *width), dtype=vectors.dtype, device=vectors.device)
-            pooled.index_add_(0, slot, vectors * weights[:, :, None])
-            pooled = pooled.view(count, n_rows, *width)
+            weights = self.position_weights[group.member, :, group.positions]  # [token, layer]
+            pooled.index_add_(0, slot, group.vectors * weights[:, :, None])
             if self.standardize:
-                total = torch.zeros((count * n_rows, width[0]), dtype=weights.dtype, device=weights.device)
                 total.index_add_(0, slot, weights)
+            if self.pooling == "mean":
+                tokens += torch.bincount(slot, minlength=count * n_rows).to(first.dtype)
+        pooled = pooled.view(count, n_rows, *width)
+        if self.sequence:
+            if self.standardize:
                 pooled = (pooled - self.mean[:, None] * total.view(count, n_rows, width[0], 1)) / self.scale[:, None]
             if self.pooling == "mean":
-                tokens = torch.bincount(slot, minlength=count * n_rows).clamp_min(1).to(vectors.dtype)
-                pooled = pooled * (self.max_len / tokens).view(count, n_rows, 1, 1)
-        else:
-            pooled = torch.zeros((count * n_rows, *width), dtype=vectors.dtype, device=vectors.device)
-            pooled[slot] = vectors
-            pooled = pooled.view(count, n_rows, *width)
-            if self.standardize:
-                pooled = (pooled - self.mean[:, None]) / self.scale[:, None]
+                pooled = pooled * (self.max_len / tokens.clamp_min(1)).view(count, n_rows, 1, 1)
+        elif self.standardize:
+            pooled = (pooled - self.mean[:, None]) / self.scale[:, None]
         hidden = torch.tanh(torch.baddbmm(self.dense_bias[:, None], pooled.reshape(count, n_rows, -1), self.dense_t))
         if noise is not None and self.dropout > 0:
             # nn.Dropout's own steps on the CPU: a mask of bernoulli_(1 - p), divided by 1 - p
@@ -363,11 +367,23 @@ def _subset(stacked: StackedNetwork, optimiser: torch.optim.Adam, keep: list[int
     return smaller, moved
 
 
+@dataclass
+class Group:
+    """The tokens of one step of the members that read one feature set: ``vectors [token, layer,
+    d_model]`` (float32), ``positions``, and for each token its ``member`` and its ``row`` within
+    that member (see :meth:`StackedNetwork.forward`)."""
+
+    vectors: Float[Tensor, "token layer d_model"]
+    positions: Int[Tensor, " token"]
+    member: Int[Tensor, " token"]
+    row: Int[Tensor, " token"]
+
+
 def _batch(members: Sequence[_Member], chosen: Sequence[Tensor], device: torch.device
-           ) -> tuple[Tensor, Tensor, Tensor, Tensor, int, list[int], Tensor]:
+           ) -> tuple[list[Group], int, list[int], Tensor]:
     """The tokens of each member's ``chosen`` examples, as :meth:`PapaProbe._logits` gathers
-    them, for :meth:`StackedNetwork.forward`: ``(vectors, positions, member, row, n_rows,
-    real, targets [member, row])`` (targets ``-1`` on padding rows)."""
+    them, for :meth:`StackedNetwork.forward`: ``(groups, n_rows, real, targets [member, row])``,
+    one :class:`Group` per feature set (targets ``-1`` on padding rows)."""
     sequence = members[0].features.kind == "sequence"
     rows_of, example_of = [], []
     for member, part in zip(members, chosen, strict=True):
@@ -377,36 +393,34 @@ def _batch(members: Sequence[_Member], chosen: Sequence[Tensor], device: torch.d
         rows_of.append(starts[example] + torch.arange(int(lengths.sum())))
         example_of.append(example)
     # one gather per feature set (all the members of a seed-only stack: one)
-    groups: dict[int, list[int]] = {}
+    by_features: dict[int, list[int]] = {}
     for index, member in enumerate(members):
-        groups.setdefault(id(member.features), []).append(index)
-    vectors, positions, member_of, row_of = [], [], [], []
-    for indices in groups.values():
+        by_features.setdefault(id(member.features), []).append(index)
+    groups = []
+    for indices in by_features.values():
         features = members[indices[0]].features
         rows = torch.cat([rows_of[index] for index in indices])
-        vectors.append(features.vectors.index_select(0, rows.to(features.vectors.device)).float())
-        positions.append(features.positions.index_select(0, rows.to(features.positions.device)))
-        for index in indices:
-            member_of.append(torch.full((len(rows_of[index]),), index, dtype=torch.long))
-            row_of.append(example_of[index] if sequence else torch.arange(len(rows_of[index])))
+        member_of = torch.cat([torch.full((len(rows_of[index]),), index, dtype=torch.long) for index in indices])
+        row_of = torch.cat([example_of[index] if sequence else torch.arange(len(rows_of[index]))
+                            for index in indices])
+        groups.append(Group(features.vectors.index_select(0, rows.to(features.vectors.device)).float().to(device),
+                            features.positions.index_select(0, rows.to(features.positions.device)).to(device),
+                            member_of.to(device), row_of.to(device)))
     real = [len(part) for part in chosen] if sequence else [len(rows) for rows in rows_of]
     n_rows = max(real) if real else 0
     targets = torch.full((len(members), n_rows), -1, dtype=torch.long)
     for index, member in enumerate(members):
         picked = member.targets[chosen[index]] if sequence else member.targets[rows_of[index]]
         targets[index, : len(picked)] = picked
-    vectors = vectors[0] if len(vectors) == 1 else torch.cat(vectors)  # one feature set: no copy
-    return (vectors.to(device), torch.cat(positions).to(device), torch.cat(member_of).to(device),
-            torch.cat(row_of).to(device), n_rows, real, targets.to(device))
+    return groups, n_rows, real, targets.to(device)
 
 
 def _logits(stacked: StackedNetwork, members: Sequence[_Member], chosen: Sequence[Tensor], *,
             training: bool) -> tuple[Tensor, Tensor]:
     """Every member's logits of its ``chosen`` examples and their targets, ``[member, row, …]``."""
-    device = stacked.dense_t.device
-    vectors, positions, member, row, n_rows, real, targets = _batch(members, chosen, device)
+    groups, n_rows, real, targets = _batch(members, chosen, stacked.dense_t.device)
     noise = [one.noise for one in members] if training else None
-    return stacked(vectors, positions, member, row, n_rows, noise=noise, real=real), targets
+    return stacked(groups, n_rows, noise=noise, real=real), targets
 
 
 def _mean_losses(logits: Float[Tensor, "member row label"], targets: Int[Tensor, "member row"]
