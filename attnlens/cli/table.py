@@ -19,6 +19,12 @@ def add(commands: Any) -> None:
     options.model_options(parser)
     parser.add_argument("--constants", required=True, help="PAPA constants from 'attnlens fit-papa'")
     parser.add_argument("--out", default="table.html", help="HTML figure to write (CSV and .md beside it)")
+    parser.add_argument(
+        "--baselines", default="all",
+        help="the rows of matrices replacing every head, comma-separated: data-free (identity, toeplitz, zeros, "
+        "uniform) or trained with the task's labels (toeplitz_init, average_init); 'all' (default: Table 1's "
+        "six) or 'none' (the original and average rows only)",
+    )
     options.probe_options(parser)
     parser.set_defaults(handler=run)
 

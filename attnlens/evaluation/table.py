@@ -129,6 +129,11 @@ class PapaTable(Result):
             ("original" if fraction == 0 else "average") if name == strategy else name
             for name, fraction in zip(long["strategy"], long["fraction_replaced"], strict=True)
         ]
+        # each task's rows in Table 1's order, whatever order the baselines were given in
+        tasks = {task: index for index, task in enumerate(dict.fromkeys(long["task"]))}
+        order = {row: index for index, row in enumerate(ROWS)}
+        long = long.iloc[sorted(range(len(long)), key=lambda i: (tasks[long["task"].iloc[i]],
+                                                                 order[long["row"].iloc[i]]))]
         if "detectable" in long:  # a table of two-sided tests: its rows are one family (Holm)
             long = conventions.apply(long)
         long["note"] = None  # a task run has no note; one not run says why (below)

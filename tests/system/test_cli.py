@@ -61,11 +61,13 @@ def small_corpus(tmp_path) -> Path:
 
 
 @pytest.mark.slow
-def test_fit_papa_then_compare_end_to_end(tmp_path, small_corpus):
+def test_fit_papa_then_compare_end_to_end(tmp_path, small_corpus, capsys, monkeypatch):
+    """fit-papa (in this process), then compare through the console script: its constants file
+    is what the next command reads."""
     constants = tmp_path / "out" / "constants.safetensors"
-    fitted = run(
+    fitted = run_here(
         "fit-papa", "--corpus", str(small_corpus), "--max-len", "36", "--out", str(constants),
-        cwd=tmp_path,
+        cwd=tmp_path, capsys=capsys, monkeypatch=monkeypatch,
     )
     assert fitted.returncode == 0, fitted.stderr
     assert constants.is_file()

@@ -303,7 +303,7 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
     from attnlens.errors import DamagedFileError
     from attnlens.evaluation import curve as curve_module
 
-    options = dict(fractions=(0, 0.5, 1), baselines=("average_init",), labelled_steps=2, data_dir=DATA,
+    options = dict(fractions=(0, 1), baselines=("average_init",), labelled_steps=2, data_dir=DATA,
                    train_limit=100, eval_limit=50, seeds=1, progress=False)
     calls, real_run, real_many = [], probing.run, probing.run_many
     monkeypatch.setattr(probing, "run", lambda *a, **k: calls.append(real_run(*a, **k)) or calls[-1])
@@ -332,18 +332,18 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
     monkeypatch.setattr(probing, "run_many", lambda *a, **k: calls.append((a[2], k)) or real_many(*a, **k))
     monkeypatch.setattr(curve_module, "labelled_constants", lambda *a, **k: pytest.fail("trained again"))
     resumed = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
-    assert len(calls) == 1 and len(calls[0][0]) == 2  # the two later points not written
+    assert len(calls) == 1 and len(calls[0][0]) == 1  # the later point not written
     kwargs = calls[0][1]  # the first point's choices and solution, read back exactly
     assert kwargs["probe"]["epochs"] == epochs and kwargs["baseline_C"] == linear.C
     start = kwargs["baseline_start"].model
     assert np.array_equal(start[-1].coef_, linear.model[-1].coef_)
     assert np.array_equal(start[-1].intercept_, linear.model[-1].intercept_)
-    assert [timing["resumed"] for timing in resumed.timings] == [True, True, False, False]
+    assert [timing["resumed"] for timing in resumed.timings] == [True, True, False]
     pd.testing.assert_frame_equal(resumed.table, whole.table, check_exact=True)
     monkeypatch.setattr(probing, "run_many", lambda *a, **k: pytest.fail("a probe was trained again"))
     again = papa.curve(minilm, constants, ["cola"], checkpoint=folder, **options)
     pd.testing.assert_frame_equal(again.table, whole.table, check_exact=True)
-    assert [timing["resumed"] for timing in again.timings] == [True, True, True, True]
+    assert [timing["resumed"] for timing in again.timings] == [True, True, True]
     damaged = sorted(folder.glob("point-*.safetensors"))[0]
     raw = bytearray(damaged.read_bytes())
     at = raw.index(b"seconds")
@@ -357,20 +357,22 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
 
 
 def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants):
-    """attnlens table: the rows of PAPA's Table 1 in order (the labelled ones too, two training
-    steps here), one column per task, each cell with its interval; the original row has relative
-    score 1 and no drop; every baseline row is tested against average, its difference that of the
-    seed means; CSV, Markdown and HTML."""
+    """attnlens table: the rows of PAPA's Table 1 in its order (``--baselines``: a data-free and
+    a labelled one, two training steps here; all six by default, whose names and order
+    test_table_1_read_from_a_curve_equals_papa_table and the unit tests check), one column per
+    task, each cell with its interval; the original row has relative score 1 and no drop; every
+    baseline row is tested against average, its difference that of the seed means; CSV, Markdown
+    and HTML."""
     from attnlens.cli import main
 
     path = constants.save(tmp_path / "constants.safetensors")
     out = tmp_path / "table.html"
     assert main(["table", "--constants", str(path), "--task", "sst2", "--data-dir", str(DATA),
                  "--train-limit", str(TRAIN), "--eval-limit", str(EVAL), "--seeds", "1", "--quiet",
-                 "--labelled-steps", "2", "--out", str(out)]) == 0
+                 "--labelled-steps", "2", "--baselines", "average_init,uniform", "--out", str(out)]) == 0
 
     long = pd.read_csv(out.with_suffix(".csv"))
-    assert list(long["row"]) == list(ROWS)
+    assert list(long["row"]) == [row for row in ROWS if row in ("original", "average", "uniform", "average_init")]
     assert ((long["low"] <= long["score"]) & (long["score"] <= long["high"])).all()
     original = long[long["row"] == "original"].iloc[0]
     assert original["relative"] == 1.0 and original["difference"] == 0
@@ -393,7 +395,7 @@ def test_papa_table_has_table_1s_rows_with_intervals(tmp_path, minilm, constants
                                                                       abs=1e-12)  # a second family
     assert long.loc[long["row"].isin(ROWS[:2]), "versus_average"].isna().all()
     markdown = out.with_suffix(".md").read_text(encoding="utf-8")
-    assert markdown.count("\n") == 10 and "| average |" in markdown and "| average_init |" in markdown
+    assert markdown.count("\n") == 6 and "| average |" in markdown and "| average_init |" in markdown
     assert out.read_text(encoding="utf-8").count("<html") == 1
 
 

@@ -24,6 +24,7 @@ from attnlens.core import inputs, loading
 from attnlens.core.corpus import read_corpus, read_corpus_counted, resolve_corpus
 from attnlens.core.files import write_atomic
 from attnlens.errors import AttnlensError
+from attnlens.evaluation.curve import ALL_BASELINES
 from attnlens.methods import views
 
 
@@ -239,3 +240,17 @@ def check_focus(focus: tuple[int, int], model: Any) -> None:
             f"--focus {focus[0]},{focus[1]} is outside the model's {n_layers} layers x {n_heads} "
             f"heads; use a layer from 0 to {n_layers - 1} and a head from 0 to {n_heads - 1}"
         ) from None
+
+
+def baselines(text: str) -> tuple[str, ...]:
+    """``--baselines``: names of data-free or labelled matrices, ``all`` or ``none``."""
+    if text.strip() == "all":
+        return ALL_BASELINES
+    if text.strip() == "none":
+        return ()
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in ALL_BASELINES]
+    if unknown or not names:
+        raise UsageError(f"--baselines {text!r}: use names among {', '.join(ALL_BASELINES)} separated by "
+                                "commas, 'all' or 'none'")
+    return names

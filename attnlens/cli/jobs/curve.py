@@ -12,7 +12,7 @@ from attnlens.core.files import write_atomic
 from attnlens.engine.distributed import world
 from attnlens.errors import InputError
 from attnlens.evaluation import curve_inputs
-from attnlens.evaluation.curve import ALL_BASELINES, Curve, curve
+from attnlens.evaluation.curve import Curve, curve
 from attnlens.evaluation.table import PapaTable
 from attnlens.methods.papa import STRATEGIES, PapaConstants, fitting
 
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = [("--constants", args.constants), ("--lm-texts", args.lm_texts),
               *(("--combine", path) for path in args.combine or ())]
     outputs = _outputs(args, inputs)
-    baselines = _baselines(args.baselines)
+    baselines = common.baselines(args.baselines)
     if args.combine:
         return _combine(args, outputs)
     fractions = _fractions(args.fractions, table=args.table)
@@ -90,20 +90,6 @@ def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
         files["constants"] = common.output(args.save_constants, "--save-constants", (".safetensors",),
                                            [*inputs, *written], force=args.force)
     return files
-
-
-def _baselines(text: str) -> tuple[str, ...]:
-    """``--baselines``: names of data-free or labelled matrices, ``all`` or ``none``."""
-    if text.strip() == "all":
-        return ALL_BASELINES
-    if text.strip() == "none":
-        return ()
-    names = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in names if name not in ALL_BASELINES]
-    if unknown or not names:
-        raise common.UsageError(f"--baselines {text!r}: use names among {', '.join(ALL_BASELINES)} separated by "
-                                "commas, 'all' or 'none'")
-    return names
 
 
 def _fractions(text: str, *, table: str | None) -> list[float]:

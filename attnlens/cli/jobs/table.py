@@ -23,8 +23,8 @@ def run(args: argparse.Namespace) -> int:
     measures = common.measures(args)
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
     constants = PapaConstants.load(args.constants, model)
-    result = table(model, constants, measures.pop("tasks"), batch_size=args.batch_size, seeds=args.seeds,
-                   labelled_steps=args.labelled_steps,
+    result = table(model, constants, measures.pop("tasks"), baselines=common.baselines(args.baselines),
+                   batch_size=args.batch_size, seeds=args.seeds, labelled_steps=args.labelled_steps,
                    progress=not args.quiet, **measures)
     common.write_table_and_figure(result.table, result.figure(), csv, out, args.force)
     write_atomic(markdown, (result.to_markdown() + "\n").encode("utf-8"), overwrite_read_only=args.force)
