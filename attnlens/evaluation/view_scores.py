@@ -63,17 +63,18 @@ def view_scores(
 ) -> pd.DataFrame:
     """Task and LM scores per view (:data:`SCORE_COLUMNS`; see
     :func:`attnlens.compare`): one row per (view, task), a probe per task of
-    :mod:`attnlens.evaluation.tasks` (:func:`attnlens.evaluation.probing.run`) and the LM score
+    :mod:`attnlens.evaluation.tasks` (:func:`attnlens.evaluation.probing.run_many`, every view's
+    probe in one stacked model) and the LM score
     of ``lm_texts`` (:func:`attnlens.evaluation.lm.scorer.evaluate`), ``relative`` to the first view's."""
     if isinstance(tasks, str):
         tasks = [tasks]
     views = view_hooks(model, names, constants)
     rows = []
-    for task in tasks:
-        for view, hooks in views.items():
-            result = probing.run(model, task, data_dir=data_dir, hooks=hooks, train_limit=train_limit,
-                                 eval_limit=eval_limit, max_len=max_len, layout=layout,
-                                 batch_size=batch_size, progress=progress)
+    for task in tasks:  # every view's probe at once (run_many: one stacked model, each as run's)
+        results = probing.run_many(model, task, list(views.values()), data_dir=data_dir, train_limit=train_limit,
+                                   eval_limit=eval_limit, max_len=max_len, layout=layout,
+                                   batch_size=batch_size, progress=progress)
+        for view, result in zip(views, results, strict=True):
             rows.append(dict(view=view, task=result.task, metric=result.metric, score=result.score,
                              majority=result.majority))
     if lm_texts is not None:

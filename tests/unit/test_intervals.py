@@ -92,8 +92,9 @@ def test_probing_run_computes_its_baselines_and_intervals(minilm, tmp_path):
     options = dict(max_len=64, progress=False, probe=dict(epochs=8))
     plain_dir = _sst2_folder(tmp_path / "plain", train_rows, dev_rows)
     plain = probing.run(minilm, "sst2", data_dir=plain_dir, **options)
+    # the same probe (plain's chosen epochs, trained as plain's final fit), evaluated on the doubled set
     doubled = probing.run(minilm, "sst2", data_dir=_sst2_folder(tmp_path / "twice", train_rows, dev_rows * 2),
-                          **options)
+                          **{**options, "probe": dict(epochs=plain.settings["epochs_chosen"])}, select_epochs=False)
     for name in ("interval", "baseline_interval", "majority_interval"):
         one, two = getattr(plain, name), getattr(doubled, name)
         assert two.score == pytest.approx(one.score, abs=1e-12) and two.width < one.width, name
