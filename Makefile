@@ -70,6 +70,7 @@ bench: install
 	$(PY) benchmarks/feature_files.py
 	$(PY) benchmarks/probe_cost.py --device $(DEVICE)
 	$(PY) benchmarks/stacked_points.py --device $(DEVICE)
+	$(PY) benchmarks/launches.py
 	$(PY) benchmarks/probe_memory.py --threads 1
 	$(BENCH) benchmarks/heads.py --device $(DEVICE)
 	$(BENCH) benchmarks/report_size.py --device $(DEVICE)

@@ -1,0 +1,119 @@
+"""Benchmark: the kernels a pass launches per batch, against a plain forward's, counted on the CPU.
+
+On a GPU a small batch's pass is bound by kernel launches, not arithmetic: the H200 profile of
+``compare`` at batch 128 showed the GPU busy 169 ms of 1.35 s, with 35,819 launches
+(``docs/performance.md``). Every ATen operator that computes (not a view: ``select``,
+``reshape``, ``transpose``, ...) is one launch or more on a GPU, so counting them needs no GPU:
+this runs each job on n and on 2n batches of 8 texts of the embedded corpus (MiniLM, max_len
+32) under a ``TorchDispatchMode`` that counts them, with the device routes forced
+(``attnlens.core.devices.reads_are_free`` false, as ``tests/system/test_host_reads.py`` does),
+and prints the operators per extra batch, beside a plain TransformerLens forward's, and the
+attnlens functions that launch the most.
+
+The limit is the forward's count (a pass cannot launch fewer than the forward it observes);
+the ratio is what launch-bound GPU time scales with.
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/launches.py [--top 12]`` (``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnlens
+from attnlens import papa
+from attnlens.core import devices
+from attnlens.core.corpus import default_corpus
+from attnlens.evaluation import probing
+from attnlens.methods import effective
+
+#: operators that only make a view or change nothing (no kernel on a GPU)
+VIEWS = frozenset({
+    "_reshape_alias", "_unsafe_view", "alias", "as_strided", "chunk", "contiguous", "detach", "diagonal",
+    "expand", "expand_as", "flatten", "lift_fresh", "mT", "movedim", "narrow", "permute", "promote_types",
+    "reshape", "select", "slice", "split", "split_with_sizes", "squeeze", "t", "to", "transpose", "unbind",
+    "unflatten", "unsqueeze", "view", "view_as",
+})
+BATCH, MAX_LEN = 8, 32
+
+
+class Launches(TorchDispatchMode):
+    """Counts the computing operators, by the attnlens function that called them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_site: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func.overloadpacket.__name__ not in VIEWS:
+            frame, site = sys._getframe(1), "transformers and TransformerLens"
+            while frame is not None:
+                name = frame.f_code.co_filename
+                if "/attnlens/" in name and not name.endswith("engine/forward.py"):
+                    site = f"{name.split('/attnlens/')[1]}:{frame.f_code.co_name}"
+                    break
+                frame = frame.f_back
+            self.by_site[site] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def per_batch(job: Callable[[list[str]], Any], texts: list[str], n: int) -> collections.Counter[str]:
+    """Operators per extra batch: the counts on 2n batches minus those on n, over n."""
+    counts = []
+    for size in (n, 2 * n):
+        with Launches() as mode:
+            job(texts[: size * BATCH])
+        counts.append(mode.by_site)
+    return collections.Counter({site: (counts[1][site] - counts[0][site]) / n for site in counts[1]
+                                if counts[1][site] > counts[0][site]})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=8, help="n: the jobs run on n and 2n batches")
+    parser.add_argument("--top", type=int, default=12, help="attnlens functions listed per job")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    model = attnlens.load(device="cpu")
+    texts = default_corpus(2 * args.batches * BATCH)
+    constants = papa.fit(model, texts, max_len=MAX_LEN, progress=False)
+    devices.reads_are_free = lambda where: False  # the routes a GPU takes
+
+    def forward(batch_texts: list[str]) -> None:
+        for start in range(0, len(batch_texts), BATCH):
+            batch = attnlens.tokenize(model, batch_texts[start : start + BATCH], max_len=MAX_LEN)
+            with torch.inference_mode():
+                model(batch.input_ids, **batch.model_kwargs())
+
+    options = dict(max_len=MAX_LEN, batch_size=BATCH, progress=False)
+    jobs = {
+        "forward": forward,
+        "papa.fit": lambda t: papa.fit(model, t, **options),
+        "compare(papa, effective)": lambda t: attnlens.compare(model, "papa", "effective", corpus=t,
+                                                               constants=constants, batch_size=BATCH, progress=False),
+        "effective.statistics": lambda t: effective.statistics(model, t, **options),
+        "probe features": lambda t: probing.extract(model, t, cache=False, **options),
+    }
+    counted = {name: per_batch(job, texts, args.batches) for name, job in jobs.items()}
+    floor = counted["forward"].total()
+    print(f"MiniLM, batches of {BATCH} texts, max_len {MAX_LEN}, device routes (reads_are_free false); "
+          "computing operators per extra batch (each one GPU launch or more)")
+    for name, sites in counted.items():
+        print(f"LAUNCHES {name}: {sites.total():,.0f} per batch = {sites.total() / floor:.2f}x the forward's "
+              f"{floor:,.0f} (limit 1.00x)")
+        if name != "forward":
+            for site, count in sites.most_common(args.top):
+                print(f"    {count:7.1f}  {site}")
+
+
+if __name__ == "__main__":
+    main()
