@@ -186,10 +186,15 @@ class ViewsAccumulator(Accumulator):
         maps = {view: value.read(layer, self.constants, causal=self.causal).detach()
                 for view, value in self.views.items()}
         n, times = len(batch), len(maps)
-        classes = {name: mask.repeat(times, 1) for name, mask in batch_classes(batch).items()}
-        positions = None if batch.compact_positions is None else batch.compact_positions.repeat(times, 1)
-        rows = row_statistics(torch.cat([pattern.float() for pattern in maps.values()]), classes,
-                              layer.key_mask.repeat(times, 1), positions)
+
+        def tiled_inputs() -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
+            """What the statistics read of the batch, once per view: the same for every layer."""
+            return ({name: mask.repeat(times, 1) for name, mask in batch_classes(batch).items()},
+                    layer.key_mask.repeat(times, 1),
+                    None if batch.compact_positions is None else batch.compact_positions.repeat(times, 1))
+
+        classes, key_mask, positions = batch.shared(f"statistics.tiled.{times}", tiled_inputs)  # once per batch
+        rows = row_statistics(torch.cat([pattern.float() for pattern in maps.values()]), classes, key_mask, positions)
         for i, (statistics, _) in enumerate(self.parts.values()):
             statistics.statistics.add_rows(layer.layer, {name: values[i * n : (i + 1) * n]
                                                          for name, values in rows.items()}, layer.key_mask)

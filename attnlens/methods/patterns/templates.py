@@ -376,7 +376,7 @@ def _terms(positions: Positions) -> dict[str, Any]:
     }
     positions._terms.update(
         weights=weights, segment=segment, band=band, chance=chance, pairs=is_pair(positions),
-        visible=visible, seen=seen,
+        visible=visible, seen=seen, key_mask=mask,
     )
     return positions._terms
 
@@ -405,33 +405,53 @@ def features(
         rows = rows.abs()
         rows = rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
     n_batch, n_heads, n, _ = rows.shape
-    weights = terms["weights"].to(rows.dtype)
-    sums = torch.matmul(rows.reshape(n_batch, n_heads * n, n), weights).reshape(n_batch, n_heads, n, -1)
+    cast = _cast_terms(terms, rows.dtype)
+    sums = torch.matmul(rows.reshape(n_batch, n_heads * n, n), cast["weights"]).reshape(n_batch, n_heads, n, -1)
     special = sums[..., 0]
     index = terms["segment"][:, None, :, None].expand(n_batch, n_heads, n, 1)
     own = sums[..., 1:].gather(-1, index).squeeze(-1)  # the query's own segment, special keys excluded
     diagonal = torch.zeros_like(special)
     same = torch.zeros_like(special)
-    for offset, keyed, keyed_same in terms["band"]:
+    for (offset, _, _), keyed, keyed_same in zip(terms["band"], cast["keyed"], cast["keyed_same"], strict=True):
         values = _diagonal(rows, offset)  # [batch, head, query]
-        diagonal += values * keyed[:, None].to(rows.dtype)
-        same += values * keyed_same[:, None].to(rows.dtype)
-    block = (own - same) * terms["pairs"][:, None, None].to(rows.dtype)
-    query = positions.key_mask.to(rows.dtype)[:, None]  # [batch, 1, query]
-    n_queries = query.sum(-1).clamp_min(1.0)
+        diagonal += values * keyed
+        same += values * keyed_same
+    block = (own - same) * cast["pairs"]
+    query, n_queries = cast["query"], cast["n_queries"]
     out: dict[str, Tensor] = {}
     for name, share in (("special", special), ("diagonal", diagonal), ("block", block)):
         mean = (share * query).sum(-1) / n_queries
-        chance = terms["chance"][name].to(rows.dtype)[:, None]
-        out[name] = (mean - chance) / (1.0 - chance).clamp_min(1e-6)
+        chance, above = cast["chance"][name]
+        out[name] = (mean - chance) / above
     if not entropy:
         return out
-    seen = terms["seen"].to(rows.dtype)
     probs = rows.clamp_min(0)
     row_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [batch, head, query]
-    most = seen.log().clamp_min(1e-12)[:, None]
-    out["entropy"] = (row_entropy / most * (seen[:, None] > 1)).mul(query).sum(-1) / n_queries
+    out["entropy"] = (row_entropy / cast["most"] * cast["several"]).mul(query).sum(-1) / n_queries
     return out
+
+
+def _cast_terms(terms: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """:func:`_terms`' masks and counts in the maps' ``dtype``, shaped as :func:`features` reads
+    them, made once per :class:`Positions` and dtype (the same values :func:`features` would
+    convert at every call: on a device, each conversion is a kernel of every layer and view)."""
+    key = ("cast", dtype)
+    if key not in terms:
+        seen = terms["seen"].to(dtype)
+        query = terms["key_mask"].to(dtype)[:, None]  # [batch, 1, query]
+        chance = {}
+        for name, value in terms["chance"].items():
+            value = value.to(dtype)[:, None]
+            chance[name] = (value, (1.0 - value).clamp_min(1e-6))
+        terms[key] = {
+            "weights": terms["weights"].to(dtype),
+            "keyed": [keyed[:, None].to(dtype) for _, keyed, _ in terms["band"]],
+            "keyed_same": [keyed_same[:, None].to(dtype) for _, _, keyed_same in terms["band"]],
+            "pairs": terms["pairs"][:, None, None].to(dtype),
+            "query": query, "n_queries": query.sum(-1).clamp_min(1.0), "chance": chance,
+            "most": seen.log().clamp_min(1e-12)[:, None], "several": seen[:, None] > 1,
+        }
+    return terms[key]
 
 
 def check_rows(pattern: Tensor, positions: Positions, view: str = "standard") -> None:
