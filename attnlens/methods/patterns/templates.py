@@ -523,11 +523,11 @@ def template_labels(
     without :func:`classify`'s checks (for maps a pass reads from the model); ``signed`` as for
     :func:`features`."""
     shares = features(pattern, positions, signed=signed, entropy=False)
-    return label(shares, _terms(positions)["pairs"]).labels
+    return _labels(shares, _terms(positions)["pairs"])  # the labels alone: no scores to launch on a device
 
 
-def label(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "batch"]) -> Classification:
-    """Apply the rules of the module docstring to :func:`features`' shares."""
+def _labels(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "batch"]) -> Int[Tensor, "batch head"]:
+    """The type index of every (example, head) by the rules of the module docstring."""
     special, diagonal, block = shares["special"], shares["diagonal"], shares["block"]
     pair = pairs[:, None].expand_as(special)
     t = THRESHOLDS
@@ -541,6 +541,15 @@ def label(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "b
     ]  # applied last to first, so the first rule of the docstring wins
     for condition, name in rules:
         labels = torch.where(condition, TYPES.index(name), labels)  # a number: no tensor to copy to a device
+    return labels
+
+
+def label(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "batch"]) -> Classification:
+    """Apply the rules of the module docstring to :func:`features`' shares: the labels and each
+    type's score."""
+    special, diagonal, block = shares["special"], shares["diagonal"], shares["block"]
+    labels = _labels(shares, pairs)
+    pair = pairs[:, None].expand_as(special)
     block_score = torch.where(pair, block, torch.zeros_like(block))
     scores = torch.stack(
         [
