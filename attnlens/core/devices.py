@@ -39,10 +39,18 @@ def reads_are_free(where: Tensor | torch.device) -> bool:
 
 def free_bytes(where: Tensor | torch.device) -> int:
     """The memory free on ``where`` now, in bytes: the device's free memory as its driver
-    reports it (``torch.cuda.mem_get_info``) on a GPU, the host's unused physical memory
-    (``sysconf``'s available pages) on the CPU. What a caller sizes the work it holds at once
-    by (e.g. :func:`attnlens.evaluation.probing.run_many`'s stacked probes)."""
+    reports it (``torch.cuda.mem_get_info``) on a GPU; on the CPU the host's available memory
+    (Linux's ``MemAvailable``: free pages and the caches the kernel can drop), else its unused
+    physical pages (``sysconf``). What a caller sizes the work it holds at once by (e.g.
+    :func:`attnlens.evaluation.probing.run_many`'s stacked probes)."""
     device = where.device if isinstance(where, Tensor) else torch.device(where)
     if device.type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
