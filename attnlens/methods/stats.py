@@ -259,13 +259,26 @@ class AttentionStatistics(Result):
                  valid: Bool[Tensor, "batch pos"]) -> None:
         """Add :func:`row_statistics`' rows of one layer's batch (``valid``: its real query
         tokens), every statistic in one sum."""
-        device = rows["entropy"].device
+        stacked = torch.stack([rows[name] for name in STATISTICS])  # [statistic, batch, head, query]
+        self.add_sums([layer], (stacked * valid[:, None, :].to(BATCH_DTYPE)).sum(dim=(1, 3))[:, None], valid.sum())
+
+    def add_sums(self, layers: Sequence[int], sums: Float[Tensor, "statistic layer head"],
+                 count: Int[Tensor, ""]) -> None:
+        """Add a batch's sums over its valid query rows, ``sums[:, i]`` those of layer
+        ``layers[i]`` (statistics in :data:`STATISTICS`' order), and its ``count`` of valid
+        query rows per head to each of those layers (several layers in one addition: what a
+        pass that computes them together hands over)."""
+        device = sums.device
         if self.counts.device != device:
             self.totals = self.totals.to(device, _total_dtype(device))
             self.counts = self.counts.to(device, _total_dtype(device))
-        stacked = torch.stack([rows[name] for name in STATISTICS])  # [statistic, batch, head, query]
-        self.totals[:, layer] += (stacked * valid[:, None, :].to(BATCH_DTYPE)).sum(dim=(1, 3))
-        self.counts[layer] += valid.sum()
+        if list(layers) == list(range(layers[0], layers[0] + len(layers))):  # a run of layers: a slice
+            self.totals[:, layers[0] : layers[0] + len(layers)] += sums
+            self.counts[layers[0] : layers[0] + len(layers)] += count
+        else:
+            index = torch.tensor(list(layers), device=device)
+            self.totals.index_add_(1, index, sums.to(self.totals.dtype))
+            self.counts.index_add_(0, index, count.to(self.counts.dtype).expand(len(layers)))
 
     def means(self) -> dict[str, Float[Tensor, "layer head"]]:
         """Mean of each statistic over every valid query token seen, ``[layer, head]`` (float32,

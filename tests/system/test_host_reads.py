@@ -29,6 +29,7 @@ import collections
 import functools
 import sys
 
+import pandas as pd
 import pytest
 import torch
 
@@ -184,6 +185,36 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
         for view in ("standard", "papa", "effective"):
             # 8-bit codes of equal maps; an entry at a rounding boundary may move by one step
             assert abs(mine.codes(view).astype(int) - theirs.codes(view).astype(int)).max() <= 1
+
+
+def test_compare_off_the_cpu_gives_the_same_tables_whatever_it_keeps_before_a_flush(minilm, device_routes,
+                                                                                  monkeypatch):
+    """Off the CPU, compare keeps a batch's layers' maps and runs their statistics and pattern
+    types in one call at the batch's end, or sooner when they fill 1 / BUFFER_SHARE of the free
+    memory: with a share so small that every layer flushes on its own, the tables are the same
+    (every statistic and template share is a function of one map, the same arithmetic either
+    way: compared exactly)."""
+    from attnlens.comparison import accumulator
+
+    texts = texts_for(minilm)[: 2 * BATCH]
+    constants = papa.fit(minilm, texts, max_len=MAX_LEN, progress=False)
+
+    def job():
+        return attnlens.compare(minilm, "papa", "effective", corpus=texts, constants=constants,
+                                batch_size=BATCH, progress=False)
+
+    flushes = []
+    real_flush = accumulator.ViewsAccumulator._flush
+    monkeypatch.setattr(accumulator.ViewsAccumulator, "_flush",
+                        lambda self, *a: flushes.append(len(self.buffered)) or real_flush(self, *a))
+    whole = job()
+    assert [n for n in flushes if n] == [minilm.cfg.n_layers] * 2  # one call a batch: every layer
+    flushes.clear()
+    monkeypatch.setattr(accumulator, "BUFFER_SHARE", 2**62)  # a limit of one byte: a flush per layer
+    apart = job()
+    assert [n for n in flushes if n] == [1] * (2 * minilm.cfg.n_layers)
+    pd.testing.assert_frame_equal(apart.table, whole.table, check_exact=True)
+    assert apart.pattern_types.equals(whole.pattern_types)
 
 
 @pytest.mark.slow

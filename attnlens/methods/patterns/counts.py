@@ -11,7 +11,7 @@ per view.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, SupportsIndex
 
 import numpy as np
@@ -89,7 +89,16 @@ class PatternTypes(Accumulator):
     def add_labels(self, layer: int, labels: Int[Tensor, "batch head"]) -> None:
         """Count one layer's labels (:meth:`labels`, or the template rules' labels of this view's
         maps computed with other views' in one call)."""
-        self.counts[layer] += type_counts(labels).to(self.counts.device)
+        self.add_counts([layer], type_counts(labels)[None])
+
+    def add_counts(self, layers: Sequence[int], counts: Int[Tensor, "layer head type"]) -> None:
+        """Add ``counts[i]`` (:func:`type_counts` of a batch's labels) to layer ``layers[i]``:
+        several layers in one addition, as a pass that labels them together hands them over."""
+        counts = counts.to(self.counts.device)
+        if list(layers) == list(range(layers[0], layers[0] + len(layers))):  # a run of layers: a slice
+            self.counts[layers[0] : layers[0] + len(layers)] += counts
+        else:
+            self.counts.index_add_(0, torch.tensor(list(layers), device=self.counts.device), counts)
 
     def end_batch(self, batch: PassBatch) -> None:
         self.maps += len(batch)
