@@ -230,9 +230,7 @@ class ViewsAccumulator(Accumulator):
         # [statistic, layer, view, example, head, query], summed over the valid query rows
         stacked = torch.stack([rows[name] for name in STATISTICS]).unflatten(1, (len(kept), len(views), n))
         sums = (stacked * key_mask[:, None, :].to(BATCH_DTYPE)).sum(dim=(3, 5))  # [statistic, layer, view, head]
-        count = key_mask.sum()
-        for j, view in enumerate(views):
-            self.parts[view][0].statistics.add_sums(layers, sums[:, :, j], count)
+        types: dict[str, Tensor] = {}
         for signed in (False, True):  # the template rules read signed maps their own way
             group = [view for view in views if self.views[view].signed == signed]
             if not group:
@@ -244,8 +242,13 @@ class ViewsAccumulator(Accumulator):
                                      signed=signed)
             counts = torch.nn.functional.one_hot(labels.unflatten(0, (len(kept), len(group), n)),
                                                  len(TYPES)).sum(2)  # [layer, view, head, type]
-            for j, view in enumerate(group):
-                self.parts[view][1].add_counts(layers, counts[:, j])
+            types.update({view: counts[:, j] for j, view in enumerate(group)})
+        # everything computed before any state changes: running out of memory above leaves the
+        # state as it was, whether or not engine.split copied it before the batch
+        count = key_mask.sum()
+        for j, view in enumerate(views):
+            self.parts[view][0].statistics.add_sums(layers, sums[:, :, j], count)
+            self.parts[view][1].add_counts(layers, types[view])
 
     def end_batch(self, batch: PassBatch) -> None:
         self._flush(batch, batch.key_mask)  # the layers kept since the last flush (off the CPU)

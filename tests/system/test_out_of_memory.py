@@ -107,3 +107,41 @@ def test_a_pass_inside_inference_mode_keeps_working(minilm):
         inside = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False)
     outside = papa.fit(minilm, texts, max_len=32, batch_size=4, progress=False)
     assert torch.equal(inside.sums, outside.sums)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("views", "unsigned"), [(("papa", "effective"), 2), (("standard",), 1)])
+def test_compare_off_the_cpu_survives_running_out_of_memory_at_the_batchs_end(minilm, sst2_sentences,
+                                                                             monkeypatch, views, unsigned):
+    """Off the CPU (the device routes, forced here), compare runs the statistics and pattern
+    types of a batch's layers at its end, in one call that holds all their maps: the likeliest
+    place to run out of memory. It computes everything before it adds anything, so a batch that
+    fails there is split like one that fails in the forward, and the tables are the unsplit
+    pass's (up to float32 rounding of per-batch sums, :func:`close`; the pattern types exactly:
+    a count of maps), with the distances that change the state during the forward and with the
+    standard view alone, whose state changes only at the batch's end."""
+    from attnlens.comparison import accumulator
+    from attnlens.core import devices
+
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    texts = sst2_sentences[:24]
+    constants = papa.fit(minilm, texts, max_len=32, batch_size=8, progress=False)
+
+    def job():
+        return attnlens.compare(minilm, *views, constants=constants if "papa" in views else None, corpus=texts,
+                                max_len=32, batch_size=8, progress=False)
+
+    fresh = job()
+    real_labels = accumulator.template_labels
+
+    def labels(pattern, positions, *, signed=False):  # a batch of more than LIMIT examples runs out here
+        if pattern.shape[0] > LIMIT * minilm.cfg.n_layers * unsigned:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        return real_labels(pattern, positions, signed=signed)
+
+    monkeypatch.setattr(accumulator, "template_labels", labels)
+    with pytest.warns(UserWarning, match=r"batches of at most 4 examples"):
+        split = job()
+    assert split.pattern_types.equals(fresh.pattern_types)
+    for column in fresh.table.select_dtypes("number").columns:
+        close(torch.tensor(split.table[column].to_numpy()), torch.tensor(fresh.table[column].to_numpy()), 8)
