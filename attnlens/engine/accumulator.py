@@ -29,7 +29,7 @@ A minimal accumulator::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,6 +147,19 @@ def _once(cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:
 
 #: how a declared state tensor combines over shards (:meth:`Accumulator.add_state`)
 REDUCTIONS: tuple[str, ...] = ("sum", "max", "min")
+
+
+def add_at(state: Tensor, dim: int, layers: Sequence[int], values: Tensor) -> None:
+    """``state``'s entries at ``layers`` along ``dim`` += ``values`` (``values.shape[dim] ==
+    len(layers)``): what an accumulator adds for several layers of a batch at once. A run of
+    consecutive layers is a slice (no index tensor to copy to the device), any other an
+    ``index_add_``."""
+    values = values.to(state.device, state.dtype)
+    first = layers[0]
+    if list(layers) == list(range(first, first + len(layers))):
+        state.narrow(dim, first, len(layers)).add_(values)
+    else:
+        state.index_add_(dim, torch.tensor(list(layers), device=state.device), values)
 
 
 class Accumulator:

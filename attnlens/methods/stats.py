@@ -33,7 +33,7 @@ from torch import Tensor
 from attnlens.core.heads import _sizes
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
-from attnlens.engine.accumulator import Accumulator
+from attnlens.engine.accumulator import Accumulator, add_at
 from attnlens.errors import InputError
 from attnlens.methods import views
 
@@ -272,13 +272,8 @@ class AttentionStatistics(Result):
         if self.counts.device != device:
             self.totals = self.totals.to(device, _total_dtype(device))
             self.counts = self.counts.to(device, _total_dtype(device))
-        if list(layers) == list(range(layers[0], layers[0] + len(layers))):  # a run of layers: a slice
-            self.totals[:, layers[0] : layers[0] + len(layers)] += sums
-            self.counts[layers[0] : layers[0] + len(layers)] += count
-        else:
-            index = torch.tensor(list(layers), device=device)
-            self.totals.index_add_(1, index, sums.to(self.totals.dtype))
-            self.counts.index_add_(0, index, count.to(self.counts.dtype).expand(len(layers)))
+        add_at(self.totals, 1, layers, sums)
+        add_at(self.counts, 0, layers, count.expand(len(layers)))
 
     def means(self) -> dict[str, Float[Tensor, "layer head"]]:
         """Mean of each statistic over every valid query token seen, ``[layer, head]`` (float32,

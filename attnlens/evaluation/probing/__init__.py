@@ -320,7 +320,8 @@ def run_many(
     ready (e.g. to write it to a checkpoint before the next stack trains).
     ``seconds["probe"]`` of each result is its share of its stack's fit (the fit's time over
     its hook sets); with ``select_epochs``, each hook set's epochs are chosen on its own
-    features."""
+    features. ``stacklevel``: the frame a :class:`ProbeWarning` names, as in
+    :func:`warnings.warn` (a wrapper such as :func:`run` passes one more)."""
     interventions = list(interventions)
     if not interventions:
         raise InputError("interventions is empty; give at least one hook set (() for none).")

@@ -24,7 +24,7 @@ from attnlens.core.corpus import resolve_corpus
 from attnlens.core.heads import _sizes
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
-from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, add_at
 from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods import view_setup, views
@@ -94,11 +94,7 @@ class PatternTypes(Accumulator):
     def add_counts(self, layers: Sequence[int], counts: Int[Tensor, "layer head type"]) -> None:
         """Add ``counts[i]`` (:func:`type_counts` of a batch's labels) to layer ``layers[i]``:
         several layers in one addition, as a pass that labels them together hands them over."""
-        counts = counts.to(self.counts.device)
-        if list(layers) == list(range(layers[0], layers[0] + len(layers))):  # a run of layers: a slice
-            self.counts[layers[0] : layers[0] + len(layers)] += counts
-        else:
-            self.counts.index_add_(0, torch.tensor(list(layers), device=self.counts.device), counts)
+        add_at(self.counts, 0, layers, counts)
 
     def end_batch(self, batch: PassBatch) -> None:
         self.maps += len(batch)
