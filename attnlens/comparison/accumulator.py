@@ -18,8 +18,8 @@ from attnlens.core import devices
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
 from attnlens.errors import InputError
 from attnlens.methods import views as registry
-from attnlens.methods.patterns.counts import PatternTypes, batch_positions
-from attnlens.methods.patterns.templates import TYPES, template_labels, tiled
+from attnlens.methods.patterns.counts import PatternTypes, batch_positions, type_counts
+from attnlens.methods.patterns.templates import template_labels
 from attnlens.methods.stats import (
     BATCH_DTYPE,
     STATISTICS,
@@ -30,6 +30,7 @@ from attnlens.methods.stats import (
     row_statistics,
     token_classes,
     token_texts,
+    total_variation,
 )
 from attnlens.present.kept import KeptExample, KeptPatterns, encode, refused, segments_of
 
@@ -65,13 +66,6 @@ def check_constants(constants: Any, batch: Any) -> None:
         ) from error
 
 
-#: off the CPU, the maps of a batch's layers kept for one call of the statistics and pattern
-#: types may fill 1 / BUFFER_SHARE of the memory free on their device (their float32 copies;
-#: the calls' intermediates take a few times that): all of MiniLM's six layers at batch 32 and
-#: max_len 128 (450 MB) on a GPU of some GBs free
-BUFFER_SHARE = 16
-
-
 class ViewsAccumulator(Accumulator):
     """The pass of :func:`attnlens.compare` as an accumulator of :func:`attnlens.engine.passes.run`.
 
@@ -83,8 +77,11 @@ class ViewsAccumulator(Accumulator):
     ``"{view}.{analysis}"``, and the count of texts longer than ``d_head`` is declared state
     (:meth:`~attnlens.engine.accumulator.Accumulator.add_state`), so :meth:`state_dict`, the
     sums of :meth:`merge` and :meth:`all_reduce`, :meth:`load_state_dict` and :meth:`to` follow
-    from the declarations. It computes no statistic itself: it only keeps the valid block of
-    example ``example``'s maps for the figures.
+    from the declarations. One layer at a time (the CPU) it hands each layer to its parts; a
+    stack of the batch's layers (off the CPU, :attr:`stacks`: every view stacks its maps) it
+    computes for all views at once with the parts' own functions and adds to their state
+    (:meth:`_update_stack`). It keeps the valid block of example ``example``'s maps for the
+    figures.
     With ``report_examples`` it also keeps, 8-bit and compressed (:mod:`attnlens.present.kept`), the maps
     of the first ``report_examples`` examples and of ``example`` (``kept_patterns``; the
     report's budget is applied afterwards, :meth:`attnlens.present.kept.KeptPatterns.select`).
@@ -135,13 +132,10 @@ class ViewsAccumulator(Accumulator):
         self.pending: list[_ReportRows] = []
         self.staged_kept: dict[str, Tensor] = {}
         self.refused = torch.zeros((), dtype=torch.bool)
-        # off the CPU, the layers' maps wait until the batch ends (or fill BUFFER_SHARE of the
-        # device's free memory), then their statistics and pattern types run in one call
-        self.buffered: list[tuple[int, dict[str, Tensor]]] = []
-        self.buffered_bytes, self.buffer_limit = 0, 0
+        # off the CPU, the engine hands a batch's layers as one stack (every view stacks its maps)
+        self.stacks = all(value.stacks for value in self.views.values())
 
     def start_batch(self, batch: PassBatch) -> None:
-        self.buffered, self.buffered_bytes = [], 0  # a batch split after running out of memory: none of it kept
         if self.constants is not None:
             check_constants(self.constants, batch.batch)
         indices = batch.indices
@@ -163,95 +157,81 @@ class ViewsAccumulator(Accumulator):
         return {view: parts[1].counts for view, parts in self.parts.items()}
 
     def update(self, layer: LayerPatterns) -> None:
-        index = layer.layer
-        classifiers = any(type_counter.classifier is not None for _, type_counter in self.parts.values())
-        if devices.reads_are_free(layer.pattern) or classifiers:  # the CPU: each view's accumulators in turn
-            for statistics, type_counter in self.parts.values():
-                statistics.update(layer)
-                type_counter.update(layer)
-        else:  # a device: every view's maps in one call of each (a third of the kernel launches)
-            self._update_together(layer)
+        if layer.layers:  # a stack of the batch's layers (off the CPU): every part in one call
+            self._update_stack(layer)
+            return
+        for statistics, type_counter in self.parts.values():  # one layer: each view's parts in turn
+            statistics.update(layer)
+            type_counter.update(layer)
         for distance in self.distances.values():
             distance.update(layer)
-        if self.row is None and self.report_rows is None:
-            return
-        per_view = {view: value.read(layer, self.constants, causal=self.causal).float()
-                    for view, value in self.views.items()}
-        for view, pattern in per_view.items():
+        if self.row is not None or self.report_rows is not None:
+            self._keep_rows([layer.layer], {view: value.read(layer, self.constants, causal=self.causal).float()[None]
+                                            for view, value in self.views.items()})
+
+    def _keep_rows(self, layers: list[int], maps: dict[str, Tensor]) -> None:
+        """Keep the figures' example's and the report's rows of ``maps``, every view's maps of
+        ``layers`` (``[layer, batch, head, query, key]``): the example's valid block, and the
+        report rows' codes (one :func:`encode` per view for all the layers)."""
+        for view, per_layer in maps.items():
             if self.row is not None:
-                keep = self.keep
-                self.staged[view][index] = pattern[self.row][:, keep][:, :, keep]
+                block = per_layer[:, self.row].index_select(2, self.keep).index_select(3, self.keep)
+                for i, index in enumerate(layers):
+                    self.staged[view][index] = block[i]
             kept = self.report_rows
-            if kept is not None:  # the kept rows' maps, coded together (one call per view and layer)
+            if kept is not None:  # the kept rows' maps, coded together
                 signed = self.views[view].signed
-                blocks = kept.blocks(pattern)
+                blocks = kept.blocks(per_layer)
                 check = devices.reads_are_free(blocks)
                 codes, scales = encode(blocks, signed=signed, check=check)
                 if not check:
                     self.refused = self.refused.to(blocks.device) | refused(blocks, signed=signed)
-                kept.codes[view][index], kept.scales[view][index] = codes, scales
+                for i, index in enumerate(layers):
+                    kept.codes[view][index], kept.scales[view][index] = codes[i], scales[i]
 
-    def _update_together(self, layer: LayerPatterns) -> None:
-        """Keep ``layer``'s maps of every view for :meth:`_flush`, which runs the views'
-        :class:`Statistics` and :class:`PatternTypes` for the batch's layers at once; it runs
-        here when the kept maps fill :data:`BUFFER_SHARE` of the memory free on their device."""
-        maps = {view: value.read(layer, self.constants, causal=self.causal).detach()
-                for view, value in self.views.items()}
-        if not self.buffer_limit:  # once: the device's free memory (a driver call, no wait)
-            self.buffer_limit = max(1, devices.free_bytes(layer.pattern.device) // BUFFER_SHARE)
-        self.buffered.append((layer.layer, maps))
-        self.buffered_bytes += sum(4 * pattern.numel() for pattern in maps.values())  # their float32 copies
-        if self.buffered_bytes >= self.buffer_limit:
-            self._flush(layer.batch, layer.key_mask)
-
-    def _flush(self, batch: PassBatch, key_mask: Tensor) -> None:
-        """What each view's :class:`Statistics` and :class:`PatternTypes` add for the kept
-        layers, computed for all their maps stacked along the batch axis (layer after layer,
-        view after view): the same per-example arithmetic (every statistic and template share is
-        a function of one map), split back by layer and view before it is summed. One call of
-        each for the batch instead of one per layer: on a device, a sixth of the launches of
-        MiniLM's six layers."""
-        if not self.buffered:
-            return
+    def _update_stack(self, stack: LayerPatterns) -> None:
+        """Every part's additions for a stack of the batch's layers
+        (:meth:`LayerPatterns.stack`), computed for all their maps at once: every view's maps
+        of the stack (:meth:`attnlens.methods.views.View.read`, one call each); the statistics
+        and pattern types of all of them stacked (view after view, layer after layer: the same
+        per-example arithmetic, every statistic and template share a function of one map, split
+        back by view and layer before it is summed); each view's distances
+        (:func:`attnlens.methods.stats.total_variation`); and the kept rows (:meth:`_keep_rows`).
+        One call of each for the batch instead of one per layer and view: on a device, an
+        eighteenth of the launches of MiniLM's six layers and three views."""
+        batch, key_mask, layers = stack.batch, stack.batch.key_mask, list(stack.layers)
         n, views = len(batch), list(self.views)
-        kept, self.buffered, self.buffered_bytes = self.buffered, [], 0
-        times = len(kept) * len(views)
-
-        def tiled_inputs() -> tuple[dict[str, Tensor], Tensor, Tensor | None]:
-            """What the statistics read of the batch, once per layer and view."""
-            return ({name: mask.repeat(times, 1) for name, mask in batch_classes(batch).items()},
-                    key_mask.repeat(times, 1),
-                    None if batch.compact_positions is None else batch.compact_positions.repeat(times, 1))
-
-        classes, tiled_mask, positions = batch.shared(f"statistics.tiled.{times}", tiled_inputs)
-        rows = row_statistics(torch.cat([maps[view].float() for _, maps in kept for view in views]), classes,
-                              tiled_mask, positions)
-        layers = [index for index, _ in kept]
-        # [statistic, layer, view, example, head, query], summed over the valid query rows
-        stacked = torch.stack([rows[name] for name in STATISTICS]).unflatten(1, (len(kept), len(views), n))
-        sums = (stacked * key_mask[:, None, :].to(BATCH_DTYPE)).sum(dim=(3, 5))  # [statistic, layer, view, head]
+        maps = {view: value.read(stack, self.constants, causal=self.causal).unflatten(0, (len(layers), n))
+                for view, value in self.views.items()}  # [layer, example, head, query, key]
+        rows = row_statistics(torch.stack([maps[view].float() for view in views]), batch_classes(batch), key_mask,
+                              batch.compact_positions)  # [view, layer, example, head, query]
+        # [statistic, view, layer, example, head, query], summed over the valid query rows
+        stacked = torch.stack([rows[name] for name in STATISTICS])
+        sums = (stacked * key_mask[:, None, :].to(BATCH_DTYPE)).sum(dim=(3, 5))  # [statistic, view, layer, head]
         types: dict[str, Tensor] = {}
         for signed in (False, True):  # the template rules read signed maps their own way
             group = [view for view in views if self.views[view].signed == signed]
             if not group:
                 continue
-            times = len(kept) * len(group)
-            positions = batch.shared(f"patterns.positions.tiled.{times}",
-                                     lambda times=times: tiled(batch_positions(batch), times))
-            labels = template_labels(torch.cat([maps[view] for _, maps in kept for view in group]), positions,
-                                     signed=signed)
-            counts = torch.nn.functional.one_hot(labels.unflatten(0, (len(kept), len(group), n)),
-                                                 len(TYPES)).sum(2)  # [layer, view, head, type]
-            types.update({view: counts[:, j] for j, view in enumerate(group)})
-        # everything computed before any state changes: running out of memory above leaves the
-        # state as it was, whether or not engine.split copied it before the batch
+            labels = template_labels(torch.stack([maps[view] for view in group]), batch_positions(batch),
+                                     signed=signed)  # [view, layer, example, head]
+            counts = type_counts(labels)  # [view, layer, head, type]
+            types.update({view: counts[j] for j, view in enumerate(group)})
+        standard = stack.pattern.float().unflatten(0, (len(layers), n))
+        distances = {view: total_variation(maps[view].float(), standard, key_mask)
+                     for view in self.distances}  # [layer, head]
+        if self.row is not None or self.report_rows is not None:
+            self._keep_rows(layers, {view: pattern.float() for view, pattern in maps.items()})
+        # everything computed before any state changes: a stack that runs out of memory above
+        # adds nothing (engine.split puts back what an earlier stack of the batch added)
         count = key_mask.sum()
         for j, view in enumerate(views):
-            self.parts[view][0].statistics.add_sums(layers, sums[:, :, j], count)
+            self.parts[view][0].statistics.add_sums(layers, sums[:, j], count)
             self.parts[view][1].add_counts(layers, types[view])
+        for view, totals in distances.items():
+            self.distances[view].add_totals(layers, totals)
 
     def end_batch(self, batch: PassBatch) -> None:
-        self._flush(batch, batch.key_mask)  # the layers kept since the last flush (off the CPU)
         for _, type_counter in self.parts.values():
             type_counter.end_batch(batch)
         longer = (batch.key_mask.sum(-1) > self.d_head).sum()
@@ -362,13 +342,14 @@ class _ReportRows:
             {view: [None] * n_layers for view in views}, {view: [None] * n_layers for view in views},
         )
 
-    def blocks(self, pattern: Float[Tensor, "batch head query key"]) -> Float[Tensor, "row head most most"]:
-        """Each kept row's map on its real tokens, in the top-left corner, zero elsewhere."""
-        chosen = pattern.index_select(0, self.rows)
-        n_rows, n_heads, width, _ = chosen.shape
+    def blocks(self, pattern: Float[Tensor, "*stack batch head query key"]) -> Float[Tensor, "*stack row head most most"]:
+        """Each kept row's map on its real tokens, in the top-left corner, zero elsewhere
+        (``stack``: any leading axes, e.g. the layers of the batch)."""
+        chosen = pattern.index_select(-4, self.rows)
+        *stack, n_rows, n_heads, width, _ = chosen.shape
         most = self.columns.shape[1]
-        queries = chosen.gather(2, self.columns[:, None, :, None].expand(n_rows, n_heads, most, width))
-        block = queries.gather(3, self.columns[:, None, None, :].expand(n_rows, n_heads, most, most))
+        queries = chosen.gather(-2, self.columns[:, None, :, None].expand(*stack, n_rows, n_heads, most, width))
+        block = queries.gather(-1, self.columns[:, None, None, :].expand(*stack, n_rows, n_heads, most, most))
         return block * (self.valid[:, None, :, None] & self.valid[:, None, None, :])
 
     def examples(self) -> list[KeptExample]:

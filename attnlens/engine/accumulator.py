@@ -99,6 +99,9 @@ class LayerPatterns:
     ``effective``: its effective attention ``A⊥`` (:func:`attnlens.methods.effective.effective_attention`),
     computed on first access and shared by every accumulator; ``key_mask``: ``[batch, key]``,
     True for real tokens (the batch's own mask).
+
+    ``layers``: for a stack of several layers of the batch (:meth:`stack`), which ones, in the
+    order their maps follow one another along the ``batch`` axis (``()`` for one layer).
     """
 
     layer: int
@@ -107,10 +110,30 @@ class LayerPatterns:
     values: Float[Tensor, "batch head key d_head"] | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False)
     _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
+    layers: tuple[int, ...] = ()
+
+    @classmethod
+    def stack(cls, layers: Sequence[LayerPatterns]) -> LayerPatterns:
+        """Several layers of one batch as one: their patterns (and values) concatenated along the
+        batch axis, layer after layer, with the batch's key mask repeated to match. What is
+        computed example by example from the pattern and values alone (the pattern itself,
+        :attr:`effective`) is then computed for all of them in one call, equal to the
+        concatenation of each layer's: a view whose maps are made so says so
+        (:attr:`attnlens.methods.views.View.stacks`). :attr:`layer` is the first layer's;
+        :attr:`output_weights` refuses a stack."""
+        first = layers[0]
+        return cls(
+            first.layer, torch.cat([layer.pattern for layer in layers]), first.batch,
+            None if first.values is None else torch.cat([layer.values for layer in layers]),
+            first.options, layers=tuple(layer.layer for layer in layers),
+        )
 
     @property
     def key_mask(self) -> Bool[Tensor, "batch key"]:
-        return self.batch.key_mask
+        if not self.layers:
+            return self.batch.key_mask
+        times = len(self.layers)
+        return self.batch.shared(f"key_mask.tiled.{times}", lambda: self.batch.key_mask.repeat(times, 1))
 
     def shared(self, key: Any, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per layer of a batch and key: what several accumulators read of
@@ -123,6 +146,9 @@ class LayerPatterns:
         """The layer's output projection, one ``[d_head, d_model]`` matrix per query head
         (``model.blocks[layer].attn.W_O``): what a view that reads ``"output_weights"``
         (:attr:`attnlens.methods.views.View.reads`) takes. The model's weight, not a copy."""
+        if self.layers:
+            raise ModelBehaviourError(f"a stack of layers {list(self.layers)} has no one output projection: "
+                                      "read each layer's maps on its own (View.stacks is False).")
         return self.batch.model.blocks[self.layer].attn.W_O
 
     @property
@@ -183,11 +209,17 @@ class Accumulator:
       :attr:`PassBatch.indices`, never from :attr:`PassBatch.start`. A pass runs its examples
       by length (:func:`~attnlens.engine.passes.run`'s ``by_length``) only when every accumulator says so: batches of
       similar lengths compute little padding.
+    - ``stacks``: :meth:`update` also takes a stack of the batch's layers
+      (:meth:`LayerPatterns.stack`; ``layer.layers`` names them, in order) and adds the same as
+      for each of them. Off the CPU the engine then keeps the batch's layers and hands such an
+      accumulator one stack after the forward (or sooner, when the kept patterns fill
+      1 / :data:`attnlens.engine.passes.STACK_SHARE` of the device's free memory): one launch per
+      operator for all the layers, instead of one per layer. On the CPU, one layer at a time.
 
     Methods, called by :func:`~attnlens.engine.passes.run` in this order for each batch: :meth:`prepare`,
     :meth:`start_batch`,
-    :meth:`update` for each layer, :meth:`update_output` (if ``needs_output``),
-    :meth:`end_batch`. A batch interrupted half-way is never checkpointed, so ``update`` may
+    :meth:`update` for each layer (a stacking accumulator off the CPU: for each stack, after the
+    forward), :meth:`update_output` (if ``needs_output``), :meth:`end_batch`. A batch interrupted half-way is never checkpointed, so ``update`` may
     write into the state directly.
 
     Merging and saving: :meth:`state_dict` returns the tensors that add up over shards (sums,
@@ -211,6 +243,7 @@ class Accumulator:
     needs_grad: bool = False
     compact: bool = False
     any_order: bool = False
+    stacks: bool = False
 
     def hooks(self, model: Any) -> list[tuple[str | Callable, Callable]]:
         """Extra reading hooks (``fwd_hooks``) this accumulator needs; ``self.current`` is the

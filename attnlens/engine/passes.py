@@ -78,6 +78,13 @@ from attnlens.errors import InputError, ModelBehaviourError
 #: batches between two checkpoint writes when ``checkpoint=`` is given
 CHECKPOINT_EVERY = 20
 
+#: off the CPU, the layers of a batch kept for the stacking accumulators
+#: (:attr:`~attnlens.engine.accumulator.Accumulator.stacks`) may fill 1 / STACK_SHARE of the
+#: memory free on their device (their patterns; what the accumulators make of a stack, a few
+#: maps per view and their intermediates, takes several times that): all of MiniLM's six layers
+#: at batch 32 and max_len 128 (151 MB) on a GPU with 10 GB free
+STACK_SHARE = 64
+
 #: a pass by length (:func:`run`'s ``by_length``) orders each window of this many batches of
 #: consecutive examples (2,048 examples at batch size 32: the strings only, a few hundred kB)
 BY_LENGTH_BATCHES = 64
@@ -266,6 +273,11 @@ class _Pass:
         self.options = dict(effective or {})
         self.state: dict[str, Any] = {}  # the batch being run, its layers seen, whether whole batches
         self.reading = pattern_hooks(model, self._on_pattern, values=needs_values)
+        # off the CPU, a batch's layers kept for the accumulators that take them stacked
+        self.stacking = [a for a in accumulators if a.stacks]
+        self.layerwise = [a for a in accumulators if not a.stacks]
+        self.kept: list[LayerPatterns] = []
+        self.kept_bytes, self.stack_limit = 0, 0
         self.extra = [hook for accumulator in accumulators for hook in accumulator.hooks(model)]
         self.n_layers = int(model.cfg.n_layers)
         self.fwd_hooks: list = []  # set for the whole pass, inside the interventions' patch
@@ -276,9 +288,32 @@ class _Pass:
 
     def _on_pattern(self, layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> None:
         patterns = LayerPatterns(layer, pattern, self.state["batch"], v, self.options)
-        for accumulator in self.accumulators:
+        kept = self.stacking and not devices.reads_are_free(pattern)
+        for accumulator in self.layerwise if kept else self.accumulators:
             accumulator.update(patterns)
+        if kept:
+            self._keep(patterns)
         self.state["layers"] += 1
+
+    def _keep(self, layer: LayerPatterns) -> None:
+        """Keep ``layer`` for the stacking accumulators (:attr:`Accumulator.stacks`); hand them
+        the kept layers when their patterns fill 1 / :data:`STACK_SHARE` of the free memory."""
+        if not self.stack_limit:  # once: the device's free memory (a driver call, no wait)
+            self.stack_limit = max(1, devices.free_bytes(layer.pattern.device) // STACK_SHARE)
+        self.kept.append(layer)
+        self.kept_bytes += layer.pattern.numel() * layer.pattern.element_size()
+        if self.kept_bytes >= self.stack_limit:
+            self._hand_stack()
+
+    def _hand_stack(self) -> None:
+        """Hand the kept layers, as one stack (:meth:`LayerPatterns.stack`), to every stacking
+        accumulator."""
+        if not self.kept:
+            return
+        stack = LayerPatterns.stack(self.kept)
+        self.kept, self.kept_bytes = [], 0
+        for accumulator in self.stacking:
+            accumulator.update(stack)
 
     def batches(self, signals: _Signals) -> None:
         """Run this process's batches, with the interventions' patch on the model (an intervention
@@ -350,14 +385,17 @@ class _Pass:
         for accumulator in accumulators:  # may refuse the batch; changes no state
             accumulator.start_batch(pass_batch)
         self.state.update(batch=pass_batch, layers=0, consistent=False)
+        self.kept, self.kept_bytes = [], 0  # none of a batch split after running out of memory
         grad = torch.enable_grad() if self.needs_grad else torch.inference_mode()
         with grad:
             if self.needs_output:
                 output = _forward(model, inputs, self.fwd_hooks)
-                for accumulator in accumulators:
-                    accumulator.update_output(pass_batch, output)
             else:
                 run_patterns(model, inputs, self.fwd_hooks, until=self.until)
+            self._hand_stack()  # the layers kept since the last stack (before forwarded(): the batch's work)
+            if self.needs_output:
+                for accumulator in accumulators:
+                    accumulator.update_output(pass_batch, output)
         if self.state["layers"] != self.n_layers:
             raise ModelBehaviourError(
                 f"hook_pattern fired {self.state['layers']} times for {self.n_layers} layers; "

@@ -145,12 +145,13 @@ def token_classes(
 
 
 def row_statistics(
-    pattern: Float[Tensor, "batch head query key"],
+    pattern: Float[Tensor, "*stack batch head query key"],
     classes: dict[str, Bool[Tensor, "batch key"]],
     valid: Bool[Tensor, "batch pos"],
     positions: Int[Tensor, "batch pos"] | None = None,
-) -> dict[str, Float[Tensor, "batch head query"]]:
-    """Each statistic of :data:`STATISTICS` for every (example, head, query) row.
+) -> dict[str, Float[Tensor, "*stack batch head query"]]:
+    """Each statistic of :data:`STATISTICS` for every (example, head, query) row; ``stack``: any
+    leading axes of maps of the same examples (the layers and views of a batch, in one call).
 
     ``positions``: the layout position of every column (a compact batch,
     :attr:`attnlens.core.inputs.Batch.positions`); the offsets of ``to_prev`` / ``to_next`` are then
@@ -247,20 +248,25 @@ class AttentionStatistics(Result):
 
     def update(
         self,
-        layer: int,
-        pattern: Float[Tensor, "batch head query key"],
+        layer: int | Sequence[int],
+        pattern: Float[Tensor, "*layer batch head query key"],
         classes: dict[str, Bool[Tensor, "batch key"]],
         valid: Bool[Tensor, "batch pos"],
         positions: Int[Tensor, "batch pos"] | None = None,
     ) -> None:
-        self.add_rows(layer, row_statistics(pattern.detach(), classes, valid, positions), valid)
+        """Add one layer's batch (``pattern`` ``[batch, head, query, key]``), or several layers'
+        (``layer`` a sequence, ``pattern`` ``[layer, batch, head, query, key]``: each one's maps
+        of the same batch)."""
+        layers = [layer] if isinstance(layer, int) else list(layer)
+        maps = pattern[None] if isinstance(layer, int) else pattern
+        self.add_rows(layers, row_statistics(maps.detach(), classes, valid, positions), valid)
 
-    def add_rows(self, layer: int, rows: dict[str, Float[Tensor, "batch head query"]],
+    def add_rows(self, layers: Sequence[int], rows: dict[str, Float[Tensor, "layer batch head query"]],
                  valid: Bool[Tensor, "batch pos"]) -> None:
-        """Add :func:`row_statistics`' rows of one layer's batch (``valid``: its real query
-        tokens), every statistic in one sum."""
-        stacked = torch.stack([rows[name] for name in STATISTICS])  # [statistic, batch, head, query]
-        self.add_sums([layer], (stacked * valid[:, None, :].to(BATCH_DTYPE)).sum(dim=(1, 3))[:, None], valid.sum())
+        """Add :func:`row_statistics`' rows of a batch at ``layers`` (``rows[name][i]`` those of
+        ``layers[i]``; ``valid``: the batch's real query tokens), every statistic in one sum."""
+        stacked = torch.stack([rows[name] for name in STATISTICS])  # [statistic, layer, batch, head, query]
+        self.add_sums(layers, (stacked * valid[:, None, :].to(BATCH_DTYPE)).sum(dim=(2, 4)), valid.sum())
 
     def add_sums(self, layers: Sequence[int], sums: Float[Tensor, "statistic layer head"],
                  count: Int[Tensor, ""]) -> None:
@@ -347,12 +353,17 @@ class Statistics(Accumulator):
         view = self.view = self._view.name
         self.name = f"statistics.{view}"
         self.needs_values = self._view.needs_values
+        self.stacks = self._view.stacks  # a stack of layers in one call, off the CPU (Accumulator.stacks)
         self.statistics = AttentionStatistics(n_layers, n_heads)
 
     def update(self, layer: Any) -> None:
         pattern = self._view.read(layer, self.constants, causal=self.causal)
-        self.statistics.update(layer.layer, pattern, batch_classes(layer.batch), layer.key_mask,
-                               layer.batch.compact_positions)
+        batch = layer.batch
+        if layer.layers:  # a stack of layers (LayerPatterns.stack): [layer · batch, ...]
+            self.statistics.update(layer.layers, pattern.unflatten(0, (len(layer.layers), -1)), batch_classes(batch),
+                                   batch.key_mask, batch.compact_positions)
+        else:
+            self.statistics.update(layer.layer, pattern, batch_classes(batch), batch.key_mask, batch.compact_positions)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"sums": self.statistics.totals, "counts": self.statistics.counts}
@@ -362,12 +373,14 @@ class Statistics(Accumulator):
 
 
 def total_variation(
-    pattern: Float[Tensor, "batch head query key"],
-    standard: Float[Tensor, "batch head query key"],
+    pattern: Float[Tensor, "*stack batch head query key"],
+    standard: Float[Tensor, "*stack batch head query key"],
     valid: Bool[Tensor, "batch pos"],
-) -> Float[Tensor, "head"]:
+) -> Float[Tensor, "*stack head"]:
     """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head: the
     ``distance_from_standard`` of :func:`attnlens.compare` (divided by the tokens seen).
+    ``stack``: any leading axes (e.g. the layers of a batch, each ``[batch, head, query, key]``
+    with the same ``valid`` tokens), each summed on its own.
 
     In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
     is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
@@ -375,7 +388,7 @@ def total_variation(
     """
     keys = valid[:, None, None, :].to(torch.float32)
     rows = ((pattern.float() - standard.float()).abs() * keys).sum(-1)
-    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(0, 2))
+    return 0.5 * (rows * valid[:, None, :].to(torch.float32)).sum(dim=(-3, -1))
 
 
 class Distance(Accumulator):
@@ -395,14 +408,22 @@ class Distance(Accumulator):
         self.view = self._view.name
         self.name = f"distance.{self.view}"
         self.needs_values = self._view.needs_values
+        self.stacks = self._view.stacks  # a stack of layers in one call, off the CPU (Accumulator.stacks)
         self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)
 
     def update(self, layer: Any) -> None:
-        pattern = self._view.read(layer, self.constants, causal=self.causal).float()
-        if self.total.device != pattern.device:
-            dtype = torch.float32 if pattern.device.type == "mps" else torch.float64
-            self.total = self.total.to(pattern.device, dtype)
-        self.total[layer.layer] += total_variation(pattern, layer.pattern.float(), layer.key_mask)
+        layers = layer.layers or (layer.layer,)
+        pattern = self._view.read(layer, self.constants, causal=self.causal).float().unflatten(0, (len(layers), -1))
+        standard = layer.pattern.float().unflatten(0, (len(layers), -1))
+        self.add_totals(layers, total_variation(pattern, standard, layer.batch.key_mask))
+
+    def add_totals(self, layers: Sequence[int], totals: Float[Tensor, "layer head"]) -> None:
+        """Add ``totals[i]`` (:func:`total_variation` of a batch) to layer ``layers[i]``: several
+        layers in one addition, as a pass that computes them together hands them over."""
+        if self.total.device != totals.device:
+            dtype = torch.float32 if totals.device.type == "mps" else torch.float64
+            self.total = self.total.to(totals.device, dtype)
+        add_at(self.total, 0, layers, totals)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"total": self.total}

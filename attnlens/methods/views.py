@@ -91,7 +91,15 @@ class View:
     :attr:`attnlens.engine.accumulator.Accumulator.needs_values`, which makes the engine capture
     them). ``raw``: for a view whose maps are normalised rows of other maps (the norms
     of ``"norm"``), how those raw maps are read (``raw(layer) -> [batch, head, query, key]``,
-    :func:`attnlens.methods.maps.maps` with ``raw=True``); None: the maps are the raw ones."""
+    :func:`attnlens.methods.maps.maps` with ``raw=True``); None: the maps are the raw ones.
+
+    ``stacks``: :attr:`maps` of a stack of layers
+    (:meth:`attnlens.engine.accumulator.LayerPatterns.stack`) are the concatenation of each
+    layer's, so a pass that keeps a batch's layers makes them in one call (one launch per
+    operator instead of one per layer on a GPU): true of maps made example by example from the
+    pattern and values alone (``"standard"``, ``"effective"``) and of a view given by
+    constants (``"papa"``: :meth:`read` makes a stack's maps with one call of the constants'
+    ``layer_pattern``), not of those that read a layer's own weights (``"norm"``: ``W_O``)."""
 
     name: str
     description: str
@@ -105,6 +113,7 @@ class View:
     blind_below_d_head: bool = False
     reads: frozenset[str] = frozenset({"pattern"})
     raw: Callable[[Any], Any] | None = None
+    stacks: bool = False
 
     def __post_init__(self) -> None:
         reads = frozenset(self.reads)
@@ -124,12 +133,14 @@ class View:
         (:meth:`attnlens.papa.PapaConstants.layer_pattern`, float32), so that it is read in the
         same pass as the others, without hooks; without them, :attr:`maps` (the patterns, under
         the pass's ``papa.hooks``). The constants' maps are made once per layer of a batch
-        (:meth:`attnlens.engine.accumulator.LayerPatterns.shared`) for every accumulator that reads them."""
+        (:meth:`attnlens.engine.accumulator.LayerPatterns.shared`) for every accumulator that reads them;
+        for a stack of layers (:meth:`attnlens.engine.accumulator.LayerPatterns.stack`) in one call."""
         if self.takes_constants and constants is not None:
             import torch
 
+            # a stack of layers: the constants' patterns of all of them at once
             return layer.shared(("view", self.name, id(constants), causal), lambda: constants.layer_pattern(
-                layer.layer, layer.key_mask, dtype=torch.float32, causal=causal,
+                layer.layers or layer.layer, layer.batch.key_mask, dtype=torch.float32, causal=causal,
                 positions=layer.batch.compact_positions))
         return self.maps(layer)
 
@@ -231,12 +242,12 @@ def _papa_constants(value: Any) -> bool:
     return isinstance(value, PapaConstants | TrainableConstants)
 
 
-register_view(View("standard", "the model's attention", signed=False))
+register_view(View("standard", "the model's attention", signed=False, stacks=True))
 register_view(View("papa", "PAPA constants (attnlens.papa.fit(model, texts) or papa.load(path))",
-                   signed=False, takes_constants=True, intervention="papa", accepts=_papa_constants,
+                   signed=False, takes_constants=True, intervention="papa", accepts=_papa_constants, stacks=True,
                    value_hint="the PAPA constants themselves: view=attnlens.papa.fit(model, texts)"))
 register_view(View("effective", "effective attention (Brunner et al. 2020), signed", signed=True,
                    maps=_effective, reads=frozenset({"pattern", "values"}), intervention="effective",
-                   blind_below_d_head=True))
+                   blind_below_d_head=True, stacks=True))
 register_view(View("norm", "norm-based attention (Kobayashi et al. 2020): weight x ||f(x)||, rows normalised",
                    signed=False, maps=_norm, raw=_norm_raw, reads=frozenset({"pattern", "values", "output_weights"})))

@@ -34,6 +34,11 @@ The properties, on a tiny random BERT, ``N_TEXTS`` texts of different lengths in
 3. **state round trip**: an accumulator with a state (``state_dict``) restored into a fresh one
    with ``load_state_dict`` (metadata through JSON, as a checkpoint stores it) gives the same
    state and result, exactly.
+5. **stacks**: an accumulator that takes stacks of layers (``stacks``: :data:`STACKING`), handed
+   one stack of each batch's layers (off the CPU: the device routes, forced here), holds the
+   same state, result and kept values as in the same pass handed one layer at a time, exactly:
+   every quantity is a function of one map, computed by the same arithmetic in calls over more
+   maps.
 
 The views', interventions' and learners' contracts are beside this file (``test_views.py``,
 ``test_interventions.py``, ``test_estimators.py``).
@@ -416,6 +421,38 @@ def test_the_accumulators_that_run_in_any_order():
         "Statistics", "Distance", "PatternTypes", "HeadDistances", "HeadMeans", "PatternSums",
         "ViewsAccumulator", "DependencyCounts", "_Sampled",
     }
+
+
+#: the accumulators whose cases take stacks of layers (Accumulator.stacks: an instance's, by its views)
+STACKING = {"Statistics", "Distance", "PatternTypes", "ViewsAccumulator"}
+
+
+def test_the_accumulators_that_stack(model):
+    """Those that read a batch's maps one (example, layer) at a time through views that stack
+    (View.stacks); not those that read the layer's own weights or hooks, or keep it in order."""
+    assert {cls.__name__ for cls, case in CASES.items() if case.make(model, 0, N_TEXTS).stacks} == STACKING
+
+
+@pytest.mark.parametrize("case", _params("stacks", lambda case: case.cls.__name__ in STACKING))
+def test_a_stack_of_layers_adds_what_each_layer_adds(case, model, monkeypatch):
+    from attnlens.core import devices
+
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)  # the routes of a GPU
+    results = {}
+    for stacked in (True, False):
+        accumulator = case.make(model, 0, N_TEXTS)
+        accumulator.stacks = stacked
+        handed: list = []
+        own = accumulator.update
+        accumulator.update = lambda layer, own=own, handed=handed: (handed.append(layer.layers), own(layer))
+        passes.run(model, case.corpus(), [accumulator], max_len=MAX_LEN, batch_size=BATCH, progress=False,
+                   **case.run(model))
+        del accumulator.update
+        n_layers = model.cfg.n_layers
+        assert handed == ([tuple(range(n_layers))] * 3 if stacked else [()] * (3 * n_layers))  # 3 batches
+        results[stacked] = (accumulator.state_dict(), accumulator.metadata(), accumulator.result(),
+                            _kept_decoded(accumulator))
+    assert_same(results[True], results[False], "stacked")
 
 
 @pytest.mark.parametrize("case", _params("round trip", _has_state))

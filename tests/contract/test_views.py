@@ -83,6 +83,66 @@ def test_view_contract(bert, constants, name):
             assert (maps * (1 - valid)).abs().max() <= tolerance, "no mass on padding keys"
 
 
+class Layers(Accumulator):
+    """Keeps every layer the pass hands over (a compact pass: PAPA's constants are gathered by
+    position)."""
+
+    name, compact = "layers", True
+
+    def __init__(self, needs_values: bool) -> None:
+        self.needs_values = needs_values
+        self.seen: list = []
+
+    def update(self, layer):
+        self.seen.append(layer)
+
+    def state_dict(self):
+        return {}
+
+
+@pytest.mark.parametrize("name", list(views.REGISTRY))
+def test_a_view_that_stacks_reads_a_stack_of_layers_as_each_layer_on_its_own(bert, constants, name):
+    """View.stacks: the maps of LayerPatterns.stack(layers), one call for a batch's layers (as
+    compare makes them off the CPU), are each layer's maps one after the other along the batch
+    axis: the same per-example float32 arithmetic, in calls of another size (compared to
+    FLOAT32_STEPS steps of float32 at 1, since a kernel may group a sum's terms differently for
+    another batch size). A view that does not stack (it reads a layer's own weights) is refused
+    them on a stack."""
+    from attnlens.engine.accumulator import LayerPatterns
+    from attnlens.errors import ModelBehaviourError
+    from attnlens.methods.papa import TrainableConstants
+
+    view = views.get_view(name)
+    record = Layers(view.needs_values)
+    chosen = view_setup.setup(bert, value_of(view, constants), max_len=None if view.takes_constants else MAX_LEN)
+    passes.run(bert, tiny.CORPUS[:5], [record], max_len=chosen.max_len, layout=chosen.layout,
+               batch_size=3, progress=False)
+    batches: dict[int, list] = {}
+    for layer in record.seen:
+        batches.setdefault(id(layer.batch), []).append(layer)
+    assert len(batches) == 2 and all(len(layers) == bert.cfg.n_layers for layers in batches.values())
+    values = [constants, TrainableConstants.from_average(constants)] if view.takes_constants else [None]
+    for layers in batches.values():
+        chosen_layers = layers[::-1]  # any order: the last layer first
+        stack = LayerPatterns.stack(chosen_layers)
+        n_layers = bert.cfg.n_layers
+        assert stack.layers == tuple(reversed(range(n_layers))) and stack.pattern.shape[0] == n_layers * len(layers[0].batch)
+        if not view.stacks:
+            with pytest.raises(ModelBehaviourError, match="no one output projection"):
+                view.read(stack)
+            continue
+        for value in values:
+            with torch.no_grad():
+                together = view.read(LayerPatterns.stack(chosen_layers), value)
+                apart = torch.cat([view.read(layer, value) for layer in chosen_layers])
+            torch.testing.assert_close(together, apart, rtol=0, atol=FLOAT32_STEPS * torch.finfo(torch.float32).eps)
+
+
+#: how far a stack's maps may be from each layer's, in float32 steps at 1 (a float32 sum of at
+#: most MAX_LEN terms grouped differently: a few steps)
+FLOAT32_STEPS = 8
+
+
 def test_unknown_view_is_one_error_naming_the_registered_views():
     listing = ", ".join(repr(name) for name in views.REGISTRY)
     with pytest.raises(InputError, match=f"Unknown view 'attn'; use {listing}"):

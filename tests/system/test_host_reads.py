@@ -187,34 +187,35 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
             assert abs(mine.codes(view).astype(int) - theirs.codes(view).astype(int)).max() <= 1
 
 
-def test_compare_off_the_cpu_gives_the_same_tables_whatever_it_keeps_before_a_flush(minilm, device_routes,
-                                                                                  monkeypatch):
-    """Off the CPU, compare keeps a batch's layers' maps and runs their statistics and pattern
-    types in one call at the batch's end, or sooner when they fill 1 / BUFFER_SHARE of the free
-    memory: with a share so small that every layer flushes on its own, the tables are the same
-    (every statistic and template share is a function of one map, the same arithmetic either
-    way: compared exactly)."""
-    from attnlens.comparison import accumulator
+def test_off_the_cpu_the_tables_are_the_same_whatever_the_stacks_of_layers(minilm, device_routes, monkeypatch):
+    """Off the CPU the engine keeps a batch's layers and hands the accumulators that stack
+    (compare's, and effective.statistics') one stack after the forward, or sooner when the
+    layers fill 1 / STACK_SHARE of the free memory: with a share so small that every layer is a
+    stack of its own, the tables are the same (every statistic, template share and distance is a
+    function of one map, the same arithmetic either way: compared exactly)."""
+    from attnlens.comparison.accumulator import ViewsAccumulator
 
     texts = texts_for(minilm)[: 2 * BATCH]
     constants = papa.fit(minilm, texts, max_len=MAX_LEN, progress=False)
 
-    def job():
-        return attnlens.compare(minilm, "papa", "effective", corpus=texts, constants=constants,
-                                batch_size=BATCH, progress=False)
+    def jobs():
+        return (attnlens.compare(minilm, "papa", "effective", corpus=texts, constants=constants,
+                                 batch_size=BATCH, progress=False),
+                effective.statistics(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False))
 
-    flushes = []
-    real_flush = accumulator.ViewsAccumulator._flush
-    monkeypatch.setattr(accumulator.ViewsAccumulator, "_flush",
-                        lambda self, *a: flushes.append(len(self.buffered)) or real_flush(self, *a))
-    whole = job()
-    assert [n for n in flushes if n] == [minilm.cfg.n_layers] * 2  # one call a batch: every layer
-    flushes.clear()
-    monkeypatch.setattr(accumulator, "BUFFER_SHARE", 2**62)  # a limit of one byte: a flush per layer
-    apart = job()
-    assert [n for n in flushes if n] == [1] * (2 * minilm.cfg.n_layers)
+    stacks = []
+    real = ViewsAccumulator._update_stack
+    monkeypatch.setattr(ViewsAccumulator, "_update_stack", lambda self, stack: stacks.append(stack.layers) or real(self, stack))
+    whole, whole_statistics = jobs()
+    layers = tuple(range(minilm.cfg.n_layers))
+    assert stacks == [layers] * 2  # one stack a batch: every layer
+    stacks.clear()
+    monkeypatch.setattr(passes, "STACK_SHARE", 2**62)  # a limit of one byte: a stack per layer
+    apart, apart_statistics = jobs()
+    assert stacks == [(layer,) for layer in layers] * 2
     pd.testing.assert_frame_equal(apart.table, whole.table, check_exact=True)
     assert apart.pattern_types.equals(whole.pattern_types)
+    pd.testing.assert_frame_equal(apart_statistics.table, whole_statistics.table, check_exact=True)
 
 
 @pytest.mark.slow
@@ -234,10 +235,16 @@ def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_rout
 @pytest.mark.slow
 def test_effective_statistics_read_nothing_per_batch(minilm, counter, device_routes):
     texts = texts_for(minilm)
-    per_batch, grew, _ = growth(
+    per_batch, grew, (_, on_device) = growth(
         counter, lambda t: effective.statistics(minilm, t, max_len=MAX_LEN, batch_size=BATCH, progress=False),
         texts)
     assert per_batch <= FORWARD_READS, grew
+    # the device routes (a stack of each batch's layers) give the CPU routes' (layer by layer)
+    devices.reads_are_free = lambda where: True
+    on_cpu = effective.statistics(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
+    numbers = on_cpu.table.select_dtypes("number").columns
+    difference = (on_device.table[numbers] - on_cpu.table[numbers]).abs().max().max()
+    assert difference <= FLOAT32, difference
 
 
 def test_effective_run_reads_do_not_grow_with_the_batch(minilm, counter, device_routes):

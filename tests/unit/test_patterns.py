@@ -122,6 +122,34 @@ def test_features_match_a_plain_loop(causal, signed):
                 assert abs(float(shares[name][b, h]) - value) < 1e-9, (b, h, name)
 
 
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_stack_of_maps_is_classified_map_by_map(signed):
+    """Leading ``stack`` axes (a batch's layers and views, classified in one call): each map's
+    shares and label are its own call's (float32 shares, to a few steps of float32 at 1: a sum
+    of at most 8 keys' terms, grouped as the kernel likes for another batch size)."""
+    generator = torch.Generator().manual_seed(1)
+    tokens = [["[CLS]", "a", "b", "[SEP]", "c", "d", "e", "[SEP]"], ["[CLS]", "x", "y", "z", "[SEP]"]]
+    positions = Positions.from_tokens(tokens, length=8)
+    visible = patterns.templates.visible_keys(positions)
+    pattern = torch.randn(2, 3, 2, 4, 8, 8, generator=generator).mul(3).masked_fill(
+        ~visible[:, None], -torch.inf).softmax(-1).nan_to_num(0.0)  # [view, layer, example, head, q, k]
+    pattern[0, 1, :, :2] = torch.eye(8)  # diagonal maps, and vertical ones: several labels
+    pattern[1, 2, :, 1:] = torch.nn.functional.one_hot(torch.zeros(8, dtype=torch.long), 8).float()  # on [CLS]
+    if signed:
+        pattern = pattern - 0.05
+    together = patterns.features(pattern, positions, signed=signed, entropy=True)
+    labels = patterns.templates.template_labels(pattern, positions, signed=signed)
+    assert labels.shape == (2, 3, 2, 4) and len(labels.unique()) >= 2
+    for view in range(2):
+        for layer in range(3):
+            alone = patterns.features(pattern[view, layer], positions, signed=signed, entropy=True)
+            for name, value in alone.items():
+                torch.testing.assert_close(together[name][view, layer], value, rtol=0,
+                                           atol=8 * torch.finfo(torch.float32).eps)
+            assert torch.equal(labels[view, layer],
+                               patterns.templates.template_labels(pattern[view, layer], positions, signed=signed))
+
+
 def test_uniform_maps_score_zero_whatever_the_length():
     for n in (8, 30, 100):
         tokens = ["[CLS]", *["w"] * (n - 2), "[SEP]"]

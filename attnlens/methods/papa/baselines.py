@@ -21,6 +21,7 @@ softmax over its valid keys (see :func:`attnlens.papa.softmax_pattern`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -33,7 +34,7 @@ from attnlens.core.notebook import constants_html
 from attnlens.errors import InputError
 from attnlens.methods.papa.compatibility import check_batch, check_model, model_causal, model_info
 from attnlens.methods.papa.constants import PapaConstants
-from attnlens.methods.papa.replace import softmax_pattern
+from attnlens.methods.papa.replace import by_layer, softmax_pattern
 
 
 def _settings(
@@ -204,26 +205,33 @@ class TrainableConstants(nn.Module):
 
     def layer_pattern(
         self,
-        layer: int,
+        layer: int | Sequence[int],
         key_mask: Bool[Tensor, "batch key"],
         *,
         dtype: torch.dtype,
         causal: bool | None = None,
         positions: Int[Tensor, "batch key"] | None = None,
         heads: Int[Tensor, "selected"] | None = None,
-    ) -> Float[Tensor, "batch head query key"]:
+    ) -> Float[Tensor, "layer_batch head query key"]:
         """The (differentiable) pattern of ``layer`` for a batch with this key mask
-        (:func:`softmax_pattern`; ``causal`` defaults to :attr:`causal`; ``positions``: those
-        of a compact batch's columns; ``heads``: head indices, only those heads' patterns)."""
+        (:func:`softmax_pattern`; ``layer`` one layer or several, stacked as by
+        :meth:`PapaConstants.layer_pattern`; ``causal`` defaults to :attr:`causal`;
+        ``positions``: those of a compact batch's columns; ``heads``: head indices, only those
+        heads' patterns)."""
         causal = bool(self.causal) if causal is None else causal
-        if not bool(torch.isfinite(self.logits[layer]).all()):  # e.g. a training step diverged
-            finite_tensor(self.logits[layer].detach(), f"TrainableConstants.logits[{layer}]")
-        logits = self.logits[layer]
+        several = isinstance(layer, Sequence)
+        logits = self.logits[list(layer)] if several else self.logits[layer]
+        if not bool(torch.isfinite(logits).all()):  # e.g. a training step diverged
+            finite_tensor(logits.detach(), f"TrainableConstants.logits[{layer}]")
         if heads is not None:
-            if bool(((heads < 0) | (heads >= logits.shape[0])).any()):
-                raise InputError(f"heads {heads.tolist()} must be head indices in 0 .. {logits.shape[0] - 1}.")
-            logits = logits.index_select(0, heads.to(logits.device))
-        return softmax_pattern(logits, key_mask, dtype=dtype, causal=causal, positions=positions)
+            n_heads = logits.shape[-3]
+            if bool(((heads < 0) | (heads >= n_heads)).any()):
+                raise InputError(f"heads {heads.tolist()} must be head indices in 0 .. {n_heads - 1}.")
+            logits = logits.index_select(-3, heads.to(logits.device))
+        if not several:
+            return softmax_pattern(logits, key_mask, dtype=dtype, causal=causal, positions=positions)
+        pattern = softmax_pattern(logits.flatten(0, 1), key_mask, dtype=dtype, causal=causal, positions=positions)
+        return by_layer(pattern, len(layer))
 
     def to_constants(self) -> PapaConstants:
         """A :class:`PapaConstants` snapshot (``kind="trained"``) of the current softmax."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from attnlens.methods.papa.compatibility import (
     model_fingerprint,
     model_info,
 )
-from attnlens.methods.papa.replace import constant_pattern
+from attnlens.methods.papa.replace import by_layer, constant_pattern
 
 FORMAT = "attnlens.papa.constants/1"
 #: ``kind`` of constants: fitted means, data-free baselines, and snapshots of trained constants
@@ -245,28 +246,35 @@ class PapaConstants:
 
     def layer_pattern(
         self,
-        layer: int,
+        layer: int | Sequence[int],
         key_mask: Bool[Tensor, "batch key"],
         *,
         dtype: torch.dtype,
         causal: bool | None = None,
         positions: Int[Tensor, "batch key"] | None = None,
         heads: Int[Tensor, "selected"] | None = None,
-    ) -> Float[Tensor, "batch head query key"]:
+    ) -> Float[Tensor, "layer_batch head query key"]:
         """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`).
 
-        ``causal`` defaults to :attr:`causal` (False when that is unknown). ``positions``: the
-        layout positions of a compact batch's columns (``None``: the columns are the positions).
-        ``heads``: head indices; only those heads' patterns are made (``head`` is then
-        ``len(heads)``), equal bit for bit to the same heads of the whole layer's (the
-        restriction and renormalisation work row by row).
+        ``layer``: one layer (``layer_batch`` is then ``batch``), or a sequence of layers: their
+        patterns stacked along the batch axis, layer after layer (the batch's patterns of
+        ``layer[0]``, then of ``layer[1]``, ...; :meth:`attnlens.engine.accumulator.LayerPatterns.stack`),
+        made in one call with every layer's heads side by side, each layer's block equal to its
+        own call's. ``causal`` defaults to :attr:`causal` (False when that is unknown).
+        ``positions``: the layout positions of a compact batch's columns (``None``: the columns
+        are the positions). ``heads``: head indices; only those heads' patterns are made
+        (``head`` is then ``len(heads)``), equal bit for bit to the same heads of the whole
+        layer's (the restriction and renormalisation work row by row).
         """
         causal = bool(self.causal) if causal is None else causal
-        constant = self.layer_mean(layer, dtype=dtype, device=key_mask.device, heads=heads)
-        return constant_pattern(
-            constant, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal,
-            positions=positions,
+        several = isinstance(layer, Sequence)
+        means = [self.layer_mean(index, dtype=dtype, device=key_mask.device, heads=heads)
+                 for index in (layer if several else [layer])]
+        pattern = constant_pattern(
+            torch.cat(means) if several else means[0], key_mask, renormalize=self.renormalize, dtype=dtype,
+            causal=causal, positions=positions,
         )
+        return by_layer(pattern, len(means)) if several else pattern
 
     def __repr__(self) -> str:
         return (

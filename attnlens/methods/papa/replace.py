@@ -64,6 +64,16 @@ def gather(
     return out
 
 
+def by_layer(
+    pattern: Float[Tensor, "batch layer_head query key"], n_layers: int
+) -> Float[Tensor, "layer_batch head query key"]:
+    """Patterns made for several layers at once, their heads side by side (``layer_head``: the
+    first layer's heads, then the next layer's), as a stack of layers along the batch axis
+    (``layer_batch``: the batch's maps of the first layer, then of the next;
+    :meth:`attnlens.engine.accumulator.LayerPatterns.stack`)."""
+    return pattern.unflatten(1, (n_layers, -1)).transpose(0, 1).flatten(0, 1)
+
+
 def _fit_to(constant: Tensor, n_keys: int) -> Tensor:
     """Keep the first ``n_keys`` query and key positions (right-padded inputs may be shorter)."""
     n_query, n_key = constant.shape[-2:]

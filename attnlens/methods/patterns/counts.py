@@ -36,9 +36,10 @@ COLOURS: dict[str, str] = dict(zip(TYPES, ("#66c2a5", "#fc8d62", "#8da0cb", "#e7
 COLUMNS: tuple[str, ...] = ("view", "layer", "head", *TYPES, "type", "maps")
 
 
-def type_counts(labels: Int[Tensor, "batch head"]) -> Int[Tensor, "head type"]:
-    """How many maps of each head have each type (labels: indices into :data:`TYPES`)."""
-    return torch.nn.functional.one_hot(labels, len(TYPES)).sum(0)
+def type_counts(labels: Int[Tensor, "*layer batch head"]) -> Int[Tensor, "*layer head type"]:
+    """How many maps of each head have each type (labels: indices into :data:`TYPES`; ``layer``:
+    any leading axes, e.g. the layers of a stack, counted each on its own)."""
+    return torch.nn.functional.one_hot(labels, len(TYPES)).sum(-3)
 
 
 def batch_positions(batch: PassBatch) -> Positions:
@@ -72,24 +73,24 @@ class PatternTypes(Accumulator):
         self.name = f"patterns.types.{view}"
         self.needs_values = self._view.needs_values
         self.classifier, self.constants, self.causal = classifier, constants, causal
+        # the template rules label a stack of layers at once (a classifier, one layer at a time)
+        self.stacks = classifier is None and self._view.stacks
         self.counts = torch.zeros(n_layers, n_heads, len(TYPES), dtype=torch.int64)
         self.maps = torch.zeros(1, dtype=torch.int64)
 
-    def labels(self, layer: LayerPatterns) -> Int[Tensor, "batch head"]:
-        """The type index of every (example, head) map of one layer."""
-        pattern = self._view.read(layer, self.constants, causal=self.causal)
+    def labels(self, layer: LayerPatterns) -> Int[Tensor, "*layer batch head"]:
+        """The type index of every (example, head) map of one layer; of a stack of layers
+        (:meth:`LayerPatterns.stack`, with the template rules), ``[layer, batch, head]``."""
+        pattern = self._view.read(layer, self.constants, causal=self.causal).detach()
         if self.classifier is not None:
-            return self.classifier.classify_batch(pattern.detach(), layer.key_mask, self.view,
-                                                  causal=bool(self.causal))
-        return template_labels(pattern.detach(), batch_positions(layer.batch), signed=self._view.signed)
+            return self.classifier.classify_batch(pattern, layer.key_mask, self.view, causal=bool(self.causal))
+        if layer.layers:
+            pattern = pattern.unflatten(0, (len(layer.layers), -1))
+        return template_labels(pattern, batch_positions(layer.batch), signed=self._view.signed)
 
     def update(self, layer: LayerPatterns) -> None:
-        self.add_labels(layer.layer, self.labels(layer))
-
-    def add_labels(self, layer: int, labels: Int[Tensor, "batch head"]) -> None:
-        """Count one layer's labels (:meth:`labels`, or the template rules' labels of this view's
-        maps computed with other views' in one call)."""
-        self.add_counts([layer], type_counts(labels)[None])
+        counts = type_counts(self.labels(layer))
+        self.add_counts(layer.layers, counts) if layer.layers else self.add_counts([layer.layer], counts[None])
 
     def add_counts(self, layers: Sequence[int], counts: Int[Tensor, "layer head type"]) -> None:
         """Add ``counts[i]`` (:func:`type_counts` of a batch's labels) to layer ``layers[i]``:

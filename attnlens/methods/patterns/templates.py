@@ -167,16 +167,6 @@ class Positions:
                    n_segments=n_segments)
 
 
-def tiled(positions: Positions, times: int) -> Positions:
-    """``positions`` of a batch repeated ``times`` times along the batch axis (the maps of
-    several views of one batch, classified in one call)."""
-    def repeat(value: Tensor | None) -> Tensor | None:
-        return None if value is None else value.repeat(times, 1)
-
-    return Positions(repeat(positions.key_mask), repeat(positions.special), repeat(positions.segment),
-                     positions.causal, position=repeat(positions.position), n_segments=positions.n_segments)
-
-
 def _causal(model: Any) -> bool:
     if model is None:
         return False
@@ -382,17 +372,18 @@ def _terms(positions: Positions) -> dict[str, Any]:
 
 
 def features(
-    pattern: Float[Tensor, "batch head query key"],
+    pattern: Float[Tensor, "*stack batch head query key"],
     positions: Positions,
     *,
     signed: bool = False,
     entropy: bool = True,
-) -> dict[str, Float[Tensor, "batch head"]]:
+) -> dict[str, Float[Tensor, "*stack batch head"]]:
     """Chance-corrected shares ``ŝ_R`` of each region of :data:`REGIONS` (module docstring) and
     (``entropy``) the mean normalised entropy of the rows, per (example, head); axes: examples,
-    heads. ``signed``: rows are ``|a| / Σ|a|`` over the visible keys first (effective
-    attention); else they are used as they are (keys a query cannot see must hold 0, as a
-    masked softmax gives).
+    heads, and ``stack``, any leading axes of maps of the same examples (e.g. the layers and
+    views of one batch, classified in one call, each map on its own). ``signed``: rows are
+    ``|a| / Σ|a|`` over the visible keys first (effective attention); else they are used as
+    they are (keys a query cannot see must hold 0, as a masked softmax gives).
 
     One read of the maps: a matrix product with the key weights of the special region and of
     each segment, and the three band diagonals; the block share is the query's own segment
@@ -404,16 +395,17 @@ def features(
     if signed:
         rows = rows.abs()
         rows = rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
-    n_batch, n_heads, n, _ = rows.shape
+    *stack, n_batch, n_heads, n, _ = rows.shape
     cast = _cast_terms(terms, rows.dtype)
-    sums = torch.matmul(rows.reshape(n_batch, n_heads * n, n), cast["weights"]).reshape(n_batch, n_heads, n, -1)
+    sums = torch.matmul(rows.reshape(*stack, n_batch, n_heads * n, n), cast["weights"])
+    sums = sums.reshape(*stack, n_batch, n_heads, n, -1)
     special = sums[..., 0]
-    index = terms["segment"][:, None, :, None].expand(n_batch, n_heads, n, 1)
+    index = terms["segment"][:, None, :, None].expand(*stack, n_batch, n_heads, n, 1)
     own = sums[..., 1:].gather(-1, index).squeeze(-1)  # the query's own segment, special keys excluded
     diagonal = torch.zeros_like(special)
     same = torch.zeros_like(special)
     for (offset, _, _), keyed, keyed_same in zip(terms["band"], cast["keyed"], cast["keyed_same"], strict=True):
-        values = _diagonal(rows, offset)  # [batch, head, query]
+        values = _diagonal(rows, offset)  # [*stack, batch, head, query]
         diagonal += values * keyed
         same += values * keyed_same
     block = (own - same) * cast["pairs"]
@@ -426,7 +418,7 @@ def features(
     if not entropy:
         return out
     probs = rows.clamp_min(0)
-    row_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [batch, head, query]
+    row_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [*stack, batch, head, query]
     out["entropy"] = (row_entropy / cast["most"] * cast["several"]).mul(query).sum(-1) / n_queries
     return out
 
@@ -517,16 +509,17 @@ def classify(
 
 
 def template_labels(
-    pattern: Float[Tensor, "batch head query key"], positions: Positions, *, signed: bool = False
-) -> Int[Tensor, "batch head"]:
+    pattern: Float[Tensor, "*stack batch head query key"], positions: Positions, *, signed: bool = False
+) -> Int[Tensor, "*stack batch head"]:
     """The type index (into :data:`TYPES`) of every (example, head) map by the template rules,
-    without :func:`classify`'s checks (for maps a pass reads from the model); ``signed`` as for
-    :func:`features`."""
+    without :func:`classify`'s checks (for maps a pass reads from the model); ``signed`` and
+    ``stack`` as for :func:`features`."""
     shares = features(pattern, positions, signed=signed, entropy=False)
     return _labels(shares, _terms(positions)["pairs"])  # the labels alone: no scores to launch on a device
 
 
-def _labels(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "batch"]) -> Int[Tensor, "batch head"]:
+def _labels(shares: dict[str, Float[Tensor, "*stack batch head"]],
+            pairs: Bool[Tensor, "batch"]) -> Int[Tensor, "*stack batch head"]:
     """The type index of every (example, head) by the rules of the module docstring."""
     special, diagonal, block = shares["special"], shares["diagonal"], shares["block"]
     pair = pairs[:, None].expand_as(special)
