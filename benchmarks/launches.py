@@ -5,7 +5,8 @@ On a GPU a small batch's pass is bound by kernel launches, not arithmetic: the H
 (``docs/performance.md``). Every ATen operator that computes (not a view: ``select``,
 ``reshape``, ``transpose``, ...) is one launch or more on a GPU, so counting them needs no GPU:
 this runs each job on n and on 2n batches of 8 texts of the embedded corpus (MiniLM, max_len
-32) under a ``TorchDispatchMode`` that counts them, with the device routes forced
+32) under a ``TorchDispatchMode`` that counts them (but those of the host's tokenization, which
+are CPU work on any device), with the device routes forced
 (``attnlens.core.devices.reads_are_free`` false, as ``tests/system/test_host_reads.py`` does),
 and prints the operators per extra batch, beside a plain TransformerLens forward's, and the
 attnlens functions that launch the most.
@@ -32,6 +33,9 @@ import attnlens
 from attnlens import papa
 from attnlens.core import devices
 from attnlens.core.corpus import default_corpus
+from attnlens.core.inputs import tokenize
+from attnlens.engine.accumulator import _on_host
+from attnlens.engine.batches import _stage
 from attnlens.evaluation import probing
 from attnlens.methods import effective
 
@@ -45,8 +49,16 @@ VIEWS = frozenset({
 BATCH, MAX_LEN = 8, 32
 
 
+#: the host's work on a batch's tokens: its tokenization (a pass's, a plain forward's; run ahead
+#: in a worker thread off the CPU) and what accumulators compute of its tokens on the host copy
+#: (PassBatch.from_host; on a GPU then moved in one copy a batch and key, not counted here): CPU
+#: tensors on any device, so none of their operators is a GPU launch
+HOST = frozenset({_stage.__code__, tokenize.__code__, _on_host.__code__})
+
+
 class Launches(TorchDispatchMode):
-    """Counts the computing operators, by the attnlens function that called them."""
+    """Counts the computing operators outside the host's tokenization (:data:`HOST`), by the
+    attnlens function that called them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,10 +68,12 @@ class Launches(TorchDispatchMode):
         if func.overloadpacket.__name__ not in VIEWS:
             frame, site = sys._getframe(1), "transformers and TransformerLens"
             while frame is not None:
+                if frame.f_code in HOST:
+                    return func(*args, **(kwargs or {}))
                 name = frame.f_code.co_filename
-                if "/attnlens/" in name and not name.endswith("engine/forward.py"):
+                if site == "transformers and TransformerLens" and "/attnlens/" in name \
+                        and not name.endswith("engine/forward.py"):
                     site = f"{name.split('/attnlens/')[1]}:{frame.f_code.co_name}"
-                    break
                 frame = frame.f_back
             self.by_site[site] += 1
         return func(*args, **(kwargs or {}))

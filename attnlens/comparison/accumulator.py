@@ -18,8 +18,8 @@ from attnlens.core import devices
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
 from attnlens.errors import InputError
 from attnlens.methods import views as registry
-from attnlens.methods.patterns.counts import PatternTypes, batch_positions, type_counts
-from attnlens.methods.patterns.templates import template_labels
+from attnlens.methods.patterns.counts import PatternTypes, type_counts
+from attnlens.methods.patterns.templates import batch_positions, template_labels
 from attnlens.methods.stats import (
     BATCH_DTYPE,
     STATISTICS,

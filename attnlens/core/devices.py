@@ -15,7 +15,10 @@ and check both that they read nothing and that they give the CPU route's results
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,3 +57,71 @@ def free_bytes(where: Tensor | torch.device) -> int:
     except OSError:
         pass
     return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+
+
+#: byte alignment of each tensor in :func:`to_device`'s buffer (every dtype's element size divides it)
+ALIGNMENT = 16
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    """``tree`` with every tensor on ``device``, copied in one transfer. ``tree``: tensors on the
+    host in dicts, lists, tuples and dataclasses (anything else is kept as it is). For what is
+    computed of a batch's tokens on the host, e.g. the token classes and the pattern types'
+    positions (:meth:`attnlens.engine.accumulator.PassBatch.from_host`): one copy
+    (:func:`packed_copy`), instead of a launch per operator on the device. Returns ``tree``
+    itself on the CPU."""
+    device = torch.device(device)
+    return tree if device.type == "cpu" else packed_copy(tree, device)
+
+
+def packed_copy(tree: Any, device: torch.device) -> Any:
+    """:func:`to_device`'s copy: each tensor's bytes packed into one buffer at multiples of
+    :data:`ALIGNMENT` (in pinned memory for a GPU), the buffer copied without waiting
+    (``non_blocking``), and each tensor viewed back on ``device`` with its dtype and shape."""
+    leaves: list[Tensor] = []
+    _leaves(tree, leaves)
+    offsets, total = [], 0
+    for leaf in leaves:
+        offsets.append(total)
+        total += -(-leaf.numel() * leaf.element_size() // ALIGNMENT) * ALIGNMENT
+    packed = torch.empty(total, dtype=torch.uint8, pin_memory=torch.device(device).type == "cuda")
+    for leaf, offset in zip(leaves, offsets, strict=True):
+        size = leaf.numel() * leaf.element_size()
+        if size:
+            packed[offset : offset + size].copy_(leaf.detach().contiguous().reshape(-1).view(torch.uint8))
+    copied = packed.to(device, non_blocking=True)
+    moved = iter([
+        copied[offset : offset + leaf.numel() * leaf.element_size()].view(leaf.dtype).view(leaf.shape)
+        for leaf, offset in zip(leaves, offsets, strict=True)
+    ])
+    return _rebuilt(tree, lambda leaf: next(moved))
+
+
+def _leaves(tree: Any, out: list[Tensor]) -> None:
+    """The tensors of ``tree``, depth first (the order :func:`_rebuilt` visits them)."""
+    if isinstance(tree, Tensor):
+        out.append(tree)
+    elif isinstance(tree, dict):
+        for value in tree.values():
+            _leaves(value, out)
+    elif isinstance(tree, list | tuple):
+        for value in tree:
+            _leaves(value, out)
+    elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        for field in dataclasses.fields(tree):
+            if field.init:
+                _leaves(getattr(tree, field.name), out)
+
+
+def _rebuilt(tree: Any, on_tensor: Callable[[Tensor], Any]) -> Any:
+    """``tree`` rebuilt with ``on_tensor(t)`` for each tensor ``t``, in :func:`_leaves`' order."""
+    if isinstance(tree, Tensor):
+        return on_tensor(tree)
+    if isinstance(tree, dict):
+        return {key: _rebuilt(value, on_tensor) for key, value in tree.items()}
+    if isinstance(tree, list | tuple):
+        return type(tree)(_rebuilt(value, on_tensor) for value in tree)
+    if dataclasses.is_dataclass(tree) and not isinstance(tree, type):
+        return dataclasses.replace(tree, **{field.name: _rebuilt(getattr(tree, field.name), on_tensor)
+                                            for field in dataclasses.fields(tree) if field.init})
+    return tree

@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.core import devices
 from attnlens.core.inputs import Batch
 from attnlens.engine.effective import effective_attention
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
@@ -86,6 +87,20 @@ class PassBatch:
     def shared(self, key: str, compute: Callable[[], Any]) -> Any:
         """``compute()``, once per batch and key."""
         return _once(self._shared, key, compute)
+
+    def from_host(self, key: str, compute: Callable[[Batch], Any]) -> Any:
+        """``compute(inputs)``, once per batch and key (:meth:`shared`), for what is computed of
+        the batch's tokens alone (token classes, the pattern types' positions): off the CPU, on
+        the host's copy of the inputs (:attr:`on_host`) and moved to the batch's device in one
+        copy (:func:`attnlens.core.devices.to_device`), so the device runs none of its operators;
+        on the CPU, or without a host copy, on :attr:`batch`. ``compute`` returns tensors in
+        dicts, lists, tuples or dataclasses, the same on either copy."""
+        def made() -> Any:
+            if self.on_host is None or devices.reads_are_free(self.key_mask):
+                return compute(self.batch)
+            return devices.to_device(_on_host(compute, self.on_host), self.key_mask.device)
+
+        return self.shared(key, made)
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -162,6 +177,12 @@ class LayerPatterns:
         return self.shared("effective", lambda: effective_attention(  # the model's: not checked
             self.pattern, self.values, key_mask=self.key_mask, check=False, **self.options
         ))
+
+
+def _on_host(compute: Callable[[Batch], Any], inputs: Batch) -> Any:
+    """``compute(inputs)`` on the host's copy of a batch (a frame of its own: what
+    ``benchmarks/launches.py`` leaves out of a device's launches)."""
+    return compute(inputs)
 
 
 def _once(cache: dict[Any, Any], key: Any, compute: Callable[[], Any]) -> Any:

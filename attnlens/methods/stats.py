@@ -328,11 +328,11 @@ def _total_dtype(device: torch.device) -> torch.dtype:
 
 def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
     """:func:`token_classes` of a :class:`attnlens.engine.accumulator.PassBatch`, computed once per batch
-    for every accumulator that asks."""
-    return batch.shared(
-        "token_classes",
-        lambda: token_classes(batch.model.tokenizer, batch.batch.input_ids, batch.key_mask),
-    )
+    for every accumulator that asks (off the CPU on the host's copy of its tokens,
+    :meth:`~attnlens.engine.accumulator.PassBatch.from_host`)."""
+    tokenizer = batch.model.tokenizer
+    return batch.from_host("token_classes", lambda inputs: token_classes(
+        tokenizer, inputs.input_ids, inputs.attention_mask.bool()))
 
 
 class Statistics(Accumulator):

@@ -156,3 +156,18 @@ def test_probes_train_where_the_model_is(cuda_minilm, sst2_sentences):
     paragraphs = [line for line in sst2_sentences if len(line) > 80][:60]
     score = scorer.evaluate(cuda_minilm, paragraphs[:40], eval_texts=paragraphs[40:], max_len=MAX_LEN, progress=False)
     assert score.kind == "probe" and math.isfinite(score.value)
+
+
+def test_host_tensors_reach_the_gpu_in_one_copy():
+    """devices.to_device: the token-derived tensors a pass computes on the host arrive on the
+    GPU as views of one buffer, with their values (bytes copied: equal bit for bit)."""
+    from attnlens.core import devices
+
+    tree = {"mask": torch.tensor([[True, False]]), "ids": [torch.arange(5)], "chance": torch.rand(3, dtype=torch.float64)}
+    moved = devices.to_device(tree, torch.device("cuda"))
+    leaves: list = []
+    devices._leaves(moved, leaves)
+    assert {leaf.device.type for leaf in leaves} == {"cuda"}
+    assert len({leaf.untyped_storage().data_ptr() for leaf in leaves}) == 1
+    assert torch.equal(moved["mask"].cpu(), tree["mask"]) and torch.equal(moved["ids"][0].cpu(), tree["ids"][0])
+    assert torch.equal(moved["chance"].cpu(), tree["chance"])

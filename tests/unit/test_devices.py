@@ -24,3 +24,30 @@ def test_the_free_memory_of_the_cpu_is_what_psutil_reports_available():
     free = devices.free_bytes(torch.device("cpu"))
     assert 0 < free <= memory.total
     assert abs(free - memory.available) <= 0.05 * memory.total, (free, memory.available)
+
+
+def test_a_tree_of_host_tensors_moves_in_one_copy_and_comes_back_equal():
+    """packed_copy (to_device's transfer off the CPU): every tensor of dicts, lists, tuples and a
+    dataclass (the pattern types' positions with their terms) comes back with its dtype, shape and
+    values, bit for bit (bytes copied, not converted), each a view of one buffer: one copy.
+    Reference: the tensors themselves."""
+    from attnlens.methods.patterns.templates import Positions, with_terms
+
+    positions = with_terms(Positions.from_tokens([["[CLS]", "a", "[SEP]", "b", "[SEP]"], ["[CLS]", "c", "[SEP]"]]))
+    tree = {
+        "bool": torch.tensor([[True, False, True]]), "long": torch.arange(7) - 3,
+        "float": [torch.randn(3, 5, generator=torch.Generator().manual_seed(0)).t()],  # not contiguous
+        "double": (torch.tensor(0.1, dtype=torch.float64), 2, "kept"), "empty": torch.zeros(0, 4),
+        "positions": positions,
+    }
+    moved = devices.packed_copy(tree, torch.device("cpu"))
+    before, after = [], []
+    devices._leaves(tree, before)
+    devices._leaves(moved, after)
+    assert len(before) == len(after) > 10
+    for original, copy in zip(before, after, strict=True):
+        assert copy.dtype == original.dtype and copy.shape == original.shape and torch.equal(copy, original)
+    assert len({leaf.untyped_storage().data_ptr() for leaf in after}) == 1
+    assert moved["double"][1:] == (2, "kept") and isinstance(moved["positions"], Positions)
+    assert moved["positions"]._terms.keys() == positions._terms.keys()
+    assert devices.to_device(tree, torch.device("cpu")) is tree  # nothing to move on the CPU

@@ -28,7 +28,7 @@ from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, a
 from attnlens.engine.forward import FwdHooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods import view_setup, views
-from attnlens.methods.patterns.templates import TYPES, Positions, template_labels
+from attnlens.methods.patterns.templates import TYPES, batch_positions, template_labels
 
 #: colours of the types in figures (one per :data:`TYPES`, Plotly's qualitative "Set2")
 COLOURS: dict[str, str] = dict(zip(TYPES, ("#66c2a5", "#fc8d62", "#8da0cb", "#e78ac3", "#b3b3b3"), strict=True))
@@ -40,11 +40,6 @@ def type_counts(labels: Int[Tensor, "*layer batch head"]) -> Int[Tensor, "*layer
     """How many maps of each head have each type (labels: indices into :data:`TYPES`; ``layer``:
     any leading axes, e.g. the layers of a stack, counted each on its own)."""
     return torch.nn.functional.one_hot(labels, len(TYPES)).sum(-3)
-
-
-def batch_positions(batch: PassBatch) -> Positions:
-    """:meth:`Positions.from_batch` of a pass batch, computed once per batch."""
-    return batch.shared("patterns.positions", lambda: Positions.from_batch(batch))
 
 
 class PatternTypes(Accumulator):

@@ -56,7 +56,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core import models
+from attnlens.core import devices, models
 from attnlens.core.checks import describe, whole_number
 from attnlens.core.plots import CATEGORICAL_COLOURS
 from attnlens.core.result import Result, frame
@@ -165,6 +165,27 @@ class Positions:
             n_segments = int(_segments(separators).masked_fill(~host_mask, 0).max()) + 1
         return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal), position=position,
                    n_segments=n_segments)
+
+
+def batch_positions(batch: Any) -> Positions:
+    """:meth:`Positions.from_batch` of a pass's batch (a
+    :class:`attnlens.engine.accumulator.PassBatch`), computed once per batch; off the CPU on the
+    host's copy of its tokens, with every term the template rules read of them
+    (:func:`with_terms`), moved to the device in one copy
+    (:meth:`~attnlens.engine.accumulator.PassBatch.from_host`)."""
+    if devices.reads_are_free(batch.key_mask) or batch.on_host is None:
+        return batch.shared("patterns.positions", lambda: Positions.from_batch(batch))
+    tokenizer, causal = batch.model.tokenizer, _causal(batch.model)
+    return batch.from_host("patterns.positions", lambda inputs: with_terms(
+        Positions.from_batch(inputs, tokenizer, causal=causal)))
+
+
+def with_terms(positions: Positions) -> Positions:
+    """``positions`` with what :func:`features` reads of them made now (:func:`_terms`, and
+    their float32 casts, :func:`_cast_terms`), in its ``_terms``: made on the host, they move to
+    a device with the positions."""
+    _cast_terms(_terms(positions), torch.float32)
+    return positions
 
 
 def _causal(model: Any) -> bool:
