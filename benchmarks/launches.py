@@ -116,6 +116,8 @@ def main() -> None:
                                                                constants=constants, batch_size=BATCH, progress=False),
         "effective.statistics": lambda t: effective.statistics(model, t, **options),
         "probe features": lambda t: probing.extract(model, t, cache=False, **options),
+        "effective.run": lambda t: [effective.run(model, attnlens.tokenize(model, t[start : start + BATCH], max_len=MAX_LEN))
+                                    for start in range(0, len(t), BATCH)],
     }
     counted = {name: per_batch(job, texts, args.batches) for name, job in jobs.items()}
     floor = counted["forward"].total()

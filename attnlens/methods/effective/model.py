@@ -294,26 +294,33 @@ def run(
     """
     _require_bridge(model)
     batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
-    n_layers = model.cfg.n_layers
-    maps: dict[str, Tensor] = {}
+    n_layers = int(model.cfg.n_layers)
+    rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
+    standard: list[Tensor] = []  # one [layer, batch, head, query, key] buffer, written as the forward goes
+    values: list[Tensor] = []
+    masks: list[Tensor] = []
 
-    def record(layer: int, pattern: Tensor, eff: Tensor, valid: Tensor) -> None:
-        # written into [layer, ...] buffers as the forward goes, so each layer's effective map is
-        # freed (and its memory reused) at once instead of all of them waiting for a final stack
-        if not maps:
-            maps["standard"] = pattern.new_empty((n_layers, *pattern.shape))
-            maps["effective"] = eff.new_empty((n_layers, *eff.shape))
-        maps["standard"][layer].copy_(pattern)
-        maps["effective"][layer].copy_(eff)
+    def record(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> None:
+        if not standard:
+            standard.append(pattern.new_empty((n_layers, *pattern.shape)))
+            masks.append(valid)
+        standard[0][layer].copy_(pattern)
+        values.append(v)
 
     longest = int(batch.attention_mask.sum(-1).max())
     warn_if_short(int(longest > model.cfg.d_head), int(model.cfg.d_head))
-    fwd_hooks = pattern_hooks(model, record, rtol=rtol, padded=padded)
     with torch.no_grad():
-        logits = run_with_hooks(model, batch, fwd_hooks)
+        logits = run_with_hooks(model, batch, forward.pattern_hooks(model, record))
+        # every layer's effective attention in one call, the layers along the batch axis (each
+        # example's own arithmetic: on a GPU one launch per operator instead of one per layer);
+        # the model's own patterns and values, not checked (as in a pass: a check reads the device)
+        effective = effective_attention(
+            standard[0].flatten(0, 1), torch.cat(values), key_mask=masks[0].repeat(n_layers, 1), rtol=rtol,
+            padded=padded, check=False,
+        ).unflatten(0, (n_layers, -1))
     return EffectiveRun(
-        standard=maps["standard"],
-        effective=maps["effective"],
+        standard=standard[0],
+        effective=effective,
         valid=batch.attention_mask.bool(),
         logits=logits,
         batch=batch,
