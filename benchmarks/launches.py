@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import inspect
 import sys
 import warnings
 from collections.abc import Callable
@@ -36,6 +38,7 @@ from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import tokenize
 from attnlens.engine.accumulator import _on_host
 from attnlens.engine.batches import _stage
+from attnlens.engine.forward import check_hooks, check_token_ids
 from attnlens.evaluation import probing
 from attnlens.methods import effective
 
@@ -50,10 +53,12 @@ BATCH, MAX_LEN = 8, 32
 
 
 #: the host's work on a batch's tokens: its tokenization (a pass's, a plain forward's; run ahead
-#: in a worker thread off the CPU) and what accumulators compute of its tokens on the host copy
-#: (PassBatch.from_host; on a GPU then moved in one copy a batch and key, not counted here): CPU
-#: tensors on any device, so none of their operators is a GPU launch
-HOST = frozenset({_stage.__code__, tokenize.__code__, _on_host.__code__})
+#: in a worker thread off the CPU), the checks of its tokens and of the hooks' layout before it
+#: is copied, and what accumulators compute of its tokens on the host copy (PassBatch.from_host;
+#: on a GPU then moved in one copy a batch and key, not counted here): CPU tensors on any
+#: device, so none of their operators is a GPU launch
+HOST = frozenset(inspect.unwrap(function).__code__
+                 for function in (_stage, tokenize, check_hooks, check_token_ids, _on_host))
 
 
 class Launches(TorchDispatchMode):
@@ -116,10 +121,31 @@ def main() -> None:
                                                                constants=constants, batch_size=BATCH, progress=False),
         "effective.statistics": lambda t: effective.statistics(model, t, **options),
         "probe features": lambda t: probing.extract(model, t, cache=False, **options),
+        "probe features, half the heads constant (fast)": lambda t: probing.extract(
+            model, t, hooks=papa.hooks(constants, heads=0.5, fast=True), cache=False, **options),
         "effective.run": lambda t: [effective.run(model, attnlens.tokenize(model, t[start : start + BATCH], max_len=MAX_LEN))
                                     for start in range(0, len(t), BATCH)],
     }
     counted = {name: per_batch(job, texts, args.batches) for name, job in jobs.items()}
+    # constant heads skipping their work (papa.intervention(fast=True)) against the plain encoder,
+    # on one batch of the PAPA layout: a fast path must launch no more than the plain one
+    batch = attnlens.tokenize(model, texts[:BATCH], max_len=MAX_LEN, layout="papa")
+    encoder = model.original_model.bert
+    kwargs = {"attention_mask": batch.attention_mask, "token_type_ids": batch.token_type_ids}
+
+    def encoder_launches(fraction: float | None) -> float:
+        """The launches of a forward after the first (inside the intervention, entered once, as
+        a pass does: what it makes once, e.g. the constants' means, left out)."""
+        with contextlib.ExitStack() as stack, torch.inference_mode():
+            if fraction is not None:
+                stack.enter_context(papa.intervention(model, constants, heads=fraction, fast=True))
+            encoder(batch.input_ids, **kwargs)
+            with Launches() as mode:
+                encoder(batch.input_ids, **kwargs)
+        return mode.by_site.total()
+
+    plain = encoder_launches(None)
+    fast = {fraction: encoder_launches(fraction) for fraction in (0.25, 0.5, 0.75, 1.0)}
     floor = counted["forward"].total()
     print(f"MiniLM, batches of {BATCH} texts, max_len {MAX_LEN}, device routes (reads_are_free false); "
           "computing operators per extra batch (each one GPU launch or more)")
@@ -129,6 +155,9 @@ def main() -> None:
         if name != "forward":
             for site, count in sites.most_common(args.top):
                 print(f"    {count:7.1f}  {site}")
+    print(f"LAUNCHES constant heads (fast) ÷ the plain encoder's {plain:,.0f}, one batch of {BATCH} x {MAX_LEN}: "
+          + ", ".join(f"{fraction:.0%} replaced {count / plain:.2f}x" for fraction, count in fast.items())
+          + " (limit: at most 1.00x, falling with the fraction)")
 
 
 if __name__ == "__main__":

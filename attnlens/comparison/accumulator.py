@@ -245,7 +245,8 @@ class ViewsAccumulator(Accumulator):
                 self._read_kept()
         if self.report_rows is not None:
             if on_host:
-                for example in self.report_rows.examples():
+                for example in self.report_rows.examples(*devices.to_host((self.report_rows.codes,
+                                                                            self.report_rows.scales))):
                     self._insert(example)
             else:
                 self.pending.append(self.report_rows)
@@ -256,15 +257,17 @@ class ViewsAccumulator(Accumulator):
         bisect.insort(self.kept_patterns.examples, example, key=lambda kept: kept.index)
 
     def _read_kept(self) -> None:
-        """The maps kept on the device, read: the figures' example and the report's examples."""
-        if bool(self.refused):
+        """The maps kept on the device, read in one copy (:func:`attnlens.core.devices.to_host`):
+        the figures' example, the report's examples, and whether any was one encode refuses."""
+        read = devices.to_host({"refused": self.refused, "kept": self.staged_kept,
+                                "rows": [(rows.codes, rows.scales) for rows in self.pending]})
+        if bool(read["refused"]):
             raise InputError("attention maps to keep hold NaN or infinite values (or an unsigned view "
                              "negative ones): the model's patterns are not distributions")
         if self.staged_kept:
-            self.kept = {view: maps.cpu().numpy() for view, maps in self.staged_kept.items()}
-            self.staged_kept = {}
-        for kept in self.pending:
-            for example in kept.examples():
+            self.kept, self.staged_kept = read["kept"], {}
+        for rows, (codes, scales) in zip(self.pending, read["rows"], strict=True):
+            for example in rows.examples(codes, scales):
                 self._insert(example)
         self.pending = []
 
@@ -352,10 +355,11 @@ class _ReportRows:
         block = queries.gather(-1, self.columns[:, None, None, :].expand(*stack, n_rows, n_heads, most, most))
         return block * (self.valid[:, None, :, None] & self.valid[:, None, None, :])
 
-    def examples(self) -> list[KeptExample]:
-        """The kept examples (their codes read from the device, one copy per view)."""
-        codes = {view: torch.stack(layers, 1).cpu().numpy() for view, layers in self.codes.items()}
-        scales = {view: torch.stack(layers, 1).cpu().numpy() for view, layers in self.scales.items()}
+    def examples(self, codes: dict[str, list[np.ndarray]], scales: dict[str, list[np.ndarray]]) -> list[KeptExample]:
+        """The kept examples, from :attr:`codes` and :attr:`scales` read on the host (``codes``,
+        ``scales``: the same per view and layer, as arrays)."""
+        codes = {view: np.stack(layers, 1) for view, layers in codes.items()}
+        scales = {view: np.stack(layers, 1) for view, layers in scales.items()}
         return [
             KeptExample.from_codes(
                 index, "", tokens, segments,

@@ -20,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -125,3 +126,25 @@ def _rebuilt(tree: Any, on_tensor: Callable[[Tensor], Any]) -> Any:
         return dataclasses.replace(tree, **{field.name: _rebuilt(getattr(tree, field.name), on_tensor)
                                             for field in dataclasses.fields(tree) if field.init})
     return tree
+
+
+def to_host(tree: Any) -> Any:
+    """``tree`` with every tensor read into a NumPy array on the host (dicts, lists, tuples and
+    dataclasses of tensors, as :func:`to_device` takes): where reads wait for a device, in one
+    read (each tensor's bytes concatenated on the device, one copy, then viewed back with its
+    dtype and shape), so a pass that keeps tensors on the device (the report's kept maps) reads
+    them once, not once each; on the CPU, each tensor's own array."""
+    leaves: list[Tensor] = []
+    _leaves(tree, leaves)
+    if not leaves or all(reads_are_free(leaf) for leaf in leaves):
+        return _rebuilt(tree, lambda leaf: leaf.detach().numpy())
+    flat = [leaf.detach().contiguous().reshape(-1).view(torch.uint8) for leaf in leaves]
+    packed = torch.cat([part.to(flat[0].device) for part in flat]).cpu().numpy()
+    arrays, offset = [], 0
+    for leaf, part in zip(leaves, flat, strict=True):
+        size = part.numel()
+        dtype = np.dtype(str(leaf.dtype).removeprefix("torch."))  # bool, uint8, int64, float32, ...
+        arrays.append(packed[offset : offset + size].view(dtype).reshape(leaf.shape))
+        offset += size
+    read = iter(arrays)
+    return _rebuilt(tree, lambda leaf: next(read))

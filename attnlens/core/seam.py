@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import functools
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -175,10 +176,10 @@ def key_mask(
     return attended.any(dim=1).any(dim=1)
 
 
-#: ``(key_mask, dtype, heads) -> [batch or 1, len(heads), query, key]``: the constant pattern of
-#: the heads ``heads`` (indices) of a layer for a batch with that ``[batch, key]`` key mask; a
-#: leading axis of 1 when every example of the batch gets the same pattern (e.g. no padding)
-ConstantFn = Callable[[Tensor, torch.dtype, Tensor], Tensor]
+#: ``(key_mask, dtype) -> {layer: [batch or 1, replaced, query, key]}``: the constant patterns of
+#: every patched layer's replaced heads (in head order) for a batch with that ``[batch, key]`` key
+#: mask, made at once; a leading axis of 1 when every example gets the same pattern (no padding)
+ConstantFn = Callable[[Tensor, torch.dtype], dict[int, Tensor]]
 
 
 def skips_constant_heads(bridge: Any) -> bool:
@@ -189,20 +190,20 @@ def skips_constant_heads(bridge: Any) -> bool:
 
 @contextlib.contextmanager
 def constant_heads(
-    bridge: Any, layers: dict[int, tuple[Bool[Tensor, "head"], ConstantFn]]
+    bridge: Any, replaced: dict[int, Bool[Tensor, "head"]], constant: ConstantFn
 ) -> Iterator[None]:
-    """Inside this context, the heads of ``layers`` marked True compute nothing of their own.
+    """Inside this context, the heads of ``replaced`` marked True compute nothing of their own.
 
-    ``layers``: ``{layer: (replaced, constant)}``; ``replaced`` is a ``[head]`` boolean mask and
-    ``constant(key_mask, dtype, heads)`` returns the ``[batch, len(heads), query, key]`` pattern
-    of the heads ``heads`` (indices: the replaced ones) for a batch with that ``[batch, key]``
-    mask (True for real tokens), or ``[1, len(heads), query, key]`` when it is the same for every
-    example. For those heads the layer runs no query or key projection, no ``QKᵀ`` and no
+    ``replaced``: ``{layer: [head] boolean mask}``; ``constant(key_mask, dtype)`` returns every
+    patched layer's ``[batch, replaced, query, key]`` pattern of its replaced heads for a batch
+    with that ``[batch, key]`` mask (True for real tokens), or ``[1, replaced, query, key]`` when
+    it is the same for every example: called once per forward, at its first patched layer, and
+    read by the others (on a GPU one launch per operator for all the layers). For those heads the layer runs no query or key projection, no ``QKᵀ`` and no
     softmax: their output is the constant pattern times their values (PAPA, Hassid et al. 2022:
     a constant head is ``C·V``). The other heads' query and key projections use only their rows
     of the weights (through ``F.linear``, so the ``hook_q`` / ``hook_k`` hooks of such a layer do
     not run; ``hook_v`` and ``hook_pattern`` do). Dropout (training mode only) applies to the
-    computed heads alone. Layers not in ``layers`` are untouched.
+    computed heads alone. Layers not in ``replaced`` are untouched.
 
     The full ``[batch, head, query, key]`` pattern (constant heads and computed heads together)
     is assembled only when something would read it: a hook on the layer's ``hook_pattern`` or
@@ -223,17 +224,17 @@ def constant_heads(
             f"(BERT, RoBERTa); this is a {type(bridge.original_model).__name__}"
         )
     patched = []
+    made = _Made(constant, min(replaced, default=0), max(replaced, default=0))
     try:
-        for layer, (replaced, constant) in layers.items():
+        for layer, mask in replaced.items():
             attention = bridge.blocks[layer].attn
             module = _self_attention(attention.original_component)
             if "forward" in vars(module):
                 raise InputError(f"layer {layer}'s attention is already patched (nested constant_heads?)")
             scores = getattr(attention, "hook_attn_scores", None)
             readers = ((module, attention.original_component), () if scores is None else (scores,))
-            module.forward = functools.partial(
-                _constant_forward, module, replaced.to(torch.bool).cpu(), constant, readers
-            )
+            heads = _HeadIndices.of(layer, mask, int(module.attention_head_size), next(module.parameters()).device)
+            module.forward = functools.partial(_constant_forward, module, heads, made, readers)
             patched.append(module)
         yield
     finally:
@@ -286,19 +287,71 @@ def _self_attention(attention: nn.Module) -> nn.Module:
     return inner
 
 
-def _rows(linear: nn.Module, heads: Tensor, d_head: int) -> tuple[Tensor, Tensor | None]:
-    """The weight rows (and bias) of ``linear`` that produce the heads ``heads`` (indices)."""
-    inner = getattr(linear, "original_component", linear)
-    rows = (heads[:, None] * d_head + torch.arange(d_head, device=heads.device)).reshape(-1)
-    rows = rows.to(inner.weight.device)
-    bias = None if inner.bias is None else inner.bias.index_select(0, rows)
-    return inner.weight.index_select(0, rows), bias
+
+
+@dataclass(frozen=True)
+class _HeadIndices:
+    """A layer's replaced and computed heads for :func:`_constant_forward`, found once, when the
+    layer is patched, on the model's device (what the forward indexes with), so that a forward
+    neither reads nor copies them (a copy from pageable host memory waits for the device)."""
+
+    layer: int
+    fixed: Int[Tensor, "fixed"]
+    computed: Int[Tensor, "computed"]
+    #: the computed heads' output features of the query and key projections (``head · d_head + i``)
+    computed_rows: Int[Tensor, "row"]
+    #: their rows of each projection's weight and bias, by the weight, with the versions they were taken at
+    _weights: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def rows(self, linear: nn.Module) -> tuple[Tensor, Tensor | None]:
+        """The weight rows (and bias) of ``linear`` that produce the computed heads: taken once
+        per weight (and in-place version of it) where no gradient is recorded, else every time
+        (the rows of a weight being trained follow it)."""
+        inner = getattr(linear, "original_component", linear)
+        weight, bias = inner.weight, inner.bias
+        version = (weight._version, None if bias is None else bias._version)
+        kept = self._weights.get(id(weight))
+        if torch.is_grad_enabled() or kept is None or kept[0] != version:
+            rows = self.computed_rows
+            taken = (weight.index_select(0, rows), None if bias is None else bias.index_select(0, rows))
+            if torch.is_grad_enabled():
+                return taken
+            kept = self._weights[id(weight)] = (version, taken)
+        return kept[1]
+
+    @classmethod
+    def of(cls, layer: int, replaced: Bool[Tensor, "head"], d_head: int, device: torch.device) -> _HeadIndices:
+        replaced = replaced.to(torch.bool).cpu()
+        fixed, computed = replaced.nonzero().squeeze(-1), (~replaced).nonzero().squeeze(-1)
+        rows = (computed[:, None] * d_head + torch.arange(d_head)).reshape(-1)
+        return cls(layer, fixed.to(device), computed.to(device), rows.to(device))
+
+
+class _Made:
+    """The constant patterns of a forward's patched layers (:func:`constant_heads`): made at the
+    first patched layer (a forward runs its layers in order), read by each, let go at the last."""
+
+    def __init__(self, constant: ConstantFn, first: int, last: int) -> None:
+        self.constant, self.first, self.last = constant, first, last
+        self.patterns: dict[int, Tensor] = {}
+
+    def of(self, layer: int, key_mask: Callable[[], Tensor], dtype: torch.dtype, batch: int, n: int) -> Tensor:
+        """``layer``'s replaced heads' pattern for a batch of ``batch`` examples of ``n`` tokens,
+        whose key mask ``key_mask()`` gives (made only when the patterns are)."""
+        made = self.patterns.get(layer)
+        if layer == self.first or made is None or made.shape[-1] != n or made.shape[0] not in (1, batch) \
+                or made.dtype != dtype:
+            self.patterns = self.constant(key_mask(), dtype)  # a new forward (or a layer run on its own)
+            made = self.patterns[layer]
+        if layer == self.last:
+            self.patterns = {}
+        return made
 
 
 def _constant_forward(
     module: nn.Module,
-    replaced: Bool[Tensor, "head"],
-    constant: ConstantFn,
+    heads: _HeadIndices,
+    made: _Made,
     readers: tuple[tuple[nn.Module, ...], tuple[Any, ...]],
     hidden_states: Float[Tensor, "batch pos d_model"],
     attention_mask: Float[Tensor, "batch 1 query key"] | None = None,
@@ -306,8 +359,9 @@ def _constant_forward(
     pattern_fn: Callable[[Tensor], Tensor] | None = None,
     **kwargs: Any,
 ) -> tuple[Float[Tensor, "batch pos d_model"], Float[Tensor, "batch head query key"] | None]:
-    """``BertSelfAttention.forward`` with the ``replaced`` heads' patterns taken from ``constant``
-    (see :func:`constant_heads`); the others as :func:`attention_forward` computes them.
+    """``BertSelfAttention.forward`` with the replaced heads' patterns taken from ``constant``
+    (see :func:`constant_heads`; ``heads``: which they are); the others as
+    :func:`attention_forward` computes them.
 
     Each head's output is its pattern times its values (``[batch, pos, head, d_head]``); the
     constant heads' ``C·V`` and the computed heads' ``softmax(QKᵀ)·V`` are computed apart and
@@ -317,24 +371,25 @@ def _constant_forward(
     n_heads, d_head = int(module.num_attention_heads), int(module.attention_head_size)
     device = hidden_states.device
     value = module.value(hidden_states).view(batch, n, n_heads, d_head)
-    valid = _key_mask_from_additive(attention_mask, batch, n, device)
-    fixed_heads = replaced.nonzero().squeeze(-1).to(device, non_blocking=True)  # replaced: on the host
-    computed = (~replaced).nonzero().squeeze(-1).to(device, non_blocking=True)
-    fixed = constant(valid, value.dtype, fixed_heads)
-    own = _own_pattern(module, hidden_states, attention_mask, computed) if computed.numel() else None
+    key_mask = functools.partial(_key_mask_from_additive, attention_mask, batch, n, device)
+    fixed_heads, computed = heads.fixed, heads.computed
+    fixed = made.of(heads.layer, key_mask, value.dtype, batch, n)
+    own = _own_pattern(module, hidden_states, attention_mask, heads) if computed.numel() else None
     if _wants_pattern(pattern_fn, readers):
         pattern = value.new_empty(batch, n_heads, n, n)
         pattern[:, fixed_heads] = fixed
         if own is not None:
             pattern[:, computed] = own.to(pattern.dtype)
         if pattern_fn is not None:
-            token = _KEY_MASK.set(valid)
+            token = _KEY_MASK.set(key_mask())
             try:
                 pattern = pattern_fn(pattern)
             finally:
                 _KEY_MASK.reset(token)
         output = torch.matmul(pattern, value.transpose(1, 2)).transpose(1, 2)
         return output.reshape(batch, n, n_heads * d_head), pattern
+    if own is None:  # every head replaced: their outputs in head order, as they are
+        return _weigh(fixed, value).reshape(batch, n, n_heads * d_head), None
     output = value.new_empty(batch, n, n_heads, d_head)
     output[:, :, fixed_heads] = _weigh(fixed, value.index_select(2, fixed_heads))
     if own is not None:
@@ -347,15 +402,16 @@ def _own_pattern(
     module: nn.Module,
     hidden_states: Float[Tensor, "batch pos d_model"],
     attention_mask: Float[Tensor, "batch 1 query key"] | None,
-    heads: Int[Tensor, "computed"],
+    heads: _HeadIndices,
 ) -> Float[Tensor, "batch computed query key"]:
-    """The softmaxed pattern of the heads ``heads`` (indices), from their rows of the query and
-    key projections (dropout in training mode), as :func:`attention_forward` computes it."""
+    """The softmaxed pattern of the computed heads of ``heads``, from their rows of the query and
+    key projections (:meth:`_HeadIndices.rows`; dropout in training mode), as
+    :func:`attention_forward` computes it."""
     batch, n = hidden_states.shape[:2]
     d_head = int(module.attention_head_size)
-    shape = (batch, n, heads.numel(), d_head)
-    query = nn.functional.linear(hidden_states, *_rows(module.query, heads, d_head))
-    key = nn.functional.linear(hidden_states, *_rows(module.key, heads, d_head))
+    shape = (batch, n, heads.computed.numel(), d_head)
+    query = nn.functional.linear(hidden_states, *heads.rows(module.query))
+    key = nn.functional.linear(hidden_states, *heads.rows(module.key))
     query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
     scaling = getattr(module, "scaling", d_head**-0.5)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling

@@ -99,7 +99,7 @@ def test_fast_path_is_for_full_replacement_only(setup):
 def test_fast_path_refuses_a_decoder():
     model = tiny.gpt2_bridge()
     with pytest.raises(ValueError, match="encoders"):
-        with seam.constant_heads(model, {}):
+        with seam.constant_heads(model, {}, lambda valid, dtype: {}):
             pass
 
 
@@ -170,14 +170,14 @@ def test_a_batch_without_padding_shares_one_constant(setup, sst2_sentences, monk
     assert len(long) == 4 and bool(batch.attention_mask.bool().all()), "the batch must hold no padding"
     hooked, hooked_patterns, mask = run(model, batch, constants, 0.5, fast=False)
     shapes: list[int] = []
-    layer_pattern = type(constants).layer_pattern
+    heads_pattern = type(constants).heads_pattern
 
-    def recorded(self, layer, key_mask, **kwargs):
-        pattern = layer_pattern(self, layer, key_mask, **kwargs)
+    def recorded(self, selected, key_mask, **kwargs):
+        pattern = heads_pattern(self, selected, key_mask, **kwargs)
         shapes.append(pattern.shape[0])
         return pattern
 
-    monkeypatch.setattr(type(constants), "layer_pattern", recorded)
+    monkeypatch.setattr(type(constants), "heads_pattern", recorded)
     calls = count_split_forwards(monkeypatch)
     if hooked_pattern:
         fast, fast_patterns, _ = run(model, batch, constants, 0.5, fast=True)
@@ -188,7 +188,7 @@ def test_a_batch_without_padding_shares_one_constant(setup, sst2_sentences, monk
         with torch.no_grad(), papa.intervention(model, constants, heads=0.5, fast=True):
             fast = model(batch.input_ids, **batch.model_kwargs())
         assert calls and set(calls) == {1}
-    assert shapes and set(shapes) == {1}
+    assert shapes == [1]  # one constant for the forward: every patched layer's heads in one call
     torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
 
 
@@ -204,6 +204,12 @@ def test_layer_pattern_of_some_heads_is_theirs_of_the_whole_layer(setup):
         assert torch.equal(some, whole[:, index])
         with pytest.raises(attnlens.errors.InputError, match="head indices"):
             made.layer_pattern(1, valid, dtype=torch.float32, heads=torch.tensor([constants.n_heads]))
+        # several layers' heads side by side, made in one call (the fast path's, per forward):
+        # each layer's own pattern of those heads, bit for bit
+        selected = {1: tuple(index.tolist()), 0: (1,)}
+        together = made.heads_pattern(selected, valid, dtype=torch.float32)
+        assert torch.equal(together, torch.cat([made.layer_pattern(layer, valid, dtype=torch.float32, heads=heads)
+                                                for layer, heads in selected.items()], dim=1))
 
 
 def test_input_dependence_is_cached_until_the_sums_change(setup):
@@ -319,9 +325,9 @@ def test_the_curve_runs_its_points_fast_where_the_model_allows(setup, monkeypatc
     entered = []
     original = seam.constant_heads
 
-    def counted(bridge, layers):
-        entered.append(sorted(layers))
-        return original(bridge, layers)
+    def counted(bridge, replaced, constant):
+        entered.append(sorted(replaced))
+        return original(bridge, replaced, constant)
 
     monkeypatch.setattr(seam, "constant_heads", counted)
     train = tasks.load("sst2", "train", data_dir=DATA, limit=32, seed=0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import sys
 
 import pandas as pd
@@ -53,7 +54,9 @@ FORWARD_READS = 1
 FLOAT32 = 1e-4
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero")
-HOST_STAGE = {_stage.__code__, passes._inputs.__code__}
+#: the code of the host stage's functions themselves (under the run-time type checks a function
+#: is a wrapper, whose code every checked function shares: unwrapped, or every frame would match)
+HOST_STAGE = {inspect.unwrap(_stage).__code__, inspect.unwrap(passes._inputs).__code__}
 
 
 class HostTensor(torch.Tensor):
@@ -230,6 +233,25 @@ def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_rout
     on_cpu = probing.extract(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, cache=False, progress=False)
     assert torch.equal(features.vectors, on_cpu.vectors) and torch.equal(features.lengths, on_cpu.lengths)
     assert torch.equal(features.positions, on_cpu.positions)
+
+
+@pytest.mark.slow
+def test_features_under_fast_constant_heads_read_nothing_per_batch(minilm, counter, device_routes):
+    """The curve's feature passes: half the heads replaced by PAPA constants, skipping their work
+    (fast=True), each layer's constant made from the replaced heads' indices on the host."""
+    texts = texts_for(minilm)
+    constants = papa.fit(minilm, texts, max_len=MAX_LEN, progress=False)
+    hooks = papa.hooks(constants, heads=0.5, fast=True)
+
+    def job(t):
+        return probing.extract(minilm, t, hooks=hooks, max_len=MAX_LEN, batch_size=BATCH, cache=False,
+                               progress=False)
+
+    per_batch, grew, (_, features) = growth(counter, job, texts)
+    assert per_batch <= FORWARD_READS, grew
+    devices.reads_are_free = lambda where: True  # the CPU route: the same vectors
+    on_cpu = job(texts)
+    torch.testing.assert_close(features.vectors, on_cpu.vectors, rtol=0, atol=FLOAT32)
 
 
 @pytest.mark.slow

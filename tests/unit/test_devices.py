@@ -51,3 +51,26 @@ def test_a_tree_of_host_tensors_moves_in_one_copy_and_comes_back_equal():
     assert moved["double"][1:] == (2, "kept") and isinstance(moved["positions"], Positions)
     assert moved["positions"]._terms.keys() == positions._terms.keys()
     assert devices.to_device(tree, torch.device("cpu")) is tree  # nothing to move on the CPU
+
+
+def test_tensors_kept_on_a_device_are_read_in_one_copy(monkeypatch):
+    """to_host: where reads wait for a device (forced here), every tensor of the tree comes back
+    as a NumPy array with its dtype, shape and values after one read of the device (``.cpu()``
+    called once, counted); on the CPU, each tensor's own array. Reference: the tensors' own
+    ``numpy()``."""
+    tree = {"codes": [torch.arange(24, dtype=torch.uint8).view(2, 3, 4), torch.zeros(0, 3, dtype=torch.uint8)],
+            "scales": (torch.rand(2, 3), torch.tensor(0.5, dtype=torch.float64)), "refused": torch.tensor(False),
+            "index": torch.arange(5) - 2}
+    expected = devices.to_host(tree)  # the CPU: each tensor's own array
+    reads = []
+    real_cpu = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: reads.append(1) or real_cpu(self, *a, **k))
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    read = devices.to_host(tree)
+    assert len(reads) == 1
+    wanted: list = []
+    devices._leaves(tree, wanted)
+    for original, array in zip(wanted, [*read["codes"], *read["scales"], read["refused"], read["index"]], strict=True):
+        assert array.dtype == original.numpy().dtype and array.shape == tuple(original.shape)
+        assert (array == original.numpy()).all()
+    assert expected["codes"][0].shape == (2, 3, 4) and bool(read["refused"]) is False

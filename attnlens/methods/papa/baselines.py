@@ -34,7 +34,7 @@ from attnlens.core.notebook import constants_html
 from attnlens.errors import InputError
 from attnlens.methods.papa.compatibility import check_batch, check_model, model_causal, model_info
 from attnlens.methods.papa.constants import PapaConstants
-from attnlens.methods.papa.replace import by_layer, softmax_pattern
+from attnlens.methods.papa.replace import ConstantPatterns, softmax_pattern
 
 
 def _settings(
@@ -123,7 +123,7 @@ def uniform(like: Any, *, max_len: int | None = None, layout: str | None = None)
     return _data_free("uniform", torch.full((n, n), 1.0 / n, dtype=torch.float64), like, max_len, layout)
 
 
-class TrainableConstants(nn.Module):
+class TrainableConstants(nn.Module, ConstantPatterns):
     """Trainable constant attention: logits ``[layer, head, query, key]`` as an ``nn.Parameter``.
 
     Each example's pattern is a softmax of the logits over its valid keys (masked and
@@ -203,35 +203,25 @@ class TrainableConstants(nn.Module):
             logits = logits.masked_fill(future.to(logits.device), float("-inf"))
         return torch.softmax(logits, dim=-1)
 
-    def layer_pattern(
-        self,
-        layer: int | Sequence[int],
-        key_mask: Bool[Tensor, "batch key"],
-        *,
-        dtype: torch.dtype,
-        causal: bool | None = None,
-        positions: Int[Tensor, "batch key"] | None = None,
-        heads: Int[Tensor, "selected"] | None = None,
-    ) -> Float[Tensor, "layer_batch head query key"]:
-        """The (differentiable) pattern of ``layer`` for a batch with this key mask
-        (:func:`softmax_pattern`; ``layer`` one layer or several, stacked as by
-        :meth:`PapaConstants.layer_pattern`; ``causal`` defaults to :attr:`causal`;
-        ``positions``: those of a compact batch's columns; ``heads``: head indices, only those
-        heads' patterns)."""
-        causal = bool(self.causal) if causal is None else causal
-        several = isinstance(layer, Sequence)
-        logits = self.logits[list(layer)] if several else self.logits[layer]
-        if not bool(torch.isfinite(logits).all()):  # e.g. a training step diverged
+    def _matrices(self, layer: int, heads: Int[Tensor, "selected"] | Sequence[int] | None, dtype: torch.dtype,
+                  device: torch.device) -> Float[Tensor, "head max_len max_len"]:
+        """The logits of ``layer`` (of ``heads``; differentiable), refused when not finite (e.g.
+        a training step diverged)."""
+        logits = self.logits[layer]
+        if not bool(torch.isfinite(logits).all()):
             finite_tensor(logits.detach(), f"TrainableConstants.logits[{layer}]")
-        if heads is not None:
-            n_heads = logits.shape[-3]
-            if bool(((heads < 0) | (heads >= n_heads)).any()):
-                raise InputError(f"heads {heads.tolist()} must be head indices in 0 .. {n_heads - 1}.")
-            logits = logits.index_select(-3, heads.to(logits.device))
-        if not several:
-            return softmax_pattern(logits, key_mask, dtype=dtype, causal=causal, positions=positions)
-        pattern = softmax_pattern(logits.flatten(0, 1), key_mask, dtype=dtype, causal=causal, positions=positions)
-        return by_layer(pattern, len(layer))
+        if heads is None:
+            return logits
+        heads = torch.as_tensor(heads, dtype=torch.long)
+        if bool(((heads < 0) | (heads >= logits.shape[0])).any()):
+            raise InputError(f"heads {heads.tolist()} must be head indices in 0 .. {logits.shape[0] - 1}.")
+        return logits.index_select(0, heads.to(logits.device))
+
+    def _pattern(self, matrices: Float[Tensor, "head max_len max_len"], key_mask: Bool[Tensor, "batch key"], *,
+                 dtype: torch.dtype, causal: bool, positions: Int[Tensor, "batch key"] | None,
+                 ) -> Float[Tensor, "batch head query key"]:
+        """:func:`softmax_pattern` of the logits over the allowed keys."""
+        return softmax_pattern(matrices, key_mask, dtype=dtype, causal=causal, positions=positions)
 
     def to_constants(self) -> PapaConstants:
         """A :class:`PapaConstants` snapshot (``kind="trained"``) of the current softmax."""

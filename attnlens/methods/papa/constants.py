@@ -46,7 +46,7 @@ from attnlens.methods.papa.compatibility import (
     model_fingerprint,
     model_info,
 )
-from attnlens.methods.papa.replace import by_layer, constant_pattern
+from attnlens.methods.papa.replace import ConstantPatterns, constant_pattern
 
 FORMAT = "attnlens.papa.constants/1"
 #: ``kind`` of constants: fitted means, data-free baselines, and snapshots of trained constants
@@ -69,7 +69,7 @@ def fields_of(metadata: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(eq=False)
-class PapaConstants:
+class PapaConstants(ConstantPatterns):
     """Per-head constant attention matrices and how they were obtained.
 
     Axes: ``layer`` and ``head`` index attention heads; ``query`` and ``key`` are token positions
@@ -220,7 +220,7 @@ class PapaConstants:
         *,
         dtype: torch.dtype,
         device: torch.device | str,
-        heads: Int[Tensor, "selected"] | None = None,
+        heads: Int[Tensor, "selected"] | Sequence[int] | None = None,
     ) -> Float[Tensor, "head query key"]:
         """``mean[layer]`` cast to ``dtype`` on ``device`` (cached for the hooks); with ``heads``
         (head indices), only those heads' matrices, in that order.
@@ -230,7 +230,8 @@ class PapaConstants:
         tensors to these attributes or changing them in place recomputes it.
         """
         layer = index(layer, "layer", self.n_layers, "layers")
-        selected = None if heads is None else tuple(int(h) for h in heads.reshape(-1).tolist())
+        listed = heads.reshape(-1).tolist() if isinstance(heads, Tensor) else heads
+        selected = None if listed is None else tuple(int(h) for h in listed)
         if selected is not None and any(not 0 <= h < self.n_heads for h in selected):
             raise InputError(f"heads {list(selected)} must be head indices in 0 .. {self.n_heads - 1}.")
         key = (layer, dtype, str(device), selected)
@@ -244,37 +245,18 @@ class PapaConstants:
             self._cache[key] = cached
         return cached[1]
 
-    def layer_pattern(
-        self,
-        layer: int | Sequence[int],
-        key_mask: Bool[Tensor, "batch key"],
-        *,
-        dtype: torch.dtype,
-        causal: bool | None = None,
-        positions: Int[Tensor, "batch key"] | None = None,
-        heads: Int[Tensor, "selected"] | None = None,
-    ) -> Float[Tensor, "layer_batch head query key"]:
-        """The pattern ``mean[layer]`` gives a batch with this key mask (:func:`constant_pattern`).
+    def _matrices(self, layer: int, heads: Int[Tensor, "selected"] | Sequence[int] | None, dtype: torch.dtype,
+                  device: torch.device) -> Float[Tensor, "head max_len max_len"]:
+        """:meth:`layer_mean` (:class:`~attnlens.methods.papa.replace.ConstantPatterns`' matrices)."""
+        return self.layer_mean(layer, dtype=dtype, device=device, heads=heads)
 
-        ``layer``: one layer (``layer_batch`` is then ``batch``), or a sequence of layers: their
-        patterns stacked along the batch axis, layer after layer (the batch's patterns of
-        ``layer[0]``, then of ``layer[1]``, ...; :meth:`attnlens.engine.accumulator.LayerPatterns.stack`),
-        made in one call with every layer's heads side by side, each layer's block equal to its
-        own call's. ``causal`` defaults to :attr:`causal` (False when that is unknown).
-        ``positions``: the layout positions of a compact batch's columns (``None``: the columns
-        are the positions). ``heads``: head indices; only those heads' patterns are made
-        (``head`` is then ``len(heads)``), equal bit for bit to the same heads of the whole
-        layer's (the restriction and renormalisation work row by row).
-        """
-        causal = bool(self.causal) if causal is None else causal
-        several = isinstance(layer, Sequence)
-        means = [self.layer_mean(index, dtype=dtype, device=key_mask.device, heads=heads)
-                 for index in (layer if several else [layer])]
-        pattern = constant_pattern(
-            torch.cat(means) if several else means[0], key_mask, renormalize=self.renormalize, dtype=dtype,
-            causal=causal, positions=positions,
-        )
-        return by_layer(pattern, len(means)) if several else pattern
+    def _pattern(self, matrices: Float[Tensor, "head max_len max_len"], key_mask: Bool[Tensor, "batch key"], *,
+                 dtype: torch.dtype, causal: bool, positions: Int[Tensor, "batch key"] | None,
+                 ) -> Float[Tensor, "batch head query key"]:
+        """:func:`constant_pattern` (the averages restricted to the valid keys, renormalised
+        unless :attr:`renormalize` is False)."""
+        return constant_pattern(matrices, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal,
+                                positions=positions)
 
     def __repr__(self) -> str:
         return (

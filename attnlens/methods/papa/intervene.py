@@ -98,7 +98,7 @@ class PapaHooks(Hooks):
         if not self.fast:
             yield list(self)
             return
-        with seam.constant_heads(model, _constant_layers(self)):
+        with seam.constant_heads(model, *_constant_layers(self)):
             yield []
 
     @property
@@ -357,31 +357,30 @@ def intervention(
         yield installed
 
 
-def _constant_layers(installed: PapaHooks) -> dict[int, tuple[Tensor, seam.ConstantFn]]:
-    """The layers of ``installed`` for :func:`attnlens.core.seam.constant_heads` (replace mode only:
-    :class:`PapaHooks` refuses ``fast`` with a blend)."""
+def _constant_layers(installed: PapaHooks) -> tuple[dict[int, Tensor], seam.ConstantFn]:
+    """The replaced heads of ``installed`` by layer, and their constant patterns for a batch, every
+    layer's in one call (:meth:`attnlens.methods.papa.replace.ConstantPatterns.heads_pattern`),
+    for :func:`attnlens.core.seam.constant_heads` (replace mode only: :class:`PapaHooks` refuses
+    ``fast`` with a blend)."""
     if installed.causal:
         raise InputError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
-    constants = installed.constants
+    constants, mask = installed.constants, installed.heads.mask
+    replaced = {layer: mask[layer] for layer in range(mask.shape[0]) if bool(mask[layer].any())}
+    selected = {layer: tuple(int(h) for h in heads.nonzero().squeeze(-1).tolist()) for layer, heads in replaced.items()}
 
-    def constant_of(layer: int) -> seam.ConstantFn:
-        def constant(valid: Tensor, dtype: torch.dtype, heads: Tensor) -> Tensor:
-            # a compact batch's layout positions, as the hook path reads them (by batch and length)
-            positions = seam.mask_positions(valid)
-            _check_layout(constants, constants.n_heads, valid, positions)
-            same = devices.reads_are_free(valid) and _same_rows(valid) and (positions is None or _same_rows(positions))
-            if same:
-                # every example gets the same pattern (e.g. no padding): make it once, [1, ...]
-                valid = valid[:1]
-                positions = None if positions is None else positions[:1]
-            return constants.layer_pattern(
-                layer, valid, dtype=dtype, causal=False, positions=positions, heads=heads
-            )
+    def constant(valid: Tensor, dtype: torch.dtype) -> dict[int, Tensor]:
+        # a compact batch's layout positions, as the hook path reads them (by batch and length)
+        positions = seam.mask_positions(valid)
+        _check_layout(constants, constants.n_heads, valid, positions)
+        same = devices.reads_are_free(valid) and _same_rows(valid) and (positions is None or _same_rows(positions))
+        if same:
+            # every example gets the same pattern (e.g. no padding): make it once, [1, ...]
+            valid = valid[:1]
+            positions = None if positions is None else positions[:1]
+        pattern = constants.heads_pattern(selected, valid, dtype=dtype, causal=False, positions=positions)
+        return dict(zip(selected, pattern.split([len(heads) for heads in selected.values()], dim=1), strict=True))
 
-        return constant
-
-    mask = installed.heads.mask
-    return {layer: (mask[layer], constant_of(layer)) for layer in range(mask.shape[0]) if bool(mask[layer].any())}
+    return replaced, constant
 
 
 def _same_rows(rows: Tensor) -> bool:

@@ -27,6 +27,8 @@ gives.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
@@ -189,3 +191,73 @@ def _prepare(
             )
         matrix = gather(matrix, positions)
     return matrix.to(device=key_mask.device, dtype=dtype), key_mask.to(dtype=torch.bool), dtype
+
+
+class ConstantPatterns:
+    """The patterns a batch gets from constants, for :class:`~attnlens.methods.papa.PapaConstants`
+    (fitted or data-free averages, :func:`constant_pattern`) and
+    :class:`~attnlens.methods.papa.TrainableConstants` (logits, :func:`softmax_pattern`) alike:
+    a class supplies :meth:`_matrices` (some heads' ``[head, max_len, max_len]`` matrices of a
+    layer) and :meth:`_pattern` (its rule from matrices to a batch's patterns), and gets a
+    layer's pattern, several layers' stacked along the batch axis (:meth:`layer_pattern`), and
+    several layers' chosen heads side by side (:meth:`heads_pattern`), each made in one call.
+    Every row is restricted and renormalised on its own, so a head's pattern is the same bits
+    whichever heads share the call."""
+
+    causal: bool | None
+
+    def _matrices(self, layer: int, heads: Int[Tensor, "selected"] | Sequence[int] | None, dtype: torch.dtype,
+                  device: torch.device) -> Float[Tensor, "head max_len max_len"]:
+        raise NotImplementedError
+
+    def _pattern(self, matrices: Float[Tensor, "head max_len max_len"], key_mask: Bool[Tensor, "batch key"], *,
+                 dtype: torch.dtype, causal: bool, positions: Int[Tensor, "batch key"] | None,
+                 ) -> Float[Tensor, "batch head query key"]:
+        raise NotImplementedError
+
+    def layer_pattern(
+        self,
+        layer: int | Sequence[int],
+        key_mask: Bool[Tensor, "batch key"],
+        *,
+        dtype: torch.dtype,
+        causal: bool | None = None,
+        positions: Int[Tensor, "batch key"] | None = None,
+        heads: Int[Tensor, "selected"] | Sequence[int] | None = None,
+    ) -> Float[Tensor, "layer_batch head query key"]:
+        """The pattern the constants of ``layer`` give a batch with this key mask
+        (``[batch, key]``, True for real tokens).
+
+        ``layer``: one layer (``layer_batch`` is then ``batch``), or a sequence of layers: their
+        patterns stacked along the batch axis, layer after layer (the batch's patterns of
+        ``layer[0]``, then of ``layer[1]``, ...; :meth:`attnlens.engine.accumulator.LayerPatterns.stack`),
+        made in one call with every layer's heads side by side. ``causal`` defaults to the
+        constants' own (False when that is unknown). ``positions``: the layout positions of a
+        compact batch's columns (``None``: the columns are the positions). ``heads``: head
+        indices (a tensor or a sequence of ints); only those heads' patterns are made (``head``
+        is then ``len(heads)``), equal bit for bit to the same heads of the whole layer's.
+        """
+        causal = bool(self.causal) if causal is None else causal
+        several = isinstance(layer, Sequence)
+        matrices = [self._matrices(index, heads, dtype, key_mask.device) for index in (layer if several else [layer])]
+        pattern = self._pattern(torch.cat(matrices) if several else matrices[0], key_mask, dtype=dtype,
+                                causal=causal, positions=positions)
+        return by_layer(pattern, len(matrices)) if several else pattern
+
+    def heads_pattern(
+        self,
+        selected: Mapping[int, Sequence[int]],
+        key_mask: Bool[Tensor, "batch key"],
+        *,
+        dtype: torch.dtype,
+        causal: bool | None = None,
+        positions: Int[Tensor, "batch key"] | None = None,
+    ) -> Float[Tensor, "batch selected query key"]:
+        """The patterns of the heads ``selected[layer]`` of each layer of ``selected``, side by
+        side along the head axis in its order (``selected``: the heads of every layer, in turn),
+        made in one call; each equal bit for bit to :meth:`layer_pattern` of its layer and heads.
+        What the fast constant heads of a forward take, every patched layer's at once
+        (:func:`attnlens.methods.papa.intervention` with ``fast=True``)."""
+        causal = bool(self.causal) if causal is None else causal
+        matrices = [self._matrices(layer, heads, dtype, key_mask.device) for layer, heads in selected.items()]
+        return self._pattern(torch.cat(matrices), key_mask, dtype=dtype, causal=causal, positions=positions)
