@@ -95,7 +95,8 @@ def _synchronisations(job) -> list[str]:
             for item in caught if "synchroniz" in str(item.message).lower()]
 
 
-@pytest.mark.parametrize("job", ["papa.fit", "compare", "features", "effective.statistics"])
+@pytest.mark.parametrize("job", ["papa.fit", "compare", "features", "features, fast constant heads",
+                                 "effective.statistics"])
 def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job):
     """On n and 2n batches of 8 texts, the synchronisations may grow by one per batch, or by as
     many as a plain forward of the same batches makes if that is more (transformers' mask code
@@ -119,6 +120,9 @@ def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job
                                               batch_size=8, progress=False),
         "features": lambda t: probing.extract(cuda_minilm, t, max_len=MAX_LEN, batch_size=8, cache=False,
                                               progress=False),
+        "features, fast constant heads": lambda t: probing.extract(
+            cuda_minilm, t, hooks=papa.hooks(constants, heads=0.5, fast=True), max_len=MAX_LEN, batch_size=8,
+            cache=False, progress=False),
         "effective.statistics": lambda t: effective.statistics(cuda_minilm, t, max_len=MAX_LEN, batch_size=8,
                                                                progress=False),
     }
