@@ -451,7 +451,7 @@ def test_probe_loss_is_the_probe_on_the_models_hidden_states(bert, task):
     assert importance.raw.abs().sum() > 0
     evaluation = probing.extract(bert, dev.inputs(), max_len=MAX_LEN, cache=False, progress=False)
     with torch.no_grad():
-        logits, rows = probe._logits(evaluation, torch.arange(len(evaluation)))
+        logits, rows, _ = probe._logits(evaluation, torch.arange(len(evaluation)))
     if task == "sst2":
         expected = torch.nn.functional.cross_entropy(logits, torch.tensor(dev.labels()), reduction="none")
     else:

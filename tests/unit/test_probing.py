@@ -348,7 +348,7 @@ def test_learned_pooling_equals_standardising_each_token_then_pooling(bert, pool
     captured = {}
     network.dense.register_forward_hook(lambda module, inputs, output: captured.update(rows=inputs[0]))
     network.zero_grad()
-    logits, _ = probe._logits(features, torch.arange(len(features)))
+    logits, _, _ = probe._logits(features, torch.arange(len(features)))
     captured["rows"].sum().backward()
     got = network.position_weights.grad.clone()
 

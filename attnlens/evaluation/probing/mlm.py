@@ -15,7 +15,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.core import checks
+from attnlens.core import checks, devices
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Batch
@@ -117,9 +117,9 @@ class MLMHead(Estimator):
                     order = torch.randperm(n, generator=generator)
                     for start in range(0, n, self.batch_size):
                         rows = order[start : start + self.batch_size]
-                        loss = torch.nn.functional.cross_entropy(
-                            self.network(inputs[rows.to(device, non_blocking=True)].float()),
-                            targets[rows].to(device, non_blocking=True))
+                        # the step's rows and targets in one copy (devices.to_device: no wait)
+                        moved, wanted = devices.to_device((rows, targets[rows]), device)
+                        loss = torch.nn.functional.cross_entropy(self.network(inputs[moved].float()), wanted)
                         optimiser.zero_grad()
                         loss.backward()
                         optimiser.step()

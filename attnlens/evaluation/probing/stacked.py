@@ -45,7 +45,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from attnlens.core import memory
+from attnlens.core import devices, memory
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation.probing.features import Features
@@ -396,23 +396,29 @@ def _batch(members: Sequence[_Member], chosen: Sequence[Tensor], device: torch.d
     by_features: dict[int, list[int]] = {}
     for index, member in enumerate(members):
         by_features.setdefault(id(member.features), []).append(index)
-    groups = []
+    host = []  # per feature set: its rows, and each row's position, member and row in that member
     for indices in by_features.values():
         features = members[indices[0]].features
         rows = torch.cat([rows_of[index] for index in indices])
         member_of = torch.cat([torch.full((len(rows_of[index]),), index, dtype=torch.long) for index in indices])
         row_of = torch.cat([example_of[index] if sequence else torch.arange(len(rows_of[index]))
                             for index in indices])
-        groups.append(Group(features.vectors.index_select(0, rows.to(features.vectors.device)).float().to(device),
-                            features.positions.index_select(0, rows.to(features.positions.device)).to(device),
-                            member_of.to(device), row_of.to(device)))
+        host.append((rows, features.positions.index_select(0, rows.to(features.positions.device)), member_of, row_of))
     real = [len(part) for part in chosen] if sequence else [len(rows) for rows in rows_of]
     n_rows = max(real) if real else 0
     targets = torch.full((len(members), n_rows), -1, dtype=torch.long)
     for index, member in enumerate(members):
         picked = member.targets[chosen[index]] if sequence else member.targets[rows_of[index]]
         targets[index, : len(picked)] = picked
-    return groups, n_rows, real, targets.to(device)
+    # every index of the step to the device in one copy (devices.to_device: pinned, no wait); a
+    # copy per tensor from pageable memory would make the host wait for the device every step
+    moved, targets = devices.to_device((host, targets), device)
+    groups = []
+    for indices, (rows, positions, member_of, row_of) in zip(by_features.values(), moved, strict=True):
+        vectors = members[indices[0]].features.vectors
+        groups.append(Group(vectors.index_select(0, rows.to(vectors.device)).float().to(device), positions,
+                            member_of, row_of))
+    return groups, n_rows, real, targets
 
 
 def _logits(stacked: StackedNetwork, members: Sequence[_Member], chosen: Sequence[Tensor], *,
