@@ -142,7 +142,7 @@ class ViewsAccumulator(Accumulator):
         self.row = indices.index(self.example) if self.example in indices else None
         if self.row is not None:
             keep, self.staged_tokens, _ = _row_tokens(batch, self.row)
-            self.keep = keep.to(batch.key_mask.device, non_blocking=True)
+            self.keep = devices.to_device(keep, batch.key_mask.device)  # pinned: no wait for the device
             self.layers: list[Any] = [None] * self.n_layers
             self.staged = {view: [None] * self.n_layers for view in self.names}
         self.report_rows = None
@@ -336,10 +336,10 @@ class _ReportRows:
         valid = torch.zeros(len(rows), most, dtype=torch.bool)
         for i, (keep, _, _) in enumerate(found):
             columns[i, : len(keep)], valid[i, : len(keep)] = keep, True
-        device = batch.key_mask.device
+        # the rows' indices in one pinned copy (devices.to_device): pageable copies would wait
+        index, columns, valid = devices.to_device((torch.tensor(rows), columns, valid), batch.key_mask.device)
         return cls(
-            [batch.indices[row] for row in rows], torch.tensor(rows).to(device, non_blocking=True),
-            columns.to(device, non_blocking=True), valid.to(device, non_blocking=True),
+            [batch.indices[row] for row in rows], index, columns, valid,
             [tokens for _, tokens, _ in found],
             [segments_of(separators, bool(batch.batch.is_pair)) for _, _, separators in found],
             {view: [None] * n_layers for view in views}, {view: [None] * n_layers for view in views},

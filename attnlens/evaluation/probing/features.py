@@ -47,7 +47,10 @@ from filelock import FileLock
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from attnlens.core import version  # read at each call: the version now (tests set it)
+from attnlens.core import (
+    devices,
+    version,  # read at each call: the version now (tests set it)
+)
 from attnlens.core.checks import all_finite
 from attnlens.core.checks import indices as checked
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
@@ -226,7 +229,8 @@ class HiddenStates(Accumulator):
         stacked = torch.stack([self.layers[layer] for layer in range(self.n_layers + 1)], dim=2)
         keep, positions, n_words = self.select(batch)
         rows = keep.flatten().nonzero().squeeze(-1)  # keep is the host's mask (select)
-        vectors = stacked.flatten(0, 1).index_select(0, rows.to(stacked.device, non_blocking=True))
+        # the rows in a pinned copy (devices.to_device): a pageable one would wait for the device
+        vectors = stacked.flatten(0, 1).index_select(0, devices.to_device(rows, stacked.device))
         self.parts.append((vectors.to(torch.float16), keep.sum(1), positions, n_words))
         self.layers = {}
 

@@ -137,7 +137,7 @@ class MLMHead(Estimator):
         with torch.no_grad():
             for start in range(0, features.vectors.shape[0], 1024):
                 logits = self.network(features.vectors[start : start + 1024].flatten(1).float())
-                targets = features.positions[start : start + 1024].to(logits.device, non_blocking=True)
+                targets = devices.to_device(features.positions[start : start + 1024], logits.device)
                 # -log softmax(logits)[target], as the scorer's token_nll (the logits are float32)
                 out.append(-torch.nn.functional.cross_entropy(logits, targets, reduction="none"))
         return torch.cat(out).cpu()
