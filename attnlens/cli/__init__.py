@@ -198,9 +198,12 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         )
     finally:
         if started:
+            import gc
+
             import torch.distributed as dist
 
             dist.destroy_process_group()
+            gc.collect()  # what still holds the group's work goes now, not at the interpreter's exit
 
 
 def _reason(error: BaseException) -> str:
