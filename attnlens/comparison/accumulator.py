@@ -143,7 +143,6 @@ class ViewsAccumulator(Accumulator):
         if self.row is not None:
             keep, self.staged_tokens, _ = _row_tokens(batch, self.row)
             self.keep = devices.to_device(keep, batch.key_mask.device)  # pinned: no wait for the device
-            self.layers: list[Any] = [None] * self.n_layers
             self.staged = {view: [None] * self.n_layers for view in self.names}
         self.report_rows = None
         if self.report_examples:

@@ -357,13 +357,10 @@ class Statistics(Accumulator):
         self.statistics = AttentionStatistics(n_layers, n_heads)
 
     def update(self, layer: Any) -> None:
-        pattern = self._view.read(layer, self.constants, causal=self.causal)
+        layers = layer.layers or (layer.layer,)  # a stack of layers (LayerPatterns.stack): [layer · batch, ...]
+        pattern = self._view.read(layer, self.constants, causal=self.causal).unflatten(0, (len(layers), -1))
         batch = layer.batch
-        if layer.layers:  # a stack of layers (LayerPatterns.stack): [layer · batch, ...]
-            self.statistics.update(layer.layers, pattern.unflatten(0, (len(layer.layers), -1)), batch_classes(batch),
-                                   batch.key_mask, batch.compact_positions)
-        else:
-            self.statistics.update(layer.layer, pattern, batch_classes(batch), batch.key_mask, batch.compact_positions)
+        self.statistics.update(layers, pattern, batch_classes(batch), batch.key_mask, batch.compact_positions)
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"sums": self.statistics.totals, "counts": self.statistics.counts}
