@@ -122,6 +122,35 @@ def test_features_match_a_plain_loop(causal, signed):
                 assert abs(float(shares[name][b, h]) - value) < 1e-9, (b, h, name)
 
 
+def rules_by_hand(special: float, diagonal: float, block: float, pair: bool) -> str:
+    """The module docstring's rules, in order, on one (example, head)'s float32 shares."""
+    t = patterns.templates.THRESHOLDS
+    if special >= t["both_each"] and diagonal >= t["both_each"] and np.float32(special) + np.float32(diagonal) >= t["both_sum"]:
+        return "vertical+diagonal"
+    if special >= t["single"]:
+        return "vertical"
+    if diagonal >= t["single"]:
+        return "diagonal"
+    if pair and block >= t["single"]:
+        return "block"
+    return "heterogeneous"
+
+
+def test_labels_apply_the_rules_in_order():
+    """The labels (six threshold tests and a table of their outcomes) are the rules applied one
+    after another, for every combination of shares at, just below and above each threshold, of
+    a pair and of a single sentence."""
+    levels = np.array([0.0, 0.19999, 0.2, 0.3, 0.49999, 0.5, 0.9, -0.3], dtype=np.float32)
+    grid = np.stack(np.meshgrid(levels, levels, levels, indexing="ij"), -1).reshape(-1, 3)  # [combination, region]
+    positions = Positions.from_tokens([["[CLS]", "a", "[SEP]", "b", "[SEP]"], ["[CLS]", "a", "b", "[SEP]"]], length=5)
+    shares = torch.from_numpy(grid)[:, None, None, :].expand(-1, 2, 1, 3)  # [combination, example, head, region]
+    labels = patterns.templates._labels(shares, positions)
+    for i, (special, diagonal, block) in enumerate(grid):
+        for example, pair in enumerate((True, False)):
+            expected = rules_by_hand(float(special), float(diagonal), float(block), pair)
+            assert patterns.TYPES[int(labels[i, example, 0])] == expected, (special, diagonal, block, pair)
+
+
 @pytest.mark.parametrize("signed", [False, True])
 def test_a_stack_of_maps_is_classified_map_by_map(signed):
     """Leading ``stack`` axes (a batch's layers and views, classified in one call): each map's

@@ -63,7 +63,7 @@ from attnlens.core.result import Result, frame
 from attnlens.errors import InputError
 from attnlens.methods import views
 from attnlens.methods.patterns.maps_check import check_maps
-from attnlens.methods.stats import _diagonal, adjacent, batch_classes, token_classes
+from attnlens.methods.stats import batch_classes, token_classes
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
 TYPES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -102,9 +102,6 @@ class Positions:
     #: diagonal band is ``|position(key) − position(query)| ≤ 1``, so a compact batch is
     #: classified as its padded layout is.
     position: Int[Tensor, "batch key"] | None = None
-    #: how many segments the batch has (``None``: read off ``segment``), known on the host in a
-    #: pass (:attr:`attnlens.engine.accumulator.PassBatch.on_host`), so that no value is read off the device
-    n_segments: int | None = None
 
     @classmethod
     def from_tokens(cls, tokens: Sequence[str] | Sequence[Sequence[str]], *, causal: bool = False,
@@ -157,14 +154,7 @@ class Positions:
             causal = _causal(model)
         special = (classes["cls"] | classes["sep"]) & key_mask
         position = inputs.positions if getattr(inputs, "compact", False) else None
-        host = getattr(batch, "on_host", None)
-        n_segments = None
-        if host is not None:  # the segments' count from the host's copy of the inputs
-            host_mask = host.attention_mask.bool()
-            separators = token_classes(tokenizer, host.input_ids, host_mask)["sep"] & host_mask
-            n_segments = int(_segments(separators).masked_fill(~host_mask, 0).max()) + 1
-        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal), position=position,
-                   n_segments=n_segments)
+        return cls(key_mask, special, _segments(classes["sep"] & key_mask), bool(causal), position=position)
 
 
 def batch_positions(batch: Any) -> Positions:
@@ -350,46 +340,46 @@ def is_pair(positions: Positions) -> Bool[Tensor, "batch"]:
 
 def _terms(positions: Positions) -> dict[str, Any]:
     """What :func:`features` needs of the positions alone, computed once per :class:`Positions`
-    (a pass shares one per batch across layers and views): the key weights of the special
-    region and of each segment's non-special keys, each query's segment, the band keys, and the
-    chance share of every region."""
+    (a pass shares one per batch across layers and views): the keys each query cannot see
+    (``hidden``, ``[batch, 1, query, key]``), each example's
+    template regions (:func:`regions`, ``[batch, query, key, region]``), and each region's chance
+    share."""
     if positions._terms:
         return positions._terms
     mask = positions.key_mask
-    special = positions.special & mask
-    plain = mask & ~special
-    n_segments = positions.n_segments
-    if n_segments is None:
-        n_segments = int(positions.segment.masked_fill(~mask, 0).max()) + 1
-    segment = positions.segment.clamp(0, n_segments - 1)
-    weights = torch.cat(
-        [special[..., None], torch.nn.functional.one_hot(segment, n_segments).bool() & plain[..., None]], dim=-1
-    )  # [batch, key, 1 + segment]
-    n = mask.shape[-1]
-    band = []
-    for offset in BAND:
-        key = torch.arange(n, device=mask.device) + offset  # [query]
-        inside = (key >= 0) & (key < n)
-        safe = key.clamp(0, n - 1)
-        usable = inside & (offset <= 0 or not positions.causal)
-        keyed = plain[:, safe] & usable  # the band key exists, is visible and not special
-        if positions.position is not None:  # ... and sits at that offset in the layout (compact)
-            keyed = keyed & adjacent(positions.position, offset)
-        same = segment[:, safe] == segment  # ... and is in the query's segment
-        band.append((offset, keyed, keyed & same))
     visible = visible_keys(positions)
     query = mask.double()
     n_queries = query.sum(-1).clamp_min(1.0)
     seen = visible.sum(-1).clamp_min(1).double()
-    chance = {
-        name: (region.sum(-1) / seen * query).sum(-1) / n_queries
-        for name, region in regions(positions).items()
-    }
+    found = regions(positions)
+    chance = torch.stack([(found[name].sum(-1) / seen * query).sum(-1) / n_queries for name in REGIONS],
+                         dim=-1)  # [batch, region]
     positions._terms.update(
-        weights=weights, segment=segment, band=band, chance=chance, pairs=is_pair(positions),
-        visible=visible, seen=seen, key_mask=mask,
+        regions=torch.stack([found[name] for name in REGIONS], dim=-1), chance=chance, pairs=is_pair(positions),
+        hidden=~visible[:, None], seen=seen, key_mask=mask,
     )
     return positions._terms
+
+
+def _shares(
+    pattern: Float[Tensor, "*stack batch head query key"], positions: Positions, *, signed: bool = False,
+) -> tuple[Float[Tensor, "*stack batch head region"], Float[Tensor, "*stack batch head query key"]]:
+    """The chance-corrected shares ``ŝ_R`` of :func:`features`, the regions of :data:`REGIONS` on
+    the last axis, and the rows they were read from (``|a| / Σ|a|`` when ``signed``).
+
+    One contraction of the maps: ``s_R = Σ_{q,k} a_qk · w_qkR``, with ``w_qkR = [k ∈ R(q)] /
+    |Q|`` for the valid queries (0 for the others), a batched matrix product over the examples
+    of the maps' ``query · key`` entries with the regions' weights (:func:`_cast_terms`)."""
+    terms = _terms(positions)
+    rows = pattern.to(torch.promote_types(pattern.dtype, torch.float32))
+    if signed:
+        rows = rows.masked_fill(terms["hidden"], 0.0).abs()
+        rows = rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
+    *stack, n_batch, n_heads, n, _ = rows.shape
+    cast = _cast_terms(terms, rows.dtype)
+    means = torch.matmul(rows.reshape(*stack, n_batch, n_heads, n * n), cast["weights"])  # [*stack, batch, head, region]
+    chance, above = cast["chance"]
+    return (means - chance) / above, rows
 
 
 def features(
@@ -406,39 +396,14 @@ def features(
     ``|a| / Σ|a|`` over the visible keys first (effective attention); else they are used as
     they are (keys a query cannot see must hold 0, as a masked softmax gives).
 
-    One read of the maps: a matrix product with the key weights of the special region and of
-    each segment, and the three band diagonals; the block share is the query's own segment
-    minus its band keys."""
-    terms = _terms(positions)
-    rows = pattern.to(torch.promote_types(pattern.dtype, torch.float32))
-    if signed or entropy:
-        rows = rows.masked_fill(~terms["visible"][:, None], 0.0)
-    if signed:
-        rows = rows.abs()
-        rows = rows / rows.sum(-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
-    *stack, n_batch, n_heads, n, _ = rows.shape
-    cast = _cast_terms(terms, rows.dtype)
-    sums = torch.matmul(rows.reshape(*stack, n_batch, n_heads * n, n), cast["weights"])
-    sums = sums.reshape(*stack, n_batch, n_heads, n, -1)
-    special = sums[..., 0]
-    index = terms["segment"][:, None, :, None].expand(*stack, n_batch, n_heads, n, 1)
-    own = sums[..., 1:].gather(-1, index).squeeze(-1)  # the query's own segment, special keys excluded
-    diagonal = torch.zeros_like(special)
-    same = torch.zeros_like(special)
-    for (offset, _, _), keyed, keyed_same in zip(terms["band"], cast["keyed"], cast["keyed_same"], strict=True):
-        values = _diagonal(rows, offset)  # [*stack, batch, head, query]
-        diagonal += values * keyed
-        same += values * keyed_same
-    block = (own - same) * cast["pairs"]
-    query, n_queries = cast["query"], cast["n_queries"]
-    out: dict[str, Tensor] = {}
-    for name, share in (("special", special), ("diagonal", diagonal), ("block", block)):
-        mean = (share * query).sum(-1) / n_queries
-        chance, above = cast["chance"][name]
-        out[name] = (mean - chance) / above
+    One read of the maps for the three shares (:func:`_shares`)."""
+    shares, rows = _shares(pattern, positions, signed=signed)
+    out = dict(zip(REGIONS, shares.unbind(-1), strict=True))
     if not entropy:
         return out
-    probs = rows.clamp_min(0)
+    cast = _cast_terms(_terms(positions), rows.dtype)
+    query, n_queries = cast["query"], cast["n_queries"]
+    probs = rows.masked_fill(positions._terms["hidden"], 0.0).clamp_min(0)
     row_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [*stack, batch, head, query]
     out["entropy"] = (row_entropy / cast["most"] * cast["several"]).mul(query).sum(-1) / n_queries
     return out
@@ -447,21 +412,27 @@ def features(
 def _cast_terms(terms: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """:func:`_terms`' masks and counts in the maps' ``dtype``, shaped as :func:`features` reads
     them, made once per :class:`Positions` and dtype (the same values :func:`features` would
-    convert at every call: on a device, each conversion is a kernel of every layer and view)."""
+    convert at every call: on a device, each conversion is a kernel of every layer and view).
+    ``weights``: ``[batch, query · key, region]``, ``[k ∈ R(q)] / |Q|`` for the valid queries."""
     key = ("cast", dtype)
     if key not in terms:
         seen = terms["seen"].to(dtype)
         query = terms["key_mask"].to(dtype)[:, None]  # [batch, 1, query]
-        chance = {}
-        for name, value in terms["chance"].items():
-            value = value.to(dtype)[:, None]
-            chance[name] = (value, (1.0 - value).clamp_min(1e-6))
+        n_queries = query.sum(-1).clamp_min(1.0)  # [batch, 1]
+        found = terms["regions"]  # [batch, query, key, region]
+        n_batch, n = found.shape[:2]
+        weights = found.to(dtype) * (query / n_queries[..., None]).reshape(n_batch, n, 1, 1)
+        chance = terms["chance"].to(dtype)[:, None]  # [batch, 1, region]
+        t, device = THRESHOLDS, found.device
+        thresholds = torch.tensor([t["single"]] * 3 + [t["both_each"]] * 2 + [t["both_sum"]], dtype=dtype, device=device)
+        thresholds = thresholds.repeat(n_batch, 1)  # the block test, for a pair only:
+        thresholds[:, 2].masked_fill_(~terms["pairs"], torch.inf)
         terms[key] = {
-            "weights": terms["weights"].to(dtype),
-            "keyed": [keyed[:, None].to(dtype) for _, keyed, _ in terms["band"]],
-            "keyed_same": [keyed_same[:, None].to(dtype) for _, _, keyed_same in terms["band"]],
-            "pairs": terms["pairs"][:, None, None].to(dtype),
-            "query": query, "n_queries": query.sum(-1).clamp_min(1.0), "chance": chance,
+            "thresholds": thresholds[:, None], "bits": 2 ** torch.arange(6, device=device),
+            "rules": torch.tensor(_rule_table(), device=device),
+            "weights": weights.reshape(n_batch, n * n, len(REGIONS)),
+            "chance": (chance, (1.0 - chance).clamp_min(1e-6)),
+            "query": query, "n_queries": n_queries,
             "most": seen.log().clamp_min(1e-12)[:, None], "several": seen[:, None] > 1,
         }
     return terms[key]
@@ -526,7 +497,7 @@ def classify(
     signed = views.get_view(view).signed
     check_maps(pattern, positions.key_mask, view=view, signed=signed, causal=positions.causal)
     shares = features(pattern, positions, signed=signed)
-    return label(shares, is_pair(positions))
+    return label(shares, positions)
 
 
 def template_labels(
@@ -535,34 +506,46 @@ def template_labels(
     """The type index (into :data:`TYPES`) of every (example, head) map by the template rules,
     without :func:`classify`'s checks (for maps a pass reads from the model); ``signed`` and
     ``stack`` as for :func:`features`."""
-    shares = features(pattern, positions, signed=signed, entropy=False)
-    return _labels(shares, _terms(positions)["pairs"])  # the labels alone: no scores to launch on a device
+    shares, _ = _shares(pattern, positions, signed=signed)
+    return _labels(shares, positions)
 
 
-def _labels(shares: dict[str, Float[Tensor, "*stack batch head"]],
-            pairs: Bool[Tensor, "batch"]) -> Int[Tensor, "*stack batch head"]:
-    """The type index of every (example, head) by the rules of the module docstring."""
+def _rule_table() -> list[int]:
+    """The type index for every outcome of :func:`_labels`' six tests, bit ``i`` the outcome of
+    test ``i``: ``ŝ_special``, ``ŝ_diagonal``, ``ŝ_block`` (a pair's) ``≥ single``;
+    ``ŝ_special``, ``ŝ_diagonal ≥ both_each``; ``ŝ_special + ŝ_diagonal ≥ both_sum``. The rules
+    of the module docstring, the first that holds."""
+    table = []
+    for code in range(64):
+        special, diagonal, block, special_each, diagonal_each, both_sum = ((code >> bit) & 1 for bit in range(6))
+        if special_each and diagonal_each and both_sum:
+            table.append(TYPES.index("vertical+diagonal"))
+        elif special or diagonal:
+            table.append(TYPES.index("vertical" if special else "diagonal"))
+        elif block:
+            table.append(TYPES.index("block"))
+        else:
+            table.append(TYPES.index("heterogeneous"))
+    return table
+
+
+def _labels(shares: Float[Tensor, "*stack batch head region"], positions: Positions) -> Int[Tensor, "*stack batch head"]:
+    """The type index of every (example, head) by the rules of the module docstring, from the
+    shares of :data:`REGIONS` (last axis): six threshold tests at once (:func:`_rule_table`; the
+    block test's threshold infinite for an example that is not a pair), their outcomes a 6-bit
+    code, and the type of each code looked up."""
+    cast = _cast_terms(_terms(positions), shares.dtype)
+    tests = torch.cat([shares, shares[..., :2], shares[..., :2].sum(-1, keepdim=True)], dim=-1)
+    passed = tests >= cast["thresholds"]  # [*stack, batch, head, test]
+    return cast["rules"][(passed * cast["bits"]).sum(-1)]
+
+
+def label(shares: dict[str, Float[Tensor, "batch head"]], positions: Positions) -> Classification:
+    """Apply the rules of the module docstring to :func:`features`' shares of maps of
+    ``positions``: the labels and each type's score."""
     special, diagonal, block = shares["special"], shares["diagonal"], shares["block"]
-    pair = pairs[:, None].expand_as(special)
-    t = THRESHOLDS
-    both = (special >= t["both_each"]) & (diagonal >= t["both_each"]) & (special + diagonal >= t["both_sum"])
-    labels = torch.full_like(special, TYPES.index("heterogeneous"), dtype=torch.long)
-    rules = [
-        (pair & (block >= t["single"]), "block"),
-        (diagonal >= t["single"], "diagonal"),
-        (special >= t["single"], "vertical"),
-        (both, "vertical+diagonal"),
-    ]  # applied last to first, so the first rule of the docstring wins
-    for condition, name in rules:
-        labels = torch.where(condition, TYPES.index(name), labels)  # a number: no tensor to copy to a device
-    return labels
-
-
-def label(shares: dict[str, Float[Tensor, "batch head"]], pairs: Bool[Tensor, "batch"]) -> Classification:
-    """Apply the rules of the module docstring to :func:`features`' shares: the labels and each
-    type's score."""
-    special, diagonal, block = shares["special"], shares["diagonal"], shares["block"]
-    labels = _labels(shares, pairs)
+    labels = _labels(torch.stack([shares[name] for name in REGIONS], dim=-1), positions)
+    pairs = _terms(positions)["pairs"]
     pair = pairs[:, None].expand_as(special)
     block_score = torch.where(pair, block, torch.zeros_like(block))
     scores = torch.stack(
