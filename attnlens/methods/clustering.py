@@ -29,7 +29,7 @@ MDS assumes), without smoothing (``0 · log 0 = 0``).
 
 Signed rows (effective attention, :mod:`attnlens.methods.effective`, can be negative) are first made
 distributions by ``|a| / Σ|a|`` over the valid keys, exactly as
-:func:`attnlens.methods.stats.row_statistics` does for the entropy.
+:func:`attnlens.methods.stats.statistic_sums` does for the entropy.
 
 Views: ``"standard"`` (the model's attention), ``"effective"`` (effective attention) or fitted
 :class:`~attnlens.papa.PapaConstants` (every head replaced by its constant through
@@ -81,7 +81,7 @@ UNKNOWN = "unknown"
 
 
 def distributions(rows: Float[Tensor, "... key"]) -> Float[Tensor, "... key"]:
-    """Rows made distributions by ``|a| / Σ_key |a|`` (as :func:`attnlens.methods.stats.row_statistics`
+    """Rows made distributions by ``|a| / Σ_key |a|`` (as :func:`attnlens.methods.stats.statistic_sums`
     does for the entropy): a softmax row is unchanged, a signed row of effective attention
     becomes the share of its absolute weight on each key. An all-zero row stays all zero."""
     weights = rows.abs()
@@ -101,7 +101,7 @@ def js_distance(p: Float[Tensor, "... key"], q: Float[Tensor, "... key"]) -> Flo
 
     equal to ``scipy.spatial.distance.jensenshannon(p, q)`` (base e) for non-negative rows.
     ``P = |p| / Σ|p|`` (and likewise ``Q``), as :func:`distributions`: signed rows (effective
-    attention) become distributions the way :func:`attnlens.methods.stats.row_statistics` makes them for
+    attention) become distributions the way :func:`attnlens.methods.stats.statistic_sums` makes them for
     the entropy; zero entries count ``0 · log 0 = 0``. The distance lies in ``[0, sqrt(ln 2)]``;
     identical rows give exactly 0. Computed in the inputs' dtype (float64 for ~1e-12 agreement
     with SciPy); the rounding below 0 of nearly identical rows is clamped to 0.

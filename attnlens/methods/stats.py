@@ -144,41 +144,70 @@ def token_classes(
     }
 
 
-def row_statistics(
-    pattern: Float[Tensor, "*stack batch head query key"],
+#: the statistics that sum a row's attention over a set of keys, in :data:`STATISTICS`' order:
+#: a token class's keys (``to_cls``, ``to_sep``, ``to_punct``: the keys of :func:`token_classes`)
+#: or the key at an offset of :data:`OFFSETS`
+LINEAR: tuple[str, ...] = ("to_cls", "to_sep", "to_punct", "to_self", "to_prev", "to_next")
+
+
+def statistic_terms(
     classes: dict[str, Bool[Tensor, "batch key"]],
     valid: Bool[Tensor, "batch pos"],
     positions: Int[Tensor, "batch pos"] | None = None,
-) -> dict[str, Float[Tensor, "*stack batch head query"]]:
-    """Each statistic of :data:`STATISTICS` for every (example, head, query) row; ``stack``: any
-    leading axes of maps of the same examples (the layers and views of a batch, in one call).
+) -> dict[str, Tensor]:
+    """What :func:`statistic_sums` reads of a batch's tokens alone (made once per batch; in a
+    pass on the host's copy of its tokens, :func:`batch_statistic_terms`):
 
-    ``positions``: the layout position of every column (a compact batch,
-    :attr:`attnlens.core.inputs.Batch.positions`); the offsets of ``to_prev`` / ``to_next`` are then
-    counted in positions, not columns, so a compact batch gives what its padded layout gives
-    (where two neighbouring columns are not neighbouring positions, e.g. the last word and the
-    final [SEP] of the PAPA layout, the neighbour is padding there: 0). ``None``: the columns are
-    the positions."""
-    pattern = pattern.to(BATCH_DTYPE) * valid[:, None, None, :]
-    names = list(classes)
-    masks = torch.stack([classes[name] for name in names], dim=-1).to(pattern.dtype)  # [b, k, c]
-    targets = torch.matmul(pattern, masks[:, None])  # one pass over the pattern for every class
-    out = {f"to_{name}": targets[..., i] for i, name in enumerate(names)}
-    for name, offset in OFFSETS.items():
-        out[name] = _diagonal(pattern, offset)
+    - ``weights``: ``[batch, query · key, statistic]`` (bool), for each of :data:`LINEAR`
+      whether key ``k`` counts for query ``q``: both valid, and ``k`` of the class
+      (``classes["cls"]``, ``["sep"]``, ``["punct"]``), or at the statistic's offset from ``q``
+      (counted in layout positions in a compact batch, ``positions``; see :func:`adjacent`);
+    - ``keys``: ``[batch, 1, 1, key]``, the valid keys; ``rows``: ``[batch, 1, query, 1]``, the
+      valid queries; ``first``: ``[batch, 1, key, 1]``, each example's first real token (floats)."""
+    n_batch, n = valid.shape
+    both = valid[:, :, None] & valid[:, None, :]  # [batch, query, key]
+    columns = [both & classes[name.removeprefix("to_")][:, None, :] for name in LINEAR[:3]]
+    index = torch.arange(n, device=valid.device)
+    for name in LINEAR[3:]:
+        offset = OFFSETS[name]
+        at = both & (index[None, :] - index[:, None] == offset)
         if positions is not None and offset != 0:
-            out[name] = out[name] * adjacent(positions, offset)[:, None, :].to(pattern.dtype)
-    # H = -Σ p log p with p = w / S, w = |a|, S = Σ w:  H = log S − (Σ w log w) / S (0 if S = 0)
-    weights = pattern.abs()
-    total = weights.sum(-1)
-    tiny = torch.finfo(weights.dtype).tiny  # 0 · log(tiny) = 0, as 0 · log 0 is taken to be
-    w_log_w = weights.clamp_min(tiny).log_().mul_(weights).sum(-1)
-    safe = total.clamp_min(tiny)
-    out["entropy"] = torch.where(total > 0, safe.log() - w_log_w / safe, torch.zeros_like(total))
+            at = at & adjacent(positions, offset)[:, :, None]
+        columns.append(at)
     first = valid & (valid.long().cumsum(-1) == 1)  # each example's first real token
-    to_first = (pattern * first[:, None, None, :]).sum(-1)
-    out["sink"] = (to_first > SINK_THRESHOLD).to(pattern.dtype)
-    return out
+    return {
+        "weights": torch.stack(columns, dim=-1).reshape(n_batch, n * n, len(LINEAR)),
+        "keys": valid[:, None, None, :].to(BATCH_DTYPE), "rows": valid[:, None, :, None].to(BATCH_DTYPE),
+        "first": first[:, None, :, None].to(BATCH_DTYPE),
+    }
+
+
+def statistic_sums(
+    pattern: Float[Tensor, "*stack batch head query key"], terms: dict[str, Tensor],
+) -> Float[Tensor, "*stack head statistic"]:
+    """Each statistic of :data:`STATISTICS` summed over the batch's valid query rows, per head;
+    ``stack``: any leading axes of maps of the same examples (the layers and views of a batch,
+    in one call, each map on its own); ``terms``: :func:`statistic_terms` of the batch.
+
+    The six of :data:`LINEAR` in one contraction: ``Σ_{b,q,k} a_bqk · w_bqk`` (a batched matrix
+    product of every example's ``query · key`` entries with its ``weights``); the entropy of
+    each valid row, with ``w = |a|`` over the valid keys and ``S = Σ w``, is
+    ``H = log S − (Σ w log w) / S`` (0 if ``S = 0``: ``-Σ p log p`` of ``p = w / S``); the sink
+    is 1 where a row's attention on its example's first real token exceeds
+    :data:`SINK_THRESHOLD`. All in float32 (:data:`BATCH_DTYPE`)."""
+    pattern = pattern.to(BATCH_DTYPE)
+    *stack, n_batch, n_heads, n, _ = pattern.shape
+    weights = terms["weights"].to(BATCH_DTYPE)
+    linear = torch.matmul(pattern.reshape(*stack, n_batch, n_heads, n * n), weights).sum(-3)  # [*stack, head, linear]
+    masked = pattern * terms["keys"]
+    magnitude = masked.abs()
+    total = magnitude.sum(-1)
+    w_log_w = torch.special.xlogy(magnitude, magnitude).sum(-1)  # 0 log 0 = 0
+    safe = total.clamp_min(torch.finfo(BATCH_DTYPE).tiny)
+    entropy = (safe.log() - w_log_w / safe) * (total > 0)
+    sink = torch.matmul(masked, terms["first"]).squeeze(-1) > SINK_THRESHOLD  # [*stack, batch, head, query]
+    rows = (torch.stack([entropy, sink.to(BATCH_DTYPE)], dim=-1) * terms["rows"]).sum(dim=(-4, -2))
+    return torch.cat([linear, rows], dim=-1)
 
 
 def adjacent(positions: Int[Tensor, "batch pos"], offset: int) -> Bool[Tensor, "batch pos"]:
@@ -199,17 +228,6 @@ def adjacent(positions: Int[Tensor, "batch pos"], offset: int) -> Bool[Tensor, "
     return out
 
 
-def _diagonal(pattern: Tensor, offset: int) -> Tensor:
-    """``pattern[b, h, i, i + offset]``, 0 where ``i + offset`` is outside the sequence."""
-    diagonal = torch.diagonal(pattern, offset=offset, dim1=-2, dim2=-1)
-    out = pattern.new_zeros(pattern.shape[:-1])
-    if offset >= 0:
-        out[..., : diagonal.shape[-1]] = diagonal
-    else:
-        out[..., -offset : -offset + diagonal.shape[-1]] = diagonal
-    return out
-
-
 class AttentionStatistics(Result):
     """Streaming means of :data:`STATISTICS` per (layer, head); holds no attention maps.
 
@@ -220,9 +238,10 @@ class AttentionStatistics(Result):
     Precision: a batch's rows are summed in float32 (:data:`BATCH_DTYPE`, on the pattern's
     device, with no copy to the CPU), and those per-batch sums are added into float64 running
     totals (:data:`TOTAL_DTYPE`, ``[layer, head]``, on the same device), so the error does not
-    grow with the corpus: only with the ``n = batch · query`` terms of one batch sum, at most
-    ``n · 2⁻²⁴`` relative (about ``√n · 2⁻²⁴`` typically; ``tests/test_stats.py`` derives the
-    test's tolerance from it). The totals move to the pattern's device on the first update.
+    grow with the corpus: only with the ``n`` terms of one batch sum (``query · key + batch``
+    for the statistics of :data:`LINEAR`, ``key + batch · query`` for entropy and sink,
+    :func:`statistic_sums`), at most ``n · 2⁻²⁴`` relative (about ``√n · 2⁻²⁴`` typically;
+    ``tests/unit/test_stats.py`` derives the test's tolerance from it). The totals move to the pattern's device on the first update.
     """
 
     COLUMNS: ClassVar[dict[str, str]] = {
@@ -259,25 +278,19 @@ class AttentionStatistics(Result):
         of the same batch)."""
         layers = [layer] if isinstance(layer, int) else list(layer)
         maps = pattern[None] if isinstance(layer, int) else pattern
-        self.add_rows(layers, row_statistics(maps.detach(), classes, valid, positions), valid)
-
-    def add_rows(self, layers: Sequence[int], rows: dict[str, Float[Tensor, "layer batch head query"]],
-                 valid: Bool[Tensor, "batch pos"]) -> None:
-        """Add :func:`row_statistics`' rows of a batch at ``layers`` (``rows[name][i]`` those of
-        ``layers[i]``; ``valid``: the batch's real query tokens), every statistic in one sum."""
-        stacked = torch.stack([rows[name] for name in STATISTICS])  # [statistic, layer, batch, head, query]
-        self.add_sums(layers, (stacked * valid[:, None, :].to(BATCH_DTYPE)).sum(dim=(2, 4)), valid.sum())
+        sums = statistic_sums(maps.detach(), statistic_terms(classes, valid, positions))  # [layer, head, statistic]
+        self.add_sums(layers, sums.movedim(-1, 0), valid.sum())
 
     def add_sums(self, layers: Sequence[int], sums: Float[Tensor, "statistic layer head"],
-                 count: Int[Tensor, ""]) -> None:
+                 count: Int[Tensor, ""] | Float[Tensor, ""]) -> None:
         """Add a batch's sums over its valid query rows, ``sums[:, i]`` those of layer
-        ``layers[i]`` (statistics in :data:`STATISTICS`' order), and its ``count`` of valid
+        ``layers[i]`` (statistics in :data:`STATISTICS`' order), and its ``count`` (a whole number, in any dtype) of valid
         query rows per head to each of those layers (several layers in one addition: what a
         pass that computes them together hands over)."""
         device = sums.device
         if self.counts.device != device:
-            self.totals = self.totals.to(device, _total_dtype(device))
-            self.counts = self.counts.to(device, _total_dtype(device))
+            self.totals = self.totals.to(device, total_dtype(device))
+            self.counts = self.counts.to(device, total_dtype(device))
         add_at(self.totals, 1, layers, sums)
         add_at(self.counts, 0, layers, count.expand(len(layers)))
 
@@ -322,7 +335,9 @@ class AttentionStatistics(Result):
         return made
 
 
-def _total_dtype(device: torch.device) -> torch.dtype:
+def total_dtype(device: torch.device) -> torch.dtype:
+    """The running totals' dtype on ``device``: :data:`TOTAL_DTYPE`, or float32 on Apple's MPS
+    (no float64)."""
     return torch.float32 if device.type == "mps" else TOTAL_DTYPE
 
 
@@ -333,6 +348,20 @@ def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
     tokenizer = batch.model.tokenizer
     return batch.from_host("token_classes", lambda inputs: token_classes(
         tokenizer, inputs.input_ids, inputs.attention_mask.bool()))
+
+
+def batch_statistic_terms(batch: Any) -> dict[str, Tensor]:
+    """:func:`statistic_terms` of a :class:`attnlens.engine.accumulator.PassBatch`, once per batch
+    for every accumulator that asks (off the CPU on the host's copy of its tokens, moved in one
+    copy, :meth:`~attnlens.engine.accumulator.PassBatch.from_host`)."""
+    tokenizer = batch.model.tokenizer
+
+    def made(inputs: Any) -> dict[str, Tensor]:
+        valid = inputs.attention_mask.bool()
+        return statistic_terms(token_classes(tokenizer, inputs.input_ids, valid), valid,
+                               inputs.positions if inputs.compact else None)
+
+    return batch.from_host("statistics.terms", made)
 
 
 class Statistics(Accumulator):
@@ -359,8 +388,8 @@ class Statistics(Accumulator):
     def update(self, layer: Any) -> None:
         layers = layer.layers or (layer.layer,)  # a stack of layers (LayerPatterns.stack): [layer · batch, ...]
         pattern = self._view.read(layer, self.constants, causal=self.causal).unflatten(0, (len(layers), -1))
-        batch = layer.batch
-        self.statistics.update(layers, pattern, batch_classes(batch), batch.key_mask, batch.compact_positions)
+        sums = statistic_sums(pattern.detach(), batch_statistic_terms(layer.batch))  # [layer, head, statistic]
+        self.statistics.add_sums(layers, sums.movedim(-1, 0), layer.batch.key_mask.sum())
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"sums": self.statistics.totals, "counts": self.statistics.counts}
@@ -371,13 +400,14 @@ class Statistics(Accumulator):
 
 def total_variation(
     pattern: Float[Tensor, "*stack batch head query key"],
-    standard: Float[Tensor, "*stack batch head query key"],
+    standard: Float[Tensor, "*standard batch head query key"],
     valid: Bool[Tensor, "batch pos"],
 ) -> Float[Tensor, "*stack head"]:
     """Sum over valid query rows of ½·Σ_k |pattern − standard| over valid keys, per head: the
     ``distance_from_standard`` of :func:`attnlens.compare` (divided by the tokens seen).
     ``stack``: any leading axes (e.g. the layers of a batch, each ``[batch, head, query, key]``
-    with the same ``valid`` tokens), each summed on its own.
+    with the same ``valid`` tokens), each summed on its own; ``standard``'s leading axes
+    broadcast against them (e.g. the layers, for a stack of views and layers).
 
     In float32 (the patterns' precision): a sum of ``n`` terms (``key``, then ``batch · query``)
     is within ``n · 2⁻²⁴`` of the exact one relatively (all terms are non-negative); the caller
@@ -418,8 +448,7 @@ class Distance(Accumulator):
         """Add ``totals[i]`` (:func:`total_variation` of a batch) to layer ``layers[i]``: several
         layers in one addition, as a pass that computes them together hands them over."""
         if self.total.device != totals.device:
-            dtype = torch.float32 if totals.device.type == "mps" else torch.float64
-            self.total = self.total.to(totals.device, dtype)
+            self.total = self.total.to(totals.device, total_dtype(totals.device))
         add_at(self.total, 0, layers, totals)
 
     def state_dict(self) -> dict[str, Tensor]:
