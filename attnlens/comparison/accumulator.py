@@ -15,21 +15,20 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core import devices
-from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, added_together
 from attnlens.errors import InputError
 from attnlens.methods import views as registry
 from attnlens.methods.patterns.counts import PatternTypes, type_counts
 from attnlens.methods.patterns.templates import batch_positions, template_labels
 from attnlens.methods.stats import (
-    BATCH_DTYPE,
-    STATISTICS,
     AttentionStatistics,
     Distance,
     Statistics,
-    batch_classes,
-    row_statistics,
+    batch_statistic_terms,
+    statistic_sums,
     token_classes,
     token_texts,
+    total_dtype,
     total_variation,
 )
 from attnlens.present.kept import KeptExample, KeptPatterns, encode, refused, segments_of
@@ -125,6 +124,10 @@ class ViewsAccumulator(Accumulator):
         self.add_state("longer_than_d_head", torch.zeros((), dtype=torch.int64))
         self.report_examples = report_examples
         signed = tuple(view for view in names if self.views[view].signed)
+        #: the views of each sign, as indices into names: the template rules and the kept maps'
+        #: codes read signed maps their own way
+        self.signs = [(sign, [j for j, view in enumerate(names) if self.views[view].signed == sign])
+                      for sign in (False, True) if any(self.views[view].signed == sign for view in names)]
         self.kept_patterns = KeptPatterns(names, signed, n_layers, n_heads, limit=report_examples)
         self.report_rows: _ReportRows | None = None
         # off the CPU the kept maps wait on the device until the pass ends (to("cpu")), and so
@@ -165,33 +168,36 @@ class ViewsAccumulator(Accumulator):
         for distance in self.distances.values():
             distance.update(layer)
         if self.row is not None or self.report_rows is not None:
-            self._keep_rows([layer.layer], {view: value.read(layer, self.constants, causal=self.causal).float()[None]
-                                            for view, value in self.views.items()})
+            self._keep_rows([layer.layer], torch.stack([value.read(layer, self.constants, causal=self.causal).float()[None]
+                                                        for value in self.views.values()]))
 
-    def _keep_rows(self, layers: list[int], maps: dict[str, Tensor]) -> None:
-        """Keep the figures' example's and the report's rows of ``maps``, every view's maps of
-        ``layers`` (``[layer, batch, head, query, key]``): the example's valid block, and the
-        report rows' codes (one :func:`encode` per view for all the layers)."""
-        for view, per_layer in maps.items():
-            if self.row is not None:
-                block = per_layer[:, self.row].index_select(2, self.keep).index_select(3, self.keep)
+    def _keep_rows(self, layers: list[int], maps: Float[Tensor, "view layer batch head query key"]) -> None:
+        """Keep the figures' example's and the report's rows of ``maps``, every view's maps (in
+        :attr:`names`' order) of ``layers``: the example's valid block, and the report rows'
+        codes (one :func:`encode` for the views of each sign, all their layers at once)."""
+        if self.row is not None:
+            block = maps[:, :, self.row].index_select(-2, self.keep).index_select(-1, self.keep)
+            for j, view in enumerate(self.names):
                 for i, index in enumerate(layers):
-                    self.staged[view][index] = block[i]
-            kept = self.report_rows
-            if kept is not None:  # the kept rows' maps, coded together
-                signed = self.views[view].signed
-                blocks = kept.blocks(per_layer)
-                check = devices.reads_are_free(blocks)
-                codes, scales = encode(blocks, signed=signed, check=check)
-                if not check:
-                    self.refused = self.refused.to(blocks.device) | refused(blocks, signed=signed)
+                    self.staged[view][index] = block[j, i]
+        kept = self.report_rows
+        if kept is None:
+            return
+        blocks = kept.blocks(maps)  # the kept rows' maps, [view, layer, row, head, most, most]
+        check = devices.reads_are_free(blocks)
+        for signed, group in self.signs:
+            chosen = _views_of(blocks, group)
+            codes, scales = encode(chosen, signed=signed, check=check)
+            if not check:
+                self.refused = self.refused.to(blocks.device) | refused(chosen, signed=signed)
+            for g, j in enumerate(group):
                 for i, index in enumerate(layers):
-                    kept.codes[view][index], kept.scales[view][index] = codes[i], scales[i]
+                    kept.codes[self.names[j]][index], kept.scales[self.names[j]][index] = codes[g, i], scales[g, i]
 
     def _update_stack(self, stack: LayerPatterns) -> None:
         """Every part's additions for a stack of the batch's layers
         (:meth:`LayerPatterns.stack`), computed for all their maps at once: every view's maps
-        of the stack (:meth:`attnlens.methods.views.View.read`, one call each); the statistics
+        of the stack (:meth:`attnlens.methods.views.View.read`, one call each, stacked); the statistics
         and pattern types of all of them stacked (view after view, layer after layer: the same
         per-example arithmetic, every statistic and template share a function of one map, split
         back by view and layer before it is summed); each view's distances
@@ -199,36 +205,32 @@ class ViewsAccumulator(Accumulator):
         One call of each for the batch instead of one per layer and view: on a device, an
         eighteenth of the launches of MiniLM's six layers and three views."""
         batch, key_mask, layers = stack.batch, stack.batch.key_mask, list(stack.layers)
-        n, views = len(batch), list(self.views)
-        maps = {view: value.read(stack, self.constants, causal=self.causal).unflatten(0, (len(layers), n))
-                for view, value in self.views.items()}  # [layer, example, head, query, key]
-        rows = row_statistics(torch.stack([maps[view].float() for view in views]), batch_classes(batch), key_mask,
-                              batch.compact_positions)  # [view, layer, example, head, query]
-        # [statistic, view, layer, example, head, query], summed over the valid query rows
-        stacked = torch.stack([rows[name] for name in STATISTICS])
-        sums = (stacked * key_mask[:, None, :].to(BATCH_DTYPE)).sum(dim=(3, 5))  # [statistic, view, layer, head]
+        n = len(batch)
+        maps = torch.stack([value.read(stack, self.constants, causal=self.causal).float().unflatten(0, (len(layers), n))
+                            for value in self.views.values()])  # [view, layer, example, head, query, key]
+        sums = statistic_sums(maps, batch_statistic_terms(batch)).movedim(-1, 0)  # [statistic, view, layer, head]
         types: dict[str, Tensor] = {}
-        for signed in (False, True):  # the template rules read signed maps their own way
-            group = [view for view in views if self.views[view].signed == signed]
-            if not group:
-                continue
-            labels = template_labels(torch.stack([maps[view] for view in group]), batch_positions(batch),
-                                     signed=signed)  # [view, layer, example, head]
+        for signed, group in self.signs:  # the template rules read signed maps their own way
+            labels = template_labels(_views_of(maps, group), batch_positions(batch), signed=signed)  # [view, layer, example, head]
             counts = type_counts(labels)  # [view, layer, head, type]
-            types.update({view: counts[j] for j, view in enumerate(group)})
-        standard = stack.pattern.float().unflatten(0, (len(layers), n))
-        distances = {view: total_variation(maps[view].float(), standard, key_mask)
-                     for view in self.distances}  # [layer, head]
+            types.update({self.names[j]: counts[g] for g, j in enumerate(group)})
+        # every view but the first from the model's own maps (analyses: the first has no distance)
+        distances = total_variation(maps[1:], stack.pattern.float().unflatten(0, (len(layers), n)), key_mask) \
+            if len(self.names) > 1 else None
         if self.row is not None or self.report_rows is not None:
-            self._keep_rows(layers, {view: pattern.float() for view, pattern in maps.items()})
+            self._keep_rows(layers, maps)
         # everything computed before any state changes: a stack that runs out of memory above
         # adds nothing (engine.split puts back what an earlier stack of the batch added)
-        count = key_mask.sum()
-        for j, view in enumerate(views):
-            self.parts[view][0].statistics.add_sums(layers, sums[:, j], count)
-            self.parts[view][1].add_counts(layers, types[view])
-        for view, totals in distances.items():
-            self.distances[view].add_totals(layers, totals)
+        # in the totals' dtype at once, and added together (one multi-tensor addition per dtype)
+        total = total_dtype(key_mask.device)
+        sums, count = sums.to(total), key_mask.sum().to(total)
+        distances = None if distances is None else distances.to(total)
+        with added_together():
+            for j, view in enumerate(self.names):
+                self.parts[view][0].statistics.add_sums(layers, sums[:, j], count)
+                self.parts[view][1].add_counts(layers, types[view])
+                if distances is not None and j:
+                    self.distances[view].add_totals(layers, distances[j - 1])
 
     def end_batch(self, batch: PassBatch) -> None:
         for _, type_counter in self.parts.values():
@@ -367,6 +369,14 @@ class _ReportRows:
             )
             for i, (index, tokens, segments) in enumerate(zip(self.indices, self.tokens, self.segments, strict=True))
         ]
+
+
+def _views_of(maps: Tensor, group: list[int]) -> Tensor:
+    """``maps``' entries ``group`` along its first axis (the views): a slice when they follow
+    one another (no copy), else a stack."""
+    if group == list(range(group[0], group[0] + len(group))):
+        return maps[group[0] : group[0] + len(group)]
+    return torch.stack([maps[j] for j in group])
 
 
 def _row_tokens(batch: PassBatch, row: int) -> tuple[Tensor, list[str], list[int]]:

@@ -29,7 +29,8 @@ A minimal accumulator::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,14 +200,56 @@ REDUCTIONS: tuple[str, ...] = ("sum", "max", "min")
 def add_at(state: Tensor, dim: int, layers: Sequence[int], values: Tensor) -> None:
     """``state``'s entries at ``layers`` along ``dim`` += ``values`` (``values.shape[dim] ==
     len(layers)``): what an accumulator adds for several layers of a batch at once. A run of
-    consecutive layers is a slice (no index tensor to copy to the device), any other an
+    consecutive layers is a slice (no index tensor to copy to the device; inside
+    :func:`added_together`, added with the block's other additions), any other an
     ``index_add_``."""
     values = values.to(state.device, state.dtype)
     first = layers[0]
-    if list(layers) == list(range(first, first + len(layers))):
-        state.narrow(dim, first, len(layers)).add_(values)
-    else:
+    if list(layers) != list(range(first, first + len(layers))):
         state.index_add_(dim, torch.tensor(list(layers), device=state.device), values)
+        return
+    target = state.narrow(dim, first, len(layers))
+    if not _DEFERRED:
+        target.add_(values)
+        return
+    pending = _DEFERRED[-1]
+    if any(other is state for other, _, _ in pending):  # one addition per state in a multi-tensor add
+        _add_all(pending)
+        pending.clear()
+    pending.append((state, target, values))
+
+
+#: the additions :func:`add_at` defers while :func:`added_together` blocks are open (innermost last)
+_DEFERRED: list[list[tuple[Tensor, Tensor, Tensor]]] = []
+
+
+@contextlib.contextmanager
+def added_together() -> Iterator[None]:
+    """Inside, :func:`add_at`'s additions wait, and are made when the block ends without an
+    error, by one multi-tensor addition per device and dtype (``torch._foreach_add_``, as
+    PyTorch's optimizers update their parameters): on a GPU a kernel or two for every state an
+    update adds to, rather than one per state. A block that raises adds nothing it deferred."""
+    _DEFERRED.append([])
+    try:
+        yield
+    except BaseException:
+        _DEFERRED.pop()
+        raise
+    _add_all(_DEFERRED.pop())
+
+
+def _add_all(pending: list[tuple[Tensor, Tensor, Tensor]]) -> None:
+    """Make :func:`added_together`'s deferred additions, and mark every state changed (its
+    version counter, which ``engine.split`` reads to know what to put back after running out of
+    memory, whether or not a multi-tensor kernel bumps it)."""
+    groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
+    for state, target, values in pending:
+        targets, additions = groups.setdefault((state.device, state.dtype), ([], []))
+        targets.append(target)
+        additions.append(values)
+    for targets, additions in groups.values():
+        torch._foreach_add_(targets, additions)
+    torch.autograd.graph.increment_version([state for state, _, _ in pending])
 
 
 class Accumulator:

@@ -35,7 +35,7 @@ class _Split:
     A failed batch leaves no partial state: before each batch, the versions of the
     accumulators' state tensors (``Tensor._version``, a host counter that every in-place change
     bumps) are noted, and the state of the accumulators that change it during a forward (before
-    :meth:`~attnlens.engine.accumulator.Accumulator.end_batch`) is copied on the device (``clone``; no host read); after a
+    :meth:`~attnlens.engine.accumulator.Accumulator.end_batch`) is copied on the device (one multi-tensor copy per dtype, :func:`_copies`; no host read); after a
     failure, that copy is put back (:meth:`~attnlens.engine.accumulator.Accumulator.load_state_dict`). Which accumulators those
     are is learnt on the pass's first batch, for which every state is copied: :class:`~attnlens.methods.papa.fitting.PatternSums`
     and others that add their batch in ``end_batch`` are never copied after it, so the normal path
@@ -75,8 +75,9 @@ class _Split:
         """Run ``host``: True; or False when it ran out of memory (the state put back, and
         :attr:`limit` lowered to half its size); the error when it cannot be split."""
         before = self._versions()
-        copied = {i: ({key: value.clone() for key, value in a.state_dict().items()}, a.metadata())
-                  for i, a in enumerate(self.accumulators) if self.writers is None or i in self.writers}
+        chosen = [i for i in range(len(self.accumulators)) if self.writers is None or i in self.writers]
+        states = _copies([self.accumulators[i].state_dict() for i in chosen])
+        copied = {i: (state, self.accumulators[i].metadata()) for i, state in zip(chosen, states, strict=True)}
 
         def forwarded() -> None:  # which accumulators changed their state during the forward
             changed = {i for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)) if now != then}
@@ -118,3 +119,19 @@ class _Split:
                     "the pass again with a smaller batch_size (from its checkpoint, if it has one).")
             state, metadata = copied[i]
             self.accumulators[i].load_state_dict(state, metadata)
+
+
+def _copies(states: list[dict[str, Tensor]]) -> list[dict[str, Tensor]]:
+    """Copies of every tensor of ``states``, made by one multi-tensor copy per device and dtype
+    (``torch._foreach_copy_``, as PyTorch's optimizers update their parameters): on a GPU a
+    kernel or two for all of them, rather than one per tensor."""
+    copies = [{key: torch.empty_like(value) for key, value in state.items()} for state in states]
+    groups: dict[tuple[torch.device, torch.dtype], tuple[list[Tensor], list[Tensor]]] = {}
+    for state, copy in zip(states, copies, strict=True):
+        for key, value in state.items():
+            targets, sources = groups.setdefault((value.device, value.dtype), ([], []))
+            targets.append(copy[key])
+            sources.append(value)
+    for targets, sources in groups.values():
+        torch._foreach_copy_(targets, sources)
+    return copies

@@ -65,3 +65,35 @@ def test_an_unknown_reduction_is_refused():
     accumulator = Counts([1.0])
     with pytest.raises(InputError, match="reduction 'mean'"):
         accumulator.add_state("mean", torch.zeros(1), reduction="mean")
+
+
+def test_additions_made_together_equal_one_at_a_time():
+    """add_at inside added_together: nothing changes until the block ends, then every state
+    holds what one addition at a time gives (exactly: the same additions, in float64 and int64);
+    the same state added twice gets both; every state's version counter moves (engine.split
+    reads it to know what to put back after running out of memory); a block that raises adds
+    nothing it deferred."""
+    from attnlens.engine.accumulator import add_at, added_together
+
+    generator = torch.Generator().manual_seed(0)
+    totals = torch.rand(6, 4, generator=generator, dtype=torch.float64)
+    counts = torch.randint(0, 9, (6, 4, 5), generator=generator)
+    sums = torch.rand(3, 4, generator=generator, dtype=torch.float64)
+    more = torch.rand(2, 4, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 9, (3, 4, 5), generator=generator)
+    expected = totals.clone(), counts.clone()
+    expected[0][2:5] += sums
+    expected[0][0:2] += more
+    expected[1][1:4] += labels
+    before, versions = totals.clone(), (totals._version, counts._version)
+    with added_together():
+        add_at(totals, 0, [2, 3, 4], sums)
+        add_at(counts, 0, [1, 2, 3], labels)
+        assert torch.equal(totals, before)
+        add_at(totals, 0, [0, 1], more)  # the same state again
+    assert torch.equal(totals, expected[0]) and torch.equal(counts, expected[1])
+    assert totals._version > versions[0] and counts._version > versions[1]
+    with pytest.raises(RuntimeError, match="stop"), added_together():
+        add_at(totals, 0, [0], more[:1])
+        raise RuntimeError("stop")
+    assert torch.equal(totals, expected[0])
