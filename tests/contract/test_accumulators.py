@@ -424,12 +424,13 @@ def test_the_accumulators_that_run_in_any_order():
 
 
 #: the accumulators whose cases take stacks of layers (Accumulator.stacks: an instance's, by its views)
-STACKING = {"Statistics", "Distance", "PatternTypes", "ViewsAccumulator"}
+STACKING = {"Statistics", "Distance", "PatternTypes", "ViewsAccumulator", "PatternSums"}
 
 
 def test_the_accumulators_that_stack(model):
     """Those that read a batch's maps one (example, layer) at a time through views that stack
-    (View.stacks); not those that read the layer's own weights or hooks, or keep it in order."""
+    (View.stacks), and PAPA's fit (sums of the patterns); not those that read the layer's own
+    weights or hooks, or keep it in order."""
     assert {cls.__name__ for cls, case in CASES.items() if case.make(model, 0, N_TEXTS).stacks} == STACKING
 
 

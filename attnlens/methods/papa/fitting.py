@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, SupportsIndex
 
 import torch
+from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.corpus import corpus_iterator
@@ -132,52 +133,47 @@ class PatternSums(Accumulator):
 
     def __init__(self, constants: PapaConstants) -> None:
         self.constants = constants
-        n_layers = constants.n_layers
-        self.first: list[Tensor | None] = [None] * n_layers
-        self.second: list[Tensor | None] = [None] * n_layers
-        self.weights: Tensor | None = None
-        self.ones: Tensor | None = None
+        #: a batch's float32 sums of masked patterns and of their squares, per stack of layers
+        #: (one layer on the CPU; off it, the engine's stacks, Accumulator.stacks), added in end_batch
+        self.added: list[tuple[tuple[int, ...], Tensor, Tensor]] = []
+        self.terms: dict[str, Tensor] = {}
         self.resumed = constants.n_examples
+        self.stacks = True
 
     def start_batch(self, batch: PassBatch) -> None:
         state = self.constants
         if state.n_examples and state.pairs != batch.batch.is_pair:
             raise InputError(_mixed_inputs(state, batch.batch.is_pair, None, resumed=False))
-        valid = batch.key_mask
-        self.pairs = valid[:, :, None] & valid[:, None, :]
-        self.weights = self.pairs[:, None].float()
-        self.ones = self.weights.new_ones(1, len(batch))
-        self.index = None
-        if batch.batch.compact:  # where each column pair goes: its flat (query, key) position
-            positions, size = batch.positions, state.max_len
-            self.index = (positions[:, :, None] * size + positions[:, None, :]).flatten()
+        size = state.max_len
+        self.terms = batch.from_host("papa.fit", lambda inputs: _batch_terms(inputs, size))
+        self.added = []
 
     def update(self, layer: LayerPatterns) -> None:
-        pattern = layer.pattern.detach().float()
+        layers = layer.layers or (layer.layer,)
+        pattern = layer.pattern.detach().float().unflatten(0, (len(layers), -1))  # [layer, batch, head, query, key]
         # The masked pattern goes into one buffer reused by every layer and batch: a fresh
         # [batch, head, query, key] tensor per layer would be new memory each time, and its
         # page faults cost more than the arithmetic.
         masked = self._buffer(pattern)
-        torch.mul(pattern, self.weights, out=masked)
-        if self.index is not None:
-            self.first[layer.layer] = self._scatter(masked)
-            masked.mul_(masked)
-            self.second[layer.layer] = self._scatter(masked)
-            return
-        masked = masked.view(pattern.shape[0], -1)
+        torch.mul(pattern, self.terms["weights"], out=masked)
+        first = self._sums(masked)
+        masked.mul_(masked)
+        self.added.append((layers, first, self._sums(masked)))
+
+    def _sums(self, masked: Float[Tensor, "layer batch head query key"]) -> Float[Tensor, "layer head row column"]:
+        """The batch's sums of ``masked``: over the examples; in a compact batch scatter-added at
+        the layout positions of their columns (``[layer, head, max_len, max_len]``; else
+        ``[layer, head, query, key]``)."""
+        n_layers, n_batch, n_heads = masked.shape[:3]
+        if "index" in self.terms:
+            size = self.constants.max_len
+            rows = masked.transpose(1, 2).reshape(n_layers * n_heads, -1)  # [layer · head, batch · query · key]
+            total = masked.new_zeros(n_layers * n_heads, size * size).index_add_(1, self.terms["index"], rows)
+            return total.view(n_layers, n_heads, size, size)
         # Sums over the batch as a [1, batch] @ [batch, head*query*key] product: the same
         # float32 sum as .sum(0), but a BLAS call copes far better with a busy CPU.
-        self.first[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
-        masked.mul_(masked)
-        self.second[layer.layer] = (self.ones @ masked).view(pattern.shape[1:])
-
-    def _scatter(self, masked: Tensor) -> Tensor:
-        """``[head, max_len, max_len]``: the batch's masked patterns ``[batch, head, query, key]``
-        summed at the layout positions of their columns (a compact batch)."""
-        n_heads, size = masked.shape[1], self.constants.max_len
-        rows = masked.transpose(0, 1).reshape(n_heads, -1)  # [head, batch * query * key]
-        total = masked.new_zeros(n_heads, size * size).index_add_(1, self.index, rows)
-        return total.view(n_heads, size, size)
+        ones = self.terms["ones"]
+        return (ones @ masked.view(n_layers, n_batch, -1)).view(n_layers, *masked.shape[2:])
 
     def _buffer(self, pattern: Tensor) -> Tensor:
         """A float32 tensor of ``pattern``'s shape, reused while the shape and device stay."""
@@ -187,26 +183,22 @@ class PatternSums(Accumulator):
         return buffer
 
     def end_batch(self, batch: PassBatch) -> None:
-        """Add the batch's float32 sums into the float64 running sums (in place)."""
+        """Add the batch's float32 sums into the float64 running sums (in place), a stack of
+        layers at a time."""
         state = self.constants
-        if self.index is not None:
-            size = state.max_len
-            counts = torch.zeros(size * size, dtype=torch.int64, device=self.index.device)
-            counts = counts.index_add_(0, self.index, self.pairs.flatten().long()).view(size, size)
-        else:
-            counts = self.pairs.sum(0)
+        counts = self.terms["counts"]
         n = counts.shape[-1]
-        for layer, (total, squares) in enumerate(zip(self.first, self.second, strict=True)):
-            state.sums[layer, :, :n, :n] += total.to(state.sums.device)
-            state.squares[layer, :, :n, :n] += squares.to(state.squares.device)
+        for layers, total, squares in self.added:
+            for i, run in _runs(layers):
+                width = len(run)
+                state.sums[run[0] : run[0] + width, :, :n, :n] += total[i : i + width].to(state.sums.device)
+                state.squares[run[0] : run[0] + width, :, :n, :n] += squares[i : i + width].to(state.squares.device)
         state.pair_counts[:n, :n] += counts
         state.n_examples += len(batch)
         state.n_tokens += batch.n_tokens
         state.n_truncated += int(batch.batch.n_truncated)
         state.pairs = bool(batch.batch.is_pair)
-        self.first = [None] * len(self.first)
-        self.second = [None] * len(self.second)
-        self.weights = self.ones = self.pairs = self.index = None
+        self.added, self.terms = [], {}
 
     def state_dict(self) -> dict[str, Tensor]:
         return {name: getattr(self.constants, name) for name in ("sums", "squares", "pair_counts")}
@@ -246,6 +238,36 @@ class PatternSums(Accumulator):
     def result(self) -> PapaConstants:
         self._scratch = None
         return self.constants
+
+
+def _batch_terms(inputs: Any, size: int) -> dict[str, Tensor]:
+    """What :class:`PatternSums` reads of a batch's tokens alone (in a pass, made on the host's
+    copy of them and moved in one copy, :meth:`~attnlens.engine.accumulator.PassBatch.from_host`):
+    ``weights``, ``[batch, 1, query, key]``, 1 where query and key are both real tokens;
+    ``counts``, those pairs counted per layout position (``[size, size]``) in a compact batch,
+    per column pair (``[query, key]``) else; and in a compact batch ``index``, every column
+    pair's flat layout position, else ``ones``, ``[1, batch]``."""
+    valid = inputs.attention_mask.bool()
+    pairs = valid[:, :, None] & valid[:, None, :]
+    terms = {"weights": pairs[:, None].float()}
+    if inputs.compact:  # where each column pair goes: its flat (query, key) position
+        index = (inputs.positions[:, :, None] * size + inputs.positions[:, None, :]).flatten()
+        counts = torch.zeros(size * size, dtype=torch.int64, device=valid.device)
+        terms.update(index=index, counts=counts.index_add_(0, index, pairs.flatten().long()).view(size, size))
+    else:
+        terms.update(ones=terms["weights"].new_ones(1, len(valid)), counts=pairs.sum(0))
+    return terms
+
+
+def _runs(layers: Sequence[int]) -> list[tuple[int, list[int]]]:
+    """``layers`` cut into runs of consecutive layers, each with its first index in ``layers``."""
+    runs: list[tuple[int, list[int]]] = []
+    for i, layer in enumerate(layers):
+        if runs and runs[-1][1][-1] + 1 == layer:
+            runs[-1][1].append(layer)
+        else:
+            runs.append((i, [layer]))
+    return runs
 
 
 def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaConstants:
