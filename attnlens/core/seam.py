@@ -77,11 +77,15 @@ def attention_forward(
     pattern = nn.functional.softmax(scores, dim=-1)
     pattern = nn.functional.dropout(pattern, p=dropout, training=module.training)
     if pattern_fn is not None:
-        token = _KEY_MASK.set(_key_mask_from_additive(attention_mask, key.shape[0], key.shape[2], key.device))
-        try:
-            pattern = pattern_fn(pattern)
-        finally:
-            _KEY_MASK.reset(token)
+        stashed = _KEY_MASK.get()
+        if stashed is not None and stashed.shape == (key.shape[0], key.shape[2]) and stashed.device == key.device:
+            pattern = pattern_fn(pattern)  # the batch's own mask, that attnlens's run set (batch_key_mask)
+        else:
+            token = _KEY_MASK.set(_key_mask_from_additive(attention_mask, key.shape[0], key.shape[2], key.device))
+            try:
+                pattern = pattern_fn(pattern)
+            finally:
+                _KEY_MASK.reset(token)
     output = torch.matmul(pattern, value).transpose(1, 2).contiguous()
     return output, pattern
 
@@ -106,9 +110,10 @@ def _key_mask_from_additive(
 @contextlib.contextmanager
 def batch_key_mask(valid: Bool[Tensor, "batch key"]) -> Iterator[None]:
     """Inside this context, :func:`key_mask` returns ``valid`` (``[batch, key]``, True for real
-    tokens) for patterns of that batch and length, unless an attention module prepared by
-    :func:`install` reads its own mask (the same one). attnlens's runs over a :class:`Batch` use
-    it, so that decoders (whose pattern hooks have no seam) need no inference either."""
+    tokens) for patterns of that batch and length (an attention module prepared by
+    :func:`install` reads its own additive mask only outside it: the same keys, read again at
+    every layer). attnlens's runs over a :class:`Batch` use it, so that decoders (whose pattern
+    hooks have no seam) need no inference either."""
     token = _KEY_MASK.set(valid)
     try:
         yield
