@@ -27,13 +27,14 @@ build ``U``; every head gets the cheapest one that is certified for it:
   it agrees with the float64 reference to about 1e-6 absolute at worst, most heads within 3e-7
   (tests allow 1e-5). Only float32
   matrix products and two batched LAPACK calls on ``d_head x d_head`` matrices are involved.
-- Gram route (float64, for the heads the refined route does not certify: nearly square or badly
+- Exact route (float64, for the heads the refined route does not certify: nearly square or badly
   conditioned ``V_valid``, e.g. a sequence of ``d_head + 1`` keys, or rank-deficient ones): the
-  same Cholesky basis from the float64 Gram matrix, or, where the certificate fails, the exact
-  rule from ``G``'s eigendecomposition, ``U = V_valid Q_r Σ_r⁻¹`` over the kept eigenpairs.
-  Forming ``G`` squares the condition number, but in float64 singular values are still resolved
-  down to about ``1e-7 · σ_max``, well below the default tolerance for these dtypes (at least
-  ``33 · 1.19e-7 = 3.9e-6``).
+  rule from the float64 Gram matrix's eigendecomposition, ``U = V_valid Q_r Σ_r⁻¹`` over the
+  eigenpairs kept by the tolerance. Forming ``G`` squares the condition number, but in float64
+  singular values are still resolved down to about ``1e-7 · σ_max``, well below the default
+  tolerance for these dtypes (at least ``33 · 1.19e-7 = 3.9e-6``). Off the CPU every head's
+  exact basis is computed too and taken where the refined one is not certified
+  (``torch.where``: no read of the device), the same arithmetic per head as on the CPU.
 - QR route (float64 inputs, or any ``rtol`` below :data:`GRAM_MIN_RTOL`): ``V_valid = Q R``,
   ``R = U_R Σ W_Rᵀ`` (SVD of the small ``R``), ``U = Q U_R[:, kept]``, accurate to float64
   working precision but slower.
@@ -80,10 +81,10 @@ from attnlens.core.checks import describe, finite, finite_tensor
 from attnlens.core.seam import key_mask as infer_key_mask
 from attnlens.errors import InputError, InputTypeError
 
-#: smallest ``rtol`` the Gram routes resolve reliably; below it the QR route is used
+#: smallest ``rtol`` the refined and exact routes resolve reliably; below it the QR route is used
 GRAM_MIN_RTOL = 1e-6
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
-#: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 Gram route
+#: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 exact route
 REFINE_MAX_DEFECT = 1e-3
 
 
@@ -222,7 +223,7 @@ def effective_attention(
     lengths = valid.sum(-1)
     if rtol is not None and not (math.isfinite(rtol) and rtol >= 0):
         raise InputError(f"rtol must be a finite number >= 0, got {rtol}")
-    # The QR route for float64 values or a tolerance the Gram routes cannot resolve. The default
+    # The QR route for float64 values or a tolerance the refined and exact routes cannot resolve. The default
     # tolerance of a decomposed sequence, n · eps with n > d_head, is at least (d_head + 1) · eps
     # (decided on the host, from the shapes: no read of the device)
     eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
@@ -312,11 +313,11 @@ def _column_space_basis(
     else:
         basis, certified = _basis_refined(flat, tolerance)
         if not reads:  # the float64 route for every head, taken where the fast one fails
-            fallback = _basis_gram(flat.double(), tolerance, reads=False).to(basis.dtype)
+            fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
         elif not bool(certified.all()):
             heads = (~certified).nonzero().squeeze(-1)
-            basis[heads] = _basis_gram(flat[heads].double(), tolerance[heads]).to(basis.dtype)
+            basis[heads] = _basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
     basis = basis.reshape(batch, n_heads, n_keys, d_head)
     return basis if device.type != "mps" else basis.to(device=device, dtype=torch.float32)
 
@@ -398,23 +399,10 @@ def _basis_qr(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, 
     return torch.nn.functional.pad(basis, (0, short)) if short else basis
 
 
-def _basis_gram(
-    v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"], *, reads: bool = True
-) -> Tensor:
-    """float64 Gram route: ``U = V L⁻ᵀ`` where certified, the exact eigen rule elsewhere."""
-    gram = v64.mT @ v64  # [matrix, d_head, d_head]; eigenvalues sigma ** 2
-    factor_inv, info = _cholesky_inverse_factor(gram)
-    # U = V L^-T has orthonormal columns spanning col(V) when G = L L^T is positive definite.
-    basis = v64 @ factor_inv.mT
-    # Heads that fail the certificate (rank-deficient, badly conditioned, or Cholesky failed)
-    # get the exact treatment: U = V Q_r Σ_r⁻¹ over the kept eigenpairs of G.
-    certain = (info == 0) & _full_rank_certified(gram, factor_inv, tolerance)
-    if not reads:  # the exact rule for every head, taken where the certificate fails
-        return torch.where(certain[:, None, None], basis, _eigen_basis(v64, gram, tolerance))
-    if not bool(certain.all()):
-        heads = (~certain).nonzero().squeeze(-1)
-        basis[heads] = _eigen_basis(v64[heads], gram[heads], tolerance[heads])
-    return basis
+def _basis_exact(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]) -> Tensor:
+    """float64 exact route: ``U = V Q_r Σ_r⁻¹`` over the eigenpairs of ``G = VᵀV`` kept by
+    ``tolerance`` (the heads the refined route does not certify)."""
+    return _eigen_basis(v64, v64.mT @ v64, tolerance)
 
 
 def _eigh(gram: Tensor) -> tuple[Tensor, Tensor]:

@@ -122,7 +122,7 @@ def test_rank_tolerance_is_relative_to_each_heads_largest_singular_value(activat
 @pytest.mark.parametrize("condition", [10.0, 1e3, 1e5])
 def test_badly_conditioned_values_take_the_float64_route_and_still_match(activations, condition, monkeypatch):
     """Values with condition number ``condition`` (the real ones are below 60): the float32 refined
-    route serves well-conditioned heads; the others must go to the float64 Gram route, since the
+    route serves well-conditioned heads; the others must go to the float64 exact route, since the
     float32 route's error grows like eps · κ (measured 1.7e-4 at κ = 3000 without the fallback)."""
     layers, valid = activations
     long = valid.sum(-1) > D_HEAD
@@ -132,8 +132,8 @@ def test_badly_conditioned_values_take_the_float64_route_and_still_match(activat
     spread = torch.logspace(0, -np.log10(condition), D_HEAD, dtype=torch.float64)
     conditioned = ((left * (sigma[..., :1] * spread)[..., None, :]) @ right).float()
     routed = []
-    original = core._basis_gram
-    monkeypatch.setattr(core, "_basis_gram", lambda v64, tol: routed.append(len(v64)) or original(v64, tol))
+    original = core._basis_exact
+    monkeypatch.setattr(core, "_basis_exact", lambda v64, tol: routed.append(len(v64)) or original(v64, tol))
     got = effective_attention(pattern, conditioned, key_mask=valid)
     expected = torch.from_numpy(effective_attention_loop(pattern, conditioned, valid))
     error = (got.double() - expected).abs()[valid_block(valid).expand_as(got)]
@@ -148,7 +148,7 @@ def test_real_heads_take_the_float32_route(activations, monkeypatch):
     layers, valid = activations
     roomy = valid.sum(-1) >= 40
     assert roomy.sum() >= 2
-    monkeypatch.setattr(core, "_basis_gram", lambda *args: pytest.fail("a real head needed float64"))
+    monkeypatch.setattr(core, "_basis_exact", lambda *args: pytest.fail("a real head needed float64"))
     for pattern, v in layers:
         effective_attention(pattern[roomy], v[roomy], key_mask=valid[roomy])
 
