@@ -33,6 +33,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlens
 from attnlens import papa
+from attnlens.comparison.accumulator import _ReportRows, _row_tokens
 from attnlens.core import devices
 from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import tokenize
@@ -42,23 +43,28 @@ from attnlens.engine.forward import check_hooks, check_token_ids
 from attnlens.evaluation import probing
 from attnlens.methods import effective
 
-#: operators that only make a view or change nothing (no kernel on a GPU)
+#: operators that only make a view or change nothing (no kernel on a GPU) when their result
+#: shares its input's storage; one that copies (``to`` another dtype, ``contiguous`` of a
+#: strided tensor, ``reshape`` that cannot view) is counted (:func:`_copied`)
 VIEWS = frozenset({
     "_reshape_alias", "_unsafe_view", "alias", "as_strided", "chunk", "contiguous", "detach", "diagonal",
     "expand", "expand_as", "flatten", "lift_fresh", "mT", "movedim", "narrow", "permute", "promote_types",
     "reshape", "select", "slice", "split", "split_with_sizes", "squeeze", "t", "to", "transpose", "unbind",
     "unflatten", "unsqueeze", "view", "view_as",
 })
+#: operators that allocate and compute nothing (the caching allocator: no kernel)
+ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 BATCH, MAX_LEN = 8, 32
 
 
 #: the host's work on a batch's tokens: its tokenization (a pass's, a plain forward's; run ahead
 #: in a worker thread off the CPU), the checks of its tokens and of the hooks' layout before it
-#: is copied, and what accumulators compute of its tokens on the host copy (PassBatch.from_host;
-#: on a GPU then moved in one copy a batch and key, not counted here): CPU tensors on any
+#: is copied, what accumulators compute of its tokens on the host copy (PassBatch.from_host;
+#: on a GPU then moved in one copy a batch and key, not counted here), and compare's kept
+#: rows' columns and tokens (found on the host copy, moved in one copy): CPU tensors on any
 #: device, so none of their operators is a GPU launch
-HOST = frozenset(inspect.unwrap(function).__code__
-                 for function in (_stage, tokenize, check_hooks, check_token_ids, _on_host))
+HOST = frozenset(inspect.unwrap(function).__code__ for function in (
+    _stage, tokenize, check_hooks, check_token_ids, _on_host, _row_tokens, _ReportRows.of.__func__))
 
 
 class Launches(TorchDispatchMode):
@@ -70,18 +76,32 @@ class Launches(TorchDispatchMode):
         self.by_site: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        if func.overloadpacket.__name__ not in VIEWS:
-            frame, site = sys._getframe(1), "transformers and TransformerLens"
-            while frame is not None:
-                if frame.f_code in HOST:
-                    return func(*args, **(kwargs or {}))
-                name = frame.f_code.co_filename
-                if site == "transformers and TransformerLens" and "/attnlens/" in name \
-                        and not name.endswith("engine/forward.py"):
-                    site = f"{name.split('/attnlens/')[1]}:{frame.f_code.co_name}"
-                frame = frame.f_back
-            self.by_site[site] += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name in ALLOCATIONS or (name in VIEWS and not _copied(args, out)):
+            return out
+        frame, site = sys._getframe(1), "transformers and TransformerLens"
+        while frame is not None:
+            if frame.f_code in HOST:
+                return out
+            file = frame.f_code.co_filename
+            if site == "transformers and TransformerLens" and "/attnlens/" in file \
+                    and not file.endswith("engine/forward.py"):
+                site = f"{file.split('/attnlens/')[1]}:{frame.f_code.co_name}"
+            frame = frame.f_back
+        self.by_site[site] += 1
+        return out
+
+
+def _copied(args: Any, out: Any) -> bool:
+    """Whether a :data:`VIEWS` operator's result holds new memory (it copied) rather than a
+    view of its first tensor argument."""
+    source = next((arg for arg in args if isinstance(arg, torch.Tensor)), None)
+    results = [value for value in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(value, torch.Tensor)]
+    if source is None or not results:
+        return False
+    pointer = source.untyped_storage().data_ptr()
+    return any(value.numel() and value.untyped_storage().data_ptr() != pointer for value in results)
 
 
 def per_batch(job: Callable[[list[str]], Any], texts: list[str], n: int) -> collections.Counter[str]:
