@@ -30,6 +30,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from attnlens.core import devices
 from attnlens.core.heads import _sizes
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
@@ -154,7 +155,7 @@ def statistic_terms(
     classes: dict[str, Bool[Tensor, "batch key"]],
     valid: Bool[Tensor, "batch pos"],
     positions: Int[Tensor, "batch pos"] | None = None,
-) -> dict[str, Tensor]:
+) -> dict[str, Any]:
     """What :func:`statistic_sums` reads of a batch's tokens alone (made once per batch; in a
     pass on the host's copy of its tokens, :func:`batch_statistic_terms`):
 
@@ -163,7 +164,9 @@ def statistic_terms(
       (``classes["cls"]``, ``["sep"]``, ``["punct"]``), or at the statistic's offset from ``q``
       (counted in layout positions in a compact batch, ``positions``; see :func:`adjacent`);
     - ``keys``: ``[batch, 1, 1, key]``, the valid keys; ``rows``: ``[batch, 1, query, 1]``, the
-      valid queries; ``first``: ``[batch, 1, key, 1]``, each example's first real token (floats)."""
+      valid queries (floats); ``first``: ``[batch, 1, 1, 1]``, the column of each example's first
+      real token, and ``column``, that column when every example has the same one (found where
+      reading it costs nothing: on the host) else ``None``."""
     n_batch, n = valid.shape
     both = valid[:, :, None] & valid[:, None, :]  # [batch, query, key]
     columns = [both & classes[name.removeprefix("to_")][:, None, :] for name in LINEAR[:3]]
@@ -174,16 +177,18 @@ def statistic_terms(
         if positions is not None and offset != 0:
             at = at & adjacent(positions, offset)[:, :, None]
         columns.append(at)
-    first = valid & (valid.long().cumsum(-1) == 1)  # each example's first real token
+    first = (valid.long().cumsum(-1) == 0).sum(-1).clamp_max(n - 1)  # the column of each example's first real token
+    same = devices.reads_are_free(first) and bool((first == first[0]).all())  # read on the host only
     return {
+        "column": int(first[0]) if same else None,
         "weights": torch.stack(columns, dim=-1).reshape(n_batch, n * n, len(LINEAR)),
         "keys": valid[:, None, None, :].to(BATCH_DTYPE), "rows": valid[:, None, :, None].to(BATCH_DTYPE),
-        "first": first[:, None, :, None].to(BATCH_DTYPE),
+        "first": first[:, None, None, None],
     }
 
 
 def statistic_sums(
-    pattern: Float[Tensor, "*stack batch head query key"], terms: dict[str, Tensor],
+    pattern: Float[Tensor, "*stack batch head query key"], terms: dict[str, Any],
 ) -> Float[Tensor, "*stack head statistic"]:
     """Each statistic of :data:`STATISTICS` summed over the batch's valid query rows, per head;
     ``stack``: any leading axes of maps of the same examples (the layers and views of a batch,
@@ -193,19 +198,23 @@ def statistic_sums(
     product of every example's ``query · key`` entries with its ``weights``); the entropy of
     each valid row, with ``w = |a|`` over the valid keys and ``S = Σ w``, is
     ``H = log S − (Σ w log w) / S`` (0 if ``S = 0``: ``-Σ p log p`` of ``p = w / S``); the sink
-    is 1 where a row's attention on its example's first real token exceeds
-    :data:`SINK_THRESHOLD`. All in float32 (:data:`BATCH_DTYPE`)."""
+    is 1 where a row's attention on its example's first real token (one gathered column)
+    exceeds :data:`SINK_THRESHOLD`. All in float32 (:data:`BATCH_DTYPE`)."""
     pattern = pattern.to(BATCH_DTYPE)
     *stack, n_batch, n_heads, n, _ = pattern.shape
     weights = terms["weights"].to(BATCH_DTYPE)
     linear = torch.matmul(pattern.reshape(*stack, n_batch, n_heads, n * n), weights).sum(-3)  # [*stack, head, linear]
-    masked = pattern * terms["keys"]
-    magnitude = masked.abs()
+    magnitude = (pattern * terms["keys"]).abs()
     total = magnitude.sum(-1)
-    w_log_w = torch.special.xlogy(magnitude, magnitude).sum(-1)  # 0 log 0 = 0
-    safe = total.clamp_min(torch.finfo(BATCH_DTYPE).tiny)
+    tiny = torch.finfo(BATCH_DTYPE).tiny  # 0 · log(tiny) = 0, as 0 · log 0 is taken to be
+    w_log_w = magnitude.clamp_min(tiny).log_().mul_(magnitude).sum(-1)  # (xlogy: 3x slower on a CPU)
+    safe = total.clamp_min(tiny)
     entropy = (safe.log() - w_log_w / safe) * (total > 0)
-    sink = torch.matmul(masked, terms["first"]).squeeze(-1) > SINK_THRESHOLD  # [*stack, batch, head, query]
+    if terms["column"] is not None:  # every example's first real token in the same column: a view
+        to_first = pattern[..., terms["column"]]
+    else:
+        to_first = pattern.gather(-1, terms["first"].expand(*stack, n_batch, n_heads, n, 1)).squeeze(-1)
+    sink = to_first > SINK_THRESHOLD  # [*stack, batch, head, query]
     rows = (torch.stack([entropy, sink.to(BATCH_DTYPE)], dim=-1) * terms["rows"]).sum(dim=(-4, -2))
     return torch.cat([linear, rows], dim=-1)
 
@@ -350,13 +359,13 @@ def batch_classes(batch: Any) -> dict[str, Bool[Tensor, "batch pos"]]:
         tokenizer, inputs.input_ids, inputs.attention_mask.bool()))
 
 
-def batch_statistic_terms(batch: Any) -> dict[str, Tensor]:
+def batch_statistic_terms(batch: Any) -> dict[str, Any]:
     """:func:`statistic_terms` of a :class:`attnlens.engine.accumulator.PassBatch`, once per batch
     for every accumulator that asks (off the CPU on the host's copy of its tokens, moved in one
     copy, :meth:`~attnlens.engine.accumulator.PassBatch.from_host`)."""
     tokenizer = batch.model.tokenizer
 
-    def made(inputs: Any) -> dict[str, Tensor]:
+    def made(inputs: Any) -> dict[str, Any]:
         valid = inputs.attention_mask.bool()
         return statistic_terms(token_classes(tokenizer, inputs.input_ids, valid), valid,
                                inputs.positions if inputs.compact else None)

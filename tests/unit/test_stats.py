@@ -40,11 +40,16 @@ def loop_means(pattern, input_ids, valid, tokenizer):
     return {name: torch.tensor(values, dtype=torch.float64) / count for name, values in sums.items()}
 
 
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
 @pytest.mark.parametrize("signed", [False, True], ids=["softmax", "signed"])
-def test_statistics_equal_a_plain_loop(signed):
+def test_statistics_equal_a_plain_loop(signed, left):
+    """Left padded, the examples' first real tokens lie in different columns (the sink reads
+    each one's own; right padded, the shared column 0)."""
     tokenizer = tiny.bert_tokenizer()
     encoded = tokenizer(TEXTS, padding=True, return_tensors="pt")
     input_ids, valid = encoded["input_ids"], encoded["attention_mask"].bool()
+    if left:
+        input_ids, valid = input_ids.flip(-1), valid.flip(-1)
     assert (~valid).any(), "the batch must contain padding"
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(len(TEXTS), 3, *input_ids.shape[1:2] * 2, generator=generator)
