@@ -12,9 +12,16 @@ and prints the operators per extra batch, beside a plain TransformerLens forward
 attnlens functions that launch the most.
 
 The limit is the forward's count (a pass cannot launch fewer than the forward it observes);
-the ratio is what launch-bound GPU time scales with.
+the ratio is what launch-bound GPU time scales with. An operator is counted once even where it
+is several kernels (a ``matmul`` that broadcasts an operand copies it first).
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/launches.py [--top 12]`` (``make bench``).
+Then the host's time per extra batch of 2 texts of at most 10 tokens, where the arithmetic is
+small: the time the host takes to issue a batch's work, which a launch-bound GPU waits for
+(Python, the dispatcher, hooks), over that of the encoder's forward through TransformerLens
+(every layer: a full forward adds the MLM head's arithmetic, which a tiny batch does not make
+small on a CPU). ``--rounds 0`` skips it.
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/launches.py [--top 12] [--rounds 3]`` (``make bench``).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import argparse
 import collections
 import contextlib
 import inspect
+import statistics
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +48,7 @@ from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import tokenize
 from attnlens.engine.accumulator import _on_host
 from attnlens.engine.batches import _stage
-from attnlens.engine.forward import check_hooks, check_token_ids
+from attnlens.engine.forward import check_hooks, check_token_ids, run_patterns
 from attnlens.evaluation import probing
 from attnlens.methods import effective
 
@@ -55,6 +64,8 @@ VIEWS = frozenset({
 #: operators that allocate and compute nothing (the caching allocator: no kernel)
 ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 BATCH, MAX_LEN = 8, 32
+#: the batch size and max_len of the host's timing (:func:`host_seconds`)
+TINY = (2, 10)
 
 
 #: the host's work on a batch's tokens: its tokenization (a pass's, a plain forward's; run ahead
@@ -104,21 +115,62 @@ def _copied(args: Any, out: Any) -> bool:
     return any(value.numel() and value.untyped_storage().data_ptr() != pointer for value in results)
 
 
-def per_batch(job: Callable[[list[str]], Any], texts: list[str], n: int) -> collections.Counter[str]:
+def per_batch(job: Callable[[list[str]], Any], texts: list[str], n: int, batch: int = BATCH) -> collections.Counter[str]:
     """Operators per extra batch: the counts on 2n batches minus those on n, over n."""
     counts = []
     for size in (n, 2 * n):
         with Launches() as mode:
-            job(texts[: size * BATCH])
+            job(texts[: size * batch])
         counts.append(mode.by_site)
     return collections.Counter({site: (counts[1][site] - counts[0][site]) / n for site in counts[1]
                                 if counts[1][site] > counts[0][site]})
+
+
+def host_seconds(job: Callable[[list[str]], Any], texts: list[str], n: int, batch: int, rounds: int) -> float:
+    """Wall-clock seconds per extra batch (the time on 2n batches minus that on n, over n; the
+    median of ``rounds``), at a size whose arithmetic is negligible: what the host spends to
+    issue a batch's work, which a launch-bound GPU waits for."""
+    job(texts[:batch])  # warm-up: caches, first-call costs
+    measured = []
+    for _ in range(rounds):
+        times = []
+        for size in (n, 2 * n):
+            start = time.perf_counter()
+            job(texts[: size * batch])
+            times.append(time.perf_counter() - start)
+        measured.append((times[1] - times[0]) / n)
+    return statistics.median(measured)
+
+
+def make_jobs(model: Any, constants: Any, batch: int, max_len: int) -> dict[str, Callable[[list[str]], Any]]:
+    """The jobs compared, on batches of ``batch`` texts of at most ``max_len`` tokens."""
+
+    def forward(batch_texts: list[str]) -> None:
+        for start in range(0, len(batch_texts), batch):
+            inputs = attnlens.tokenize(model, batch_texts[start : start + batch], max_len=max_len)
+            with torch.inference_mode():
+                model(inputs.input_ids, **inputs.model_kwargs())
+
+    options = dict(max_len=max_len, batch_size=batch, progress=False)
+    return {
+        "forward": forward,
+        "papa.fit": lambda t: papa.fit(model, t, **options),
+        "compare(papa, effective)": lambda t: attnlens.compare(model, "papa", "effective", corpus=t, max_len=max_len,
+                                                               constants=constants, batch_size=batch, progress=False),
+        "effective.statistics": lambda t: effective.statistics(model, t, **options),
+        "probe features": lambda t: probing.extract(model, t, cache=False, **options),
+        "probe features, half the heads constant (fast)": lambda t: probing.extract(
+            model, t, hooks=papa.hooks(constants, heads=0.5, fast=True), cache=False, **options),
+        "effective.run": lambda t: [effective.run(model, attnlens.tokenize(model, t[start : start + batch], max_len=max_len))
+                                    for start in range(0, len(t), batch)],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=8, help="n: the jobs run on n and 2n batches")
     parser.add_argument("--top", type=int, default=12, help="attnlens functions listed per job")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the host's time (0: not timed)")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -126,26 +178,7 @@ def main() -> None:
     texts = default_corpus(2 * args.batches * BATCH)
     constants = papa.fit(model, texts, max_len=MAX_LEN, progress=False)
     devices.reads_are_free = lambda where: False  # the routes a GPU takes
-
-    def forward(batch_texts: list[str]) -> None:
-        for start in range(0, len(batch_texts), BATCH):
-            batch = attnlens.tokenize(model, batch_texts[start : start + BATCH], max_len=MAX_LEN)
-            with torch.inference_mode():
-                model(batch.input_ids, **batch.model_kwargs())
-
-    options = dict(max_len=MAX_LEN, batch_size=BATCH, progress=False)
-    jobs = {
-        "forward": forward,
-        "papa.fit": lambda t: papa.fit(model, t, **options),
-        "compare(papa, effective)": lambda t: attnlens.compare(model, "papa", "effective", corpus=t,
-                                                               constants=constants, batch_size=BATCH, progress=False),
-        "effective.statistics": lambda t: effective.statistics(model, t, **options),
-        "probe features": lambda t: probing.extract(model, t, cache=False, **options),
-        "probe features, half the heads constant (fast)": lambda t: probing.extract(
-            model, t, hooks=papa.hooks(constants, heads=0.5, fast=True), cache=False, **options),
-        "effective.run": lambda t: [effective.run(model, attnlens.tokenize(model, t[start : start + BATCH], max_len=MAX_LEN))
-                                    for start in range(0, len(t), BATCH)],
-    }
+    jobs = make_jobs(model, constants, BATCH, MAX_LEN)
     counted = {name: per_batch(job, texts, args.batches) for name, job in jobs.items()}
     # constant heads skipping their work (papa.intervention(fast=True)) against the plain encoder,
     # on one batch of the PAPA layout: a fast path must launch no more than the plain one
@@ -178,6 +211,22 @@ def main() -> None:
     print(f"LAUNCHES constant heads (fast) ÷ the plain encoder's {plain:,.0f}, one batch of {BATCH} x {MAX_LEN}: "
           + ", ".join(f"{fraction:.0%} replaced {count / plain:.2f}x" for fraction, count in fast.items())
           + " (limit: at most 1.00x, falling with the fraction)")
+    if args.rounds:
+        small, width = TINY
+        last = f"blocks.{model.cfg.n_layers - 1}.hook_out"
+
+        def encoder(batch_texts: list[str]) -> None:  # every layer, not the MLM head's arithmetic
+            for start in range(0, len(batch_texts), small):
+                run_patterns(model, attnlens.tokenize(model, batch_texts[start : start + small], max_len=width), [],
+                             until=last)
+
+        tiny = {"encoder": encoder, **make_jobs(model, papa.fit(model, texts, max_len=width, progress=False), *TINY)}
+        seconds = {name: host_seconds(job, texts, 2 * args.batches, small, args.rounds) for name, job in tiny.items()}
+        print(f"Host time per extra batch of {small} texts, max_len {width}, median of {args.rounds} rounds, device "
+              "routes: the time to issue a batch's work (the arithmetic is small, but for the full forward's MLM "
+              "head: the ratios are over the encoder's forward, every layer through TransformerLens)")
+        for name, value in seconds.items():
+            print(f"HOST {name}: {value * 1e3:.2f} ms per batch = {value / seconds['encoder']:.2f}x the encoder's")
 
 
 if __name__ == "__main__":
