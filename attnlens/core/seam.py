@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.core import models
+from attnlens.core import devices, models
 from attnlens.errors import InputError
 
 ATTN_IMPLEMENTATION = "attnlens"
@@ -305,23 +305,25 @@ class _HeadIndices:
     computed: Int[Tensor, "computed"]
     #: the computed heads' output features of the query and key projections (``head · d_head + i``)
     computed_rows: Int[Tensor, "row"]
-    #: their rows of each projection's weight and bias, by the weight, with the versions they were taken at
+    #: their rows of the query and key projections' weights and biases, with the versions they were taken at
     _weights: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
-    def rows(self, linear: nn.Module) -> tuple[Tensor, Tensor | None]:
-        """The weight rows (and bias) of ``linear`` that produce the computed heads: taken once
-        per weight (and in-place version of it) where no gradient is recorded, else every time
+    def query_key(self, module: nn.Module) -> tuple[Tensor, Tensor | None]:
+        """The rows of the query and key projections' weights (and biases) that produce the
+        computed heads, stacked (queries first): one product makes both. Taken once per
+        weight (and in-place version of them) where no gradient is recorded, else every time
         (the rows of a weight being trained follow it)."""
-        inner = getattr(linear, "original_component", linear)
-        weight, bias = inner.weight, inner.bias
-        version = (weight._version, None if bias is None else bias._version)
-        kept = self._weights.get(id(weight))
+        inner = [getattr(linear, "original_component", linear) for linear in (module.query, module.key)]
+        version = tuple((layer.weight._version, None if layer.bias is None else layer.bias._version) for layer in inner)
+        kept = self._weights.get(id(inner[0].weight))
         if torch.is_grad_enabled() or kept is None or kept[0] != version:
             rows = self.computed_rows
-            taken = (weight.index_select(0, rows), None if bias is None else bias.index_select(0, rows))
+            weight = torch.cat([layer.weight.index_select(0, rows) for layer in inner])
+            biases = [layer.bias for layer in inner]
+            bias = None if any(b is None for b in biases) else torch.cat([b.index_select(0, rows) for b in biases])
             if torch.is_grad_enabled():
-                return taken
-            kept = self._weights[id(weight)] = (version, taken)
+                return weight, bias
+            kept = self._weights[id(inner[0].weight)] = (version, (weight, bias))
         return kept[1]
 
     @classmethod
@@ -370,7 +372,9 @@ def _constant_forward(
 
     Each head's output is its pattern times its values (``[batch, pos, head, d_head]``); the
     constant heads' ``C·V`` and the computed heads' ``softmax(QKᵀ)·V`` are computed apart and
-    written into their heads' slots, unless the assembled pattern is wanted (:func:`_wants_pattern`).
+    written into their heads' slots, unless the assembled pattern is wanted (:func:`_wants_pattern`)
+    or the layer runs off the CPU with heads of both kinds (one product of the assembled pattern
+    is then fewer kernels).
     """
     batch, n = hidden_states.shape[:2]
     n_heads, d_head = int(module.num_attention_heads), int(module.attention_head_size)
@@ -380,7 +384,11 @@ def _constant_forward(
     fixed_heads, computed = heads.fixed, heads.computed
     fixed = made.of(heads.layer, key_mask, value.dtype, batch, n)
     own = _own_pattern(module, hidden_states, attention_mask, heads) if computed.numel() else None
-    if _wants_pattern(pattern_fn, readers):
+    wanted = _wants_pattern(pattern_fn, readers)
+    # off the CPU the heads' outputs are one product of the assembled pattern (four kernels
+    # where each group's own product and its writes take seven); on the CPU the constant
+    # heads' pattern, shared by the batch, is never copied per example
+    if wanted or (own is not None and not devices.reads_are_free(value)):
         pattern = value.new_empty(batch, n_heads, n, n)
         pattern[:, fixed_heads] = fixed
         if own is not None:
@@ -410,14 +418,13 @@ def _own_pattern(
     heads: _HeadIndices,
 ) -> Float[Tensor, "batch computed query key"]:
     """The softmaxed pattern of the computed heads of ``heads``, from their rows of the query and
-    key projections (:meth:`_HeadIndices.rows`; dropout in training mode), as
+    key projections (one product, :meth:`_HeadIndices.query_key`; dropout in training mode), as
     :func:`attention_forward` computes it."""
     batch, n = hidden_states.shape[:2]
     d_head = int(module.attention_head_size)
     shape = (batch, n, heads.computed.numel(), d_head)
-    query = nn.functional.linear(hidden_states, *heads.rows(module.query))
-    key = nn.functional.linear(hidden_states, *heads.rows(module.key))
-    query, key = query.view(shape).transpose(1, 2), key.view(shape).transpose(1, 2)
+    query, key = nn.functional.linear(hidden_states, *heads.query_key(module)).chunk(2, dim=-1)
+    query, key = query.reshape(shape).transpose(1, 2), key.reshape(shape).transpose(1, 2)
     scaling = getattr(module, "scaling", d_head**-0.5)
     scores = torch.matmul(query, key.transpose(2, 3)) * scaling
     if attention_mask is not None:

@@ -159,6 +159,24 @@ def test_without_a_pattern_hook_the_pattern_is_not_assembled(setup, heads, monke
     torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
 
 
+@pytest.mark.parametrize("heads", ["half", "all"])
+def test_off_the_cpu_a_layer_of_both_kinds_weighs_its_assembled_pattern(setup, heads, monkeypatch):
+    """The routes of a GPU (forced here): a layer with constant and computed heads assembles
+    their pattern and weighs the values in one product (fewer kernels than a product per group
+    and its writes); a layer of constant heads alone still weighs their shared pattern. The
+    logits are the hook path's."""
+    from attnlens.core import devices
+
+    model, constants, batch = setup
+    hooked, _, mask = run(model, batch, constants, HEAD_SETS[heads], fast=False)
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    calls = count_split_forwards(monkeypatch)
+    with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=True):
+        fast = model(batch.input_ids, **batch.model_kwargs())
+    assert len(calls) == int(mask.all(dim=1).sum())  # only the layers whose every head is constant
+    torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
+
+
 @pytest.mark.parametrize("hooked_pattern", [False, True], ids=["no_hook", "pattern_hook"])
 def test_a_batch_without_padding_shares_one_constant(setup, sst2_sentences, monkeypatch, hooked_pattern):
     """Every example of a batch with no padding gets the same constant pattern: it is made once
