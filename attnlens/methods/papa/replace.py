@@ -141,10 +141,10 @@ def constant_pattern(
         return masked
     total = masked.sum(-1, keepdim=True)
     has_mass = total > 0
-    masked.div_(torch.where(has_mass, total, torch.ones_like(total)))
-    if not devices.reads_are_free(masked):  # rows with no mass left are 0: add the uniform rows there,
-        # with no read of which rows they are (that read would wait for the device)
-        return masked.addcmul_((~has_mass).to(masked.dtype), _uniform(allowed, masked.dtype))
+    masked.div_(torch.where(has_mass, total, 1.0))
+    if not devices.reads_are_free(masked):  # rows with no mass left: the uniform rows there, with
+        # no read of which rows they are (that read would wait for the device)
+        return torch.where(has_mass, masked, _uniform(allowed, masked.dtype))
     example, _, query = (~has_mass[:, :, :, 0]).nonzero(as_tuple=True)  # rows with no mass left
     if example.numel():
         masked[example, _, query] = _uniform(allowed[example, 0, query], dtype)
