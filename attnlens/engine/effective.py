@@ -34,7 +34,9 @@ build ``U``; every head gets the cheapest one that is certified for it:
   singular values are still resolved down to about ``1e-7 · σ_max``, well below the default
   tolerance for these dtypes (at least ``33 · 1.19e-7 = 3.9e-6``). Off the CPU every head's
   exact basis is computed too and taken where the refined one is not certified
-  (``torch.where``: no read of the device), the same arithmetic per head as on the CPU.
+  (``torch.where``: no read of the device), the same arithmetic per head as on the CPU; for
+  heads wider than :data:`BATCHED_EIGH` (where a batched eigendecomposition is a loop on a GPU)
+  one read says whether any head needs it, and only those heads get it.
 - QR route (float64 inputs, or any ``rtol`` below :data:`GRAM_MIN_RTOL`): ``V_valid = Q R``,
   ``R = U_R Σ W_Rᵀ`` (SVD of the small ``R``), ``U = Q U_R[:, kept]``, accurate to float64
   working precision but slower.
@@ -83,6 +85,12 @@ from attnlens.errors import InputError, InputTypeError
 
 #: smallest ``rtol`` the refined and exact routes resolve reliably; below it the QR route is used
 GRAM_MIN_RTOL = 1e-6
+#: widest head whose exact basis the device route computes for every head, with no read of the
+#: device (taken where the refined one is not certified): PyTorch's CUDA eigendecomposition of a
+#: batch is one batched Jacobi kernel (``syevjBatched``) up to 32 x 32 and a loop over the
+#: matrices above, which for the heads of a BERT-base batch (d_head 64, thousands of matrices)
+#: would cost far more than the one read of whether any head needs it
+BATCHED_EIGH = 32
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
 #: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 exact route
 REFINE_MAX_DEFECT = 1e-3
@@ -266,7 +274,8 @@ def _on_device(
     rtol: float | None,
     use_qr: bool,
 ) -> Float[Tensor, "batch head query key"]:
-    """:func:`effective_attention` without a read of the device: every sequence decomposed, the
+    """:func:`effective_attention` without a read of the device (heads wider than
+    :data:`BATCHED_EIGH`: one, :func:`_column_space_basis`): every sequence decomposed, the
     short ones (at most ``d_head`` keys, default tolerance) keeping ``A`` on their valid keys."""
     d_head = v.shape[-1]
     if rtol is None:
@@ -312,10 +321,10 @@ def _column_space_basis(
             basis = basis * valid.repeat_interleave(n_heads, dim=0)[:, :, None].to(basis.dtype)
     else:
         basis, certified = _basis_refined(flat, tolerance)
-        if not reads:  # the float64 route for every head, taken where the fast one fails
+        if not reads and d_head <= BATCHED_EIGH:  # the exact basis of every head, taken where the fast one fails
             fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
-        elif not bool(certified.all()):
+        elif not bool(certified.all()):  # (off the CPU, wider heads: one read, the exact basis of the others alone)
             heads = (~certified).nonzero().squeeze(-1)
             basis[heads] = _basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
     basis = basis.reshape(batch, n_heads, n_keys, d_head)

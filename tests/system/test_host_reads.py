@@ -289,13 +289,14 @@ def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
 
 def test_effective_device_route_equals_the_cpu_route():
     """The device route of effective attention (every sequence decomposed, the float64 fallback
-    of every head chosen by ``torch.where``) gives the CPU route's maps exactly: each matrix goes
-    through the same kernels; only which ones are kept differs."""
+    of every head chosen by ``torch.where``; heads wider than BATCHED_EIGH: of the heads that need
+    it, after one read) gives the CPU route's maps exactly: each matrix goes through the same
+    kernels; only which ones are kept differs."""
     from attnlens.engine import effective as engine
 
     generator = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):
-        for n_keys, lengths, d_head in ((40, [40, 20, 33, 0], 32), (12, [12, 5, 9, 1], 8)):
+        for n_keys, lengths, d_head in ((40, [40, 20, 33, 0], 32), (12, [12, 5, 9, 1], 8), (56, [56, 20, 41, 0], 40)):
             v = torch.randn(4, 3, n_keys, d_head, generator=generator, dtype=dtype)
             mask = torch.arange(n_keys)[None] < torch.tensor(lengths)[:, None]
             logits = torch.randn(4, 3, n_keys, n_keys, generator=generator, dtype=dtype)
@@ -312,6 +313,23 @@ def test_effective_device_route_equals_the_cpu_route():
     mask = torch.ones(2, 40, dtype=torch.bool)
     cpu = engine.effective_attention(pattern, v, key_mask=mask)
     assert torch.equal(engine._on_device(pattern, v, mask, mask.sum(-1), None, False), cpu)
+
+
+def test_effective_device_route_reads_once_for_heads_wider_than_a_batched_eigendecomposition(counter):
+    """Heads up to BATCHED_EIGH wide: no read (every head's exact basis computed, taken by
+    torch.where); wider ones (a GPU's eigendecomposition is a loop over the matrices there): one
+    read of whether any head needs the exact basis, and none of the heads that do not."""
+    from attnlens.engine import effective as engine
+
+    generator = torch.Generator().manual_seed(2)
+    for d_head, reads in ((engine.BATCHED_EIGH, 0), (engine.BATCHED_EIGH + 8, 1)):
+        n_keys = 2 * d_head
+        v = torch.randn(2, 3, n_keys, d_head, generator=generator)
+        pattern = torch.randn(2, 3, n_keys, n_keys, generator=generator).softmax(-1)
+        mask = torch.ones(2, n_keys, dtype=torch.bool)
+        arguments = (pattern, v, mask, mask.sum(-1), None, False)
+        _, counted = counter.count(lambda arguments=arguments: engine._on_device(*arguments))
+        assert sum(counted.values()) == reads, (d_head, counted)
 
 
 def test_compact_widths_in_buckets_change_no_result(minilm, monkeypatch):
