@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.core import checks
+from attnlens.core import checks, devices
 from attnlens.core.inputs import default_layout
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.engine import passes
@@ -73,6 +73,8 @@ class Gates(Accumulator):
         if loss is None:
             self.default = "causal" if is_causal(model) else "mlm"
         self.gates: Tensor | None = None
+        #: the start of the first batch whose loss was not finite (-1: none), noted off the CPU
+        self._not_finite_at = torch.tensor(-1)
         self._targets: Tensor | None = None
         self._original: Tensor | None = None
         # a task probe reads layout positions (HiddenStates.select), so PAPA batches may run
@@ -139,8 +141,13 @@ class Gates(Accumulator):
         if self.per is not None and per != self.per:
             raise InputError("loss returned a scalar for some batches and one value per example for others.")
         self.per = per
-        if not bool(torch.isfinite(value.detach()).all()):
-            raise InputError(f"loss is not finite (NaN or inf) for the batch starting at example {batch.start}.")
+        finite = torch.isfinite(value.detach()).all()
+        if devices.reads_are_free(finite):
+            if not bool(finite):
+                raise _not_finite(batch.start)
+        else:  # off the CPU: the first such batch noted on the device, read once, with the result
+            noted = self._not_finite_at.to(finite.device)
+            self._not_finite_at = torch.where(finite | (noted >= 0), noted, batch.start)
         unused = GatesUnused(
             "the loss does not depend on the heads' gates (it ignores the model's output, or what it "
             "reads is computed before the attention heads), so every head's importance would be 0; "
@@ -180,6 +187,9 @@ class Gates(Accumulator):
         return self
 
     def result(self) -> Float[Tensor, "layer head"]:
+        at = int(self._not_finite_at)
+        if at >= 0 or not bool(torch.isfinite(self.total).all()):  # (a shard's loss, under torchrun)
+            raise _not_finite(at)
         raw = self.total / self.count.clamp_min(1)
         if not bool((raw != 0).any()):
             raise GatesUnused(
@@ -187,6 +197,11 @@ class Gates(Accumulator):
                 "it multiplies the model's output by 0), so importance cannot rank them."
             )
         return raw
+
+
+def _not_finite(start: int) -> InputError:
+    where = f"the batch starting at example {start}" if start >= 0 else "a batch"
+    return InputError(f"loss is not finite (NaN or inf) for {where}.")
 
 
 class ProbeLoss:
@@ -242,24 +257,27 @@ class ProbeLoss:
             )
         stacked = torch.stack([self._layers[i] for i in range(self.n_layers + 1)], dim=2)  # [b, pos, layer, d]
         self._layers = {}
+        # which tokens, their positions, examples and targets: found on the host (the pass's
+        # copy of the inputs) and moved in one pinned copy, so nothing waits for the device
         keep, positions, _ = self._states.select(batch)
-        vectors = stacked[keep].float()
-        counts = keep.sum(1)
-        example = torch.repeat_interleave(torch.arange(len(batch), device=keep.device), counts)
-        network = self.probe.network.to(vectors.device)
-        logits = network(vectors, positions, example, len(batch))
+        rows = keep.flatten().nonzero().squeeze(-1)
+        example = torch.repeat_interleave(torch.arange(len(batch)), keep.sum(1))
         given = self.labels[batch.start : batch.start + len(batch)]
         unseen = self.probe.n_labels  # labels the probe never saw in training: not counted
         if self._states.kind == "sequence":
-            targets = torch.as_tensor([int(label) for label in given], device=logits.device)
-            targets = targets.masked_fill(targets >= unseen, -100)
-            return torch.nn.functional.cross_entropy(logits, targets, reduction="none")
-        targets = torch.cat([
-            torch.as_tensor(tags, dtype=torch.long, device=logits.device)[positions[example == row]]
-            for row, tags in enumerate(given)
-        ])
+            targets = torch.tensor([int(label) for label in given], dtype=torch.long)
+        else:
+            targets = torch.cat([torch.as_tensor(tags, dtype=torch.long)[positions[example == row]]
+                                 for row, tags in enumerate(given)])
         counted = targets < unseen
-        each = torch.nn.functional.cross_entropy(logits, targets.masked_fill(~counted, -100), reduction="none")
+        rows, positions, example, targets, counted = devices.to_device(
+            (rows, positions, example, targets.masked_fill(~counted, -100), counted), stacked.device)
+        vectors = stacked.flatten(0, 1).index_select(0, rows).float()
+        network = self.probe.network.to(vectors.device)
+        logits = network(vectors, positions, example, len(batch))
+        each = torch.nn.functional.cross_entropy(logits, targets, reduction="none")
+        if self._states.kind == "sequence":
+            return each
         total = torch.zeros(len(batch), dtype=each.dtype, device=each.device).index_add_(0, example, each)
         words = torch.zeros(len(batch), dtype=each.dtype, device=each.device).index_add_(
             0, example, counted.to(each.dtype)

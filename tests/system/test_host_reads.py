@@ -277,6 +277,19 @@ def test_effective_run_reads_do_not_grow_with_the_batch(minilm, counter, device_
     assert sum(many.values()) == sum(few.values()), (few, many)
 
 
+@pytest.mark.slow
+def test_head_importance_reads_nothing_per_batch(minilm, counter, device_routes):
+    """Michel et al.'s importance pass (a backward per batch): the loss's finiteness is noted on
+    the device and read with the result, not per batch."""
+    from attnlens import ablation
+
+    texts = texts_for(minilm)
+    per_batch, grew, _ = growth(counter, lambda t: ablation.importance(
+        minilm, t, loss=lambda output, batch: output.float().logsumexp(-1).mean(-1), max_len=MAX_LEN,
+        batch_size=BATCH, progress=False), texts)
+    assert per_batch <= FORWARD_READS, grew
+
+
 @pytest.mark.parametrize("kind", ["causal", "mlm"])
 def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
     bridge = tiny.gpt2_bridge() if kind == "causal" else tiny.bert_bridge()

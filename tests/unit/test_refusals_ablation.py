@@ -59,3 +59,22 @@ CASES = [
                          ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in CASES])
 def test_a_bad_argument_is_refused_by_name(bridge, call, argument, value, error, words):
     assert_refused(lambda: call(bridge, value), error, words)
+
+
+@pytest.mark.parametrize("route", ["cpu", "device"])
+def test_a_loss_that_is_not_finite_is_refused_naming_its_batch(bridge, route, monkeypatch):
+    """A loss of NaN from the third batch on: one InputError naming that batch's first example,
+    at once where reading it is free (the CPU), once at the pass's end off it (the device route,
+    forced here: the batch noted on the device, nothing read per batch)."""
+    from attnlens.core import devices
+
+    if route == "device":
+        monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+        monkeypatch.setattr(devices, "width_multiple", lambda where: 1)
+
+    def loss(output, batch):
+        value = output.float().logsumexp(-1).mean(-1)
+        return value * float("nan") if batch.start >= 4 else value
+
+    with pytest.raises(InputError, match="loss is not finite .* starting at example 4"):
+        ablation.importance(bridge, tiny.CORPUS[:8], loss=loss, batch_size=2, progress=False)

@@ -118,7 +118,8 @@ class _Network(nn.Module):
             pooled = (pooled - self.mean * total[:, :, None]) / self.scale
         if self.pooling == "mean":
             # Σ_p w[l, p] h[p] · max_len / n: the mean of the n real tokens while w = 1 / max_len
-            tokens = torch.bincount(example, minlength=n_examples).clamp_min(1).to(vectors.dtype)
+            # (a count by index_add_: on a GPU bincount reads the largest index back to size its output)
+            tokens = vectors.new_zeros(n_examples).index_add_(0, example, vectors.new_ones(len(example))).clamp_min(1)
             pooled = pooled * (self.max_len / tokens)[:, None, None]
         return self.out(self.dropout(torch.tanh(self.dense(pooled.flatten(1)))))
 

@@ -153,7 +153,7 @@ class StackedNetwork(nn.Module):
             if self.standardize:
                 total.index_add_(0, slot, weights)
             if self.pooling == "mean":
-                tokens += torch.bincount(slot, minlength=count * n_rows).to(first.dtype)
+                tokens.index_add_(0, slot, tokens.new_ones(len(slot)))  # (bincount reads back on a GPU)
         pooled = pooled.view(count, n_rows, *width)
         if self.sequence:
             if self.standardize:
