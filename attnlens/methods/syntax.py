@@ -199,23 +199,40 @@ class DependencyCounts(Accumulator):
                 "to max_len, which would cut words off their heads; leave out sentences longer "
                 "than max_len (dependency_heads does) or raise max_len."
             )
+        width = max(len(sentence) for sentence in sentences)
+        # the gold arcs of the batch, and their counts, found on the host's copy of its tokens and
+        # moved in one copy (PassBatch.from_host): nothing read from the device
+        self._gold = dict(batch.from_host("syntax.gold", lambda inputs: self._gold_of(inputs, batch.indices, width)))
+        self._gold.update(word_ids=word_ids, width=width)
+
+    def _gold_of(self, inputs: Any, indices: Sequence[int], width: int) -> dict[str, Tensor]:
+        """The batch's gold arcs whose two words have a sub-token (``rows``, ``dependents``,
+        ``heads``, ``relations``), which words have one (``present``), and the counts the state
+        adds: arcs per relation, arcs at each baseline offset, arcs dropped."""
+        word_ids = inputs.extra["word_ids"]
         last = word_ids.max(-1).values.tolist()
-        for index, sentence, words in zip(batch.indices, sentences, last, strict=True):
-            if words >= len(sentence):
+        for index, words in zip(indices, last, strict=True):
+            if words >= len(self.sentences[index]):
                 raise InputError(
                     f"example {index} has more words than sentence {index} "
-                    f"({len(sentence)}): the corpus does not match the sentences given to DependencyCounts."
+                    f"({len(self.sentences[index])}): the corpus does not match the sentences given to DependencyCounts."
                 )
-        width = max(len(sentence) for sentence in sentences)
         present = word_presence(word_ids, width)
-        flat = [(row, d, h, r) for row, index in enumerate(batch.indices) for d, h, r in self._arcs[index]]
-        columns = torch.tensor(flat, dtype=torch.long, device=word_ids.device).reshape(-1, 4)
-        rows, dependents, heads, relations = columns.unbind(1)
-        kept = present[rows, dependents] & present[rows, heads]
-        self._gold = {
-            "word_ids": word_ids, "width": width, "present": present, "rows": rows[kept],
-            "dependents": dependents[kept], "heads": heads[kept], "relations": relations[kept],
-            "dropped": int((~kept).sum()),
+        flat = [(row, d, h, r) for row, index in enumerate(indices) for d, h, r in self._arcs[index]]
+        columns = torch.tensor(flat, dtype=torch.long).reshape(-1, 4)
+        kept = present[columns[:, 0], columns[:, 1]] & present[columns[:, 0], columns[:, 2]]
+        rows, dependents, heads, relations = columns[kept].unbind(1)
+        n_relations = len(self.relations)
+        distance = heads - dependents  # the head is `distance` words away
+        offsets = torch.stack([
+            torch.stack([torch.bincount(relations[distance == offset], minlength=n_relations),
+                         torch.bincount(relations[distance == -offset], minlength=n_relations)], dim=-1)
+            for offset in OFFSETS
+        ], dim=-1)  # [relation, direction, offset]
+        return {
+            "present": present, "rows": rows, "dependents": dependents, "heads": heads, "relations": relations,
+            "arcs": torch.bincount(relations, minlength=n_relations), "offsets": offsets,
+            "dropped": (~kept).sum().reshape(1),
         }
 
     def update(self, layer: LayerPatterns) -> None:
@@ -235,16 +252,10 @@ class DependencyCounts(Accumulator):
             self.correct[:, direction, layer.layer] += counts.to(self.correct.device)  # the pass's device
 
     def end_batch(self, batch: PassBatch) -> None:
-        gold = self._gold
-        relations = gold["relations"].to(self.arcs.device)  # where the state is (the pass's device)
-        distance = (gold["heads"] - gold["dependents"]).to(self.arcs.device)  # the head is `distance` words away
-        self.arcs += torch.bincount(relations, minlength=len(self.relations))
-        for column, offset in enumerate(OFFSETS):
-            for direction, correct in enumerate((distance == offset, distance == -offset)):
-                self.offsets[:, direction, column] += torch.bincount(
-                    relations[correct], minlength=len(self.relations)
-                )
-        self.dropped += gold["dropped"]
+        gold = self._gold  # on the pass's device, where the state is
+        self.arcs += gold["arcs"].to(self.arcs.device)
+        self.offsets += gold["offsets"].to(self.offsets.device)
+        self.dropped += gold["dropped"].to(self.dropped.device)
         self._gold = {}
 
     def state_dict(self) -> dict[str, Tensor]:
@@ -273,18 +284,17 @@ class DependencyCounts(Accumulator):
         the best head and its accuracy, the best offset and its accuracy (see
         :func:`dependency_heads`); sorted by count, largest first."""
         n_layers, n_heads = self.correct.shape[-2:]
-        parts = [(ALL, self.correct.sum(0), int(self.arcs.sum()), self.offsets.sum(0))]
-        parts += [
-            (relation, self.correct[r], int(self.arcs[r]), self.offsets[r])
-            for r, relation in enumerate(self.relations)
-        ]
+        # the counts read once, as NumPy arrays (on whatever device the state is)
+        every, arcs, shifted = (value.cpu().numpy() for value in (self.correct, self.arcs, self.offsets))
+        parts = [(ALL, every.sum(0), int(arcs.sum()), shifted.sum(0))]
+        parts += [(relation, every[r], int(arcs[r]), shifted[r]) for r, relation in enumerate(self.relations)]
         records = []
         for relation, correct, count, offsets in parts:
             if count == 0:
                 continue
             for direction, name in enumerate(DIRECTIONS):
-                best = int(correct[direction].flatten().argmax())
-                accuracy = int(correct[direction].flatten()[best]) / count
+                best = int(correct[direction].argmax())  # flat over [layer, head]: the first best
+                accuracy = int(correct[direction].reshape(-1)[best]) / count
                 column = int(offsets[direction].argmax())
                 baseline = int(offsets[direction, column]) / count
                 records.append((

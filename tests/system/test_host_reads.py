@@ -290,6 +290,19 @@ def test_head_importance_reads_nothing_per_batch(minilm, counter, device_routes)
     assert per_batch <= FORWARD_READS, grew
 
 
+@pytest.mark.slow
+def test_syntactic_heads_read_nothing_per_batch(minilm, counter, device_routes):
+    """Clark et al.'s dependency pass: each batch's gold arcs and their counts are found on the
+    host's copy of its tokens (the UD English EWT dev sentences, as many as the texts given)."""
+    from attnlens.methods import syntax
+    from tests.conftest import data_file
+
+    path = data_file("ud_english_ewt/en_ewt-ud-dev.conllu")
+    per_batch, grew, _ = growth(counter, lambda t: syntax.dependency_heads(
+        minilm, path, limit=len(t), max_len=64, batch_size=BATCH, progress=False), texts_for(minilm))
+    assert per_batch <= FORWARD_READS, grew
+
+
 @pytest.mark.parametrize("kind", ["causal", "mlm"])
 def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
     bridge = tiny.gpt2_bridge() if kind == "causal" else tiny.bert_bridge()
