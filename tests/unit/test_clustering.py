@@ -72,7 +72,7 @@ def test_js_distance_of_disjoint_rows_is_sqrt_ln2_and_signed_rows_use_abs():
     q = torch.tensor([0.0, 0.0, 0.3, 0.7], dtype=torch.float64)
     assert abs(float(clustering.js_distance(p, q)) - math.sqrt(math.log(2))) <= 1e-15
     assert abs(float(clustering.js_distance(p, q)) - jensenshannon(p, q)) <= 1e-15
-    # effective attention is signed: |a| / sum|a|, as stats.row_statistics does for the entropy
+    # effective attention is signed: |a| / sum|a|, as stats.statistic_sums does for the entropy
     signed = torch.tensor([[0.9, -0.3, 0.2, 0.2], [-1.0, 0.5, 0.0, 1.5]], dtype=torch.float64)
     other = torch.tensor([[0.1, 0.2, 0.3, 0.4]], dtype=torch.float64)
     got = clustering.js_distance(signed, other)
