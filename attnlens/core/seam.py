@@ -77,17 +77,25 @@ def attention_forward(
     pattern = nn.functional.softmax(scores, dim=-1)
     pattern = nn.functional.dropout(pattern, p=dropout, training=module.training)
     if pattern_fn is not None:
-        stashed = _KEY_MASK.get()
-        if stashed is not None and stashed.shape == (key.shape[0], key.shape[2]) and stashed.device == key.device:
-            pattern = pattern_fn(pattern)  # the batch's own mask, that attnlens's run set (batch_key_mask)
-        else:
-            token = _KEY_MASK.set(_key_mask_from_additive(attention_mask, key.shape[0], key.shape[2], key.device))
-            try:
-                pattern = pattern_fn(pattern)
-            finally:
-                _KEY_MASK.reset(token)
+        token = _KEY_MASK.set(_layer_key_mask(attention_mask, key.shape[0], key.shape[2], key.device))
+        try:
+            pattern = pattern_fn(pattern)
+        finally:
+            _KEY_MASK.reset(token)
     output = torch.matmul(pattern, value).transpose(1, 2).contiguous()
     return output, pattern
+
+
+def _layer_key_mask(
+    attention_mask: Tensor | None, batch: int, n_keys: int, device: torch.device
+) -> Bool[Tensor, "batch key"]:
+    """The key mask of the batch a layer runs: inside an attnlens run, the batch's own
+    (:func:`batch_key_mask`, no kernel); else read off the additive mask
+    (:func:`_key_mask_from_additive`)."""
+    stashed = _KEY_MASK.get()
+    if stashed is not None and stashed.shape == (batch, n_keys) and stashed.device == device:
+        return stashed
+    return _key_mask_from_additive(attention_mask, batch, n_keys, device)
 
 
 def _key_mask_from_additive(
@@ -380,7 +388,7 @@ def _constant_forward(
     n_heads, d_head = int(module.num_attention_heads), int(module.attention_head_size)
     device = hidden_states.device
     value = module.value(hidden_states).view(batch, n, n_heads, d_head)
-    key_mask = functools.partial(_key_mask_from_additive, attention_mask, batch, n, device)
+    key_mask = functools.partial(_layer_key_mask, attention_mask, batch, n, device)
     fixed_heads, computed = heads.fixed, heads.computed
     fixed = made.of(heads.layer, key_mask, value.dtype, batch, n)
     own = _own_pattern(module, hidden_states, attention_mask, heads) if computed.numel() else None
