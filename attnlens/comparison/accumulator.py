@@ -235,7 +235,8 @@ class ViewsAccumulator(Accumulator):
     def end_batch(self, batch: PassBatch) -> None:
         for _, type_counter in self.parts.values():
             type_counter.end_batch(batch)
-        longer = (batch.key_mask.sum(-1) > self.d_head).sum()
+        d_head = self.d_head  # counted on the host's copy of the tokens (PassBatch.from_host)
+        longer = batch.from_host("compare.longer", lambda inputs: (inputs.attention_mask.sum(-1) > d_head).sum())
         self.longer_than_d_head += longer.to(self.longer_than_d_head.device)
         on_host = devices.reads_are_free(batch.key_mask)
         if self.row is not None:

@@ -181,6 +181,7 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
             assert difference <= FLOAT32, (view, column, difference)
     # the pattern types (template rules on every view's maps at once, on the device route)
     assert on_device.pattern_types.equals(on_cpu.pattern_types)
+    assert on_device.meta["longer_than_d_head"] == on_cpu.meta["longer_than_d_head"]  # counted on the host
     # the report's kept maps, coded on the device and read once at the end, are the same codes
     device_kept, cpu_kept = on_device.kept_patterns.examples, on_cpu.kept_patterns.examples
     assert [e.index for e in device_kept] == [e.index for e in cpu_kept] and len(cpu_kept) > 8
