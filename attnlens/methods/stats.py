@@ -162,7 +162,9 @@ def statistic_terms(
     - ``weights``: ``[batch, query · key, statistic]`` (bool), for each of :data:`LINEAR`
       whether key ``k`` counts for query ``q``: both valid, and ``k`` of the class
       (``classes["cls"]``, ``["sep"]``, ``["punct"]``), or at the statistic's offset from ``q``
-      (counted in layout positions in a compact batch, ``positions``; see :func:`adjacent`);
+      (counted in layout positions in a compact batch, ``positions``, so that it gives what its
+      padded layout gives: where neighbouring columns are not neighbouring positions, e.g. the
+      last word and the final [SEP] of the PAPA layout, the neighbour is padding there);
     - ``keys``: ``[batch, 1, 1, key]``, the valid keys; ``rows``: ``[batch, 1, query, 1]``, the
       valid queries (floats); ``first``: ``[batch, 1, 1, 1]``, the column of each example's first
       real token, and ``column``, that column when every example has the same one (found where
@@ -170,13 +172,9 @@ def statistic_terms(
     n_batch, n = valid.shape
     both = valid[:, :, None] & valid[:, None, :]  # [batch, query, key]
     columns = [both & classes[name.removeprefix("to_")][:, None, :] for name in LINEAR[:3]]
-    index = torch.arange(n, device=valid.device)
-    for name in LINEAR[3:]:
-        offset = OFFSETS[name]
-        at = both & (index[None, :] - index[:, None] == offset)
-        if positions is not None and offset != 0:
-            at = at & adjacent(positions, offset)[:, :, None]
-        columns.append(at)
+    layout = positions if positions is not None else torch.arange(n, device=valid.device).expand(n_batch, n)
+    offsets = layout[:, None, :] - layout[:, :, None]  # [batch, query, key]: the key's position minus the query's
+    columns += [both & (offsets == OFFSETS[name]) for name in LINEAR[3:]]
     first = (valid.long().cumsum(-1) == 0).sum(-1).clamp_max(n - 1)  # the column of each example's first real token
     same = devices.reads_are_free(first) and bool((first == first[0]).all())  # read on the host only
     return {
@@ -217,24 +215,6 @@ def statistic_sums(
     sink = to_first > SINK_THRESHOLD  # [*stack, batch, head, query]
     rows = (torch.stack([entropy, sink.to(BATCH_DTYPE)], dim=-1) * terms["rows"]).sum(dim=(-4, -2))
     return torch.cat([linear, rows], dim=-1)
-
-
-def adjacent(positions: Int[Tensor, "batch pos"], offset: int) -> Bool[Tensor, "batch pos"]:
-    """For every (example, column ``i``): does column ``i + offset`` hold position
-    ``positions[i] + offset``? False where that column does not exist. Axes: examples, columns
-    (the queries of a ``[batch, head, query, key]`` pattern's diagonal at ``offset``)."""
-    out = torch.zeros(positions.shape, dtype=torch.bool, device=positions.device)
-    if offset == 0:
-        return out.fill_(True)
-    step = abs(offset)
-    if step >= positions.shape[-1]:
-        return out
-    ahead = (positions[:, step:] - positions[:, :-step]) == step  # column j + step is position p_j + step
-    if offset > 0:
-        out[:, :-step] = ahead
-    else:
-        out[:, step:] = ahead
-    return out
 
 
 class AttentionStatistics(Result):
