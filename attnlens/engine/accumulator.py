@@ -213,8 +213,9 @@ def add_at(state: Tensor, dim: int, layers: Sequence[int], values: Tensor) -> No
         target.add_(values)
         return
     pending = _DEFERRED[-1]
-    if any(other is state for other, _, _ in pending):  # one addition per state in a multi-tensor add
-        _add_all(pending)
+    storage = state.untyped_storage().data_ptr()
+    if any(other.untyped_storage().data_ptr() == storage for other, _, _ in pending):
+        _add_all(pending)  # one addition per tensor (or view of it) in a multi-tensor add
         pending.clear()
     pending.append((state, target, values))
 

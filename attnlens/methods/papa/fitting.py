@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, SupportsIndex
 
@@ -31,7 +31,7 @@ from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
-from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
+from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, add_at
 from attnlens.engine.checkpoints import checkpoint_path
 from attnlens.engine.distributed import world
 from attnlens.engine.passes import CHECKPOINT_EVERY
@@ -189,10 +189,8 @@ class PatternSums(Accumulator):
         counts = self.terms["counts"]
         n = counts.shape[-1]
         for layers, total, squares in self.added:
-            for i, run in _runs(layers):
-                width = len(run)
-                state.sums[run[0] : run[0] + width, :, :n, :n] += total[i : i + width].to(state.sums.device)
-                state.squares[run[0] : run[0] + width, :, :n, :n] += squares[i : i + width].to(state.squares.device)
+            add_at(state.sums[:, :, :n, :n], 0, layers, total)
+            add_at(state.squares[:, :, :n, :n], 0, layers, squares)
         state.pair_counts[:n, :n] += counts
         state.n_examples += len(batch)
         state.n_tokens += batch.n_tokens
@@ -257,17 +255,6 @@ def _batch_terms(inputs: Any, size: int) -> dict[str, Tensor]:
     else:
         terms.update(ones=terms["weights"].new_ones(1, len(valid)), counts=pairs.sum(0))
     return terms
-
-
-def _runs(layers: Sequence[int]) -> list[tuple[int, list[int]]]:
-    """``layers`` cut into runs of consecutive layers, each with its first index in ``layers``."""
-    runs: list[tuple[int, list[int]]] = []
-    for i, layer in enumerate(layers):
-        if runs and runs[-1][1][-1] + 1 == layer:
-            runs[-1][1].append(layer)
-        else:
-            runs.append((i, [layer]))
-    return runs
 
 
 def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaConstants:
