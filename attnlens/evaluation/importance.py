@@ -200,8 +200,10 @@ class Gates(Accumulator):
 
 
 def _not_finite(start: int) -> InputError:
-    where = f"the batch starting at example {start}" if start >= 0 else "a batch"
-    return InputError(f"loss is not finite (NaN or inf) for {where}.")
+    if start >= 0:
+        return InputError(f"loss is not finite (NaN or inf) for the batch starting at example {start}.")
+    return InputError("the loss or its gradient is not finite (NaN or inf) for a batch (on another rank, under "
+                      "torchrun); every head's importance would be NaN.")
 
 
 class ProbeLoss:
