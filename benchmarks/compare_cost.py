@@ -9,14 +9,16 @@ batch 32, in the PAPA layout (the one compare uses with the ``papa`` view), time
   unembed). The ratios are over it;
 - *padded forward*: the same with every text padded to ``max_len`` in the PAPA layout, in corpus
   order (the reference of the tables before 2026-11-28), printed beside;
-- *compare*: ``attnlens.compare(model, "papa", "effective")`` (fit the constants: one pass;
-  the comparison: a second pass; the report's kept examples, 8-bit and deflated);
+- *compare*: ``attnlens.compare(model, "papa", "effective")`` (fit the constants: one pass,
+  whose patterns and values are kept; the comparison: a second pass replaying them, with no
+  forward; the report's kept examples, 8-bit and deflated);
 - *CLI job*: ``attnlens compare --quiet --out report.html --json comparison.json`` on a corpus
   file of the same texts (loading the model, compare, the HTML report and the JSON written).
 
-Limit: compare's two passes each stop after the last layer's pattern (no last MLP, no unembed)
-and run the texts by length, each batch as wide as its longest text (:func:`attnlens.engine.passes.run`),
-so in flops they are ``2 · (5 layers + the last layer's Q/K/QKᵀ)`` over those batches, over the
+Limit: compare runs one forward (the fit's: the comparison replays it,
+:mod:`attnlens.engine.recording`), stopped after the last layer's pattern (no last MLP, no
+unembed), the texts by length, each batch as wide as its longest text (:func:`attnlens.engine.passes.run`),
+so in flops it is ``5 layers + the last layer's Q/K/QKᵀ`` over those batches, over the
 forward's; the statistics, effective attention and the
 report's encoding are extra work the limit leaves out.
 The deflate share is the time spent in ``kept.deflate`` (the kept examples' codes, ISA-L's zlib format) over compare's time.
@@ -139,9 +141,10 @@ def main() -> None:
         width = attnlens.tokenize(model, ordered[start : start + batch_size], max_len=MAX_LEN,
                                   layout="padded").input_ids.shape
         full += encoder_flops(model.cfg, width[0] * width[1], width[1])
-    # compare's two passes run by length, each batch as wide as its longest text
+    # compare's one forward (the fit's, replayed by the comparison) runs by length, each batch as wide as its
+    # longest text
     one_pass = pattern_pass_flops(model, texts, max_len=MAX_LEN, layout="papa", batch_size=batch_size)
-    limit = 2 * one_pass / full
+    limit = one_pass / full
     r_compare, r_job = median_ratio(t_compare, t_forward), median_ratio(t_job, t_forward)
     share = statistics.median(z / c for z, c in zip(deflate_seconds, t_compare, strict=True))
     med = statistics.median

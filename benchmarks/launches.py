@@ -157,6 +157,9 @@ def make_jobs(model: Any, constants: Any, batch: int, max_len: int) -> dict[str,
         "papa.fit": lambda t: papa.fit(model, t, **options),
         "compare(papa, effective)": lambda t: attnlens.compare(model, "papa", "effective", corpus=t, max_len=max_len,
                                                                constants=constants, batch_size=batch, progress=False),
+        # what a user runs: the constants fitted first (a pass whose recording the comparison replays)
+        "compare(papa, effective), fitting the constants": lambda t: attnlens.compare(
+            model, "papa", "effective", corpus=t, max_len=max_len, batch_size=batch, progress=False),
         "effective.statistics": lambda t: effective.statistics(model, t, **options),
         "probe features": lambda t: probing.extract(model, t, cache=False, **options),
         "probe features, half the heads constant (fast)": lambda t: probing.extract(

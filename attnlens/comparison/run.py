@@ -35,6 +35,7 @@ from attnlens.core.loading import is_causal, load
 from attnlens.core.modes import eval_mode
 from attnlens.engine import passes
 from attnlens.engine.effective import warn_if_short
+from attnlens.engine.recording import Recording
 from attnlens.errors import InputError, InputTypeError
 from attnlens.evaluation.view_scores import view_scores
 from attnlens.methods import views as registry
@@ -137,8 +138,10 @@ def compare(
     layout when the ``"papa"`` view is requested on an encoder (PAPA constants are positional),
     else with ordinary padding (decoders such as GPT-2 have no [CLS]/[SEP] to fix in place). ``constants``: precomputed :class:`attnlens.papa.PapaConstants`, which must
     match the model and the corpus (layout, ``max_len``, sentences or pairs), or a path to a file of
-    them (loaded and checked); otherwise they are fitted on the same corpus first (a separate
-    pass).
+    them (loaded and checked); otherwise they are fitted on the same corpus first, in a pass
+    whose patterns the comparison replays (:mod:`attnlens.engine.recording`: one forward over the
+    corpus in all, as long as a quarter of the device's free memory holds them; the batches
+    beyond it run their forward again).
 
     For every view and head the table gives the statistics of :mod:`attnlens.methods.stats` (mean over
     valid query tokens) and ``distance_from_standard``: the mean over valid query rows of the
@@ -198,17 +201,23 @@ def compare(
     model = _as_model(model)
     if focus is not None:
         focus = check_focus(focus, model.cfg.n_layers, model.cfg.n_heads)
+    # fitting the constants, the pass keeps its patterns for the comparison's pass over the same
+    # batches (engine.recording: the comparison then runs no forward of its own for them)
+    recording = Recording(values=any(registry.get_view(name).needs_values for name in names))
     with eval_mode(model):
-        constants, max_len, layout = _constants_setup(
-            model, names, texts, constants, max_len, batch_size, progress
-        )
-        if example is None:
-            example = _default_example(model, texts, names, max_len, layout)
-        comparison = _compare(
-            model, names, texts, constants, max_len=max_len, layout=layout,
-            batch_size=batch_size, example=example, focus=focus, progress=progress,
-            report_examples=report_examples, report_budget=report_budget,
-        )
+        try:  # the recording freed even on an error (a traceback kept in a notebook would hold it)
+            constants, max_len, layout = _constants_setup(
+                model, names, texts, constants, max_len, batch_size, progress, record=recording
+            )
+            if example is None:
+                example = _default_example(model, texts, names, max_len, layout)
+            comparison = _compare(
+                model, names, texts, constants, max_len=max_len, layout=layout,
+                batch_size=batch_size, example=example, focus=focus, progress=progress,
+                report_examples=report_examples, report_budget=report_budget, replay=recording,
+            )
+        finally:
+            recording.clear()
         if tasks or lm_texts is not None:
             comparison.scores = view_scores(
                 model, names, constants, tasks=tasks, lm_texts=lm_texts, data_dir=data_dir,
@@ -244,18 +253,19 @@ def _constants_setup(
     max_len: int | None,
     batch_size: int,
     progress: bool,
+    record: Recording | None = None,
 ) -> tuple[Any, int, str]:
     """``(constants, max_len, layout)`` of the pass: without a view given by PAPA constants
     (:attr:`View.takes_constants`) no constants and the padded layout; with one the given
-    constants (checked against the model) or ones fitted on ``texts``, and their ``max_len``
-    and layout."""
+    constants (checked against the model) or ones fitted on ``texts`` (their pass kept in
+    ``record``), and their ``max_len`` and layout."""
     if not any(registry.get_view(name).takes_constants for name in names):
         return None, DEFAULT_MAX_LEN if max_len is None else max_len, "padded"
     if constants is None:
         max_len = DEFAULT_MAX_LEN if max_len is None else max_len
         constants = fitting.fit(
             model, texts, max_len=max_len, layout=fitting.default_layout(model),
-            batch_size=batch_size, progress=progress,
+            batch_size=batch_size, progress=progress, record=record,
         )
     if max_len is not None and constants.max_len != max_len:
         raise InputError(
@@ -281,8 +291,10 @@ def _compare(
     progress: bool,
     report_examples: int = 0,
     report_budget: int = 0,
+    replay: Recording | None = None,
 ) -> Comparison:
-    """The pass over the corpus of :func:`compare`, its arguments checked and resolved."""
+    """The pass over the corpus of :func:`compare`, its arguments checked and resolved
+    (``replay``: the fit's recording of the same batches, :mod:`attnlens.engine.recording`)."""
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     causal = is_causal(model)
     views = ViewsAccumulator(
@@ -290,7 +302,7 @@ def _compare(
     )
     summary = passes.run(
         model, texts, [views], max_len=max_len, layout=layout, batch_size=batch_size,
-        progress=progress, description=f"compare ({', '.join(names)})",
+        progress=progress, description=f"compare ({', '.join(names)})", replay=replay,
     )
     statistics, distance = views.result()
     n_tokens = summary.n_tokens

@@ -10,6 +10,8 @@
 - :mod:`attnlens.engine.checkpoints`: checkpoints, resume, and the signals that write one;
 - :mod:`attnlens.engine.distributed`: ``torch.distributed`` (shards, collectives);
 - :mod:`attnlens.engine.split`: a batch that runs out of device memory, split in halves;
+- :mod:`attnlens.engine.recording`: a pass's patterns kept for a later pass over the same batches,
+  which replays them instead of running the forward;
 - :mod:`attnlens.engine.hooks`: the one hook-list type of interventions;
 - :mod:`attnlens.engine.effective`: effective attention of a pattern and its values, which the
   engine gives every accumulator that reads ``LayerPatterns.effective``.

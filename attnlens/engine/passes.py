@@ -38,7 +38,7 @@ from typing import Any, SupportsIndex
 import torch
 from torch import Tensor
 
-from attnlens.core import devices, memory
+from attnlens.core import devices, memory, seam
 from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
@@ -72,6 +72,7 @@ from attnlens.engine.forward import (
     run_patterns,
 )
 from attnlens.engine.hooks import as_hooks
+from attnlens.engine.recording import Recording
 from attnlens.engine.split import _Split
 from attnlens.errors import InputError, ModelBehaviourError
 
@@ -96,6 +97,7 @@ def run(
     description: str = "pass", checkpoint: str | os.PathLike | None = None,
     checkpoint_every: SupportsIndex = CHECKPOINT_EVERY, effective: Mapping[str, Any] | None = None,
     settings: Mapping[str, Any] | None = None, compact: bool = True, by_length: bool = True,
+    record: Recording | None = None, replay: Recording | None = None,
 ) -> PassSummary:
     """Run ``model`` over ``corpus`` once, updating every accumulator; returns a
     :class:`~attnlens.engine.accumulator.PassSummary`.
@@ -137,6 +139,14 @@ def run(
     (:func:`~attnlens.engine.checkpoints.checkpoint_path`); the accumulators are then summed over
     ranks, so every rank holds the result.
 
+    ``record``: keep each batch's patterns (and values) in a :class:`~attnlens.engine.recording.Recording`,
+    up to its memory budget, for a later pass over the same batches; ``replay``: such a recording
+    of an earlier pass, whose batches this pass hands to its accumulators without running the
+    forward again (a batch it does not hold runs the forward). The result is the same, exactly
+    (:mod:`attnlens.engine.recording`); a pass that needs more than the patterns and values (an
+    intervention, the output, the residual stream, gradients, another hook point) refuses a
+    replay.
+
     The first pass of a process keeps freed memory for reuse (:func:`attnlens.core.memory.reuse_freed_memory`:
     glibc's mmap and trim thresholds; ``ATTNLENS_REUSE_MEMORY=0`` keeps glibc's defaults).
     """
@@ -148,8 +158,13 @@ def run(
     header = _header(model, plan, order, settings, effective)
     start = _resume(checkpoint, accumulators, header, order.numbered, sizes=order.sizes, window=order.window,
                     current=plan.current)
+    if replay is not None:
+        _check_replay(model, accumulators, hooks, replay)
+    if record is not None:
+        record.begin({**header, "hooks": as_hooks(hooks).key()})  # a recording with interventions is never replayed
     running = _Pass(model, corpus, accumulators, plan, order, start, header, hooks=hooks,
-                    description=description, effective=effective, progress=progress)
+                    description=description, effective=effective, progress=progress, record=record,
+                    replay=replay)
     running.batches(_Signals())
     return running.summary()
 
@@ -260,12 +275,14 @@ class _Pass:
 
     def __init__(self, model: Any, corpus: Any, accumulators: Sequence[Accumulator], plan: _Plan, order: _Order,
                  start: _Start, header: dict[str, Any], *, hooks: FwdHooks, description: str,
-                 effective: Mapping[str, Any] | None, progress: bool) -> None:
+                 effective: Mapping[str, Any] | None, progress: bool, record: Recording | None = None,
+                 replay: Recording | None = None) -> None:
         self.model, self.corpus, self.accumulators, self.plan, self.order = model, corpus, accumulators, plan, order
         self.start, self.header, self.hooks, self.description = start, header, hooks, description
         self.counts, self.fingerprint, self.tail = start.counts, start.fingerprint, start.tail
+        self.record, self.replay = record, replay
         self.device = device_of(model)
-        needs_values = any(a.needs_values for a in accumulators)
+        needs_values = any(a.needs_values for a in accumulators) or (record is not None and record.values)
         self.needs_output = any(a.needs_output for a in accumulators)
         self.until = f"blocks.{int(model.cfg.n_layers) - 1}.hook_out" if any(
             a.needs_residual for a in accumulators) else None
@@ -286,7 +303,9 @@ class _Pass:
             progress and plan.current.rank == 0, initial=start.resumed,
         )
 
-    def _on_pattern(self, layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> None:
+    def _on_pattern(self, layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor | None = None) -> None:
+        if self.record is not None:
+            self.record.add(pattern, v)
         patterns = LayerPatterns(layer, pattern, self.state["batch"], v, self.options)
         kept = self.stacking and not devices.reads_are_free(pattern)
         for accumulator in self.layerwise if kept else self.accumulators:
@@ -386,9 +405,16 @@ class _Pass:
             accumulator.start_batch(pass_batch)
         self.state.update(batch=pass_batch, layers=0, consistent=False)
         self.kept, self.kept_bytes = [], 0  # none of a batch split after running out of memory
+        recorded = None if self.replay is None else self.replay.find(self.header, start, on_host)
+        if self.record is not None:
+            self.record.start_batch(start, on_host)
         grad = torch.enable_grad() if self.needs_grad else torch.inference_mode()
         with grad:
-            if self.needs_output:
+            if recorded is not None:  # the batch's layers as an earlier pass's forward made them
+                with seam.batch_key_mask(inputs.attention_mask.bool()), seam.batch_positions(inputs.position_ids):
+                    for layer, (pattern, values) in enumerate(recorded):
+                        self._on_pattern(layer, pattern, values)
+            elif self.needs_output:
                 output = _forward(model, inputs, self.fwd_hooks)
             else:
                 run_patterns(model, inputs, self.fwd_hooks, until=self.until)
@@ -404,6 +430,8 @@ class _Pass:
         forwarded()
         for accumulator in accumulators:
             accumulator.end_batch(pass_batch)
+        if self.record is not None:
+            self.record.end_batch(self.n_layers)
         _count(self.counts, host.numbers)
         self.fingerprint.update(host.chunk)
         self.state["consistent"] = True
@@ -439,6 +467,21 @@ class _Pass:
             resumed=self.start.resumed,
             longest=counts.get("longest", 0),
         )
+
+
+def _check_replay(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, replay: Recording) -> None:
+    """One clear error when a pass needs more than a recording's patterns and values."""
+    if len(as_hooks(hooks)) or as_hooks(hooks).key() != "none":
+        raise InputError("a pass with interventions (hooks=) cannot replay a recording: the recorded patterns "
+                         "were made without them; run it without replay=.")
+    for a in accumulators:
+        needs = [what for what, flagged in (("the model's output", a.needs_output),
+                                            ("the residual stream", a.needs_residual), ("gradients", a.needs_grad),
+                                            ("the values", a.needs_values and not replay.values)) if flagged]
+        if a.hooks(model) or needs:
+            what = ", ".join(needs) or "hook points of its own"
+            raise InputError(f"accumulator {a.name!r} needs {what}, which a recording does not hold; "
+                             "run its pass without replay=.")
 
 
 def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:

@@ -40,6 +40,13 @@ The properties, on a tiny random BERT, ``N_TEXTS`` texts of different lengths in
    every quantity is a function of one map, computed by the same arithmetic in calls over more
    maps.
 
+6. **replay**: an accumulator that reads no more than each layer's patterns and values (no
+   output, residual stream, gradients or hook points of its own) holds the same state, result
+   and kept values after a pass replaying another pass's recording (:mod:`attnlens.engine.recording`:
+   no forward run) as after the live pass that recorded it, exactly (the same tensors reach it),
+   and leaves the recorded tensors as they were (a replayed pass hands them to every
+   accumulator, as a live one hands each layer's); any other accumulator refuses a replay.
+
 The views', interventions' and learners' contracts are beside this file (``test_views.py``,
 ``test_interventions.py``, ``test_estimators.py``).
 
@@ -68,6 +75,7 @@ import attnlens
 from attnlens import Words
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator
+from attnlens.errors import InputError
 from tests import tiny
 
 MAX_LEN = 24
@@ -454,6 +462,38 @@ def test_a_stack_of_layers_adds_what_each_layer_adds(case, model, monkeypatch):
         results[stacked] = (accumulator.state_dict(), accumulator.metadata(), accumulator.result(),
                             _kept_decoded(accumulator))
     assert_same(results[True], results[False], "stacked")
+
+
+@pytest.mark.parametrize("case", _params("replay"))
+def test_a_replayed_pass_gives_the_live_passs_result(case, model, monkeypatch):
+    from attnlens.engine.recording import Recording
+
+    live = case.make(model, 0, N_TEXTS)
+    options = dict(max_len=MAX_LEN, batch_size=BATCH, progress=False, **case.run(model))
+    recording, copies = Recording(), []
+    add = Recording.add
+    monkeypatch.setattr(Recording, "add", lambda self, pattern, values: (
+        copies.append([t.clone() for t in (pattern, values)]), add(self, pattern, values)))
+    passes.run(model, case.corpus(), [live], record=recording, **options)
+    assert recording.complete and recording.n_batches == 3
+    replayed = case.make(model, 0, N_TEXTS)
+    if live.needs_output or live.needs_residual or live.needs_grad or live.hooks(model):
+        with pytest.raises(InputError, match="which a recording does not hold"):
+            passes.run(model, case.corpus(), [replayed], replay=recording, **options)
+        return
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a replayed pass ran a forward")
+
+    monkeypatch.setattr(passes, "run_patterns", no_forward)
+    monkeypatch.setattr(passes, "_forward", no_forward)
+    passes.run(model, case.corpus(), [replayed], replay=recording, **options)
+    assert_same(state(case, replayed), state(case, live), "state")
+    assert_same(replayed.result(), live.result(), "result")
+    kept = [list(layer) for batch in recording.kept.values() for layer in batch.layers]
+    assert len(kept) == len(copies)
+    for (pattern, values), (pattern_before, values_before) in zip(kept, copies, strict=True):
+        assert torch.equal(pattern, pattern_before) and torch.equal(values, values_before)
 
 
 @pytest.mark.parametrize("case", _params("round trip", _has_state))

@@ -306,6 +306,15 @@ def test_passes_page(tmp_path, monkeypatch):
                 totals[layer] += float(-(p * p.clamp_min(1e-30).log()).sum())
         rows += int(mask.sum()) * model.cfg.n_heads
     torch.testing.assert_close(got, totals / rows, atol=1e-6, rtol=0)
+    # the replayed pass: a live pass's statistics, bit for bit, and the recording freed
+    from attnlens.engine import passes
+    from attnlens.methods.stats import Statistics
+
+    live = Statistics(6, 12, "effective")
+    passes.run(model, texts, [live], progress=False)
+    for mine, theirs in zip(names["replayed"].state_dict().values(), live.state_dict().values(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert names["kept"].n_batches == 0 and names["kept"].n_bytes == 0
 
 
 def test_the_epoch_rule_is_the_one_judged_on_held_out_training_examples():

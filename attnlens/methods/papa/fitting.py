@@ -35,6 +35,7 @@ from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, a
 from attnlens.engine.checkpoints import checkpoint_path
 from attnlens.engine.distributed import world
 from attnlens.engine.passes import CHECKPOINT_EVERY
+from attnlens.engine.recording import Recording
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.compatibility import check_model
 from attnlens.methods.papa.constants import PapaConstants, fields_of
@@ -54,6 +55,7 @@ def fit(
     checkpoint_every: SupportsIndex = CHECKPOINT_EVERY,
     compact: bool = True,
     by_length: bool = True,
+    record: Recording | None = None,
 ) -> PapaConstants:
     """Each head's mean attention over ``corpus``, as :class:`PapaConstants`.
 
@@ -77,6 +79,10 @@ def fit(
     that a batch computes little padding (:func:`attnlens.engine.passes.run`; the same constants up to
     float32 rounding); ``False`` runs the corpus in its order, so that the fits of consecutive
     parts of a corpus, each a whole number of batches, merge to the fit of the whole bit for bit.
+
+    ``record``: keep the pass's patterns (and values) for a later pass over the same corpus
+    (:class:`attnlens.engine.recording.Recording`; :func:`attnlens.compare` replays them rather
+    than running the forward again).
 
     The model runs with its own position ids (see :meth:`attnlens.Batch.model_kwargs`), so the patterns are
     those of the Hugging Face model on the same inputs; run interventions the same way
@@ -104,7 +110,7 @@ def fit(
     passes.run(
         model, examples, [sums], max_len=max_len, layout=layout, batch_size=batch_size,
         progress=progress, description="papa.fit", checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every, compact=compact, by_length=by_length,
+        checkpoint_every=checkpoint_every, compact=compact, by_length=by_length, record=record,
     )
     return sums.result()
 
