@@ -1,7 +1,8 @@
 """Layer 1, ``core``: what every analysis stands on.
 
 Inputs and their layouts (:mod:`attnlens.core.inputs`), loading a model
-(:mod:`attnlens.core.loading`), the hook seam (:mod:`attnlens.core.seam`), one file of facts per
+(:mod:`attnlens.core.loading`), the hook seam (:mod:`attnlens.core.seam`), normalization bridges
+without unread work (:mod:`attnlens.core.norms`), one file of facts per
 architecture (:mod:`attnlens.core.models`), argument checks (:mod:`attnlens.core.checks`), files
 (:mod:`attnlens.core.files`), corpora (:mod:`attnlens.core.corpus`), head sets
 (:mod:`attnlens.core.heads`), plotly figures of arrays (:mod:`attnlens.core.plots`), the

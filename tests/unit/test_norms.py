@@ -1,0 +1,100 @@
+"""attnlens.core.norms: the normalization bridges of a loaded model call the Hugging Face module
+directly while nothing hooks their ``hook_scale`` / ``hook_normalized``, and TransformerLens's own
+method otherwise. Reference: the same bridge with TransformerLens's method (the instance's
+shortcut removed). Bit for bit: both run the same Hugging Face module on the same input (no hook),
+or the very same method (hooked)."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import attnlens
+from attnlens.core import norms
+from tests import tiny
+
+TEXTS = ["the quick brown fox jumps over the lazy dog .", "slow ."]
+
+
+def tiny_llama():
+    """A random Llama (RMSNorm bridges)."""
+    tokenizer = tiny.gpt2_tokenizer()
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    return attnlens.load(transformers.LlamaForCausalLM(config).eval(), tokenizer=tokenizer)
+
+
+#: bridges whose normalizations run the Hugging Face module (TransformerLens's native path);
+#: GPT-2's compute LayerNorm in Python (there the method is never called)
+MODELS = {"bert": tiny.bert_bridge, "llama": tiny_llama}
+
+
+def uninstalled(model):
+    """The same bridge with TransformerLens's own method in every normalization bridge."""
+    for module in norms._norms(model):
+        del module.__dict__[norms.METHOD]
+    return model
+
+
+class Operators(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def run(model, hooks=(), cache=False):
+    batch = attnlens.tokenize(model, TEXTS, max_len=16, layout="padded")
+    with torch.no_grad():
+        if cache:
+            return model.run_with_cache(batch.input_ids, **batch.model_kwargs(),
+                                        names_filter=lambda name: "hook_scale" in name or "hook_normalized" in name)
+        return attnlens.run_with_hooks(model, batch, hooks)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_unhooked_norms_skip_the_observation_and_give_the_same_output(name):
+    model = MODELS[name]()
+    assert norms.is_installed(model) and len(norms._norms(model)) >= 3
+    with Operators() as direct:
+        fast = run(model)
+    reference = uninstalled(MODELS[name]())
+    assert not norms.is_installed(reference)
+    with Operators() as slow:
+        expected = run(reference)
+    assert torch.equal(fast, expected)
+    # TransformerLens's observation: at least rsqrt and sqrt per normalization, none left
+    n_norms = len(norms._norms(model))
+    assert slow.count["rsqrt"] >= n_norms and slow.count["sqrt"] >= n_norms
+    assert direct.count["rsqrt"] + direct.count["sqrt"] <= slow.count["rsqrt"] + slow.count["sqrt"] - 2 * n_norms
+    assert sum(direct.count.values()) < sum(slow.count.values())
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_hooked_norms_show_and_edit_what_transformerlens_does(name):
+    model, reference = MODELS[name](), uninstalled(MODELS[name]())
+    logits, cache = run(model, cache=True)
+    expected_logits, expected = run(reference, cache=True)
+    assert torch.equal(logits, expected_logits)
+    assert sorted(cache.keys()) == sorted(expected.keys()) and len(cache.keys()) >= 6
+    for key in expected.keys():
+        assert torch.equal(cache[key], expected[key]), key
+    first = next(key for key in expected.keys() if key.endswith("hook_normalized"))
+    edit = [(first, lambda value, hook: value * 0.5)]
+    with pytest.warns(UserWarning):  # TransformerLens's own warning: an edit takes its python path
+        edited = run(model, hooks=edit)
+    with pytest.warns(UserWarning):
+        expected_edit = run(reference, hooks=edit)
+    assert torch.equal(edited, expected_edit) and not torch.equal(edited, logits)
