@@ -15,6 +15,8 @@ from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
     GPT2TokenizerFast,
+    LlamaConfig,
+    LlamaForCausalLM,
     RobertaConfig,
     RobertaForMaskedLM,
     RobertaTokenizerFast,
@@ -116,3 +118,20 @@ def gpt2_bridge(seed: int = 0):
     import attnlens
 
     return attnlens.load(tiny_gpt2(seed), tokenizer=gpt2_tokenizer())
+
+
+def llama_bridge(seed: int = 0):
+    """A random Llama as an attnlens bridge, whose 6 query heads share 2 key-value heads (3
+    each), as in Llama 3 (RMSNorm bridges; GPT-2's tokenizer)."""
+
+    import attnlens
+
+    tokenizer = gpt2_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(seed)
+    return attnlens.load(LlamaForCausalLM(config).eval(), tokenizer=tokenizer)

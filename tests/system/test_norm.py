@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 import attnlens
 from attnlens.core import devices
@@ -23,24 +22,11 @@ MAX_LEN = 24
 counter, device_routes = host_reads.counter, host_reads.device_routes
 
 
-def tiny_llama():
-    """A random Llama whose 6 query heads share 2 key-value heads (3 each), as in Llama 3."""
-    tokenizer = tiny.gpt2_tokenizer()
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    return attnlens.load(transformers.LlamaForCausalLM(config).eval(), tokenizer=tokenizer)
-
-
 MODELS = {
     "bert": tiny.bert_bridge,
     "roberta": lambda: attnlens.load(tiny.tiny_roberta(), tokenizer=tiny.roberta_tokenizer()),
     "gpt2": tiny.gpt2_bridge,
-    "llama-gqa": tiny_llama,
+    "llama-gqa": tiny.llama_bridge,
 }
 
 

@@ -10,7 +10,6 @@ import collections
 
 import pytest
 import torch
-import transformers
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlens
@@ -20,22 +19,9 @@ from tests import tiny
 TEXTS = ["the quick brown fox jumps over the lazy dog .", "slow ."]
 
 
-def tiny_llama():
-    """A random Llama (RMSNorm bridges)."""
-    tokenizer = tiny.gpt2_tokenizer()
-    config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=48, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    return attnlens.load(transformers.LlamaForCausalLM(config).eval(), tokenizer=tokenizer)
-
-
 #: bridges whose normalizations run the Hugging Face module (TransformerLens's native path);
 #: GPT-2's compute LayerNorm in Python (there the method is never called)
-MODELS = {"bert": tiny.bert_bridge, "llama": tiny_llama}
+MODELS = {"bert": tiny.bert_bridge, "llama": tiny.llama_bridge}
 
 
 def uninstalled(model):
