@@ -123,7 +123,6 @@ def gpt2_bridge(seed: int = 0):
 def llama_bridge(seed: int = 0):
     """A random Llama as an attnlens bridge, whose 6 query heads share 2 key-value heads (3
     each), as in Llama 3 (RMSNorm bridges; GPT-2's tokenizer)."""
-
     import attnlens
 
     tokenizer = gpt2_tokenizer()
