@@ -76,7 +76,7 @@ def attention_forward(
         scores = scores + attention_mask
     pattern = nn.functional.softmax(scores, dim=-1)
     pattern = nn.functional.dropout(pattern, p=dropout, training=module.training)
-    if pattern_fn is not None:
+    if _hooked(pattern_fn):
         token = _KEY_MASK.set(_layer_key_mask(attention_mask, key.shape[0], key.shape[2], key.device))
         try:
             pattern = pattern_fn(pattern)
@@ -84,6 +84,17 @@ def attention_forward(
             _KEY_MASK.reset(token)
     output = torch.matmul(pattern, value).transpose(1, 2).contiguous()
     return output, pattern
+
+
+def _hooked(pattern_fn: Callable[[Tensor], Tensor] | None) -> bool:
+    """Whether ``pattern_fn`` does anything: TransformerLens passes the layer's ``hook_pattern``,
+    a hook point that returns the pattern as it is while no hook (forward or backward) is on it;
+    then neither it nor the key mask it would see is needed (one kernel a layer fewer). Any other
+    callable is called."""
+    if pattern_fn is None:
+        return False
+    hooks = [getattr(pattern_fn, name, None) for name in ("fwd_hooks", "bwd_hooks")]
+    return any(hooks) if all(isinstance(value, list) for value in hooks) else True
 
 
 def _layer_key_mask(

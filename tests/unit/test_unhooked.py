@@ -1,6 +1,7 @@
-"""attnlens.core.norms: the normalization bridges of a loaded model call the Hugging Face module
-directly while nothing hooks their ``hook_scale`` / ``hook_normalized``, and TransformerLens's own
-method otherwise. Reference: the same bridge with TransformerLens's method (the instance's
+"""What a forward skips where nothing hooks it. attnlens.core.norms: the normalization bridges of a
+loaded model call the Hugging Face module directly while nothing hooks their ``hook_scale`` /
+``hook_normalized``, and TransformerLens's own method otherwise; the seam calls an unhooked
+``hook_pattern`` not at all. Reference: the same bridge with TransformerLens's method (the instance's
 shortcut removed). Bit for bit: both run the same Hugging Face module on the same input (no hook),
 or the very same method (hooked)."""
 
@@ -84,3 +85,23 @@ def test_hooked_norms_show_and_edit_what_transformerlens_does(name):
     with pytest.warns(UserWarning):
         expected_edit = run(reference, hooks=edit)
     assert torch.equal(edited, expected_edit) and not torch.equal(edited, logits)
+
+
+def test_an_unhooked_pattern_hook_costs_no_kernel():
+    """The seam (attnlens.core.seam) hands the pattern to TransformerLens's hook_pattern, with
+    the key mask a hook may read; with no hook on it neither is needed (no comparison of the
+    additive mask per layer), with one both are."""
+    model = tiny.bert_bridge()
+    batch = attnlens.tokenize(model, TEXTS, max_len=16)
+    seen = []
+    with torch.no_grad():
+        with Operators() as plain:
+            logits = model(batch.input_ids, **batch.model_kwargs())
+        with Operators() as hooked:
+            hooked_logits = model.run_with_hooks(
+                batch.input_ids, **batch.model_kwargs(),
+                fwd_hooks=[("blocks.0.attn.hook_pattern",
+                            lambda pattern, hook: seen.append(attnlens.core.seam.key_mask(pattern)))])
+    assert plain.count["gt"] == 0 and hooked.count["gt"] == 1  # layer 0's key mask, read off its mask
+    assert torch.equal(logits, hooked_logits)
+    assert torch.equal(seen[0], batch.attention_mask.bool())
