@@ -25,7 +25,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
 
 #: the method of TransformerLens's normalization bridges that :func:`install` shortcuts
 METHOD = "_hf_autograd_forward_with_hooks"
@@ -45,6 +44,12 @@ def is_installed(bridge: Any) -> bool:
 
 def _norms(bridge: Any) -> list[Any]:
     """The normalization bridges of ``bridge`` that have TransformerLens 4.x's method."""
+    # imported here, as attnlens.core.loading imports TransformerLens: seconds of imports that
+    # ``import attnlens`` (and ``attnlens --help``) does without
+    from transformer_lens.model_bridge.generalized_components.normalization import (
+        NormalizationBridge,
+    )
+
     return [module for module in bridge.modules()
             if isinstance(module, NormalizationBridge) and hasattr(type(module), METHOD)]
 

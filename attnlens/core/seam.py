@@ -11,7 +11,8 @@ So the seam is three small steps:
 
 1. register :func:`attention_forward` under the name ``"attnlens"`` in transformers'
    ``AttentionInterface``, and the eager mask builder under the same name in
-   ``AttentionMaskInterface`` (without it the attention function would receive no mask);
+   ``AttentionMaskInterface`` (without it the attention function would receive no mask), made
+   even for a batch without padding (:func:`made_mask`: no read of the device to decide);
 2. switch the HF model to ``attn_implementation="attnlens"``;
 3. set ``accepts_pattern_fn = True`` on every wrapped attention module.
 
@@ -470,10 +471,24 @@ def _weigh(
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, eager_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, made_mask)
+
+
+def made_mask(*args: Any, **kwargs: Any) -> Tensor | None:
+    """transformers' eager mask, always made: never skipped for a batch without padding.
+
+    Skipping it (``allow_is_bidirectional_skip``) first asks whether every token is real,
+    ``padding_mask.all()``: a read of the device at every forward, which makes the host wait for
+    the GPU to finish the work queued before (the previous batch's) before it can queue the next.
+    Made, the mask of a batch without padding is all zeros, and adding it changes no score
+    (``x + 0.0 == x``): the same patterns bit for bit, for two kernels instead of a wait."""
+    from transformers.masking_utils import eager_mask
+
+    kwargs["allow_is_bidirectional_skip"] = False
+    return eager_mask(*args, **kwargs)
 
 
 def install(bridge: Any) -> Any:

@@ -99,8 +99,8 @@ def _synchronisations(job) -> list[str]:
                                  "effective.statistics"])
 def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job):
     """On n and 2n batches of 8 texts, the synchronisations may grow by one per batch, or by as
-    many as a plain forward of the same batches makes if that is more (transformers' mask code
-    waits about once per batch); the sites that grew are named."""
+    many as a plain forward of the same batches makes if that is more (on an encoder behind the
+    seam the forward waits for nothing: its mask is always made); the sites that grew are named."""
     from attnlens.core.corpus import default_corpus
     from attnlens.evaluation import probing
     from attnlens.methods import effective
