@@ -180,3 +180,46 @@ def test_papa_layout_keeps_hf_positions(minilm, sst2_sentences):
         )
     valid = batch.attention_mask.bool()
     torch.testing.assert_close(got[valid], expected[valid], atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("make_model, make_tokenizer", [(tiny.tiny_bert, tiny.bert_tokenizer),
+                                                        (tiny.tiny_roberta, tiny.roberta_tokenizer)],
+                         ids=["bert", "roberta"])
+@pytest.mark.parametrize("padded", [True, False], ids=["padding", "no-padding"])
+def test_the_seam_without_hooks_is_hf_eager_bit_for_bit(make_model, make_tokenizer, padded):
+    """The seam's attention and mask (made_mask: always made, a padding mask in one kernel) give
+    HF eager's logits exactly: the same scores plus the same additive mask, or plus zeros where
+    HF skips the mask of a batch without padding (x + 0.0 == x)."""
+    model = attnlens.load(make_model(), tokenizer=make_tokenizer())
+    reference = make_model()
+    reference.set_attn_implementation("eager")
+    tokenizer = make_tokenizer()
+    texts = tiny.CORPUS[:3] if padded else [tiny.CORPUS[0]] * 2
+    encoded = tokenizer(texts, padding=True, return_tensors="pt")
+    assert bool((encoded["attention_mask"] == 0).any()) == padded
+    with torch.no_grad():
+        expected = reference(input_ids=encoded["input_ids"], attention_mask=encoded["attention_mask"]).logits
+        got = model(encoded["input_ids"], attention_mask=encoded["attention_mask"])
+    assert torch.equal(got, expected)
+
+
+def test_made_mask_is_transformers_eager_mask():
+    """The one-kernel padding mask equals transformers' construction; anything else is its."""
+    from transformers.masking_utils import and_masks, bidirectional_mask_function, causal_mask_function, eager_mask
+
+    from attnlens.core.seam import made_mask
+
+    padding = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    base = dict(batch_size=3, q_length=4, kv_length=4, q_offset=0, kv_offset=0, attention_mask=padding,
+                allow_is_causal_skip=False, dtype=torch.float32, use_vmap=False, device="cpu")
+    cases = [dict(mask_function=bidirectional_mask_function),  # the one-kernel case
+             dict(mask_function=bidirectional_mask_function, attention_mask=padding.long()),
+             dict(mask_function=causal_mask_function),  # transformers' own from here on
+             dict(mask_function=and_masks(bidirectional_mask_function, causal_mask_function)),
+             dict(mask_function=bidirectional_mask_function, q_length=2, q_offset=2)]
+    for case in cases:
+        kwargs = {**base, **case}
+        expected = eager_mask(**{**kwargs, "attention_mask": kwargs["attention_mask"].bool()},
+                              allow_is_bidirectional_skip=False)
+        got = made_mask(**{**kwargs, "allow_is_bidirectional_skip": True})
+        assert got.shape == expected.shape and torch.equal(got, expected), case
