@@ -50,6 +50,10 @@ _KEY_MASK: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
 _POSITIONS: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "attnlens_positions", default=None
 )
+#: the shape ``(batch, key)`` of the batch being run when the host knows it has no padding
+_UNPADDED: contextvars.ContextVar[tuple[int, int] | None] = contextvars.ContextVar(
+    "attnlens_unpadded", default=None
+)
 
 
 def attention_forward(
@@ -153,6 +157,19 @@ def batch_positions(positions: Int[Tensor, "batch key"] | None) -> Iterator[None
         yield
     finally:
         _POSITIONS.reset(token)
+
+
+@contextlib.contextmanager
+def batch_unpadded(shape: tuple[int, int] | None) -> Iterator[None]:
+    """Inside this context, the batch of ``shape`` (``(batch, key)``) is known, on the host, to
+    have no padding (``None``: not known): its attention needs no mask (:func:`made_mask`), which
+    transformers finds out only by reading the device. attnlens's runs over a :class:`Batch` on
+    the host set it."""
+    token = _UNPADDED.set(None if shape is None else tuple(shape))
+    try:
+        yield
+    finally:
+        _UNPADDED.reset(token)
 
 
 def positions(pattern: Float[Tensor, "batch head query key"]) -> Int[Tensor, "batch key"] | None:
@@ -489,7 +506,9 @@ def made_mask(*args: Any, **kwargs: Any) -> Tensor | None:
     of the model's own) is made in one kernel, ``0`` where the key is a real token and the dtype's
     minimum elsewhere, broadcast over the queries, where transformers' general construction
     (index ranges, the mask function evaluated on them, then the same ``where``) takes about a
-    dozen; the same values. Anything else goes to transformers' ``eager_mask``."""
+    dozen; the same values; and none at all for a batch the host knows has no padding
+    (:func:`batch_unpadded`), which is what transformers' skip gives. Anything else goes to
+    transformers' ``eager_mask``."""
     from transformers.masking_utils import bidirectional_mask_function, eager_mask
 
     kwargs["allow_is_bidirectional_skip"] = False
@@ -502,6 +521,8 @@ def made_mask(*args: Any, **kwargs: Any) -> Tensor | None:
     )
     if not plain:
         return eager_mask(*args, **kwargs)
+    if _UNPADDED.get() == tuple(padding.shape):  # the host said every token is real: no mask, as
+        return None  # transformers' skip gives, without its read (batch_unpadded)
     dtype = kwargs.get("dtype", torch.float32)
     additive = torch.where(padding[:, None, None, :].bool(), torch.zeros((), device=padding.device, dtype=dtype),
                            torch.finfo(dtype).min)

@@ -17,7 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.core import models, seam
+from attnlens.core import devices, models, seam
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, require_bridge
 from attnlens.engine.hooks import Hooks, as_hooks
@@ -93,14 +93,24 @@ def run_with_hooks(
         )
     check_hooks(hooks, batch)
     check_token_ids(model, batch)
-    return _forward(model, batch.to(device_of(model)), hooks, **kwargs)
+    return _forward(model, batch.to(device_of(model)), hooks, unpadded=has_no_padding(batch), **kwargs)
 
 
-def _forward(model: Any, batch: Batch, hooks: FwdHooks = (), **kwargs: Any) -> Any:
+def has_no_padding(batch: Batch) -> bool | None:
+    """Whether ``batch`` has no padding, read off its mask where reads are free (on the host,
+    :func:`attnlens.core.devices.reads_are_free`; a batch on a device: None, not read)."""
+    mask = batch.attention_mask
+    return bool(mask.all()) if devices.reads_are_free(mask) else None
+
+
+def _forward(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: bool | None = None, **kwargs: Any) -> Any:
     """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
-    checks its batches on the host, before they are copied: no read of a device tensor)."""
+    checks its batches on the host, before they are copied: no read of a device tensor).
+    ``unpadded``: the host found no padding in it (its attention then needs no mask,
+    :func:`attnlens.core.seam.batch_unpadded`)."""
+    shape = tuple(batch.input_ids.shape) if unpadded else None
     with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids), \
-            as_hooks(hooks).patched(model) as fwd_hooks:
+            seam.batch_unpadded(shape), as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 
@@ -178,7 +188,8 @@ def pattern_hooks(
     return fwd_hooks
 
 
-def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | None = None) -> int:
+def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | None = None,
+                 unpadded: bool | None = None) -> int:
     """Run ``batch`` (checked: :func:`check_token_ids`; moved to the model's device) with
     ``fwd_hooks`` without gradients, stopping after the last layer's ``hook_pattern`` hooks have
     run (or after the hook point ``until``, e.g. the last block's ``hook_out``). Returns how many
@@ -193,7 +204,8 @@ def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | 
 
     try:
         with torch.no_grad():
-            _forward(model, batch.to(device_of(model)), [*fwd_hooks, (last, stop)])
+            _forward(model, batch.to(device_of(model)), [*fwd_hooks, (last, stop)],
+                     unpadded=unpadded if unpadded is not None else has_no_padding(batch))
     except _Stop:
         pass
     return reached

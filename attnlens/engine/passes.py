@@ -399,7 +399,7 @@ class _Pass:
         """Run the batch (or part of a batch) ``host``, whose first row is example ``start`` of
         the pass; count it. ``forwarded()`` is called after the forward, before ``end_batch``."""
         model, accumulators = self.model, self.accumulators
-        on_host, inputs = _inputs(model, accumulators, self.hooks, host.batch, self.device)
+        on_host, inputs, unpadded = _inputs(model, accumulators, self.hooks, host.batch, self.device)
         pass_batch = PassBatch(inputs, start, model, host.indices, host.numbers["tokens"], on_host)
         for accumulator in accumulators:  # may refuse the batch; changes no state
             accumulator.start_batch(pass_batch)
@@ -415,9 +415,9 @@ class _Pass:
                     for layer, (pattern, values) in enumerate(recorded):
                         self._on_pattern(layer, pattern, values)
             elif self.needs_output:
-                output = _forward(model, inputs, self.fwd_hooks)
+                output = _forward(model, inputs, self.fwd_hooks, unpadded=unpadded)
             else:
-                run_patterns(model, inputs, self.fwd_hooks, until=self.until)
+                run_patterns(model, inputs, self.fwd_hooks, until=self.until, unpadded=unpadded)
             self._hand_stack()  # the layers kept since the last stack (before forwarded(): the batch's work)
             if self.needs_output:
                 for accumulator in accumulators:
@@ -495,17 +495,18 @@ def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:
 
 
 def _inputs(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, batch: Batch,
-            device: torch.device) -> tuple[Batch, Batch]:
+            device: torch.device) -> tuple[Batch, Batch, bool]:
     """The forward's inputs of a tokenized host ``batch``, on the host and on ``device``: made by
     the accumulators (:meth:`~attnlens.engine.accumulator.Accumulator.prepare`, which may keep per-batch state: run in the
     pass's thread), checked on the host, then copied (from pinned memory without waiting, on a
-    GPU)."""
+    GPU); and whether they have no padding (read on the host: the attention then needs no mask)."""
     check_hooks(hooks, batch)
     inputs = _prepare(accumulators, batch)
     check_token_ids(model, inputs)
+    unpadded = bool(inputs.attention_mask.all())
     if device.type == "cuda":
-        return inputs, inputs.pin_memory().to(device, non_blocking=True)
-    return inputs, inputs.to(device)
+        return inputs, inputs.pin_memory().to(device, non_blocking=True), unpadded
+    return inputs, inputs.to(device), unpadded
 
 
 def _count(counts: dict[str, Any], numbers: Mapping[str, Any]) -> None:

@@ -123,8 +123,8 @@ def counter(monkeypatch):
     original = passes._inputs
 
     def tagged(*args, **kwargs):  # the host's copy as HostTensors, the "device" copy a plain one
-        host, inputs = original(*args, **kwargs)
-        return host._apply(lambda value: value.as_subclass(HostTensor)), inputs._apply(torch.clone)
+        host, inputs, unpadded = original(*args, **kwargs)
+        return host._apply(lambda value: value.as_subclass(HostTensor)), inputs._apply(torch.clone), unpadded
 
     monkeypatch.setattr(passes, "_inputs", tagged)
     return counting

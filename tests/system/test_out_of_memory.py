@@ -24,14 +24,14 @@ def inject(monkeypatch, limit: int = LIMIT) -> list[int]:
     pattern, after the accumulators read layers 0 to 3; the sizes of the batches run."""
     original, sizes = forward.run_patterns, []
 
-    def run_patterns(model, batch, fwd_hooks, *, until=None):
+    def run_patterns(model, batch, fwd_hooks, **options):
         sizes.append(len(batch))
         if len(batch) > limit:
             def fail(pattern, hook):
                 raise torch.OutOfMemoryError("CUDA out of memory (injected)")
 
             fwd_hooks = [*fwd_hooks, ("blocks.3.attn.hook_pattern", fail)]
-        return original(model, batch, fwd_hooks, until=until)
+        return original(model, batch, fwd_hooks, **options)
 
     monkeypatch.setattr(passes, "run_patterns", run_patterns)
     return sizes

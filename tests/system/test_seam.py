@@ -6,8 +6,15 @@ import copy
 
 import pytest
 import torch
+from transformers.masking_utils import (
+    and_masks,
+    bidirectional_mask_function,
+    causal_mask_function,
+    eager_mask,
+)
 
 import attnlens
+from attnlens.core import seam
 from attnlens.core.seam import key_mask
 from tests import tiny
 
@@ -205,10 +212,6 @@ def test_the_seam_without_hooks_is_hf_eager_bit_for_bit(make_model, make_tokeniz
 
 def test_made_mask_is_transformers_eager_mask():
     """The one-kernel padding mask equals transformers' construction; anything else is its."""
-    from transformers.masking_utils import and_masks, bidirectional_mask_function, causal_mask_function, eager_mask
-
-    from attnlens.core.seam import made_mask
-
     padding = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
     base = dict(batch_size=3, q_length=4, kv_length=4, q_offset=0, kv_offset=0, attention_mask=padding,
                 allow_is_causal_skip=False, dtype=torch.float32, use_vmap=False, device="cpu")
@@ -221,5 +224,25 @@ def test_made_mask_is_transformers_eager_mask():
         kwargs = {**base, **case}
         expected = eager_mask(**{**kwargs, "attention_mask": kwargs["attention_mask"].bool()},
                               allow_is_bidirectional_skip=False)
-        got = made_mask(**{**kwargs, "allow_is_bidirectional_skip": True})
+        got = seam.made_mask(**{**kwargs, "allow_is_bidirectional_skip": True})
         assert got.shape == expected.shape and torch.equal(got, expected), case
+
+
+def test_a_batch_the_host_knows_unpadded_needs_no_mask():
+    """attnlens's runs say, from the host's copy, that a batch has no padding
+    (seam.batch_unpadded): its mask is then not made at all, and the logits are the same bit for
+    bit as with the mask of zeros made without that knowledge."""
+    padding = torch.ones(2, 5, dtype=torch.bool)
+    kwargs = dict(batch_size=2, q_length=5, kv_length=5, q_offset=0, kv_offset=0, attention_mask=padding,
+                  mask_function=bidirectional_mask_function, dtype=torch.float32, use_vmap=False, device="cpu")
+    with seam.batch_unpadded((2, 5)):
+        assert seam.made_mask(**kwargs) is None
+    with seam.batch_unpadded((2, 6)):  # another batch's shape: made
+        assert torch.equal(seam.made_mask(**kwargs), torch.zeros(2, 1, 5, 5))
+    model = tiny.bert_bridge()
+    batch = attnlens.tokenize(model, [tiny.CORPUS[0]] * 2, max_len=32, layout="padded")
+    assert bool(batch.attention_mask.all())
+    with torch.no_grad():
+        known = attnlens.run_with_hooks(model, batch)  # host batch: unpadded, no mask made
+        made = model(batch.input_ids, **batch.model_kwargs())  # the mask of zeros added
+    assert torch.equal(known, made)

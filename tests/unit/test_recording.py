@@ -36,9 +36,9 @@ def forwards(monkeypatch) -> list[int]:
     """The sizes of the batches whose forward runs (the pass's run_patterns)."""
     original, sizes = passes.run_patterns, []
 
-    def counted(model, batch, fwd_hooks, *, until=None):
+    def counted(model, batch, fwd_hooks, **options):
         sizes.append(len(batch))
-        return original(model, batch, fwd_hooks, until=until)
+        return original(model, batch, fwd_hooks, **options)
 
     monkeypatch.setattr(passes, "run_patterns", counted)
     return sizes
@@ -120,14 +120,14 @@ def test_the_batches_split_after_running_out_of_memory_are_replayed_as_split(ber
     it ran, and the comparison, split the same way, replays them."""
     original, sizes = passes.run_patterns, []
 
-    def run_patterns(model, batch, fwd_hooks, *, until=None):
+    def run_patterns(model, batch, fwd_hooks, **options):
         sizes.append(len(batch))
         if len(batch) > 2:
             def fail(pattern, hook):
                 raise torch.OutOfMemoryError("CUDA out of memory (injected)")
 
             fwd_hooks = [*fwd_hooks, ("blocks.1.attn.hook_pattern", fail)]
-        return original(model, batch, fwd_hooks, until=until)
+        return original(model, batch, fwd_hooks, **options)
 
     monkeypatch.setattr(passes, "run_patterns", run_patterns)
     options = dict(corpus=TEXTS, max_len=MAX_LEN, batch_size=4, progress=False)
