@@ -19,6 +19,8 @@ updates from each batch, merges with another of its kind, and gives a result, li
   consumed and of the settings, and refuses to resume anything else), SIGTERM saved like Ctrl-C
   (:mod:`attnlens.engine.checkpoints`);
 - a batch that runs out of device memory, split in halves (:mod:`attnlens.engine.split`);
+- a recording of a pass's patterns and values, replayed by a later pass over the same batches
+  instead of its forward (:mod:`attnlens.engine.recording`; what ``compare`` does after fitting);
 - multi-process runs under ``torch.distributed`` (``torchrun``): the corpus is sharded
   contiguously and batch-aligned by rank, every accumulator is reduced with ``all_reduce`` (its
   small metadata with ``all_gather_object``), and the settings are checked to be the same on
