@@ -95,8 +95,8 @@ def _synchronisations(job) -> list[str]:
             for item in caught if "synchroniz" in str(item.message).lower()]
 
 
-@pytest.mark.parametrize("job", ["papa.fit", "compare", "features", "features, fast constant heads",
-                                 "effective.statistics"])
+@pytest.mark.parametrize("job", ["papa.fit", "compare", "compare, fitting its constants", "features",
+                                 "features, fast constant heads", "effective.statistics"])
 def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job):
     """On n and 2n batches of 8 texts, the synchronisations may grow by one per batch, or by as
     many as a plain forward of the same batches makes if that is more (on an encoder behind the
@@ -118,6 +118,9 @@ def test_a_pass_synchronises_no_more_per_batch_than_its_forward(cuda_minilm, job
         "papa.fit": lambda t: papa.fit(cuda_minilm, t, max_len=MAX_LEN, batch_size=8, progress=False),
         "compare": lambda t: attnlens.compare(cuda_minilm, "papa", "effective", corpus=t, constants=constants,
                                               batch_size=8, progress=False),
+        # the fit's pass recorded on the GPU, the comparison's replayed (attnlens.engine.recording)
+        "compare, fitting its constants": lambda t: attnlens.compare(cuda_minilm, "papa", "effective", corpus=t,
+                                                                     max_len=MAX_LEN, batch_size=8, progress=False),
         "features": lambda t: probing.extract(cuda_minilm, t, max_len=MAX_LEN, batch_size=8, cache=False,
                                               progress=False),
         "features, fast constant heads": lambda t: probing.extract(
