@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlens.core.seam import hooked
+
 #: the method of TransformerLens's normalization bridges that :func:`install` shortcuts
 METHOD = "_hf_autograd_forward_with_hooks"
 
@@ -54,20 +56,12 @@ def _norms(bridge: Any) -> list[Any]:
             if isinstance(module, NormalizationBridge) and hasattr(type(module), METHOD)]
 
 
-def _hooked(module: Any) -> bool:
-    """Whether a hook (forward or backward) is on the bridge's ``hook_scale`` or ``hook_normalized``."""
-    return any(
-        getattr(point, "fwd_hooks", None) or getattr(point, "bwd_hooks", None)
-        for point in (getattr(module, "hook_scale", None), getattr(module, "hook_normalized", None))
-    )
-
-
 def _direct(module: Any, x: Tensor) -> Tensor:
     """The Hugging Face module's output, as TransformerLens returns it when nothing edits the
     hook points; TransformerLens's own method when a hook is on them (or for its pass-through
     slots, ``torch.nn.Identity``)."""
     original = module.original_component
-    if _hooked(module) or isinstance(original, torch.nn.Identity):
+    if hooked(module.hook_scale) or hooked(module.hook_normalized) or isinstance(original, torch.nn.Identity):
         return getattr(type(module), METHOD)(module, x)
     result = original(x)
     return result if result.dtype == x.dtype else result.to(x.dtype)

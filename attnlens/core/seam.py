@@ -81,7 +81,7 @@ def attention_forward(
         scores = scores + attention_mask
     pattern = nn.functional.softmax(scores, dim=-1)
     pattern = nn.functional.dropout(pattern, p=dropout, training=module.training)
-    if _hooked(pattern_fn):
+    if hooked(pattern_fn):
         token = _KEY_MASK.set(_layer_key_mask(attention_mask, key.shape[0], key.shape[2], key.device))
         try:
             pattern = pattern_fn(pattern)
@@ -91,14 +91,16 @@ def attention_forward(
     return output, pattern
 
 
-def _hooked(pattern_fn: Callable[[Tensor], Tensor] | None) -> bool:
-    """Whether ``pattern_fn`` does anything: TransformerLens passes the layer's ``hook_pattern``,
-    a hook point that returns the pattern as it is while no hook (forward or backward) is on it;
-    then neither it nor the key mask it would see is needed (one kernel a layer fewer). Any other
-    callable is called."""
-    if pattern_fn is None:
+def hooked(point: Callable[[Tensor], Tensor] | None) -> bool:
+    """Whether calling ``point`` may do anything: a TransformerLens hook point returns its input
+    as it is while no hook (forward or backward) is on it. What the seam passes its layer's
+    ``hook_pattern`` through (with no hook, neither the call nor the key mask it would see is
+    needed: one kernel a layer fewer), and what the normalization bridges' direct path asks of
+    their ``hook_scale`` / ``hook_normalized`` (:mod:`attnlens.core.norms`). ``None``: False; any
+    other callable: True (it is called)."""
+    if point is None:
         return False
-    hooks = [getattr(pattern_fn, name, None) for name in ("fwd_hooks", "bwd_hooks")]
+    hooks = [getattr(point, name, None) for name in ("fwd_hooks", "bwd_hooks")]
     return any(hooks) if all(isinstance(value, list) for value in hooks) else True
 
 

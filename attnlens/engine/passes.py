@@ -70,6 +70,7 @@ from attnlens.engine.forward import (
     check_hooks,
     check_token_ids,
     device_of,
+    has_no_padding,
     pattern_hooks,
     run_patterns,
 )
@@ -473,7 +474,7 @@ class _Pass:
 
 def _check_replay(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, replay: Recording) -> None:
     """One clear error when a pass needs more than a recording's patterns and values."""
-    if len(as_hooks(hooks)) or as_hooks(hooks).key() != "none":
+    if as_hooks(hooks).key() != "none":  # "none": no hook and no patch
         raise InputError("a pass with interventions (hooks=) cannot replay a recording: the recorded patterns "
                          "were made without them; run it without replay=.")
     for a in accumulators:
@@ -497,15 +498,16 @@ def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:
 
 
 def _inputs(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, batch: Batch,
-            device: torch.device) -> tuple[Batch, Batch, bool]:
+            device: torch.device) -> tuple[Batch, Batch, bool | None]:
     """The forward's inputs of a tokenized host ``batch``, on the host and on ``device``: made by
     the accumulators (:meth:`~attnlens.engine.accumulator.Accumulator.prepare`, which may keep per-batch state: run in the
     pass's thread), checked on the host, then copied (from pinned memory without waiting, on a
-    GPU); and whether they have no padding (read on the host: the attention then needs no mask)."""
+    GPU); and whether they have no padding (:func:`~attnlens.engine.forward.has_no_padding`: read
+    on the host, where the attention then needs no mask)."""
     check_hooks(hooks, batch)
     inputs = _prepare(accumulators, batch)
     check_token_ids(model, inputs)
-    unpadded = bool(inputs.attention_mask.all())
+    unpadded = has_no_padding(inputs)
     if device.type == "cuda":
         return inputs, inputs.pin_memory().to(device, non_blocking=True), unpadded
     return inputs, inputs.to(device), unpadded

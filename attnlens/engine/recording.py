@@ -101,7 +101,7 @@ class Recording:
         current = self._current
         if current is None:
             return
-        size = sum(t.untyped_storage().nbytes() for t in (pattern, values) if t is not None)
+        size = _nbytes((pattern, values))
         if self.limit is None:
             self.limit = devices.free_bytes(pattern.device) // self.share
         if self.n_bytes + size > self.limit:  # the budget is spent: this batch and the later ones run again
@@ -130,6 +130,7 @@ class Recording:
 
 
 def _nbytes(layer: tuple[Tensor, Tensor | None]) -> int:
+    """The bytes a kept layer holds: its tensors' storages (a view keeps all of its storage)."""
     return sum(t.untyped_storage().nbytes() for t in layer if t is not None)
 
 
