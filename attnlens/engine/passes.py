@@ -70,7 +70,6 @@ from attnlens.engine.forward import (
     check_hooks,
     check_token_ids,
     device_of,
-    has_no_padding,
     pattern_hooks,
     run_patterns,
 )
@@ -498,16 +497,18 @@ def _prepare(accumulators: Sequence[Accumulator], batch: Batch) -> Batch:
 
 
 def _inputs(model: Any, accumulators: Sequence[Accumulator], hooks: FwdHooks, batch: Batch,
-            device: torch.device) -> tuple[Batch, Batch, bool | None]:
+            device: torch.device) -> tuple[Batch, Batch, bool]:
     """The forward's inputs of a tokenized host ``batch``, on the host and on ``device``: made by
     the accumulators (:meth:`~attnlens.engine.accumulator.Accumulator.prepare`, which may keep per-batch state: run in the
     pass's thread), checked on the host, then copied (from pinned memory without waiting, on a
-    GPU); and whether they have no padding (:func:`~attnlens.engine.forward.has_no_padding`: read
-    on the host, where the attention then needs no mask)."""
+    GPU); and whether they have no padding (the attention then needs no mask), read off the host
+    copy: on the host on any machine, so never a wait for the device (not
+    :func:`~attnlens.engine.forward.has_no_padding`, which leaves a batch alone where the routes
+    say reads wait: the tests' forced device routes would then lose the unpadded batches)."""
     check_hooks(hooks, batch)
     inputs = _prepare(accumulators, batch)
     check_token_ids(model, inputs)
-    unpadded = has_no_padding(inputs)
+    unpadded = bool(inputs.attention_mask.all())
     if device.type == "cuda":
         return inputs, inputs.pin_memory().to(device, non_blocking=True), unpadded
     return inputs, inputs.to(device), unpadded

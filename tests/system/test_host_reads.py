@@ -36,7 +36,7 @@ import torch
 
 import attnlens
 from attnlens import papa
-from attnlens.core import devices
+from attnlens.core import devices, seam
 from attnlens.engine import passes
 from attnlens.engine.batches import _stage
 from attnlens.evaluation import probing
@@ -237,6 +237,23 @@ def test_feature_extraction_reads_nothing_per_batch(minilm, counter, device_rout
     on_cpu = probing.extract(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, cache=False, progress=False)
     assert torch.equal(features.vectors, on_cpu.vectors) and torch.equal(features.lengths, on_cpu.lengths)
     assert torch.equal(features.positions, on_cpu.positions)
+
+
+def test_the_device_routes_keep_the_mask_off_a_batch_without_padding(minilm, device_routes, monkeypatch):
+    """A pass learns whether a batch has padding from its host copy, on the host on any machine,
+    so the device routes too run a batch without padding with no attention mask (what
+    transformers' skip gave after a read of the device): the seam is told its shape, and a
+    padded batch's is not."""
+    told = []
+    original = seam.batch_unpadded
+    monkeypatch.setattr(seam, "batch_unpadded", lambda shape: (told.append(shape), original(shape))[1])
+    same = ["the cat sat on the mat ."] * BATCH  # one length: no padding in the padded layout
+    probing.extract(minilm, same, max_len=MAX_LEN, batch_size=BATCH, cache=False, progress=False, layout="padded")
+    assert told and all(shape is not None and shape[0] == BATCH for shape in told)
+    told.clear()
+    probing.extract(minilm, same[:-1] + ["a much longer sentence than the others , with many more tokens ."],
+                    max_len=MAX_LEN, batch_size=BATCH, cache=False, progress=False, layout="padded")
+    assert told == [None]
 
 
 @pytest.mark.slow
