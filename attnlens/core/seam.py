@@ -432,7 +432,7 @@ def _constant_forward(
         pattern[:, fixed_heads] = fixed
         if own is not None:
             pattern[:, computed] = own.to(pattern.dtype)
-        if pattern_fn is not None:
+        if hooked(pattern_fn):  # an unhooked hook point changes nothing: neither it nor the key mask runs
             token = _KEY_MASK.set(key_mask())
             try:
                 pattern = pattern_fn(pattern)

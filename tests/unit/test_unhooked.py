@@ -105,3 +105,24 @@ def test_an_unhooked_pattern_hook_costs_no_kernel():
     assert plain.count["gt"] == 0 and hooked.count["gt"] == 1  # layer 0's key mask, read off its mask
     assert torch.equal(logits, hooked_logits)
     assert torch.equal(seen[0], batch.attention_mask.bool())
+
+
+def test_unhooked_pattern_hooks_of_constant_heads_cost_no_kernel(monkeypatch):
+    """The same for fast constant heads (``papa.intervention(fast=True)``) on the route that
+    assembles each layer's pattern (off the CPU, forced here): the key mask is read once a
+    forward, for the constants, and again for a layer only where a hook reads its pattern."""
+    model = tiny.bert_bridge()
+    batch = attnlens.tokenize(model, TEXTS, max_len=16)
+    constants = attnlens.papa.fit(model, TEXTS * 4, max_len=16, progress=False)
+    monkeypatch.setattr(attnlens.core.devices, "reads_are_free", lambda where: False)
+    with torch.no_grad(), attnlens.papa.intervention(model, constants, heads=0.5, fast=True):
+        model(batch.input_ids, **batch.model_kwargs())  # the first forward casts the constants' means once
+        with Operators() as plain:
+            logits = model(batch.input_ids, **batch.model_kwargs())
+        with Operators() as hooked:
+            hooked_logits = model.run_with_hooks(
+                batch.input_ids, **batch.model_kwargs(),
+                fwd_hooks=[("blocks.0.attn.hook_pattern", lambda pattern, hook: None)])
+    # the hook adds one comparison (layer 0's key mask); the other layers add none, hooked or not
+    assert hooked.count["gt"] == plain.count["gt"] + 1
+    assert torch.equal(logits, hooked_logits)
