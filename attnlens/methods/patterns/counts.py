@@ -20,6 +20,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from attnlens.core import plots
 from attnlens.core.corpus import resolve_corpus
 from attnlens.core.heads import _sizes
 from attnlens.core.loading import require_bridge
@@ -206,7 +207,6 @@ def figure(*tables: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = N
     side by side (e.g. ``figure(types(m, texts, view=["standard", "effective"]))``, or several
     tables)."""
     import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
 
     given: list[pd.DataFrame] = []
     for item in tables:
@@ -220,24 +220,23 @@ def figure(*tables: pd.DataFrame | Iterable[pd.DataFrame], title: str | None = N
             raise InputError(f"not a table of patterns.types(...): it lacks columns {missing}.")
         flat.extend(rows for _, rows in item.groupby("view", sort=False))  # a panel per view
     names = [str(item["view"].iloc[0]) for item in flat]
-    fig = make_subplots(rows=1, cols=len(flat), shared_yaxes=True, subplot_titles=names,
-                        horizontal_spacing=0.04)
+    layout = plots.subplots_layout(len(flat), names, 0.04, shared_yaxes=True)
+    traces = []
     for column, (item, view) in enumerate(zip(flat, names, strict=True), start=1):
         shares = layer_shares(item)
+        suffix = "" if column == 1 else str(column)
         for name in TYPES:
-            fig.add_trace(
-                go.Bar(
-                    x=shares.index.to_numpy(), y=shares[name].to_numpy(), name=name,
-                    marker_color=COLOURS[name], legendgroup=name, showlegend=column == 1,
-                    hovertemplate=f"{view}<br>layer %{{x}}<br>{name}: %{{y:.1%}}<extra></extra>",
-                ),
-                row=1, col=column,
-            )
-        fig.update_xaxes(title_text="layer", dtick=1, row=1, col=column)
-    fig.update_yaxes(title_text="share of maps", tickformat=".0%", range=[0, 1], row=1, col=1)
-    fig.update_layout(
-        barmode="stack", title=title or "Kovaleva pattern types per layer",
-        legend_title_text="type", height=380, width=max(420, 360 * len(flat)),
+            traces.append(dict(
+                type="bar", x=shares.index.to_numpy(), y=shares[name].to_numpy(), name=name,
+                marker=dict(color=COLOURS[name]), legendgroup=name, showlegend=column == 1,
+                hovertemplate=f"{view}<br>layer %{{x}}<br>{name}: %{{y:.1%}}<extra></extra>",
+                xaxis=f"x{suffix}", yaxis=f"y{suffix}",
+            ))
+        layout[f"xaxis{suffix}"].update(title=dict(text="layer"), dtick=1)
+    layout["yaxis"].update(title=dict(text="share of maps"), tickformat=".0%", range=[0, 1])
+    layout.update(
+        barmode="stack", title=dict(text=title or "Kovaleva pattern types per layer"),
+        legend=dict(title=dict(text="type")), height=380, width=max(420, 360 * len(flat)),
         margin=dict(l=60, r=20, t=70, b=50),
     )
-    return fig
+    return go.Figure(data=traces, layout=layout)
