@@ -1,18 +1,28 @@
 """Measure: the size of the default ``attnlens compare`` report (budget: at most 10 MB).
 
-Runs the command with its defaults (the embedded MiniLM, the embedded corpus, max_len 128, the
-views standard, papa and effective) through :func:`attnlens.cli.main`, and prints the report's
-size and what it is made of: plotly.js (embedded once), the explorer's data (the kept examples'
-8-bit, deflated maps in base64, :mod:`attnlens.present.kept`), the figures and the rest. With
-``--overhead`` it also runs the comparison with ``report_examples=0`` (nothing kept) and prints
-the ratio of the two run times (whole runs, each once: a rough figure on a shared machine).
+Runs the command with its defaults (the embedded MiniLM, the embedded corpus, max_len 128, every
+registered view: standard, papa, effective and norm) through :func:`attnlens.cli.main`, and
+prints the report's size and what it is made of: plotly.js (embedded once), the explorer's data
+(the kept examples' 8-bit, deflated maps in base64, :mod:`attnlens.present.kept`), the figures
+and the rest. With ``--overhead`` it also runs the comparison with ``report_examples=0``
+(nothing kept) and prints the ratio of the two run times (whole runs, each once: a rough figure
+on a shared machine).
 
-Measured once (2 shared CPU cores, torch CPU, one thread), REPORT_EXAMPLES = 50 and
-REPORT_BUDGET = 1.5 MB: the report is 9.28 MB: plotly.js 4.82 MB, the explorer's data 2.07 MB
-(22 of the first 50 texts kept: 0-13, 15, 16, 18, 19, 24, 25, 27, 47; the others, of up to 128
-tokens, take up to 1.8 MB each and did not fit), the three tiled pattern figures 2.23 MB, the
-rest 0.16 MB. Keeping the maps costs compare 1.04x (112 s / 107 s). Rerun after changing the
-figures or the budget.
+Measured (2 shared CPU cores, torch CPU, one thread, REPORT_EXAMPLES = 50):
+
+- REPORT_BUDGET = 1.5 MB, three default views: 9.28 MB: plotly.js 4.82 MB, the explorer's data
+  2.07 MB (22 of the first 50 texts kept: 0-13, 15, 16, 18, 19, 24, 25, 27, 47; the others, of up
+  to 128 tokens, take up to 1.8 MB each and did not fit), the three tiled pattern figures 2.23 MB,
+  the rest 0.16 MB. Keeping the maps costs compare 1.04x (112 s / 107 s).
+- The same budget once the norm view had joined the defaults (a fourth tiled figure): **10.14 MB,
+  over the limit** (18 kept, explorer 2.06 MB).
+- REPORT_BUDGET = 1.25 MB (2026-11-29): **9.75 MB**: plotly.js 4.82 MB, the explorer's data
+  1.67 MB (15 kept: 0-13, 15), the four tiled pattern figures 0.74-0.75 MB each, the rest about
+  0.3 MB.
+
+Rerun after changing the figures, the default views or the budget. The limit holds for the
+default run: a longer example (``--example``, tiled up to 64 tokens) makes the tiled figures
+larger (a 157-token example, cropped to 64, among 64 texts with the 1.5 MB budget: 14.9 MB).
 
 Run: ``HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/report_size.py [--overhead]``.
 """
