@@ -21,7 +21,14 @@ small: the time the host takes to issue a batch's work, which a launch-bound GPU
 (every layer: a full forward adds the MLM head's arithmetic, which a tiny batch does not make
 small on a CPU). ``--rounds 0`` skips it.
 
-Run: ``OMP_NUM_THREADS=1 python benchmarks/launches.py [--top 12] [--rounds 3]`` (``make bench``).
+Then (``--bytes``, off by default: minutes) the bytes each job's operators read and write per
+extra batch at a size that fills a device more (``BYTES_SIZE``: 32 texts of up to 128 tokens),
+the sum of every computing operator's tensor arguments and results, over the forward's: what a
+memory-bound GPU's time scales with, where a launch-bound one's follows the operators. (A
+product reads its operands once here, however it tiles them; the full forward's includes its
+MLM head's vocabulary-sized logits, which a pass stopped after the last pattern never makes.)
+
+Run: ``OMP_NUM_THREADS=1 python benchmarks/launches.py [--top 12] [--rounds 3] [--bytes]`` (``make bench``).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import statistics
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -45,7 +52,7 @@ from attnlens import papa
 from attnlens.comparison.accumulator import _ReportRows, _row_tokens
 from attnlens.core import devices
 from attnlens.core.corpus import default_corpus
-from attnlens.core.inputs import tokenize
+from attnlens.core.inputs import by_length, tokenize
 from attnlens.engine.accumulator import _on_host
 from attnlens.engine.batches import _stage
 from attnlens.engine.forward import check_hooks, check_token_ids, run_patterns
@@ -66,6 +73,8 @@ ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "n
 BATCH, MAX_LEN = 8, 32
 #: the batch size and max_len of the host's timing (:func:`host_seconds`)
 TINY = (2, 10)
+#: the batch size and max_len of the bytes moved (``--bytes``)
+BYTES_SIZE = (32, 128)
 
 
 #: the host's work on a batch's tokens: its tokenization (a pass's, a plain forward's; run ahead
@@ -85,6 +94,8 @@ class Launches(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.by_site: collections.Counter[str] = collections.Counter()
+        #: bytes of each counted operator's tensor arguments and results, by the same sites
+        self.bytes_by_site: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
@@ -101,6 +112,9 @@ class Launches(TorchDispatchMode):
                 site = f"{file.split('/attnlens/')[1]}:{frame.f_code.co_name}"
             frame = frame.f_back
         self.by_site[site] += 1
+        self.bytes_by_site[site] += sum(value.numel() * value.element_size()
+                                        for value in torch.utils._pytree.tree_leaves((args, kwargs, out))
+                                        if isinstance(value, torch.Tensor))
         return out
 
 
@@ -115,13 +129,15 @@ def _copied(args: Any, out: Any) -> bool:
     return any(value.numel() and value.untyped_storage().data_ptr() != pointer for value in results)
 
 
-def per_batch(job: Callable[[list[str]], Any], texts: list[str], n: int, batch: int = BATCH) -> collections.Counter[str]:
-    """Operators per extra batch: the counts on 2n batches minus those on n, over n."""
+def per_batch(job: Callable[[list[str]], Any], texts: list[str], n: int, batch: int = BATCH,
+              bytes_moved: bool = False) -> collections.Counter[str]:
+    """Operators per extra batch (``bytes_moved``: their bytes): the counts on 2n batches minus
+    those on n, over n."""
     counts = []
     for size in (n, 2 * n):
         with Launches() as mode:
             job(texts[: size * batch])
-        counts.append(mode.by_site)
+        counts.append(mode.bytes_by_site if bytes_moved else mode.by_site)
     return collections.Counter({site: (counts[1][site] - counts[0][site]) / n for site in counts[1]
                                 if counts[1][site] > counts[0][site]})
 
@@ -145,9 +161,14 @@ def host_seconds(job: Callable[[list[str]], Any], texts: list[str], n: int, batc
 def make_jobs(model: Any, constants: Any, batch: int, max_len: int) -> dict[str, Callable[[list[str]], Any]]:
     """The jobs compared, on batches of ``batch`` texts of at most ``max_len`` tokens."""
 
+    def user_batches(batch_texts: list[str]) -> Iterator[Any]:
+        """The cheapest batches a user writes: the texts by length, each batch padded to its longest."""
+        ordered = [batch_texts[index] for index in by_length(model.tokenizer, batch_texts)]
+        for start in range(0, len(ordered), batch):
+            yield attnlens.tokenize(model, ordered[start : start + batch], max_len=max_len, layout="padded")
+
     def forward(batch_texts: list[str]) -> None:
-        for start in range(0, len(batch_texts), batch):
-            inputs = attnlens.tokenize(model, batch_texts[start : start + batch], max_len=max_len)
+        for inputs in user_batches(batch_texts):
             with torch.inference_mode():
                 model(inputs.input_ids, **inputs.model_kwargs())
 
@@ -164,8 +185,7 @@ def make_jobs(model: Any, constants: Any, batch: int, max_len: int) -> dict[str,
         "probe features": lambda t: probing.extract(model, t, cache=False, **options),
         "probe features, half the heads constant (fast)": lambda t: probing.extract(
             model, t, hooks=papa.hooks(constants, heads=0.5, fast=True), cache=False, **options),
-        "effective.run": lambda t: [effective.run(model, attnlens.tokenize(model, t[start : start + batch], max_len=max_len))
-                                    for start in range(0, len(t), batch)],
+        "effective.run": lambda t: [effective.run(model, inputs) for inputs in user_batches(t)],
     }
 
 
@@ -174,6 +194,7 @@ def main() -> None:
     parser.add_argument("--batches", type=int, default=8, help="n: the jobs run on n and 2n batches")
     parser.add_argument("--top", type=int, default=12, help="attnlens functions listed per job")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the host's time (0: not timed)")
+    parser.add_argument("--bytes", action="store_true", help=f"the bytes moved per batch of {BYTES_SIZE[0]} x {BYTES_SIZE[1]}")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
@@ -214,6 +235,19 @@ def main() -> None:
     print(f"LAUNCHES constant heads (fast) ÷ the plain encoder's {plain:,.0f}, one batch of {BATCH} x {MAX_LEN}: "
           + ", ".join(f"{fraction:.0%} replaced {count / plain:.2f}x" for fraction, count in fast.items())
           + " (limit: at most 1.00x, falling with the fraction)")
+    if args.bytes:
+        batch_size, width = BYTES_SIZE
+        sized = make_jobs(model, papa.fit(model, texts, max_len=width, progress=False), batch_size, width)
+        moved = {name: per_batch(job, default_corpus(4 * batch_size), 1, batch_size, bytes_moved=True)
+                 for name, job in sized.items()}
+        reference = moved["forward"].total()
+        print(f"Bytes read and written per extra batch of {batch_size} texts, max_len {width}, device routes "
+              f"(the full forward: {reference / 1e6:,.0f} MB)")
+        for name, sites in moved.items():
+            print(f"BYTES {name}: {sites.total() / 1e6:,.0f} MB = {sites.total() / reference:.2f}x the forward's")
+            if name != "forward":
+                for site, count in sites.most_common(min(args.top, 6)):
+                    print(f"    {count / 1e6:9.1f} MB  {site}")
     if args.rounds:
         small, width = TINY
         last = f"blocks.{model.cfg.n_layers - 1}.hook_out"
