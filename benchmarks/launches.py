@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnlens
 from attnlens import papa
 from attnlens.comparison.accumulator import _ReportRows, _row_tokens
-from attnlens.core import devices
+from attnlens.core import devices, seam
 from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import by_length, tokenize
 from attnlens.engine.accumulator import _on_host
@@ -210,19 +210,23 @@ def main() -> None:
     encoder = model.original_model.bert
     kwargs = {"attention_mask": batch.attention_mask, "token_type_ids": batch.token_type_ids}
 
-    def encoder_launches(fraction: float | None) -> float:
-        """The launches of a forward after the first (inside the intervention, entered once, as
-        a pass does: what it makes once, e.g. the constants' means, left out)."""
+    def encoder_launches(fraction: float | None, assembled: bool = True) -> tuple[float, float]:
+        """The launches and bytes of a forward after the first (inside the intervention, entered
+        once, as a pass does: what it makes once, e.g. the constants' means, left out);
+        ``assembled``: :data:`attnlens.core.seam.ASSEMBLED_OFF_THE_CPU`."""
         with contextlib.ExitStack() as stack, torch.inference_mode():
+            stack.callback(setattr, seam, "ASSEMBLED_OFF_THE_CPU", seam.ASSEMBLED_OFF_THE_CPU)
+            seam.ASSEMBLED_OFF_THE_CPU = assembled
             if fraction is not None:
                 stack.enter_context(papa.intervention(model, constants, heads=fraction, fast=True))
             encoder(batch.input_ids, **kwargs)
             with Launches() as mode:
                 encoder(batch.input_ids, **kwargs)
-        return mode.by_site.total()
+        return mode.by_site.total(), mode.bytes_by_site.total()
 
-    plain = encoder_launches(None)
+    plain, plain_bytes = encoder_launches(None)
     fast = {fraction: encoder_launches(fraction) for fraction in (0.25, 0.5, 0.75, 1.0)}
+    by_group = {fraction: encoder_launches(fraction, assembled=False) for fraction in fast}
     floor = counted["forward"].total()
     print(f"MiniLM, batches of {BATCH} texts, max_len {MAX_LEN}, device routes (reads_are_free false); "
           "computing operators per extra batch (each one GPU launch or more)")
@@ -232,9 +236,12 @@ def main() -> None:
         if name != "forward":
             for site, count in sites.most_common(args.top):
                 print(f"    {count:7.1f}  {site}")
-    print(f"LAUNCHES constant heads (fast) ÷ the plain encoder's {plain:,.0f}, one batch of {BATCH} x {MAX_LEN}: "
-          + ", ".join(f"{fraction:.0%} replaced {count / plain:.2f}x" for fraction, count in fast.items())
-          + " (limit: at most 1.00x, falling with the fraction)")
+    for name, counted_heads in (("assembled", fast), ("by group", by_group)):
+        print(f"LAUNCHES constant heads (fast, {name}) ÷ the plain encoder's {plain:,.0f} operators and "
+              f"{plain_bytes / 1e6:.1f} MB, one batch of {BATCH} x {MAX_LEN}: "
+              + ", ".join(f"{fraction:.0%} replaced {count / plain:.2f}x / {moved / plain_bytes:.2f}x"
+                          for fraction, (count, moved) in counted_heads.items())
+              + " (limit: at most 1.00x, falling with the fraction)")
     if args.bytes:
         batch_size, width = BYTES_SIZE
         sized = make_jobs(model, papa.fit(model, texts, max_len=width, progress=False), batch_size, width)

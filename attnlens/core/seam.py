@@ -39,10 +39,13 @@ from attnlens.errors import InputError
 
 ATTN_IMPLEMENTATION = "attnlens"
 
-#: model types whose hook_pattern edits go through this seam, and those whose bridges honour
-#: edits natively (kept for compatibility: the facts live in :mod:`attnlens.core.models`)
-ENCODERS_WITH_SEAM = tuple(t for a in models.ARCHITECTURES if a.seam == "attnlens" for t in a.model_types)
-DECODERS_NATIVE = tuple(t for a in models.ARCHITECTURES if a.seam == "native" for t in a.model_types)
+#: off the CPU, whether a layer of constant and computed heads (:func:`constant_heads`) weighs its
+#: assembled ``[batch, head, query, key]`` pattern in one product (four kernels, where writing each
+#: group's outputs apart takes seven) rather than each group's outputs apart (fewer bytes: no
+#: pattern written and read again, no constant shared by the batch copied per example). Which
+#: is faster on a GPU depends on whether its batches are bound by launches or by memory:
+#: ``benchmarks/constant_speed.py --device cuda`` times both, ``benchmarks/launches.py`` counts both
+ASSEMBLED_OFF_THE_CPU = True
 
 _KEY_MASK: contextvars.ContextVar[Tensor | None] = contextvars.ContextVar(
     "attnlens_key_mask", default=None
@@ -424,10 +427,10 @@ def _constant_forward(
     fixed = made.of(heads.layer, key_mask, value.dtype, batch, n)
     own = _own_pattern(module, hidden_states, attention_mask, heads) if computed.numel() else None
     wanted = _wants_pattern(pattern_fn, readers)
-    # off the CPU the heads' outputs are one product of the assembled pattern (four kernels
-    # where each group's own product and its writes take seven); on the CPU the constant
-    # heads' pattern, shared by the batch, is never copied per example
-    if wanted or (own is not None and not devices.reads_are_free(value)):
+    # off the CPU the heads' outputs are one product of the assembled pattern
+    # (ASSEMBLED_OFF_THE_CPU); on the CPU the constant heads' pattern, shared by the batch, is
+    # never copied per example
+    if wanted or (own is not None and ASSEMBLED_OFF_THE_CPU and not devices.reads_are_free(value)):
         pattern = value.new_empty(batch, n_heads, n, n)
         pattern[:, fixed_heads] = fixed
         if own is not None:

@@ -159,21 +159,25 @@ def test_without_a_pattern_hook_the_pattern_is_not_assembled(setup, heads, monke
     torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
 
 
+@pytest.mark.parametrize("assembled", [True, False], ids=["assembled", "by_group"])
 @pytest.mark.parametrize("heads", ["half", "all"])
-def test_off_the_cpu_a_layer_of_both_kinds_weighs_its_assembled_pattern(setup, heads, monkeypatch):
+def test_off_the_cpu_a_layer_of_both_kinds_weighs_its_assembled_pattern(setup, heads, assembled, monkeypatch):
     """The routes of a GPU (forced here): a layer with constant and computed heads assembles
     their pattern and weighs the values in one product (fewer kernels than a product per group
-    and its writes); a layer of constant heads alone still weighs their shared pattern. The
-    logits are the hook path's."""
+    and its writes), or with ``seam.ASSEMBLED_OFF_THE_CPU`` off weighs each group apart, as on
+    the CPU; a layer of constant heads alone weighs their shared pattern either way. The logits
+    are the hook path's."""
     from attnlens.core import devices
 
     model, constants, batch = setup
     hooked, _, mask = run(model, batch, constants, HEAD_SETS[heads], fast=False)
     monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    monkeypatch.setattr(seam, "ASSEMBLED_OFF_THE_CPU", assembled)
     calls = count_split_forwards(monkeypatch)
     with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=True):
         fast = model(batch.input_ids, **batch.model_kwargs())
-    assert len(calls) == int(mask.all(dim=1).sum())  # only the layers whose every head is constant
+    # assembled: only the layers whose every head is constant weigh apart; by group: every patched layer
+    assert len(calls) == int((mask.all(dim=1) if assembled else mask.any(dim=1)).sum())
     torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
 
 
