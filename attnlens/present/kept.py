@@ -84,8 +84,9 @@ def encode(
     else:
         if check and bool((values < -1e-6).any()):
             raise InputError("a view coded as non-negative has negative values; code it as signed")
-        scale = values.clamp_min(0).amax(dim=(-2, -1)) / 255
-        codes = (values.clamp_min(0) / _nonzero(scale)[..., None, None]).round().clamp(0, 255)
+        positive = values.clamp_min(0)
+        scale = positive.amax(dim=(-2, -1)) / 255
+        codes = (positive / _nonzero(scale)[..., None, None]).round().clamp(0, 255)
         codes = codes.to(torch.uint8)
     return codes, scale
 
@@ -109,7 +110,7 @@ def decode(
 
 
 def _nonzero(scale: Tensor) -> Tensor:
-    return torch.where(scale > 0, scale, torch.ones_like(scale))
+    return torch.where(scale > 0, scale, 1.0)
 
 
 def segments_of(separators: Sequence[bool], is_pair: bool) -> list[int]:
