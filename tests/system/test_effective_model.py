@@ -8,6 +8,7 @@ the standard z (Frobenius norms); streamed statistics vs the same statistics fro
 from __future__ import annotations
 
 import copy
+import warnings
 
 import einops
 import pytest
@@ -312,3 +313,28 @@ def test_statistics_progress_counts_the_corpus(minilm, sst2_sentences, monkeypat
     corpus = sst2_sentences[:5]
     effective.statistics(minilm, corpus, max_len=32, batch_size=2, progress=True)
     assert [(bar.total, bar.n) for bar in bars] == [(5, 5)]  # a percentage and an ETA are shown
+
+
+def test_run_warns_once_when_no_text_is_longer_than_d_head(minilm, monkeypatch):
+    """effective.run warns, once per process, when no text of its batch is longer than d_head
+    tokens (then A⊥ = A by construction), read off the batch given on the host; a batch given
+    on a device is not read for it (a wait for the device per call)."""
+    from attnlens.core import devices
+    from attnlens.engine import effective as engine
+
+    monkeypatch.setattr(engine, "_WARNED", set())
+    long_text = " ".join(["word"] * 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        effective.run(minilm, [long_text, "short ."])  # one text is longer: no warning
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)  # as a batch on a device
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        effective.run(minilm, ["short ."])
+    monkeypatch.undo()
+    monkeypatch.setattr(engine, "_WARNED", set())
+    with pytest.warns(UserWarning, match="No text has more than d_head = 32 tokens"):
+        effective.run(minilm, ["short .", "also short ."])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        effective.run(minilm, ["short ."])  # once per process

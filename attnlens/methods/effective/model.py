@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core import models, seam
+from attnlens.core import devices, models, seam
 from attnlens.core.checks import finite, index, items
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
@@ -293,7 +293,10 @@ def run(
     :func:`~attnlens.engine.effective.effective_attention` (``rtol``, ``padded``).
     """
     _require_bridge(model)
-    batch = _as_batch(model, tokens, max_len, layout).to(device_of(model))
+    given = _as_batch(model, tokens, max_len, layout)
+    if devices.reads_are_free(given.attention_mask):  # a batch given on a device is not read for a warning
+        warn_if_short(int(int(given.attention_mask.sum(-1).max()) > model.cfg.d_head), int(model.cfg.d_head))
+    batch = given.to(device_of(model))
     n_layers = int(model.cfg.n_layers)
     rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
     standard: list[Tensor] = []  # one [layer, batch, head, query, key] buffer, written as the forward goes
@@ -307,8 +310,6 @@ def run(
         standard[0][layer].copy_(pattern)
         values.append(v)
 
-    longest = int(batch.attention_mask.sum(-1).max())
-    warn_if_short(int(longest > model.cfg.d_head), int(model.cfg.d_head))
     with torch.no_grad():
         logits = run_with_hooks(model, batch, forward.pattern_hooks(model, record))
         # every layer's effective attention in one call, the layers along the batch axis (each
