@@ -9,6 +9,7 @@ A comparison arrives as an argument (read through its ``table``, ``grid``, ``pat
 from __future__ import annotations
 
 import html
+import math
 from typing import Any
 
 from attnlens.core import plots
@@ -19,6 +20,22 @@ from attnlens.present.columns import BROAD_BELOW, COLUMN_DOCS, TARGETS, is_signe
 
 #: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
 MAX_TILED_TOKENS = 64
+#: bytes the tiled-patterns figures of every view may take together in a report: each cell is a
+#: float32 in base64 (16/3 bytes) and a tile of n tokens ``(n + 1)²`` cells with its gap. The
+#: default example's four views take 2.97 MB (the default report: 9.75 MB); a long example's are
+#: cropped to fit (a 157-token example of MiniLM: 43 tokens shown, its report 11.1 MB, 14.8 MB
+#: with 64 tokens shown; the shown example's kept maps are the rest of the excess: they are kept
+#: whatever the kept maps' budget)
+TILED_BUDGET = 3_000_000
+
+
+def tiled_tokens(n_tokens: int, n_views: int, n_layers: int, n_heads: int) -> int:
+    """How many of the example's ``n_tokens`` tokens the tiled figures show: at most
+    :data:`MAX_TILED_TOKENS`, and as many as :data:`TILED_BUDGET` allows ``n_views`` figures of
+    ``n_layers x n_heads`` tiles (at least one)."""
+    per_cell = 16 / 3 * n_views * n_layers * n_heads
+    fits = math.isqrt(int(TILED_BUDGET / per_cell)) - 1
+    return max(1, min(n_tokens, MAX_TILED_TOKENS, fits))
 
 
 def build_figures(comparison: Any) -> dict[str, Any]:
@@ -67,7 +84,7 @@ def build_figures(comparison: Any) -> dict[str, Any]:
             name=column,
         )
     n_tokens = len(c.example_tokens)
-    shown = min(n_tokens, MAX_TILED_TOKENS)
+    shown = tiled_tokens(n_tokens, len(c.example_patterns), c.n_layers, c.n_heads)
     crop = "" if shown == n_tokens else f" (first {shown} of {n_tokens} tokens)"
     for view, array in c.example_patterns.items():
         figures[f"patterns_{view}"] = plots.patterns(

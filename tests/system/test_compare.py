@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -281,7 +282,10 @@ def test_decoder_patterns_are_masked_above_the_diagonal_except_effective_attenti
 
 
 def test_long_example_is_cropped_in_the_tiled_figure(comparison):
-    from attnlens.present.figures import MAX_TILED_TOKENS
+    """A long example's tiled figures show its first tokens, as many as TILED_BUDGET allows every
+    view's figure together (their cells in base64 within it), at most MAX_TILED_TOKENS; the side
+    by side figure (the explorer's, not in the report) keeps them all."""
+    from attnlens.present.figures import MAX_TILED_TOKENS, TILED_BUDGET, tiled_tokens
 
     tokens = [f"w{i}" for i in range(MAX_TILED_TOKENS + 6)]
     n = len(tokens)
@@ -292,9 +296,18 @@ def test_long_example_is_cropped_in_the_tiled_figure(comparison):
     }
     figures = long.figures
     z = np.asarray(figures["patterns_papa"].data[0].z)
-    m = MAX_TILED_TOKENS
+    m = tiled_tokens(n, len(long.views), 6, 12)
+    assert 30 < m < MAX_TILED_TOKENS  # MiniLM's 72 heads under 4 views: the budget crops first
+    assert tiled_tokens(10, len(long.views), 6, 12) == 10 and tiled_tokens(n, 1, 1, 1) == MAX_TILED_TOKENS
     assert z.shape == (6 * (m + 1) - 1, 12 * (m + 1) - 1)
     assert f"first {m} of {n} tokens" in figures["patterns_papa"].layout.title.text
+    def cells(z: np.ndarray) -> int:  # the bytes of a heatmap's cells in a report: float32 in base64
+        assert z.dtype == np.float32
+        return len(base64.b64encode(z.tobytes()))
+
+    taken = sum(cells(np.asarray(figures[f"patterns_{view}"].data[0].z)) for view in long.views)
+    wider = np.random.default_rng(0).random((6 * (m + 2) - 1, 12 * (m + 2) - 1)).astype(np.float32)
+    assert taken <= TILED_BUDGET < len(long.views) * cells(wider)  # one token more would not fit
     assert np.asarray(figures["side_by_side"].data[0].z).shape == (n, n)
 
 
