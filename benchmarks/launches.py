@@ -8,8 +8,10 @@ this runs each job on n and on 2n batches of 8 texts of the embedded corpus (Min
 32) under a ``TorchDispatchMode`` that counts them (but those of the host's tokenization, which
 are CPU work on any device), with the device routes forced
 (``attnlens.core.devices.reads_are_free`` false, as ``tests/system/test_host_reads.py`` does),
-and prints the operators per extra batch, beside a plain TransformerLens forward's, and the
-attnlens functions that launch the most.
+and prints the operators per extra batch, beside a plain TransformerLens forward's (the
+cheapest a user writes: the texts by length, each batch padded to its longest), and the attnlens
+functions that launch the most. The fast constant heads are counted on both routes of a layer
+with both kinds of heads (:data:`attnlens.core.seam.ASSEMBLED_OFF_THE_CPU`).
 
 The limit is the forward's count (a pass cannot launch fewer than the forward it observes);
 the ratio is what launch-bound GPU time scales with. An operator is counted once even where it
