@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from attnlens.core import models, norms, seam
+from attnlens.core import devices, models, norms, seam
 from attnlens.core.models import gguf
 from attnlens.errors import (
     FileFormatError,
@@ -224,13 +224,17 @@ def weights_fingerprint(bridge: Any) -> str:
     """
     hf_model = getattr(bridge, "original_model", bridge)
     hf_model = getattr(hf_model, "base_model", hf_model)
-    digest = hashlib.sha256()
-    for name, param in hf_model.named_parameters():
+    named = list(hf_model.named_parameters())
+    samples = []
+    for _, param in named:
         flat = param.detach().reshape(-1)
         step = max(1, flat.numel() // FINGERPRINT_ELEMENTS)
-        sample = flat[::step][:FINGERPRINT_ELEMENTS].to(device="cpu", dtype=torch.float16)
+        samples.append(flat[::step][:FINGERPRINT_ELEMENTS].to(torch.float16))
+    digest = hashlib.sha256()
+    # the samples read in one copy (a model on a GPU: one wait for the device, not one a parameter)
+    for (name, param), sample in zip(named, devices.to_host(samples), strict=True):
         digest.update(f"{name}{tuple(param.shape)}".encode())
-        digest.update(sample.contiguous().numpy().tobytes())
+        digest.update(sample.tobytes())
     return digest.hexdigest()[:16]
 
 

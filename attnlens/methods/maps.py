@@ -17,6 +17,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from attnlens.core import devices
 from attnlens.core.checks import describe, flag
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import require_bridge
@@ -60,7 +61,10 @@ def maps(model: Any, batch: Batch, view: Any = "standard", *, raw: bool = False
                          f"is for {', '.join(repr(name) for name in having) or 'no registered view'}.")
     check_token_ids(model, batch)
     on_device = batch.to(device_of(model))
-    current = PassBatch(on_device, 0, model, on_host=batch)
+    # its tokens counted on the batch given, where that is free (a batch on the host); a batch
+    # given on a device is counted there
+    n_tokens = int(batch.attention_mask.sum()) if devices.reads_are_free(batch.attention_mask) else None
+    current = PassBatch(on_device, 0, model, n_tokens=n_tokens, on_host=batch)
     n_layers = int(model.cfg.n_layers)
     gathered: list[Tensor] = []
 

@@ -399,3 +399,15 @@ def test_compact_widths_in_buckets_change_no_result(minilm, monkeypatch):
     assert set(widths) <= {16, MAX_LEN} and len(widths) == len(texts) // BATCH
     assert torch.equal(plain.pair_counts, bucketed.pair_counts) and plain.n_tokens == bucketed.n_tokens
     assert torch.allclose(plain.sums, bucketed.sums, rtol=0, atol=FLOAT32)
+
+
+def test_the_weights_fingerprint_reads_the_device_once(minilm, counter, device_routes, monkeypatch):
+    """The fingerprint of a model's weights (checked by every pass and by PAPA constants at each
+    use) samples every parameter on its device and reads the samples in one copy, not one a
+    parameter; the same digest as the CPU route's."""
+    from attnlens.core.loading import weights_fingerprint
+
+    fingerprint, sites = counter.count(lambda: weights_fingerprint(minilm))
+    assert sum(sites.values()) <= 2, sites  # one packed copy: its .cpu() and .numpy()
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: True)
+    assert weights_fingerprint(minilm) == fingerprint

@@ -30,9 +30,10 @@ from torch import Tensor, nn
 
 from attnlens.core.checks import finite, finite_tensor, whole_number
 from attnlens.core.inputs import LAYOUTS
+from attnlens.core.loading import is_causal
 from attnlens.core.notebook import constants_html
 from attnlens.errors import InputError
-from attnlens.methods.papa.compatibility import check_batch, check_model, model_causal, model_info
+from attnlens.methods.papa.compatibility import check_batch, check_model, model_info
 from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.replace import ConstantPatterns, softmax_pattern
 
@@ -51,7 +52,7 @@ def _settings(
         if max_len is None:
             raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
         layout = layout or "papa"
-        causal = model_causal(like)
+        causal = is_causal(like)
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     return name, n_layers, n_heads, whole_number(max_len, "max_len", " of tokens", minimum=1), layout, causal

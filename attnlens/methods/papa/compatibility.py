@@ -1,7 +1,8 @@
 """Whether PAPA constants fit a model or a batch: :func:`check_model` (the model's id, layers,
 heads, decoder or encoder and weights) and :func:`check_batch` (the layout, ``max_len`` and kind
-of inputs), and what constants record of a model (:func:`model_info`, :func:`model_causal`,
-:func:`model_fingerprint`). :meth:`attnlens.methods.papa.PapaConstants.check_compatible` and
+of inputs), and what constants record of a model (:func:`model_info`; whether it is a decoder and
+its weights' fingerprint: :func:`attnlens.core.loading.is_causal` and
+:func:`~attnlens.core.loading.weights_fingerprint`). :meth:`attnlens.methods.papa.PapaConstants.check_compatible` and
 the data-free constants call them; they read a constants object's attributes only."""
 
 from __future__ import annotations
@@ -11,22 +12,12 @@ from typing import Any
 from attnlens.core.loading import is_causal, model_id, weights_fingerprint
 from attnlens.errors import InputError
 
-__all__ = ["check_batch", "check_model", "model_causal", "model_fingerprint", "model_info"]
+__all__ = ["check_batch", "check_model", "model_info"]
 
 
 def model_info(model: Any) -> tuple[str, int, int]:
     """``(model id, n_layers, n_heads)`` of a bridge, as recorded in constants."""
     return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
-
-
-def model_causal(model: Any) -> bool:
-    """Whether ``model`` is a decoder (see :func:`attnlens.core.loading.is_causal`)."""
-    return is_causal(model)
-
-
-def model_fingerprint(model: Any) -> str:
-    """The weights fingerprint of ``model`` (see :func:`attnlens.core.loading.weights_fingerprint`)."""
-    return weights_fingerprint(model)
 
 
 def check_model(constants: Any, model: Any) -> None:
@@ -36,7 +27,7 @@ def check_model(constants: Any, model: Any) -> None:
     if model is None:
         return
     recorded = getattr(constants, "causal", None)
-    if recorded is not None and bool(recorded) != model_causal(model):
+    if recorded is not None and bool(recorded) != is_causal(model):
         fitted, given = ("a decoder (causal)", "an encoder") if recorded else ("an encoder", "a decoder (causal)")
         raise InputError(
             f"these constants were fitted on {fitted}, and this model is {given}: a decoder's "
@@ -45,7 +36,7 @@ def check_model(constants: Any, model: Any) -> None:
         )
     name, n_layers, n_heads = model_info(model)
     expected = getattr(constants, "fingerprint", None)
-    found = model_fingerprint(model) if expected is not None else None
+    found = weights_fingerprint(model) if expected is not None else None
     if name != constants.model_id and (expected is None or found != expected):
         raise InputError(
             f"constants were fitted on {constants.model_id!r}, model is {name!r}"

@@ -37,15 +37,10 @@ from attnlens.core.files import (
     write_atomic,
 )
 from attnlens.core.inputs import LAYOUTS
+from attnlens.core.loading import is_causal, weights_fingerprint
 from attnlens.core.notebook import constants_html
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
-from attnlens.methods.papa.compatibility import (
-    check_batch,
-    check_model,
-    model_causal,
-    model_fingerprint,
-    model_info,
-)
+from attnlens.methods.papa.compatibility import check_batch, check_model, model_info
 from attnlens.methods.papa.replace import ConstantPatterns, constant_pattern
 
 FORMAT = "attnlens.papa.constants/1"
@@ -135,8 +130,8 @@ class PapaConstants(ConstantPatterns):
             model_id=name,
             layout=layout,
             max_len=max_len,
-            causal=model_causal(model),
-            fingerprint=model_fingerprint(model),
+            causal=is_causal(model),
+            fingerprint=weights_fingerprint(model),
         )
 
     # ---- views --------------------------------------------------------------------------
