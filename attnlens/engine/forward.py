@@ -121,7 +121,7 @@ def check_token_ids(model: Any, batch: Batch) -> None:
     ids = batch.input_ids
     if not isinstance(vocab, int) or ids.numel() == 0:
         return
-    low, high = int(ids.min()), int(ids.max())
+    low, high = torch.stack(torch.aminmax(ids)).tolist()  # one read (a batch on a device: one wait)
     if low < 0 or high >= vocab:
         bad = low if low < 0 else high
         raise InputError(
