@@ -9,7 +9,8 @@ runs a :class:`attnlens.Batch` (its mask and positions never dropped).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import contextlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import einops
@@ -103,14 +104,24 @@ def has_no_padding(batch: Batch) -> bool | None:
     return bool(mask.all()) if devices.reads_are_free(mask) else None
 
 
-def _forward(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: bool | None = None, **kwargs: Any) -> Any:
-    """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
-    checks its batches on the host, before they are copied: no read of a device tensor).
-    ``unpadded``: the host found no padding in it (its attention then needs no mask,
-    :func:`attnlens.core.seam.batch_unpadded`)."""
+@contextlib.contextmanager
+def batch_context(batch: Batch, *, unpadded: bool | None = None) -> Iterator[None]:
+    """What the seam and pattern hooks know of the batch being run (already on the model's
+    device): its key mask (:func:`attnlens.core.seam.batch_key_mask`), a compact batch's layout
+    positions (:func:`~attnlens.core.seam.batch_positions`) and, with ``unpadded``, that the host
+    found no padding in it (its attention then needs no mask, :func:`~attnlens.core.seam.batch_unpadded`).
+    A forward runs inside it, and so does a pass replaying a batch's recorded layers."""
     shape = tuple(batch.input_ids.shape) if unpadded else None
     with seam.batch_key_mask(batch.attention_mask.bool()), seam.batch_positions(batch.position_ids), \
-            seam.batch_unpadded(shape), as_hooks(hooks).patched(model) as fwd_hooks:
+            seam.batch_unpadded(shape):
+        yield
+
+
+def _forward(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: bool | None = None, **kwargs: Any) -> Any:
+    """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
+    checks its batches on the host, before they are copied: no read of a device tensor), in its
+    :func:`batch_context`."""
+    with batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 

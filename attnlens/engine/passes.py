@@ -40,7 +40,7 @@ from typing import Any, SupportsIndex
 import torch
 from torch import Tensor
 
-from attnlens.core import devices, memory, seam
+from attnlens.core import devices, memory
 from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
@@ -67,6 +67,7 @@ from attnlens.engine.distributed import (
 from attnlens.engine.forward import (
     FwdHooks,
     _forward,
+    batch_context,
     check_hooks,
     check_token_ids,
     device_of,
@@ -413,7 +414,7 @@ class _Pass:
         grad = torch.enable_grad() if self.needs_grad else torch.inference_mode()
         with grad:
             if recorded is not None:  # the batch's layers as an earlier pass's forward made them
-                with seam.batch_key_mask(inputs.attention_mask.bool()), seam.batch_positions(inputs.position_ids):
+                with batch_context(inputs):
                     for layer, (pattern, values) in enumerate(recorded):
                         self._on_pattern(layer, pattern, values)
             elif self.needs_output:
