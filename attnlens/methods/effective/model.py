@@ -295,7 +295,8 @@ def run(
     _require_bridge(model)
     given = _as_batch(model, tokens, max_len, layout)
     if devices.reads_are_free(given.attention_mask):  # a batch given on a device is not read for a warning
-        warn_if_short(int(int(given.attention_mask.sum(-1).max()) > model.cfg.d_head), int(model.cfg.d_head))
+        d_head = int(model.cfg.d_head)
+        warn_if_short(int((given.attention_mask.sum(-1) > d_head).sum()), d_head)
     batch = given.to(device_of(model))
     n_layers = int(model.cfg.n_layers)
     rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
