@@ -76,19 +76,41 @@ class HostTensor(torch.Tensor):
             lambda value: value.as_subclass(torch.Tensor) if isinstance(value, HostTensor) else value, result)
 
 
-class Counter:
-    """Counts host reads of tensors outside the pass's host stage, by call site."""
+class DeviceTensor(torch.Tensor):
+    """A tensor standing for one on a GPU, and whatever is computed from it or written with its
+    values (a probe's features' vectors, the pooled vectors, logits and losses made of them): the
+    tensors a probe's reads are counted of. (The network's parameters and gradients are not
+    marked: a read of them is not counted.)"""
 
-    def __init__(self) -> None:
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        result = super().__torch_function__(func, types, args, kwargs or {})
+        name = getattr(func, "__name__", "")
+        target = args[0] if args else None
+        written = name == "__setitem__" or (name.endswith("_") and not name.endswith("__"))
+        if written and type(target) is torch.Tensor:  # a buffer filled in place: a device tensor now
+            target.__class__ = cls
+        return result
+
+
+class Counter:
+    """Counts host reads of tensors outside the pass's host stage, by call site: of every tensor
+    but a :class:`HostTensor` (``device_only``: of :class:`DeviceTensor`\ s alone)."""
+
+    def __init__(self, device_only: bool = False) -> None:
         self.active = False
+        self.device_only = device_only
         self.sites: collections.Counter = collections.Counter()
+
+    def counts(self, tensor) -> bool:
+        return isinstance(tensor, DeviceTensor) if self.device_only else not isinstance(tensor, HostTensor)
 
     def wrap(self, name: str):
         original = getattr(torch.Tensor, name)
 
         @functools.wraps(original)
         def counted(tensor, *args, **kwargs):
-            if self.active and not isinstance(tensor, HostTensor):
+            if self.active and self.counts(tensor):
                 self.record(name)
             return original(tensor, *args, **kwargs)
 
@@ -332,6 +354,60 @@ def test_lm_score_reads_nothing_per_batch(counter, device_routes, kind):
         counter, lambda t: scorer.score(bridge, t, kind=kind, max_len=MAX_LEN, batch_size=BATCH, progress=False),
         texts)
     assert per_batch <= (DECODER_FORWARD_READS if kind == "causal" else FORWARD_READS), grew
+
+
+@pytest.fixture
+def device_reads(monkeypatch):
+    """A :class:`Counter` of reads of :class:`DeviceTensor`\\ s alone: a probe's index metadata
+    (lengths, positions, targets, the examples' order) is the host's, and read there freely."""
+    counting = Counter(device_only=True)
+    for name in READS:
+        monkeypatch.setattr(torch.Tensor, name, counting.wrap(name))
+    return counting
+
+
+def _probe_features(kind: str, n: int) -> tuple[probing.Features, list]:
+    """``n`` examples of random features of ``kind`` (3 layers × 8, ``max_len`` 12), their
+    vectors a :class:`DeviceTensor`, and labels."""
+    generator = torch.Generator().manual_seed(n)
+    n_words = torch.randint(1, 9, (n,), generator=generator)
+    lengths = torch.minimum(n_words, torch.randint(1, 9, (n,), generator=generator))
+    positions = torch.cat([torch.arange(int(k)) for k in lengths])
+    if kind == "masked":
+        positions = torch.randint(0, 50, positions.shape, generator=generator)  # the masked tokens' ids
+    labels = (torch.randint(0, 3, (n,), generator=generator).tolist() if kind == "sequence"
+              else [torch.randint(0, 3, (int(k),), generator=generator).tolist() for k in n_words])
+    vectors = torch.randn(int(lengths.sum()), 3, 8, generator=generator).half().as_subclass(DeviceTensor)
+    return probing.Features(vectors, lengths, positions, n_words if kind == "words" else torch.zeros(0, dtype=torch.long),
+                            kind, 12), labels
+
+
+@pytest.mark.parametrize("job", ["probe", "probe, words", "stacked probes", "MLM head"])
+def test_probe_training_reads_nothing_per_step(device_reads, job):
+    """A probe's training steps (a single :class:`PapaProbe`, the stacked probes of the curve and
+    of ``compare --task``, the MLM probe's head) read nothing of the device: the same reads on
+    2n examples as on n (twice the steps, 2 epochs of batches of 8), none per step. Their index
+    arithmetic is the host's (:class:`probing.Features` keeps its metadata there) and each step's
+    indices reach the device in one copy that does not wait (:func:`attnlens.core.devices.to_device`);
+    early stopping's judging reads once per 256 held-out examples an epoch, and is off here."""
+    from attnlens.evaluation.probing.mlm import MLMHead
+    from attnlens.evaluation.probing.stacked import fit_many
+
+    kind = {"probe, words": "words", "MLM head": "masked"}.get(job, "sequence")
+    settings = dict(hidden=16, epochs=2, batch_size=8, lr=1e-2)
+
+    def fit(n: int):
+        features, labels = _probe_features(kind, n)
+        if job == "MLM head":
+            return MLMHead(epochs=2, batch_size=8).fit(features, 50)
+        if job == "stacked probes":
+            return fit_many([probing.PapaProbe(seed=seed, **settings) for seed in range(3)], features, labels)
+        return probing.PapaProbe(**settings).fit(features, labels)
+
+    few = device_reads.count(lambda: fit(64))[1]
+    many = device_reads.count(lambda: fit(128))[1]
+    grew = {site: many[site] - few[site] for site in many if many[site] > few[site]}
+    assert not grew, grew
 
 
 def test_effective_device_route_equals_the_cpu_route():
