@@ -12,6 +12,9 @@ batch 32, in the PAPA layout (the one compare uses with the ``papa`` view), time
 - *compare*: ``attnlens.compare(model, "papa", "effective")`` (fit the constants: one pass,
   whose patterns and values are kept; the comparison: a second pass replaying them, with no
   forward; the report's kept examples, 8-bit and deflated);
+- off the CPU, *compare* again with every head's float64 exact basis computed instead of one
+  read a batch of whether any head needs it (:data:`attnlens.engine.effective.NO_READ_WIDTH`),
+  for a GPU to choose between the two;
 - *CLI job*: ``attnlens compare --quiet --out report.html --json comparison.json`` on a corpus
   file of the same texts (loading the model, compare, the HTML report and the JSON written);
 - the CLI job's *fixed costs*, timed apart: loading the model, and the figures, HTML and JSON of
@@ -57,6 +60,7 @@ import attnlens
 from attnlens import cli
 from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import by_length
+from attnlens.engine import effective as engine_effective
 from attnlens.methods import views
 from attnlens.present import kept
 
@@ -161,10 +165,20 @@ def main() -> None:
                   *(["--model", folder_of_model] if folder_of_model else []), "--corpus", str(corpus_file),
                   "--out", str(folder / "report.html"), "--json", str(folder / "comparison.json")])
 
+    def compare_no_read() -> None:  # off the CPU: every head's exact basis, no read (effective.NO_READ_WIDTH)
+        width = engine_effective.NO_READ_WIDTH
+        engine_effective.NO_READ_WIDTH = int(model.cfg.d_head)
+        try:
+            attnlens.compare(model, "papa", "effective", corpus=texts, batch_size=batch_size, progress=False)
+        finally:
+            engine_effective.NO_READ_WIDTH = width
+
     forward()  # warm-up
     padded_forward()
     attnlens.compare(model, "papa", "effective", corpus=texts[:batch_size], batch_size=batch_size, progress=False)
-    t_forward, t_padded, t_compare, t_job = alternate([forward, padded_forward, compare, job], repeats, device)
+    off_the_cpu = torch.device(device).type != "cpu"
+    jobs = [forward, padded_forward, compare, job, *([compare_no_read] if off_the_cpu else [])]
+    t_forward, t_padded, t_compare, t_job, *t_no_read = alternate(jobs, repeats, device)
     report_mb = (folder / "report.html").stat().st_size / 1e6
     fixed = fixed_costs(folder_of_model, device, texts, batch_size, folder, repeats)
     shutil.rmtree(folder, ignore_errors=True)  # the corpus, the report and its JSON
@@ -188,6 +202,10 @@ def main() -> None:
     print(f"compare       median {med(t_compare):7.2f} s  ratio {r_compare:.2f}x  (limit {limit:.2f}x in flops)")
     print(f"CLI job       median {med(t_job):7.2f} s  ratio {r_job:.2f}x  (target <= {TARGET:.1f}x: "
           f"{'met' if r_job <= TARGET else 'missed'}; report {report_mb:.2f} MB)")
+    if t_no_read:
+        print(f"compare, every head's exact basis computed (no read a batch; effective.NO_READ_WIDTH "
+              f"{int(model.cfg.d_head)}) median {med(t_no_read[0]):7.2f} s  ratio "
+              f"{median_ratio(t_no_read[0], t_forward):.2f}x  (the default reads once a batch)")
     print(f"deflate share of compare: {100 * share:.1f}% (ISA-L level {kept.COMPRESSION_LEVEL}; target <= 3%)")
     print("CLI job's fixed costs (medians; what a faster device does not shorten): "
           + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in fixed.items())
@@ -198,6 +216,9 @@ def main() -> None:
          "limit_ratio": limit, "note": f"deflate {100 * share:.1f}%; batch {batch_size}"},
         {"job": f"attnlens compare (CLI job){suffix}", "seconds": med(t_job), "forward_ratio": r_job,
          "limit_ratio": limit, "note": f"target <= {TARGET}x; report {report_mb:.1f} MB"},
+        *([{"job": f"attnlens.compare(papa, effective){suffix}, every head's exact basis (no read)",
+            "seconds": med(t_no_read[0]), "forward_ratio": median_ratio(t_no_read[0], t_forward),
+            "limit_ratio": limit, "note": f"effective.NO_READ_WIDTH {int(model.cfg.d_head)}"}] if t_no_read else []),
     ], texts=len(texts), max_len=MAX_LEN, device=device, threads=torch.get_num_threads(),
         forward_seconds=med(t_forward), padded_forward_seconds=med(t_padded), batch=batch_size,
         fixed_seconds=fixed)

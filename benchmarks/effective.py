@@ -29,6 +29,9 @@ is printed apart). Two pairs are timed: ``effective.run`` (every map kept) again
 full forward, and a streaming pass of the engine (an accumulator that reads A⊥ and sums it, the
 cost of ``effective.statistics`` without its statistics) against the plain forward stopped at the
 same point (after the last layer's pattern; :func:`attnlens.engine.forward.run_patterns`).
+Off the CPU, ``effective.run`` is timed a second way too: every head's float64 exact basis
+computed, with no read (:data:`attnlens.engine.effective.NO_READ_WIDTH` at ``d_head``), where the
+default reads once whether any head needs it: for a GPU to choose.
 
 Usage: ``HF_HUB_OFFLINE=1 python benchmarks/effective.py [--length 128|512] [--repeats 5] [--threads N]``
 """
@@ -47,6 +50,7 @@ import torch
 from realdata import wikitext_paragraphs
 
 import attnlens
+from attnlens.engine import effective as engine_effective
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns
 from attnlens.engine.effective import _cholesky_inverse_factor
@@ -234,8 +238,17 @@ def main() -> None:
                    batch_size=n_batch, progress=False)
         sync()
 
+    def forward_effective_no_read() -> None:  # every head's exact basis, no read (off the CPU)
+        width = engine_effective.NO_READ_WIDTH
+        engine_effective.NO_READ_WIDTH = int(model.cfg.d_head)
+        try:
+            forward_effective()
+        finally:
+            engine_effective.NO_READ_WIDTH = width
+
     median = statistics.median
     forward_times, both_times = timed_pairs(forward, forward_effective, args.repeats)
+    no_read_times = timed_pairs(forward, forward_effective_no_read, args.repeats)[1] if device.type != "cpu" else []
     stopped_times, streaming_times = timed_pairs(stopped_forward, streaming, args.repeats)
     n_layers = model.cfg.n_layers
     products, basis = effective_flops(model, length)
@@ -255,6 +268,10 @@ def main() -> None:
     print(f"effective.run (maps kept) vs full forward:  {t_both:7.3f} s / {t_forward:7.3f} s = "
           f"{t_both / t_forward:5.2f}x   flop limit {(full + products) / full:.3f}x "
           f"(+basis {(full + products + basis) / full:.3f}x)")
+    if no_read_times:
+        print(f"effective.run, every head's float64 exact basis computed (no read; effective.NO_READ_WIDTH "
+              f"{int(model.cfg.d_head)}): {median(no_read_times):7.3f} s = {median(no_read_times) / t_forward:5.2f}x "
+              "the full forward (the default reads once whether any head needs it)")
     print(f"streaming pass vs forward stopped after the last pattern: {t_streaming:7.3f} s / "
           f"{t_stopped:7.3f} s = {t_streaming / t_stopped:5.2f}x   flop limit "
           f"{(stopped + products) / stopped:.3f}x (+basis {(stopped + products + basis) / stopped:.3f}x); "

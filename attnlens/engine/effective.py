@@ -32,11 +32,11 @@ build ``U``; every head gets the cheapest one that is certified for it:
   rule from the float64 Gram matrix's eigendecomposition, ``U = V_valid Q_r Σ_r⁻¹`` over the
   eigenpairs kept by the tolerance. Forming ``G`` squares the condition number, but in float64
   singular values are still resolved down to about ``1e-7 · σ_max``, well below the default
-  tolerance for these dtypes (at least ``33 · 1.19e-7 = 3.9e-6``). Off the CPU every head's
-  exact basis is computed too and taken where the refined one is not certified
-  (``torch.where``: no read of the device), the same arithmetic per head as on the CPU; for
-  heads wider than :data:`BATCHED_EIGH` (where a batched eigendecomposition is a loop on a GPU)
-  one read says whether any head needs it, and only those heads get it.
+  tolerance for these dtypes (at least ``33 · 1.19e-7 = 3.9e-6``). Off the CPU one read per
+  call says whether any head needs it (a pass makes every layer's maps of a batch in one call:
+  one read a batch), and only those heads get it, the same arithmetic per head as on the CPU;
+  heads up to :data:`NO_READ_WIDTH` wide (none by default) instead get every head's exact
+  basis, taken where the refined one is not certified (``torch.where``: no read).
 - QR route (float64 inputs, or any ``rtol`` below :data:`GRAM_MIN_RTOL`): ``V_valid = Q R``,
   ``R = U_R Σ W_Rᵀ`` (SVD of the small ``R``), ``U = Q U_R[:, kept]``, accurate to float64
   working precision but slower.
@@ -86,11 +86,17 @@ from attnlens.errors import InputError, InputTypeError
 #: smallest ``rtol`` the refined and exact routes resolve reliably; below it the QR route is used
 GRAM_MIN_RTOL = 1e-6
 #: widest head whose exact basis the device route computes for every head, with no read of the
-#: device (taken where the refined one is not certified): PyTorch's CUDA eigendecomposition of a
-#: batch is one batched Jacobi kernel (``syevjBatched``) up to 32 x 32 and a loop over the
-#: matrices above, which for the heads of a BERT-base batch (d_head 64, thousands of matrices)
-#: would cost far more than the one read of whether any head needs it
-BATCHED_EIGH = 32
+#: device (taken where the refined one is not certified); wider heads take one read of whether
+#: any head needs it, and only those heads get it. 0: every head reads. The exact basis of every
+#: head is a float64 eigendecomposition of each head of each batch, where the read is one wait
+#: per call and the heads the float32 route does not certify are almost never there on real
+#: activations: on the H200 (2026-11-28, 4c2cc51) it took 32 ms of the 169 ms ``compare`` kept
+#: the GPU busy at batch 128, and ``effective.run`` went from 2.09x to 2.60x a forward when it
+#: began to take it. Above 32 x 32 PyTorch's CUDA eigendecomposition of a batch is a loop over
+#: the matrices (one batched Jacobi kernel, ``syevjBatched``, up to 32): for BERT-base's 64-wide
+#: heads, thousands of calls a batch. ``benchmarks/effective.py --device cuda`` times
+#: ``effective.run`` both ways (this at 0 and at 32) for a GPU to choose
+NO_READ_WIDTH = 0
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
 #: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 exact route
 REFINE_MAX_DEFECT = 1e-3
@@ -189,10 +195,10 @@ def effective_attention(
     per call). A pass leaves it off: its patterns and values come from the model, and a read per
     layer would make the host wait for the device at every layer.
 
-    On a device other than the CPU nothing is read back to the host: every sequence is
-    decomposed and the short ones keep ``A`` (``torch.where``), and each head's float64
-    fallback is computed for every head and chosen where the fast route is not certified. The
-    result is the CPU route's, computed with the same routes.
+    On a device other than the CPU one value is read back to the host, whether any head needs
+    the float64 fallback (only those heads get it): every sequence is decomposed and the short
+    ones keep ``A`` (``torch.where``). The result is the CPU route's, computed with the same
+    routes.
     """
     for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
         if value is not None and not isinstance(value, Tensor):
@@ -274,9 +280,10 @@ def _on_device(
     rtol: float | None,
     use_qr: bool,
 ) -> Float[Tensor, "batch head query key"]:
-    """:func:`effective_attention` without a read of the device (heads wider than
-    :data:`BATCHED_EIGH`: one, :func:`_column_space_basis`): every sequence decomposed, the
-    short ones (at most ``d_head`` keys, default tolerance) keeping ``A`` on their valid keys."""
+    """:func:`effective_attention` with at most one read of the device (whether any head needs
+    the exact basis, :func:`_column_space_basis`; none for heads up to :data:`NO_READ_WIDTH`
+    wide): every sequence decomposed, the short ones (at most ``d_head`` keys, default tolerance)
+    keeping ``A`` on their valid keys."""
     d_head = v.shape[-1]
     if rtol is None:
         eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
@@ -284,10 +291,10 @@ def _on_device(
     else:
         tolerance = torch.full(lengths.shape, float(rtol), dtype=torch.float64, device=v.device)
     compute = torch.promote_types(pattern.dtype, torch.float32)
-    basis = _column_space_basis(v, valid, tolerance, use_qr=use_qr, reads=False).to(compute)
+    long = lengths > (d_head if rtol is None else 0)
+    basis = _column_space_basis(v, valid, tolerance, use_qr=use_qr, reads=False, needed=long).to(compute)
     effective = ((pattern.to(compute) @ basis) @ basis.mT).to(pattern.dtype)
     kept = pattern.masked_fill(~valid[:, None, None, :], 0)
-    long = lengths > (d_head if rtol is None else 0)
     return torch.where(long[:, None, None, None], effective, kept)
 
 
@@ -298,12 +305,16 @@ def _column_space_basis(
     *,
     use_qr: bool,
     reads: bool = True,
+    needed: Bool[Tensor, "batch"] | None = None,
 ) -> Float[Tensor, "batch head key d_head"]:
     """Orthonormal basis of the column space of each head's ``V_valid``.
 
     ``tolerance`` (float64, any device) is each example's ``rtol``. Columns for directions below
     the tolerance are 0, so ``basis @ basis.mT`` is the projector. float32 from the refined route,
-    float64 from the QR route (see the module docstring).
+    float64 from the QR route (see the module docstring). ``needed``: the examples whose bases
+    are used (default all); the others' (the device route's short sequences, which keep ``A``)
+    never get the exact route, whatever their refined basis (a sequence of at most ``d_head``
+    keys is never certified: its Gram matrix is singular).
     """
     batch, n_heads, n_keys, d_head = v.shape
     device = v.device
@@ -321,10 +332,12 @@ def _column_space_basis(
             basis = basis * valid.repeat_interleave(n_heads, dim=0)[:, :, None].to(basis.dtype)
     else:
         basis, certified = _basis_refined(flat, tolerance)
-        if not reads and d_head <= BATCHED_EIGH:  # the exact basis of every head, taken where the fast one fails
+        if needed is not None:
+            certified = certified | ~needed.repeat_interleave(n_heads)
+        if not reads and d_head <= NO_READ_WIDTH:  # the exact basis of every head, taken where the fast one fails
             fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
-        elif not bool(certified.all()):  # (off the CPU, wider heads: one read, the exact basis of the others alone)
+        elif not bool(certified.all()):  # (off the CPU too: one read, the exact basis of the others alone)
             heads = (~certified).nonzero().squeeze(-1)
             basis[heads] = _basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
     basis = basis.reshape(batch, n_heads, n_keys, d_head)

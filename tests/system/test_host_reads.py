@@ -5,8 +5,11 @@ On a GPU each read of a tensor's value on the host (``.item()``, ``.tolist()``, 
 device. These tests count those calls on the CPU, with every branch that would read a device
 tensor forced onto its device route (:func:`attnlens.core.devices.reads_are_free` patched to
 False), for each job on ``n`` and on ``2n`` batches: the count may grow by at most one read per
-extra batch, the one the model's own forward makes (transformers' mask code tests whether the
-mask has padding; a hand-written loop pays it too).
+extra batch: none for an encoder's forward behind the seam, one for a decoder's own mask code
+(it tests whether the mask has padding; a hand-written loop pays it too), and one for the jobs
+that compute effective attention, whose device route reads whether any head needs the float64
+exact basis (:data:`attnlens.engine.effective.NO_READ_WIDTH`: cheaper on a GPU than that
+basis for every head), once for every layer of a batch.
 
 Reads of host tensors are not counted: those inside the pass's host stage
 (:func:`attnlens.engine.batches._stage` and ``_inputs``: tokenizing, counting, checking and
@@ -53,6 +56,9 @@ MAX_LEN = 32
 #: batch has padding, to skip it); a decoder's own mask code may read once
 FORWARD_READS = 0
 DECODER_FORWARD_READS = 1
+#: host reads per batch of a job that computes effective attention: whether any head of the
+#: batch's layers needs the exact basis (attnlens.engine.effective.NO_READ_WIDTH)
+EFFECTIVE_READS = 1
 #: results of the device and CPU routes: float32 sums of up to ~10^4 terms of size <= 1
 FLOAT32 = 1e-4
 
@@ -185,7 +191,7 @@ def test_papa_fit_reads_nothing_per_batch(minilm, counter, device_routes):
 
 
 @pytest.mark.slow
-def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeypatch):
+def test_compare_reads_once_per_batch(minilm, counter, device_routes, monkeypatch):
     texts = texts_for(minilm)
     constants = papa.fit(minilm, texts, max_len=MAX_LEN, progress=False)
 
@@ -194,7 +200,7 @@ def test_compare_reads_nothing_per_batch(minilm, counter, device_routes, monkeyp
                                 batch_size=BATCH, progress=False)
 
     per_batch, grew, (_, on_device) = growth(counter, job, texts)
-    assert per_batch <= FORWARD_READS, grew
+    assert per_batch <= FORWARD_READS + EFFECTIVE_READS, grew
     # the device routes give the CPU routes' statistics
     monkeypatch.setattr(devices, "reads_are_free", lambda where: True)
     on_cpu = job(texts[: 2 * N_BATCHES * BATCH])
@@ -298,12 +304,12 @@ def test_features_under_fast_constant_heads_read_nothing_per_batch(minilm, count
 
 
 @pytest.mark.slow
-def test_effective_statistics_read_nothing_per_batch(minilm, counter, device_routes):
+def test_effective_statistics_read_once_per_batch(minilm, counter, device_routes):
     texts = texts_for(minilm)
     per_batch, grew, (_, on_device) = growth(
         counter, lambda t: effective.statistics(minilm, t, max_len=MAX_LEN, batch_size=BATCH, progress=False),
         texts)
-    assert per_batch <= FORWARD_READS, grew
+    assert per_batch <= FORWARD_READS + EFFECTIVE_READS, grew
     # the device routes (a stack of each batch's layers) give the CPU routes' (layer by layer)
     devices.reads_are_free = lambda where: True
     on_cpu = effective.statistics(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
@@ -410,13 +416,15 @@ def test_probe_training_reads_nothing_per_step(device_reads, job):
     assert not grew, grew
 
 
-def test_effective_device_route_equals_the_cpu_route():
-    """The device route of effective attention (every sequence decomposed, the float64 fallback
-    of every head chosen by ``torch.where``; heads wider than BATCHED_EIGH: of the heads that need
-    it, after one read) gives the CPU route's maps exactly: each matrix goes through the same
-    kernels; only which ones are kept differs."""
+@pytest.mark.parametrize("no_read_width", [0, 64])
+def test_effective_device_route_equals_the_cpu_route(monkeypatch, no_read_width):
+    """The device route of effective attention (every sequence decomposed; the float64 fallback
+    of the heads that need it after one read, or, for heads up to NO_READ_WIDTH wide, of every
+    head, chosen by ``torch.where``) gives the CPU route's maps exactly: each matrix goes through
+    the same kernels; only which ones are kept differs."""
     from attnlens.engine import effective as engine
 
+    monkeypatch.setattr(engine, "NO_READ_WIDTH", no_read_width)
     generator = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):
         for n_keys, lengths, d_head in ((40, [40, 20, 33, 0], 32), (12, [12, 5, 9, 1], 8), (56, [56, 20, 41, 0], 40)):
@@ -438,21 +446,27 @@ def test_effective_device_route_equals_the_cpu_route():
     assert torch.equal(engine._on_device(pattern, v, mask, mask.sum(-1), None, False), cpu)
 
 
-def test_effective_device_route_reads_once_for_heads_wider_than_a_batched_eigendecomposition(counter):
-    """Heads up to BATCHED_EIGH wide: no read (every head's exact basis computed, taken by
-    torch.where); wider ones (a GPU's eigendecomposition is a loop over the matrices there): one
-    read of whether any head needs the exact basis, and none of the heads that do not."""
+def test_effective_device_route_reads_once_unless_every_head_gets_the_exact_basis(counter, monkeypatch):
+    """By default (NO_READ_WIDTH 0) the device route reads once whether any head needs the exact
+    basis, and computes it for none of the heads that do not; heads up to NO_READ_WIDTH wide
+    read nothing (every head's exact basis computed, taken by ``torch.where``)."""
     from attnlens.engine import effective as engine
 
     generator = torch.Generator().manual_seed(2)
-    for d_head, reads in ((engine.BATCHED_EIGH, 0), (engine.BATCHED_EIGH + 8, 1)):
+    exact = []
+    original = engine._basis_exact
+    monkeypatch.setattr(engine, "_basis_exact", lambda v64, tolerance: exact.append(len(v64)) or original(v64, tolerance))
+    for no_read_width, d_head, reads in ((0, 32, 1), (32, 32, 0), (32, 40, 1)):
+        monkeypatch.setattr(engine, "NO_READ_WIDTH", no_read_width)
+        exact.clear()
         n_keys = 2 * d_head
         v = torch.randn(2, 3, n_keys, d_head, generator=generator)
         pattern = torch.randn(2, 3, n_keys, n_keys, generator=generator).softmax(-1)
         mask = torch.ones(2, n_keys, dtype=torch.bool)
         arguments = (pattern, v, mask, mask.sum(-1), None, False)
         _, counted = counter.count(lambda arguments=arguments: engine._on_device(*arguments))
-        assert sum(counted.values()) == reads, (d_head, counted)
+        assert sum(counted.values()) == reads, (no_read_width, d_head, counted)
+        assert exact == ([] if reads else [6]), exact  # well-conditioned heads: none needs it
 
 
 def test_compact_widths_in_buckets_change_no_result(minilm, monkeypatch):
