@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast lint bench bench-curve docs clean
+.PHONY: install demo test test-fast lint bench bench-device bench-host bench-curve docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,36 +54,46 @@ docs: install
 # curve (benchmarks/curve.py: `attnlens curve` with the options of docs/probing.md, in one
 # process, timed; 1 to 2 hours on 2 CPU cores, by the machine and the day) is its own target,
 # bench-curve: its row joins the table of the next make bench (build/bench/curve.json is kept).
-# DEVICE=cuda runs every benchmark that runs a model on the GPU (the table names it); the ones
-# that time the host's own work (feature files, probe rows, the CLI's start) stay on the CPU
+# bench-device runs the benchmarks that run a model on DEVICE (DEVICE=cuda: the GPU; the table
+# names it), the issue's goals first; bench-host those that time the host's own work (feature
+# files, probe rows, operator counts, the CLI's start), on the CPU whatever DEVICE says. SETUP is
+# what installs the environment first: on a machine whose Python has attnlens's requirements
+# already (a GPU machine after `source .gpu/env.sh`), `make bench SETUP= PY=python3 DEVICE=cuda`;
+# benchmarks/gpu.sh is the one call for a GPU lent for a few minutes
 DEVICE ?= cpu
+SETUP ?= install
 BENCH = HF_HUB_OFFLINE=1 $(PY)
-bench: install
+bench: $(SETUP)
 	find build/bench -name '*.json' ! -name 'curve.json' -delete 2>/dev/null || true
-	$(BENCH) benchmarks/papa_fit.py --device $(DEVICE)
-	$(BENCH) benchmarks/papa_fit.py --model smollm2-135m --device $(DEVICE)
-	$(BENCH) benchmarks/effective.py --device $(DEVICE)
-	$(BENCH) benchmarks/effective.py --length 512 --device $(DEVICE)
-	$(BENCH) benchmarks/distributed.py
-	$(BENCH) benchmarks/probing.py --device $(DEVICE)
-	$(PY) benchmarks/probe_rows.py
-	$(PY) benchmarks/feature_files.py
-	$(PY) benchmarks/probe_cost.py --device $(DEVICE)
-	$(PY) benchmarks/stacked_points.py --device $(DEVICE)
-	$(PY) benchmarks/launches.py
-	$(PY) benchmarks/probe_memory.py --threads 1
-	$(BENCH) benchmarks/heads.py --device $(DEVICE)
-	$(BENCH) benchmarks/report_size.py --device $(DEVICE)
-	$(BENCH) benchmarks/compare_cost.py --device $(DEVICE)
-	$(BENCH) benchmarks/constant_speed.py --device $(DEVICE)
-	$(PY) benchmarks/cli_help.py
+	$(MAKE) --no-print-directory bench-device bench-host SETUP=
 	# every job of the runs above (build/bench/*.json), one table
 	$(PY) benchmarks/table.py
+
+bench-device: $(SETUP)
+	$(BENCH) benchmarks/compare_cost.py --device $(DEVICE)
+	$(BENCH) benchmarks/papa_fit.py --device $(DEVICE)
+	$(BENCH) benchmarks/effective.py --device $(DEVICE)
+	$(BENCH) benchmarks/constant_speed.py --device $(DEVICE)
+	$(BENCH) benchmarks/effective.py --length 512 --device $(DEVICE)
+	$(BENCH) benchmarks/papa_fit.py --model smollm2-135m --device $(DEVICE)
+	$(BENCH) benchmarks/probing.py --device $(DEVICE)
+	$(PY) benchmarks/probe_cost.py --device $(DEVICE)
+	$(PY) benchmarks/stacked_points.py --device $(DEVICE)
+	$(BENCH) benchmarks/heads.py --device $(DEVICE)
+	$(BENCH) benchmarks/report_size.py --device $(DEVICE)
+
+bench-host: $(SETUP)
+	$(BENCH) benchmarks/distributed.py
+	$(PY) benchmarks/probe_rows.py
+	$(PY) benchmarks/feature_files.py
+	$(PY) benchmarks/launches.py
+	$(PY) benchmarks/probe_memory.py --threads 1
+	$(PY) benchmarks/cli_help.py
 
 # the default PAPA curve, cold (a fresh feature cache), one process: `attnlens curve` rewrites
 # docs/papa_curve.csv and Table 1 (docs/papa_table.csv, .md), docs/tables.py puts them into
 # docs/probing.md; then the table of timings
-bench-curve: install
+bench-curve: $(SETUP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/curve.py --device $(DEVICE)
 	$(PY) docs/tables.py
 	$(PY) benchmarks/table.py
