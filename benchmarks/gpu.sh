@@ -55,7 +55,7 @@ step 120 "CUDA tests" "$py" -m pytest -q -p no:cacheprovider tests/system/test_c
 step 100 "compare cost, MiniLM" "$py" benchmarks/compare_cost.py --device "$device"
 step 60 "papa.fit" "$py" benchmarks/papa_fit.py --device "$device"
 step 60 "effective attention" "$py" benchmarks/effective.py --device "$device"
-step 60 "constant heads" "$py" benchmarks/constant_speed.py --device "$device"
+step 60 "constant heads, 64 texts x 256" "$py" benchmarks/constant_speed.py --device "$device" --batch 64
 step 100 "compare cost, BERT-base shape" "$py" benchmarks/compare_cost.py --device "$device" --model bert-base-random --repeats 1
 # the default curve, cold, with what is left (its goal: at most 300 s)
 step 100000 "the default PAPA curve" "$py" benchmarks/curve.py --device "$device"
