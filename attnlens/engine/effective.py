@@ -313,7 +313,7 @@ def _column_space_basis(
     the tolerance are 0, so ``basis @ basis.mT`` is the projector. float32 from the refined route,
     float64 from the QR route (see the module docstring). ``needed``: the examples whose bases
     are used (default all); the others' (the device route's short sequences, which keep ``A``)
-    never get the exact route, whatever their refined basis (a sequence of at most ``d_head``
+    never get the exact route, whatever their refined basis (a sequence of fewer than ``d_head``
     keys is never certified: its Gram matrix is singular).
     """
     batch, n_heads, n_keys, d_head = v.shape
