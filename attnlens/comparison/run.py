@@ -23,7 +23,7 @@ from typing import Any, SupportsIndex
 
 import numpy as np
 import pandas as pd
-from jaxtyping import Float
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from attnlens.comparison.accumulator import ViewsAccumulator
@@ -314,22 +314,9 @@ def _compare(
         meta.update(d_head=d_head, longer_than_d_head=int(views.longer_than_d_head))
         warn_if_short(int(views.longer_than_d_head), d_head)
 
-    records = []
-    for view in names:
-        means = statistics[view].means()
-        for layer in range(n_layers):
-            for head in range(n_heads):
-                record = {"view": view, "layer": layer, "head": head}
-                record.update({name: float(means[name][layer, head]) for name in STATISTICS})
-                record["distance_from_standard"] = float(distance[view][layer, head] / n_tokens)
-                counts = views.types[view][layer, head]
-                record.update({
-                    column: float(count) / summary.n_examples
-                    for column, count in zip(TYPE_COLUMNS, counts.tolist(), strict=True)
-                })
-                record["pattern_type"] = TYPES[int(counts.argmax())]
-                records.append(record)
-    table = pd.DataFrame.from_records(records, columns=list(COLUMNS))
+    table = pd.concat([_view_rows(view, statistics[view].means(), distance[view] / n_tokens,
+                                  views.types[view], summary.n_examples) for view in names],
+                      ignore_index=True)
     table.attrs["columns"] = dict(COLUMN_DOCS)
     if focus is None:
         focus = _default_focus(names, distance, statistics, n_tokens)
@@ -360,6 +347,32 @@ def _compare(
         meta=meta,
         kept_patterns=kept,
     )
+
+
+def _view_rows(
+    view: str,
+    means: dict[str, Float[Tensor, "layer head"]],
+    distance: Float[Tensor, "layer head"],
+    types: Int[Tensor, "layer head type"],
+    n_examples: int,
+) -> pd.DataFrame:
+    """The table's rows of one view, layer after layer, head after head (:data:`COLUMNS`): each
+    statistic's mean, the mean distance from standard attention per token, the share of the
+    examples of each pattern type (its count over ``n_examples``) and the most frequent type
+    (the first of the most frequent)."""
+    n_layers, n_heads = distance.shape
+    counts = types.reshape(n_layers * n_heads, -1).cpu()  # (a pass reads its state back: a no-op)
+    shares = counts.numpy().astype(np.float64) / n_examples
+    columns: dict[str, Any] = {
+        "view": [view] * (n_layers * n_heads),
+        "layer": np.repeat(np.arange(n_layers), n_heads),
+        "head": np.tile(np.arange(n_heads), n_layers),
+        **{name: means[name].reshape(-1).numpy().astype(np.float64) for name in STATISTICS},
+        "distance_from_standard": distance.reshape(-1).cpu().numpy().astype(np.float64),
+        **{column: shares[:, index] for index, column in enumerate(TYPE_COLUMNS)},
+        "pattern_type": [TYPES[index] for index in counts.argmax(-1).tolist()],
+    }
+    return pd.DataFrame(columns, columns=list(COLUMNS))
 
 
 def _default_focus(
