@@ -333,7 +333,7 @@ def _column_space_basis(
     else:
         basis, certified = _basis_refined(flat, tolerance)
         if needed is not None:
-            certified = certified | ~needed.repeat_interleave(n_heads)
+            certified = (certified.view(batch, n_heads) | ~needed[:, None]).view(-1)
         if not reads and d_head <= NO_READ_WIDTH:  # the exact basis of every head, taken where the fast one fails
             fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
@@ -401,7 +401,7 @@ def _basis_refined(
     correction = torch.baddbmm(defect, defect, defect, beta=-0.5, alpha=0.375)  # -E/2 + 3E²/8
     correction.diagonal(dim1=-2, dim2=-1).add_(1.0)
     basis = first @ correction
-    largest_defect = torch.maximum(defect.amax(dim=(-2, -1)), -defect.amin(dim=(-2, -1)))
+    largest_defect = defect.abs().amax(dim=(-2, -1))
     certified = (
         (info == 0)
         & (largest_defect <= REFINE_MAX_DEFECT)
