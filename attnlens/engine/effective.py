@@ -333,7 +333,7 @@ def _column_space_basis(
     else:
         basis, certified = _basis_refined(flat, tolerance)
         if needed is not None:
-            certified = (certified.view(batch, n_heads) | ~needed[:, None]).view(-1)
+            certified = (certified.view(batch, n_heads) | ~needed.to(certified.device)[:, None]).view(-1)
         if not reads and d_head <= NO_READ_WIDTH:  # the exact basis of every head, taken where the fast one fails
             fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
