@@ -31,7 +31,7 @@ from attnlens.comparison.result import Comparison, check_count, check_example
 from attnlens.core.checks import describe, optional_count, whole_number
 from attnlens.core.corpus import resolve_corpus
 from attnlens.core.inputs import as_max_len, tokenize
-from attnlens.core.loading import is_causal, load
+from attnlens.core.loading import fingerprints_kept, is_causal, load
 from attnlens.core.modes import eval_mode
 from attnlens.engine import passes
 from attnlens.engine.effective import warn_if_short
@@ -206,7 +206,7 @@ def compare(
     # fitting the constants, the pass keeps its patterns for the comparison's pass over the same
     # batches (engine.recording: the comparison then runs no forward of its own for them)
     recording = Recording(values=any(registry.get_view(name).needs_values for name in names))
-    with eval_mode(model):
+    with eval_mode(model), fingerprints_kept():  # the weights do not change during the job
         try:  # the recording freed even on an error (a traceback kept in a notebook would hold it)
             constants, max_len, layout = _constants_setup(
                 model, names, texts, constants, max_len, batch_size, progress, record=recording

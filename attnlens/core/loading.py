@@ -9,9 +9,12 @@ weights) and :func:`is_causal` (decoder or encoder).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -211,6 +214,27 @@ def model_id(bridge: Any) -> str:
 FINGERPRINT_ELEMENTS = 1024
 
 
+#: inside :func:`fingerprints_kept`: each model's fingerprint by ``id``, computed once
+_FINGERPRINTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("fingerprints", default=None)
+
+
+@contextlib.contextmanager
+def fingerprints_kept() -> Iterator[None]:
+    """Inside the block, :func:`weights_fingerprint` computes each model's fingerprint once: for
+    a job that does not change the weights it runs with (``compare``: its fit's pass and its
+    comparison's, the constants' checks), where each pass's header and each check would sample
+    and hash every parameter again (on a GPU, a wait for the device each). A block inside
+    another keeps the outer one's fingerprints."""
+    if _FINGERPRINTS.get() is not None:
+        yield
+        return
+    token = _FINGERPRINTS.set({})
+    try:
+        yield
+    finally:
+        _FINGERPRINTS.reset(token)
+
+
 def weights_fingerprint(bridge: Any) -> str:
     """A short hash (16 hex digits) of the weights attention depends on, to tell apart two
     models that share a name (e.g. two in-memory models of one architecture, or a model and its
@@ -220,8 +244,19 @@ def weights_fingerprint(bridge: Any) -> str:
     head, which attention does not depend on and which is randomly initialised when a checkpoint
     has none) contributes its name, shape and :data:`FINGERPRINT_ELEMENTS` evenly spaced elements,
     rounded to float16 (so a model loaded in float16 has the fingerprint of its float32 weights).
-    It reads a few hundred kilobytes, not the whole model.
+    It reads a few hundred kilobytes, not the whole model. Inside :func:`fingerprints_kept`,
+    once per model.
     """
+    kept = _FINGERPRINTS.get()
+    if kept is None:
+        return _fingerprint(bridge)
+    if id(bridge) not in kept:
+        kept[id(bridge)] = _fingerprint(bridge)
+    return kept[id(bridge)]
+
+
+def _fingerprint(bridge: Any) -> str:
+    """:func:`weights_fingerprint`, computed."""
     hf_model = getattr(bridge, "original_model", bridge)
     hf_model = getattr(hf_model, "base_model", hf_model)
     named = list(hf_model.named_parameters())
