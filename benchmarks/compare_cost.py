@@ -210,8 +210,9 @@ def main() -> None:
     print("CLI job's fixed costs (medians; what a faster device does not shorten): "
           + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in fixed.items())
           + f" = {sum(fixed.values()):.2f} s, {sum(fixed.values()) / med(t_forward):.2f}x the forward")
-    suffix = "" if args.model == "minilm" else f", {args.model}"
-    record("compare_cost" if args.model == "minilm" else f"compare_cost_{args.model}", [
+    suffix = ("" if args.model == "minilm" else f", {args.model}") + ("" if batch_size == BATCH else f", batch {batch_size}")
+    name = "compare_cost" + ("" if args.model == "minilm" else f"_{args.model}") + ("" if batch_size == BATCH else f"_b{batch_size}")
+    record(name, [
         {"job": f"attnlens.compare(papa, effective){suffix}", "seconds": med(t_compare), "forward_ratio": r_compare,
          "limit_ratio": limit, "note": f"deflate {100 * share:.1f}%; batch {batch_size}"},
         {"job": f"attnlens compare (CLI job){suffix}", "seconds": med(t_job), "forward_ratio": r_job,

@@ -53,6 +53,7 @@ fi
 find build/bench -name '*.json' -delete 2>/dev/null
 step 120 "CUDA tests" "$py" -m pytest -q -p no:cacheprovider tests/system/test_cuda.py
 step 100 "compare cost, MiniLM" "$py" benchmarks/compare_cost.py --device "$device"
+step 80 "compare cost, MiniLM, batches of 128" "$py" benchmarks/compare_cost.py --device "$device" --batch 128
 step 60 "papa.fit" "$py" benchmarks/papa_fit.py --device "$device"
 step 60 "effective attention" "$py" benchmarks/effective.py --device "$device"
 step 60 "constant heads, 64 texts x 256" "$py" benchmarks/constant_speed.py --device "$device" --batch 64
