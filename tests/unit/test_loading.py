@@ -121,9 +121,10 @@ def test_weights_fingerprint_tells_weights_apart_but_not_dtypes_or_lm_heads():
     assert weights_fingerprint(bridge(head)) == reference
 
 
-def test_compare_fingerprints_its_model_once_and_a_later_call_sees_new_weights(monkeypatch):
-    """Inside ``fingerprints_kept`` (``compare``: two passes' headers and the constants' checks)
-    each model's weights are sampled and hashed once; outside it every call computes again, so
+def test_compare_and_fit_fingerprint_their_model_once_and_a_later_call_sees_new_weights(monkeypatch):
+    """Inside ``fingerprints_kept`` (``compare``: two passes' headers and the constants' checks;
+    ``papa.fit``: the constants' start and its pass's header) each model's weights are sampled
+    and hashed once; outside it every call computes again, so
     weights changed between two jobs give another fingerprint."""
     from attnlens.core import loading
 
@@ -134,13 +135,15 @@ def test_compare_fingerprints_its_model_once_and_a_later_call_sees_new_weights(m
     texts = ["a short text", "another short one here", "a third"]
     attnlens.compare(model, "papa", "effective", corpus=texts, batch_size=2, progress=False)
     assert len(computed) == 1, computed
+    papa.fit(model, texts, batch_size=2, progress=False)  # its constants' start and its pass's header
+    assert len(computed) == 2, computed
     before = weights_fingerprint(model)
     with torch.no_grad():
         model.original_model.bert.encoder.layer[0].attention.self.query.weight[0, 0] += 0.5
-    assert weights_fingerprint(model) != before and len(computed) == 3
+    assert weights_fingerprint(model) != before and len(computed) == 4
     with loading.fingerprints_kept(), loading.fingerprints_kept():  # nested: the outer block's
         assert weights_fingerprint(model) == weights_fingerprint(model)
-    assert len(computed) == 4
+    assert len(computed) == 5
 
 
 def test_is_causal():
