@@ -100,6 +100,15 @@ class Launches(TorchDispatchMode):
         self.bytes_by_site: collections.Counter[str] = collections.Counter()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # a composite operator (``matmul``, ``linear``, ``dropout``, ``layer_norm``...) is run as
+        # its decomposition, whose operators come back here: what its kernels are, whatever the
+        # grad mode (under ``inference_mode`` the mode sees it whole; under ``no_grad``, already
+        # decomposed: ``matmul`` of a transposed key is a copy and a ``bmm``, an evaluation
+        # ``dropout`` nothing)
+        with self:  # (as torch.utils.flop_counter.FlopCounterMode: the mode again for its parts)
+            decomposed = func.decompose(*args, **(kwargs or {}))
+        if decomposed is not NotImplemented:
+            return decomposed
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         if name in ALLOCATIONS or (name in VIEWS and not _copied(args, out)):

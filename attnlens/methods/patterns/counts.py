@@ -39,8 +39,9 @@ COLUMNS: tuple[str, ...] = ("view", "layer", "head", *TYPES, "type", "maps")
 
 def type_counts(labels: Int[Tensor, "*layer batch head"]) -> Int[Tensor, "*layer head type"]:
     """How many maps of each head have each type (labels: indices into :data:`TYPES`; ``layer``:
-    any leading axes, e.g. the layers of a stack, counted each on its own)."""
-    return torch.nn.functional.one_hot(labels, len(TYPES)).sum(-3)
+    any leading axes, e.g. the layers of a stack, counted each on its own). A comparison with
+    each type's index (``one_hot`` checks the labels' range first: on a GPU six kernels more)."""
+    return (labels[..., None] == torch.arange(len(TYPES), device=labels.device)).sum(-3)
 
 
 class PatternTypes(Accumulator):
