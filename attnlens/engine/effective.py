@@ -95,7 +95,7 @@ GRAM_MIN_RTOL = 1e-6
 #: began to take it. Above 32 x 32 PyTorch's CUDA eigendecomposition of a batch is a loop over
 #: the matrices (one batched Jacobi kernel, ``syevjBatched``, up to 32): for BERT-base's 64-wide
 #: heads, thousands of calls a batch. ``benchmarks/effective.py --device cuda`` times
-#: ``effective.run`` both ways (this at 0 and at 32) for a GPU to choose
+#: ``effective.run`` both ways (this at 0 and at ``d_head``), ``compare_cost.py`` ``compare``, for a GPU to choose
 NO_READ_WIDTH = 0
 #: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
 #: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 exact route

@@ -43,6 +43,7 @@ from attnlens.methods.papa.constants import PapaConstants, fields_of
 __all__ = ["CHECKPOINT_EVERY", "PatternSums", "default_layout", "fit"]
 
 
+@fingerprints_kept()  # the weights do not change during the fit: fingerprinted once
 def fit(
     model: Any,
     corpus: Iterable[str] | Iterable[tuple[str, str]],
@@ -93,26 +94,25 @@ def fit(
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     max_len = check_max_len(model, max_len, layout=layout)  # pairs need more: checked per batch
-    with fingerprints_kept():  # the weights do not change during the fit: fingerprinted once
-        constants = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
-        examples = corpus_iterator(corpus)
-        if constants.n_examples:  # resuming: the checkpoint's kind of inputs must be this corpus's
-            first = next(examples, None)
-            if first is not None:
-                is_pair = isinstance(first, tuple | list)
-                if is_pair != constants.pairs:
-                    raise InputError(_mixed_inputs(constants, is_pair, checkpoint, resumed=True))
-                examples = itertools.chain([first], examples)
-            if hasattr(corpus, "__len__"):
-                examples = _Sized(examples, len(corpus))
-        else:
-            examples = corpus
-        sums = PatternSums(constants)
-        passes.run(
-            model, examples, [sums], max_len=max_len, layout=layout, batch_size=batch_size,
-            progress=progress, description="papa.fit", checkpoint=checkpoint,
-            checkpoint_every=checkpoint_every, compact=compact, by_length=by_length, record=record,
-        )
+    constants = _start(model, max_len=max_len, layout=layout, checkpoint=checkpoint)
+    examples = corpus_iterator(corpus)
+    if constants.n_examples:  # resuming: the checkpoint's kind of inputs must be this corpus's
+        first = next(examples, None)
+        if first is not None:
+            is_pair = isinstance(first, tuple | list)
+            if is_pair != constants.pairs:
+                raise InputError(_mixed_inputs(constants, is_pair, checkpoint, resumed=True))
+            examples = itertools.chain([first], examples)
+        if hasattr(corpus, "__len__"):
+            examples = _Sized(examples, len(corpus))
+    else:
+        examples = corpus
+    sums = PatternSums(constants)
+    passes.run(
+        model, examples, [sums], max_len=max_len, layout=layout, batch_size=batch_size,
+        progress=progress, description="papa.fit", checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every, compact=compact, by_length=by_length, record=record,
+    )
     return sums.result()
 
 
