@@ -14,8 +14,10 @@ functions that launch the most. The fast constant heads are counted on both rout
 with both kinds of heads (:data:`attnlens.core.seam.ASSEMBLED_OFF_THE_CPU`).
 
 The limit is the forward's count (a pass cannot launch fewer than the forward it observes);
-the ratio is what launch-bound GPU time scales with. An operator is counted once even where it
-is several kernels (a ``matmul`` that broadcasts an operand copies it first).
+the ratio is what launch-bound GPU time scales with. A composite operator is counted as its
+decomposition (a ``matmul`` of a transposed operand: its copy and a ``bmm``; an evaluation
+``dropout``: nothing), whatever the grad mode the job runs in; a primitive is counted once even
+where its own implementation launches several kernels.
 
 Then the host's time per extra batch of 2 texts of at most 10 tokens, where the arithmetic is
 small: the time the host takes to issue a batch's work, which a launch-bound GPU waits for
