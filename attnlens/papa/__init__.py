@@ -37,9 +37,6 @@ unlabeled corpus, with hooks on an unmodified model::
 only: the modules themselves are imported from their layers (``attnlens.methods.papa.fitting``).
 """
 
-import importlib
-from typing import Any
-
 from attnlens.evaluation.curve import Curve, curve
 from attnlens.evaluation.table import PapaTable, table
 from attnlens.methods.papa import (
@@ -89,15 +86,3 @@ __all__ = [
     "uniform",
     "zeros",
 ]
-
-#: the submodules of ``attnlens.papa`` before the layers, still its attributes
-_SUBMODULES = ("baselines", "constants", "curves", "fitting", "intervene", "replace", "selection", "tables")
-
-
-def __getattr__(name: str) -> Any:
-    """``attnlens.methods.papa.fitting`` and the other submodules of before, imported on first use
-    (PEP 562): :mod:`attnlens.methods.papa`'s, or for ``curves`` and ``tables`` (which warn)
-    :mod:`attnlens.evaluation.curve` and :mod:`attnlens.evaluation.table`."""
-    if name in _SUBMODULES:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

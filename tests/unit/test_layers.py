@@ -23,9 +23,12 @@ below ``api``: the check could not see where it goes.
 from __future__ import annotations
 
 import ast
+import importlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "attnlens"
@@ -384,3 +387,16 @@ def test_one_name_per_module_and_few_deferred_imports():
     imports, _ = all_imports()
     local = [str(item) for item in imports if item.local]
     assert len(local) <= LOCAL_IMPORTS, "\n".join(local)
+
+
+def test_the_public_facades_are_names_only():
+    """``attnlens.papa`` and ``attnlens.ablation`` gather names; no module-level ``__getattr__``
+    hands out modules of before the layers (one name per module), and a name they lack is an
+    ``AttributeError``. The package's own ``__getattr__`` is its lazy import of ``__all__``."""
+    for name, path in (("attnlens.papa", "papa/__init__.py"), ("attnlens.ablation", "ablation.py")):
+        tree = ast.parse((PACKAGE / path).read_text(encoding="utf-8"))
+        assert not [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"], name
+        module = importlib.import_module(name)
+        assert all(hasattr(module, public) for public in module.__all__)
+        with pytest.raises(AttributeError):
+            module.fitting  # noqa: B018 (a submodule of before the layers)
