@@ -130,11 +130,10 @@ class ViewsAccumulator(Accumulator):
                       for sign in (False, True) if any(self.views[view].signed == sign for view in names)]
         self.kept_patterns = KeptPatterns(names, signed, n_layers, n_heads, limit=report_examples)
         self.report_rows: _ReportRows | None = None
-        # off the CPU the kept maps wait on the device until the pass ends (to("cpu")), and so
-        # does whether any of them was one encode refuses: nothing is read per batch
+        # off the CPU the kept maps wait on the device until the pass ends (to("cpu")), their
+        # scales telling whether encode refused any of them: nothing is read per batch
         self.pending: list[_ReportRows] = []
         self.staged_kept: dict[str, Tensor] = {}
-        self.refused = torch.zeros((), dtype=torch.bool)
         # off the CPU, the engine hands a batch's layers as one stack (every view stacks its maps)
         self.stacks = all(value.stacks for value in self.views.values())
 
@@ -187,9 +186,7 @@ class ViewsAccumulator(Accumulator):
         check = devices.reads_are_free(blocks)
         for signed, group in self.signs:
             chosen = _views_of(blocks, group)
-            codes, scales = encode(chosen, signed=signed, check=check)
-            if not check:
-                self.refused = self.refused.to(blocks.device) | refused(chosen, signed=signed)
+            codes, scales = encode(chosen, signed=signed, check=check)  # unchecked: scales read at the end
             for g, j in enumerate(group):
                 for i, index in enumerate(layers):
                     kept.codes[self.names[j]][index], kept.scales[self.names[j]][index] = codes[g, i], scales[g, i]
@@ -261,9 +258,8 @@ class ViewsAccumulator(Accumulator):
     def _read_kept(self) -> None:
         """The maps kept on the device, read in one copy (:func:`attnlens.core.devices.to_host`):
         the figures' example, the report's examples, and whether any was one encode refuses."""
-        read = devices.to_host({"refused": self.refused, "kept": self.staged_kept,
-                                "rows": [(rows.codes, rows.scales) for rows in self.pending]})
-        if bool(read["refused"]):
+        read = devices.to_host({"kept": self.staged_kept, "rows": [(rows.codes, rows.scales) for rows in self.pending]})
+        if any(refused(np.asarray(layer)) for _, scales in read["rows"] for layers in scales.values() for layer in layers):
             raise InputError("attention maps to keep hold NaN or infinite values (or an unsigned view "
                              "negative ones): the model's patterns are not distributions")
         if self.staged_kept:

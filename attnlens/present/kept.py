@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 from isal import isal_zlib
-from jaxtyping import Bool, Float, UInt8
+from jaxtyping import Float, UInt8
 from torch import Tensor
 
 from attnlens.errors import InputError
@@ -62,6 +62,10 @@ def deflate(data: bytes) -> bytes:
 LABEL_CHARS = 60
 
 
+#: the most negative value an unsigned view's map may hold (float32 rounding of a non-negative sum)
+NEGATIVE = 1e-6
+
+
 def encode(
     maps: Float[Tensor, "*maps query key"], *, signed: bool, check: bool = True
 ) -> tuple[UInt8[Tensor, "*maps query key"], Float[Tensor, "*maps"]]:
@@ -69,34 +73,34 @@ def encode(
 
     ``maps``: any leading axes (e.g. ``[head, query, key]``), each ``[query, key]`` map coded with
     its own scale; ``signed``: code around :data:`SIGNED_ZERO` (for values that can be negative).
-    An all-zero map gets scale 0 and the code of 0. Non-finite values raise ``ValueError``, and
-    so do negative values of an unsigned view; ``check=False`` leaves both to the caller
-    (:func:`refused`, which reads nothing off a device).
-    """
+    An all-zero map gets scale 0 and the code of 0. A map :func:`encode` refuses, one with a value
+    that is not finite or, unsigned, a negative one (below ``-1e-6``), gets a scale that is not
+    finite (its codes mean nothing): ``check=True`` raises ``ValueError`` for it, reading the
+    scales; ``check=False`` leaves the scales to the caller, who reads them later
+    (:func:`refused`; a pass on a device reads nothing per batch). One reduction a map finds its
+    scale and whether it is refused (the largest magnitude, or the least and largest values)."""
     values = maps.detach().float()
-    if check and not bool(torch.isfinite(values).all()):
-        raise InputError("attention maps to keep hold NaN or infinite values")
     if signed:
-        top = values.abs().amax(dim=(-2, -1))
+        top = values.abs().amax(dim=(-2, -1))  # NaN or infinite anywhere: not finite
         scale = top / 127
         steps = (values / _nonzero(scale)[..., None, None]).round().clamp(-127, 127)
         codes = (steps + SIGNED_ZERO).to(torch.uint8)
     else:
-        if check and bool((values < -1e-6).any()):
+        low, top = torch.aminmax(values.flatten(-2), dim=-1)  # a NaN propagates to both
+        scale = torch.where(low < -NEGATIVE, torch.nan, top.clamp_min(0) / 255)
+        codes = (values / _nonzero(scale)[..., None, None]).round().clamp(0, 255).to(torch.uint8)
+    if check:  # the scales' bounds read (where reads are free: the caller says)
+        if not bool(torch.isfinite(top if signed else torch.stack((low, top))).all()):
+            raise InputError("attention maps to keep hold NaN or infinite values")
+        if not signed and bool((low < -NEGATIVE).any()):
             raise InputError("a view coded as non-negative has negative values; code it as signed")
-        positive = values.clamp_min(0)
-        scale = positive.amax(dim=(-2, -1)) / 255
-        codes = (positive / _nonzero(scale)[..., None, None]).round().clamp(0, 255)
-        codes = codes.to(torch.uint8)
     return codes, scale
 
 
-def refused(maps: Float[Tensor, "*maps query key"], *, signed: bool) -> Bool[Tensor, ""]:
-    """True (a tensor on ``maps``' device, not read) where :func:`encode` would refuse ``maps``:
-    a value that is not finite, or for an unsigned view a negative one."""
-    values = maps.detach()
-    bad = ~torch.isfinite(values).all()
-    return bad if signed else bad | (values < -1e-6).any()
+def refused(scales: Float[np.ndarray, "*maps"]) -> bool:
+    """Whether :func:`encode` (``check=False``) refused any of the maps of ``scales`` (read on the
+    host): a scale that is not finite."""
+    return not bool(np.isfinite(scales).all())
 
 
 def decode(

@@ -18,8 +18,10 @@ import torch
 from plotly.offline import get_plotlyjs
 
 import attnlens
+from attnlens.comparison import accumulator
 from attnlens.comparison.result import Comparison
 from attnlens.comparison.run import REPORT_BUDGET, REPORT_EXAMPLES
+from attnlens.core import devices
 from attnlens.present import kept
 from tests.tiny import CORPUS, bert_tokenizer, tiny_bert
 from tests.typechecks import unchecked
@@ -91,8 +93,43 @@ def test_deflate_writes_the_zlib_format_that_zlib_inflates():
 def test_codes_refuse_bad_maps():
     with pytest.raises(ValueError, match="NaN"):
         kept.encode(torch.tensor([[[float("nan"), 0.0], [0.0, 1.0]]]), signed=False)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        kept.encode(torch.tensor([[[-float("inf"), 0.0], [0.0, 1.0]]]), signed=False)
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        kept.encode(torch.tensor([[[float("inf"), 0.0], [0.0, -1.0]]]), signed=True)
     with pytest.raises(ValueError, match="negative"):
         kept.encode(torch.tensor([[[-0.5, 0.0], [0.0, 1.0]]]), signed=False)
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_unchecked_codes_mark_each_refused_map_by_its_scale(signed):
+    """``check=False`` (a pass on a device, which reads nothing per batch): every map the checked
+    call refuses, and only those, gets a scale that is not finite, which :func:`kept.refused`
+    finds on the host; the other maps' codes and scales are the checked call's."""
+    nan, inf = float("nan"), float("inf")
+    good = [[[0.2, 0.8], [0.5, 0.5]], [[0.0, 0.0], [0.0, 0.0]], [[-1e-7, 1.0], [0.3, 0.7]]]  # -1e-7: rounding
+    bad = [[[nan, 0.0], [0.0, 1.0]], [[inf, 0.0], [0.0, 1.0]], [[-inf, 0.0], [0.0, 1.0]]]
+    if not signed:
+        bad.append([[-0.5, 0.0], [0.0, 1.0]])
+    maps = torch.tensor(good + bad)
+    codes, scales = kept.encode(maps, signed=signed, check=False)
+    for i, scale in enumerate(scales.tolist()):
+        assert np.isfinite(scale) == (i < len(good)), i
+    assert not kept.refused(scales[: len(good)].numpy())
+    assert all(kept.refused(scales[i : i + 1].numpy()) for i in range(len(good), len(maps)))
+    checked_codes, checked_scales = kept.encode(maps[: len(good)], signed=signed)
+    assert torch.equal(codes[: len(good)], checked_codes) and torch.equal(scales[: len(good)], checked_scales)
+
+
+def test_a_pass_on_a_device_refuses_bad_kept_maps_when_it_reads_them(model, monkeypatch):
+    """On a device's route (no read per batch) a kept map that encode refuses stops the
+    comparison with one clear error when the kept maps are read, at the end of the pass."""
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    blocks = accumulator._ReportRows.blocks
+    # the kept rows' maps made negative, as a view coded as non-negative must never be
+    monkeypatch.setattr(accumulator._ReportRows, "blocks", lambda rows, pattern: blocks(rows, pattern) - 0.5)
+    with pytest.raises(ValueError, match="maps to keep hold NaN or infinite values .or an unsigned view negative"):
+        attnlens.compare(model, "papa", corpus=TEXTS, max_len=MAX_LEN, progress=False)
 
 
 def test_segments_of_pairs():
