@@ -77,18 +77,19 @@ def encode(
     that is not finite or, unsigned, a negative one (below ``-1e-6``), gets a scale that is not
     finite (its codes mean nothing): ``check=True`` raises ``ValueError`` for it, reading the
     scales; ``check=False`` leaves the scales to the caller, who reads them later
-    (:func:`refused`; a pass on a device reads nothing per batch). One reduction a map finds its
-    scale and whether it is refused (the largest magnitude, or the least and largest values)."""
+    (:func:`refused`; a pass on a device reads nothing per batch). Its reductions find each map's
+    scale and whether it is refused at once (the largest magnitude, or the least and largest values)."""
     values = maps.detach().float()
     if signed:
         top = values.abs().amax(dim=(-2, -1))  # NaN or infinite anywhere: not finite
         scale = top / 127
-        steps = (values / _nonzero(scale)[..., None, None]).round().clamp(-127, 127)
-        codes = (steps + SIGNED_ZERO).to(torch.uint8)
+        steps = (values / _nonzero(scale)[..., None, None]).round_().clamp_(-127, 127)  # in place: no new maps
+        codes = steps.add_(SIGNED_ZERO).to(torch.uint8)
     else:
-        low, top = torch.aminmax(values.flatten(-2), dim=-1)  # a NaN propagates to both
+        # a NaN propagates to both (torch.aminmax, one kernel, is 10x slower on a CPU)
+        low, top = values.amin(dim=(-2, -1)), values.amax(dim=(-2, -1))
         scale = torch.where(low < -NEGATIVE, torch.nan, top.clamp_min(0) / 255)
-        codes = (values / _nonzero(scale)[..., None, None]).round().clamp(0, 255).to(torch.uint8)
+        codes = (values / _nonzero(scale)[..., None, None]).round_().clamp_(0, 255).to(torch.uint8)
     if check:  # the scales' bounds read (where reads are free: the caller says)
         if not bool(torch.isfinite(top if signed else torch.stack((low, top))).all()):
             raise InputError("attention maps to keep hold NaN or infinite values")
