@@ -96,11 +96,6 @@ def token_texts(tokenizer: Any, tokens: Sequence[str | None]) -> list[str]:
     return texts
 
 
-def token_text(tokenizer: Any, token: str | None) -> str:
-    """:func:`token_texts` of one vocabulary entry."""
-    return token_texts(tokenizer, [token])[0]
-
-
 def punctuation_table(tokenizer: Any, device: str | torch.device = "cpu") -> Bool[Tensor, "vocab"]:
     """Boolean over the vocabulary: is token id ``i`` a punctuation-only token? Cached, on each
     ``device`` it is asked for (a copy to a GPU per batch would make the host wait)."""

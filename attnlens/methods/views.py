@@ -175,11 +175,6 @@ def names(*, constants: bool | None = None, among: Iterable[str] | None = None) 
     return tuple(name for name in kept if among is None or name in set(among))
 
 
-def signed_names() -> frozenset[str]:
-    """The names of the signed views (:attr:`View.signed`)."""
-    return frozenset(name for name, view in REGISTRY.items() if view.signed)
-
-
 def unknown_view(view: Any, *, among: Iterable[str] | None = None, where: str = "") -> InputError:
     """The one "Unknown view" error: what was given, the views that are accepted where it was
     (``among``, default all) and what each is. ``where``: e.g. ``" for HeadDistances"``."""

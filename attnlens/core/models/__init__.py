@@ -59,19 +59,6 @@ def find(model: Any) -> Architecture | None:
         return None
 
 
-def check_class(hf_model: Any) -> Architecture:
-    """:func:`of` for a Hugging Face model, also requiring one of the adapter's classes."""
-    architecture = of(hf_model)
-    name = type(hf_model).__name__
-    if name not in architecture.hf_classes:
-        raise UnsupportedArchitecture(
-            f"Unsupported class {name} for model_type {architecture.model_types[0]!r}: attnlens "
-            f"wraps {', '.join(architecture.hf_classes)} (names and folders are loaded as that "
-            f"class); adapters: {supported()}."
-        )
-    return architecture
-
-
 def resolve_alias(name: str) -> str | None:
     """A local folder for a name an adapter knows (``"smollm2-135m"``), else ``None``."""
     for architecture in ARCHITECTURES:

@@ -36,7 +36,7 @@ from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine import forward, passes
 from attnlens.engine.effective import effective_attention, warn_if_short
-from attnlens.engine.forward import device_of, run_with_hooks, value_hook
+from attnlens.engine.forward import device_of, run_with_hooks
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError
 from attnlens.methods.stats import Statistics
@@ -156,11 +156,6 @@ def kv_heads(model: Any) -> int:
     if architecture is None:
         return int(model.cfg.n_heads)
     return architecture.kv_heads(model.original_model.config)
-
-
-def v_hook_name(model: Any, layer: int) -> str:
-    """Name of the hook point carrying layer ``layer``'s value vectors."""
-    return value_hook(model, layer)
 
 
 def _layers(model: Any, layers: Iterable[int] | None) -> list[int]:

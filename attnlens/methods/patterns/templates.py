@@ -438,12 +438,6 @@ def _cast_terms(terms: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     return terms[key]
 
 
-def check_rows(pattern: Tensor, positions: Positions, view: str = "standard") -> None:
-    """A ``view`` map (standard or PAPA) is a distribution over its visible keys
-    (:func:`attnlens.methods.patterns.maps_check.check_maps`)."""
-    check_maps(pattern, positions.key_mask, view=view, signed=False, causal=positions.causal)
-
-
 def classify(
     pattern: Float[Tensor, "batch head query key"] | Float[Tensor, "head query key"] | Float[Tensor, "query key"],
     *,
