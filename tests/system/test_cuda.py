@@ -23,7 +23,11 @@ import torch
 
 import attnlens
 from attnlens import papa
+from attnlens.evaluation.probing import LinearBaseline
+from attnlens.evaluation.probing.baseline import design
+from attnlens.evaluation.probing.features import Features
 from tests.precision import float32_sum_error
+from tests.unit.test_torch_baseline import _features as random_features
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 
@@ -178,3 +182,17 @@ def test_host_tensors_reach_the_gpu_in_one_copy():
     assert len({leaf.untyped_storage().data_ptr() for leaf in leaves}) == 1
     assert torch.equal(moved["mask"].cpu(), tree["mask"]) and torch.equal(moved["ids"][0].cpu(), tree["ids"][0])
     assert torch.equal(moved["chance"].cpu(), tree["chance"])
+
+
+def test_features_on_a_gpu_are_fitted_there_by_default():
+    """The linear baseline of features on a GPU: the torch solver there, the choice and the
+    predictions of the same fit on the CPU (tests/unit/test_torch_baseline.py has the rest)."""
+    features, labels = random_features("words")
+    on_gpu = Features(features.vectors.cuda(), features.lengths.cuda(), features.positions.cuda(),
+                      features.n_words.cuda(), features.kind, features.max_len)
+    baseline = LinearBaseline(grid=[0.01, 0.1, 1.0]).fit(on_gpu, labels)
+    assert baseline.solver_ == "torch" and baseline.model.coef.device.type == "cuda"
+    assert design(on_gpu, tensor=True).device.type == "cuda"
+    on_cpu = LinearBaseline(grid=[0.01, 0.1, 1.0], solver="torch").fit(features, labels)
+    assert baseline.C == on_cpu.C
+    assert baseline.predict(on_gpu) == on_cpu.predict(features) == baseline.predict(features)

@@ -225,19 +225,6 @@ def test_an_unknown_solver_is_refused():
         LinearBaseline(solver="newton")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_features_on_a_gpu_are_fitted_there_by_default():
-    features, labels = _features("words")
-    on_gpu = Features(features.vectors.cuda(), features.lengths.cuda(), features.positions.cuda(),
-                      features.n_words.cuda(), features.kind, features.max_len)
-    baseline = LinearBaseline(grid=[0.01, 0.1, 1.0]).fit(on_gpu, labels)
-    assert baseline.solver_ == "torch" and baseline.model.coef.device.type == "cuda"
-    assert design(on_gpu, tensor=True).device.type == "cuda"
-    on_cpu = LinearBaseline(grid=[0.01, 0.1, 1.0], solver="torch").fit(features, labels)
-    assert baseline.C == on_cpu.C
-    assert baseline.predict(on_gpu) == on_cpu.predict(features) == baseline.predict(features)
-
-
 def _flat(predictions: list) -> list:
     return [tag for tags in predictions for tag in tags] if predictions and isinstance(predictions[0], list) else predictions
 
