@@ -225,6 +225,13 @@ def test_an_unknown_solver_is_refused():
         LinearBaseline(solver="newton")
 
 
+#: the held-out accuracies' largest gap between the two solvers in the real-task test: both stop at
+#: the same gradient tolerance, not at the optimum, so a held-out word that close to a decision
+#: boundary may go either way (measured: 2 of POS's 503 held-out words at C = 1, 0.004; on the
+#: other tasks none). The issue's criterion is the dev accuracy's gap, at most 0.002.
+HELD_OUT_GAP = 0.005
+
+
 def _flat(predictions: list) -> list:
     return [tag for tags in predictions for tag in tags] if predictions and isinstance(predictions[0], list) else predictions
 
@@ -232,7 +239,9 @@ def _flat(predictions: list) -> list:
 @pytest.fixture
 def one_torch_thread():
     """L-BFGS on a few hundred rows is a chain of small products: with more torch threads than
-    cores (OMP_NUM_THREADS=4 on 2 cores) each waits for the others (39 s instead of 11 s)."""
+    cores (OMP_NUM_THREADS=4 on 2 cores) each waits for the others (39 s instead of 11 s). The
+    real-task test adds ``single_blas_thread`` for scikit-learn's lbfgs, whose BLAS does the same
+    (its NER and POS fits 24 s and 34 s instead of 3 s and 5 s at 4 threads)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -240,18 +249,20 @@ def one_torch_thread():
 
 
 @pytest.mark.slow
-def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_torch_thread):
-    """SST-2 (sequences: 300 train, 200 dev) and CoNLL-2003 NER (words: 150 train sentences,
-    100 dev, 1,537 words) with MiniLM's features: the same C chosen, the same held-out scores,
-    dev accuracies within 0.002 (issue 58). On these sizes one prediction of SST-2 is 0.005, so
-    the accuracies must be equal there; measured: equal on both, and no prediction differs (with
-    400 / 300 SST-2 and 200 / 150 NER examples too; on POS, 200 / 150 sentences, 2 of 2,321
-    words differ, the accuracies equal). The fit seconds of each solver are printed (``-s``)."""
+def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_torch_thread, single_blas_thread):
+    """Every task of the default curve with MiniLM's features: SST-2 and CoLA (sequences: 300
+    train, 200 dev), MRPC (pairs: 200, 150), CoNLL-2003 NER and UD POS (words: 150 train
+    sentences, 100 dev): the same C chosen, held-out scores within :data:`HELD_OUT_GAP`, dev
+    accuracies within 0.002 (issue 58). On these sizes one prediction of a sentence task is
+    0.005 or more, so its accuracies must be equal; measured: no prediction differs on SST-2,
+    CoLA, MRPC and NER, and POS's dev accuracies are 0.0007 apart (1 thread; 2 of 2,321 words
+    differ at 200 / 150 sentences). The fit seconds of each solver are printed (``-s``)."""
     from attnlens.evaluation import probing, tasks
 
     data_file("sst2/train.tsv")
     data_file("conll2003/train.txt")
-    for name, train_size, dev_size in (("sst2", 300, 200), ("ner", 150, 100)):
+    for name, train_size, dev_size in (("sst2", 300, 200), ("cola", 300, 200), ("mrpc", 200, 150),
+                                       ("ner", 150, 100), ("pos", 150, 100)):
         train = tasks.load(name, "train", data_dir=DATA, limit=train_size, seed=0)
         dev = tasks.load(name, "dev", data_dir=DATA, limit=dev_size, seed=0)
         # the session's feature cache: SST-2's are the pruning test's (tests/unit/test_ablation.py)
@@ -263,7 +274,7 @@ def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_to
             fitted[solver] = LinearBaseline(solver=solver).fit(train_features, train.labels())
             seconds[solver] = time.perf_counter() - started
         reference, ours = fitted["sklearn"], fitted["torch"]
-        assert ours.C == reference.C and ours.held_out == pytest.approx(reference.held_out, abs=0.002)
+        assert ours.C == reference.C and ours.held_out == pytest.approx(reference.held_out, abs=HELD_OUT_GAP)
         gap = ours.score(dev_features, dev.labels()) - reference.score(dev_features, dev.labels())
         differ = sum(a != b for a, b in zip(np.ravel(_flat(ours.predict(dev_features))),
                                             np.ravel(_flat(reference.predict(dev_features))), strict=True))
