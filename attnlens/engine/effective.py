@@ -71,8 +71,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from jaxtyping import Bool, Float
@@ -131,9 +133,6 @@ def warn_if_short(n_longer: int, d_head: int) -> None:
 def _caller_level() -> int:
     """The ``stacklevel`` of the first frame outside attnlens (and run-time type checkers), so
     a warning points at the user's line."""
-    import sys
-    from pathlib import Path
-
     package = str(Path(__file__).resolve().parents[1])
     frame, level = sys._getframe(1), 1
     while frame is not None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import numpy as np
+
 from attnlens.core.plots import score_bars
 from attnlens.core.result import Result, frame, plain
 from attnlens.errors import InputError
@@ -125,8 +127,6 @@ class LMScore(Result):
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> LMScore:
-        import numpy as np
-
         interval, counts = data.get("interval"), data.get("counts")
         if data["kind"] not in NAMES:
             raise ValueError(f"kind {data['kind']!r} is none of {', '.join(NAMES)}")

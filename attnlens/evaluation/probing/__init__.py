@@ -16,6 +16,7 @@ on the train features and scores its predictions on the evaluation split with th
 
 from __future__ import annotations
 
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -499,8 +500,6 @@ def choose_epochs(features: Features, labels: list, settings: dict, *, task: str
 
 
 def _std(values: list[float]) -> float:
-    import statistics
-
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 

@@ -7,13 +7,14 @@ and :class:`attnlens.evaluation.probing.LinearBaseline`; its score is an
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from typing import Any, SupportsIndex
 
 import torch
 from jaxtyping import Float
-from torch import Tensor
+from torch import Tensor, nn
 
 from attnlens.core import checks, devices
 from attnlens.core.estimator import Estimator
@@ -91,8 +92,6 @@ class MLMHead(Estimator):
     def fit(self, features: Features, vocab_size: int) -> MLMHead:
         """Train on masked-token ``features`` (their :attr:`~Features.positions` are the
         targets) over a vocabulary of ``vocab_size`` tokens; returns ``self``."""
-        from torch import nn
-
         if features.kind != "masked":
             raise InputError(f"an MLM head trains on masked-token features, got {features.kind!r} ones.")
         inputs = features.vectors.flatten(1)
@@ -148,8 +147,6 @@ class MLMHead(Estimator):
 
     def save(self, path: Any) -> Any:
         """Write the fitted head to one safetensors file (atomically, with a checksum)."""
-        import json
-
         if self.network is None:
             raise NotFittedError("this MLMHead is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
@@ -161,10 +158,6 @@ class MLMHead(Estimator):
     @classmethod
     def load(cls, path: Any) -> MLMHead:
         """Read a head written by :meth:`save` (one ``ValueError`` for a damaged or foreign file)."""
-        import json
-
-        from torch import nn
-
         metadata, tensors = read_checked(path, what="MLM head", format=HEAD_FORMAT)
         if set(tensors) != {"0.weight", "0.bias", "2.weight", "2.bias"} or not all(
             checks.all_finite(value) for value in tensors.values()

@@ -45,6 +45,7 @@ probes of one shape (seeds, points of a task) train as one stacked model with
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -407,8 +408,6 @@ class PapaProbe(Estimator):
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the fitted probe to one safetensors file (atomically, with a checksum)."""
-        import json
-
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; nothing to save.")
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
@@ -421,8 +420,6 @@ class PapaProbe(Estimator):
     @classmethod
     def load(cls, path: str | os.PathLike) -> PapaProbe:
         """Read a probe written by :meth:`save` (``ValueError`` for a damaged or foreign file)."""
-        import json
-
         metadata, tensors = read_checked(path, what="probe", format=FORMAT)
         if not all(all_finite(value) for value in tensors.values()):
             raise InputError(f"probe file {path} holds non-finite weights.")
