@@ -251,7 +251,7 @@ def one_torch_thread():
 @pytest.mark.slow
 def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_torch_thread, single_blas_thread):
     """Every task of the default curve with MiniLM's features: SST-2 and CoLA (sequences: 300
-    train, 200 dev), MRPC (pairs: 200, 150), CoNLL-2003 NER and UD POS (words: 150 train
+    train, 200 dev), MRPC (pairs: 200, 150), CoNLL-2003 NER and POS (words: 150 train
     sentences, 100 dev): the same C chosen, held-out scores within :data:`HELD_OUT_GAP`, dev
     accuracies within 0.002 (issue 58). On these sizes one prediction of a sentence task is
     0.005 or more, so its accuracies must be equal; measured: no prediction differs on SST-2,
