@@ -227,8 +227,8 @@ def test_an_unknown_solver_is_refused():
 
 #: the held-out accuracies' largest gap between the two solvers in the real-task test: both stop at
 #: the same gradient tolerance, not at the optimum, so a held-out word that close to a decision
-#: boundary may go either way (measured: 2 of POS's 503 held-out words at C = 1, 0.004; on the
-#: other tasks none). The issue's criterion is the dev accuracy's gap, at most 0.002.
+#: boundary may go either way (measured: up to 2 of POS's 503 held-out words, 0.004, at C = 1;
+#: on the other tasks none). The issue's criterion is the dev accuracy's gap, at most 0.002.
 HELD_OUT_GAP = 0.005
 
 
