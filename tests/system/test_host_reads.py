@@ -48,7 +48,7 @@ from attnlens.methods import effective
 from tests import tiny
 
 #: batches of the shorter run; the longer runs twice as many
-N_BATCHES = 8
+N_BATCHES = 4
 BATCH = 8
 MAX_LEN = 32
 #: host reads of the model's own forward per batch: none for an encoder behind the seam, whose
