@@ -222,9 +222,10 @@ _FINGERPRINTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.Conte
 def fingerprints_kept() -> Iterator[None]:
     """Inside the block, :func:`weights_fingerprint` computes each model's fingerprint once: for
     a job that does not change the weights it runs with (``compare``: its fit's pass and its
-    comparison's, the constants' checks), where each pass's header and each check would sample
-    and hash every parameter again (on a GPU, a wait for the device each). A block inside
-    another keeps the outer one's fingerprints."""
+    comparison's, the constants' checks; ``papa.fit``; a curve or a table: every point's feature
+    extractions, their cache keys and their passes' headers; a probing run; an extraction),
+    where each pass's header and each check would sample and hash every parameter again (on a
+    GPU, a wait for the device each). A block inside another keeps the outer one's fingerprints."""
     if _FINGERPRINTS.get() is not None:
         yield
         return

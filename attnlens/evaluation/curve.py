@@ -28,6 +28,7 @@ import pandas as pd
 from attnlens.core import seam
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
+from attnlens.core.loading import fingerprints_kept
 from attnlens.core.notebook import curve_html
 from attnlens.core.plots import papa_curve
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
@@ -272,6 +273,7 @@ class Curve(Result):
                    float(data.get("probe_seconds", 0.0)))
 
 
+@fingerprints_kept()  # the weights do not change during a curve: fingerprinted once
 def curve(
     model: Any,
     constants: Any,

@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
+from attnlens.core.loading import fingerprints_kept
 from attnlens.core.plots import papa_table
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError
@@ -170,6 +171,7 @@ def _cell(row: Any) -> str:
     return f"{row.score:.3f} [{row.low:.3f}, {row.high:.3f}]"
 
 
+@fingerprints_kept()  # the weights do not change during a table: fingerprinted once
 def table(model: Any, constants: Any, tasks: Sequence[Any], *, lm_texts: Sequence[str] | None = None,
           **options: Any) -> PapaTable:
     """PAPA's Table 1 of ``model`` (see the module docstring): ``tasks`` (names or tasks),

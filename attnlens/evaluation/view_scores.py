@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnlens.core.loading import fingerprints_kept
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
 from attnlens.methods import interventions
@@ -56,6 +57,7 @@ def view_hooks(model: Any, names: Sequence[str], constants: Any) -> dict[str, An
     return hooks
 
 
+@fingerprints_kept()  # the weights do not change while the views are scored: fingerprinted once
 def view_scores(
     model: Any, names: Sequence[str], constants: Any, *, tasks: Sequence[str],
     lm_texts: Sequence[str] | None, data_dir: Any, train_limit: Any, eval_limit: Any,

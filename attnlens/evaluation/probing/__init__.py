@@ -26,6 +26,7 @@ from typing import Any
 from attnlens.core import devices
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.inputs import default_layout
+from attnlens.core.loading import fingerprints_kept
 from attnlens.core.plots import score_bars
 from attnlens.core.result import Result, frame, plain
 from attnlens.engine.forward import device_of
@@ -219,6 +220,7 @@ def _as_seeds(seeds: Any, seed: int) -> list[int]:
     return chosen
 
 
+@fingerprints_kept()  # the weights do not change during a run: fingerprinted once
 def run(
     model: Any,
     task: Any,
@@ -279,6 +281,7 @@ def run(
                     progress=progress, stacklevel=4)[0]
 
 
+@fingerprints_kept()  # the weights do not change during a run: fingerprinted once
 def run_many(
     model: Any,
     task: Any,

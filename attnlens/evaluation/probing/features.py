@@ -55,7 +55,7 @@ from attnlens.core.checks import all_finite
 from attnlens.core.checks import indices as checked
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Words, by_length, default_layout
-from attnlens.core.loading import model_id, weights_fingerprint
+from attnlens.core.loading import fingerprints_kept, model_id, weights_fingerprint
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
 from attnlens.engine.distributed import world
@@ -315,6 +315,7 @@ def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, la
     return digest.hexdigest()[:32]
 
 
+@fingerprints_kept()  # the cache key's fingerprint and the pass's header: computed once
 def extract(
     model: Any,
     examples: Sequence,

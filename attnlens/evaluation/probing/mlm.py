@@ -20,7 +20,7 @@ from attnlens.core import checks, devices
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Batch
-from attnlens.core.loading import model_id, require_bridge
+from attnlens.core.loading import fingerprints_kept, model_id, require_bridge
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.batches import progress_bar
 from attnlens.engine.forward import FwdHooks
@@ -171,6 +171,7 @@ class MLMHead(Estimator):
         return head
 
 
+@fingerprints_kept()  # the weights do not change during a probe: fingerprinted once
 def probe(
     model: Any,
     texts: Sequence[str],
