@@ -71,6 +71,8 @@ transformers, TransformerLens, plotly and pandas are imported by the jobs, once 
 from __future__ import annotations
 
 import argparse
+import datetime
+import gc
 import os
 import sys
 import warnings
@@ -156,7 +158,6 @@ def _start_distributed(device: str | None = None) -> bool:
     started it (and so must end it)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return False
-    import datetime
 
     import torch
     import torch.distributed as dist
@@ -198,8 +199,6 @@ def _run(args: argparse.Namespace, debug: bool) -> int:
         )
     finally:
         if started:
-            import gc
-
             import torch.distributed as dist
 
             dist.destroy_process_group()

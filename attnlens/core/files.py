@@ -12,10 +12,12 @@ writer left behind.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import stat
 import tempfile
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -132,16 +134,12 @@ CHECKSUM_PREFIX = "attnlens-sha256-v2 "
 
 
 def _sha256(text: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(text).hexdigest()
 
 
 def tensor_checksum(tensors: Mapping[str, Any]) -> str:
     """``"sha256:<hex>"`` of tensors' names, dtypes, shapes and bytes (in name order): a
     fingerprint of tensors (cache keys use it; files store :func:`file_checksum`)."""
-    import hashlib
-
     digest = hashlib.sha256()
     for name in sorted(tensors):
         tensor = tensors[name].detach().cpu().contiguous()
@@ -188,8 +186,6 @@ def verify_checksum(path: str | os.PathLike, metadata: Mapping[str, str], tensor
     the tensors are still verified) whose metadata cannot be verified. Saving such a file again
     (load it, then ``save``; or rerun the command that wrote it) adds the full checksum.
     """
-    import warnings
-
     recorded = metadata.get(CHECKSUM_KEY)
     if recorded is None:
         warnings.warn(

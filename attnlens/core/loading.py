@@ -12,8 +12,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import hashlib
+import json
 import os
+import pickle
 import warnings
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -354,8 +357,6 @@ def _official_name(name: str) -> str:
 
 
 def _damaged(folder: Path, error: BaseException) -> ModelFilesError:
-    import pickle
-
     reason = " ".join(str(error).split())[:160] or type(error).__name__
     if isinstance(error, pickle.UnpicklingError) or "weights_only" in reason:
         # torch's own text goes on to suggest weights_only=False, which would run the file's code
@@ -430,8 +431,6 @@ def checkpoint_keys(folder: str | os.PathLike) -> set[str] | None:
     """The parameter names stored in the weights of the model folder ``folder``, read from the
     files transformers loads (a sharded index, ``model.safetensors``, ``pytorch_model.bin``),
     without reading the tensors; ``None`` when there are no weight files or they cannot be read."""
-    import json
-
     folder = Path(folder)
     try:
         for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
@@ -496,9 +495,6 @@ def _cached_snapshot(name: str) -> Path | None:
 
 def _weights_error(error: BaseException) -> bool:
     """Whether ``error`` (or what it wraps) comes from reading weights: safetensors, pickle, zip."""
-    import pickle
-    import zipfile
-
     while error is not None:
         kind = type(error)
         if (

@@ -10,8 +10,10 @@ which progress bar to draw. A comparison's view and its figures are
 from __future__ import annotations
 
 import html
+import importlib.util
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -75,9 +77,6 @@ def quiet_tqdm_auto() -> None:
     uses it later (transformers' weight loading, the Hugging Face hub); called when attnlens is
     imported in a kernel. Nothing happens elsewhere, with ``ipywidgets``, or once ``tqdm.auto``
     was imported (its choice is made then)."""
-    import importlib.util
-    import warnings
-
     if not in_notebook() or "tqdm.autonotebook" in sys.modules:
         return
     try:

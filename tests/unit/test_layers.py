@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import importlib
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -285,6 +286,40 @@ def test_the_deferral_check_catches_a_planted_import():
     found, _ = imports_of(source, "attnlens.cli.planted", "attnlens/cli/planted.py", modules)
     assert needless_deferrals(found) == []
 
+
+
+#: standard-library modules a function may import, and why; every other one sits at the top of
+#: its file (importing it costs nothing a reader should wait to see)
+DEFERRED_STANDARD = {
+    "pydoc_data.topics": "a megabyte of Python's help texts, read only for the fallback corpus",
+}
+
+
+def deferred_standard_imports(source: str, path: str) -> list[str]:
+    """The standard library's modules imported inside a function of ``source``, but those of
+    :data:`DEFERRED_STANDARD`."""
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path}:{node.lineno} imports {name} inside {function.name}" for name in names
+                      if name.split(".")[0] in sys.stdlib_module_names and name not in DEFERRED_STANDARD]
+    return sorted(set(found))
+
+
+def test_the_standard_library_is_imported_at_the_top():
+    found = [line for name, file in modules_of(PACKAGE).items()
+             for line in deferred_standard_imports(file.read_text(encoding="utf-8"), str(file.relative_to(ROOT)))]
+    assert not found, "standard-library imports inside a function (move them to the top):\n" + "\n".join(found)
+    planted = "import os\n\ndef later():\n    import json\n    from pydoc_data.topics import topics\n    return json\n"
+    assert deferred_standard_imports(planted, "planted.py") == ["planted.py:4 imports json inside later"]
 
 # -- the check itself fails ---------------------------------------------------------------------------
 
