@@ -146,15 +146,15 @@ def test_compare_and_fit_fingerprint_their_model_once_and_a_later_call_sees_new_
     assert len(computed) == 5
 
 
-
 def test_a_curve_and_a_probing_run_fingerprint_their_model_once(monkeypatch, tmp_path):
     """``papa.curve`` (a probing run per point: two feature extractions each, their cache keys and
     their passes' headers), ``probing.run`` and ``probing.extract`` sample and hash the weights
     once a call, not once an extraction (this curve: 14 computations without the blocks)."""
     from attnlens.core import loading
     from attnlens.evaluation import probing
-    from tests.conftest import DATA
+    from tests.conftest import DATA, data_file
 
+    data_file("sst2/train.tsv")
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
     model = tiny.bert_bridge()
     constants = papa.fit(model, tiny.CORPUS, max_len=16, progress=False)
@@ -169,6 +169,7 @@ def test_a_curve_and_a_probing_run_fingerprint_their_model_once(monkeypatch, tmp
     assert len(computed) == 2, computed
     probing.extract(model, ["a short text", "another one"], max_len=16, progress=False)
     assert len(computed) == 3, computed
+
 
 def test_is_causal():
     assert is_causal(tiny.gpt2_bridge()) is True
