@@ -46,6 +46,7 @@ from attnlens.evaluation.curve_inputs import (
 )
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing.features import hooks_key
+from attnlens.evaluation.probing.scoring import as_seeds, task_examples
 from attnlens.methods import interventions
 from attnlens.methods.papa import baselines as data_free
 from attnlens.methods.papa.constants import PapaConstants
@@ -369,7 +370,7 @@ def curve(
         raise InputError(f"task {twice[0]!r} is given more than once; give each task once.")
     train_limit = optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     eval_limit = optional_count(eval_limit, "eval_limit", " of evaluated examples (or None for all)")
-    probing._as_seeds(seeds, seed)  # seed and seeds: whole numbers, refused here rather than after a task
+    as_seeds(seeds, seed)  # seed and seeds: whole numbers, refused here rather than after a task
     batch_size = whole_number(batch_size, "batch_size", " of examples per batch (e.g. 32)", minimum=1)
     lambda_steps = whole_number(lambda_steps, "lambda_steps", " of λ training steps", minimum=1)
     lambda_examples = whole_number(lambda_examples, "lambda_examples", " of λ training examples", minimum=1)
@@ -418,8 +419,8 @@ def curve(
         an earlier run of the same settings trained them, else trained (and kept there)."""
         if checkpoint is None:
             return labelled_constants(model, fitted, by_name[name], init, steps=labelled_steps, **options)
-        train = probing._examples(model, by_name[name], data_dir, None, train_limit, eval_limit, seed,
-                                  fitted.max_len, fitted.layout)[0]
+        train = task_examples(model, by_name[name], data_dir, None, train_limit, eval_limit, seed,
+                              fitted.max_len, fitted.layout)[0]
         recipe = {key: value for key, value in options.items() if key not in ("data_dir", "progress")}
         path = points.labelled_path(checkpoint, model, train, init, fitted, {**recipe, "steps": labelled_steps,
                                                                             "lr": LABELLED_LR})
@@ -544,9 +545,9 @@ def curve(
             else:
                 if average is not None and label in baselines:
                     if evaluation is None:  # the dev examples (a point read back has no result)
-                        evaluation = probing._examples(model, by_name[name], data_dir, None, train_limit,
-                                                       eval_limit, seed, by_task[name].max_len,
-                                                       by_task[name].layout)[1]
+                        evaluation = task_examples(model, by_name[name], data_dir, None, train_limit,
+                                                   eval_limit, seed, by_task[name].max_len,
+                                                   by_task[name].layout)[1]
                     versus = points.versus_average(average["runs"], part["runs"], evaluation, seed=seed,
                                                    resamples=first["result"].settings["resamples"])
                 rows.append(dict(task=part["task"], **where, metric=part["metric"], **part["columns"], **versus))

@@ -36,9 +36,10 @@ from attnlens.core.files import read_checked, safetensors_bytes, tensor_checksum
 from attnlens.core.inputs import Words
 from attnlens.core.loading import model_id, weights_fingerprint
 from attnlens.errors import FileFormatError
-from attnlens.evaluation import conventions, probing
+from attnlens.evaluation import conventions
 from attnlens.evaluation.probing import LinearBaseline, ProbeResult, paired
 from attnlens.evaluation.probing.intervals import paired_counts
+from attnlens.evaluation.probing.scoring import task_examples
 
 #: File format of a curve point.
 FORMAT = "attnlens.CurvePoint/2"
@@ -139,9 +140,9 @@ def task_key(model: Any, task: Any, hooks: str, first_hooks: str, options: dict,
     (:func:`attnlens.evaluation.points.key`): its examples, its settings (``options``, the
     point's :func:`attnlens.evaluation.probing.run` arguments before the first point's choices, and
     ``fast``) and, for a later point, the key of its first point (hooks ``first_hooks``)."""
-    train, evaluation, *_ = probing._examples(model, task, options["data_dir"], None, options["train_limit"],
-                                              options["eval_limit"], options["seed"], options["max_len"],
-                                              options["layout"])
+    train, evaluation, *_ = task_examples(model, task, options["data_dir"], None, options["train_limit"],
+                                          options["eval_limit"], options["seed"], options["max_len"],
+                                          options["layout"])
     settings = {name: value for name, value in options.items() if name not in ("data_dir", "progress")}
     settings["fast"] = fast
     first = key(model, train, evaluation, hooks=first_hooks, settings=settings, first=None)

@@ -116,9 +116,9 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
     first, chosen = calls[0][1]["epochs_chosen"], calls[0][1]["baseline_C"]
     linear = calls[0][2].linear
     assert len(calls) == 1 and first is not None and chosen in probing.LinearBaseline().grid
-    # the first point's (probing.run's own call), then one call for the 3 later points
-    assert [len(interventions) for interventions, _, _ in many] == [1, 3]
-    interventions, kwargs, settings = many[1]
+    # one call for the 3 later points (the first point's is probing.run's own, inside its module)
+    assert [len(interventions) for interventions, _, _ in many] == [3]
+    interventions, kwargs, settings = many[0]
     assert kwargs["select_epochs"] is False and kwargs["probe"]["epochs"] == first
     assert kwargs["baseline_C"] == chosen and all(one["baseline_C"] == chosen for one in settings)
     assert kwargs["baseline_start"] is linear and linear is not None  # warm-started from no head replaced
@@ -315,10 +315,7 @@ def test_a_curve_with_a_checkpoint_resumes_at_its_finished_points(minilm, consta
     folder = tmp_path / "points"
     monkeypatch.setattr(probing, "run", real_run)
 
-    def interrupted(*args, done=None, **kwargs):
-        if done is None:  # probing.run's own call: the first point
-            return real_many(*args, **kwargs)
-
+    def interrupted(*args, done, **kwargs):  # the later points' call (the first point's is probing.run's)
         def then_stop(index, result):
             done(index, result)  # the first later point, written
             raise KeyboardInterrupt

@@ -14,6 +14,7 @@ from attnlens.errors import InputError
 from attnlens.evaluation import conventions, probing, tasks
 from attnlens.evaluation.curve import Curve
 from attnlens.evaluation.probing import intervals
+from attnlens.evaluation.probing.result import warn_if_below
 from tests.conftest import DATA
 from tests.holm import holm_loop
 
@@ -137,14 +138,14 @@ def test_a_probe_below_a_baseline_warns_and_says_whether_the_gap_is_noise():
     """Below the linear baseline within noise (the paired interval holds 0), significantly below
     it, below the majority class; above both: no warning."""
     with pytest.warns(probing.ProbeWarning, match=r"linear baseline \(0.8200, within noise"):
-        probing._warn_if_below(_result(0.81, 0.82, 0.5, -0.03, 0.01))
+        warn_if_below(_result(0.81, 0.82, 0.5, -0.03, 0.01))
     with pytest.warns(probing.ProbeWarning, match=r"linear baseline \(0.9000, significantly"):
-        probing._warn_if_below(_result(0.81, 0.90, 0.5, -0.12, -0.06))
+        warn_if_below(_result(0.81, 0.90, 0.5, -0.12, -0.06))
     with pytest.warns(probing.ProbeWarning, match="majority class"):
-        probing._warn_if_below(_result(0.40, 0.30, 0.5, 0.05, 0.15))
+        warn_if_below(_result(0.40, 0.30, 0.5, 0.05, 0.15))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        probing._warn_if_below(_result(0.83, 0.82, 0.5, -0.01, 0.03))
+        warn_if_below(_result(0.83, 0.82, 0.5, -0.01, 0.03))
 
 
 def test_count_intervals_are_the_resampled_ratio_of_sums():

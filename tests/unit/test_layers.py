@@ -431,6 +431,26 @@ def test_one_name_per_module_and_few_deferred_imports():
     assert len(local) <= LOCAL_IMPORTS, "\n".join(local)
 
 
+#: the packages whose ``__init__`` holds code, and why: the package's lazy import of its names,
+#: the command line's parser and ``main`` (the console script's entry point), the registry of
+#: the architectures' files (``models.of(model)``)
+INIT_WITH_CODE = {"attnlens/__init__.py", "attnlens/cli/__init__.py", "attnlens/core/models/__init__.py"}
+
+
+def test_a_package_gathers_names_and_its_modules_hold_the_code():
+    """A package's ``__init__`` is its docstring, its imports, ``__all__`` and constants; what it
+    computes lives in a module of its own (one idea per module: ``probing.run`` in
+    ``probing/scoring.py``, its result in ``probing/result.py``), but for :data:`INIT_WITH_CODE`."""
+    with_code = {}
+    for path in sorted(PACKAGE.rglob("__init__.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined = [node.name for node in tree.body
+                   if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        if defined:
+            with_code[str(path.relative_to(ROOT))] = defined
+    assert set(with_code) == INIT_WITH_CODE, with_code
+
+
 def test_the_public_facades_are_names_only():
     """``attnlens.papa`` and ``attnlens.ablation`` gather names; no module-level ``__getattr__``
     hands out modules of before the layers (one name per module), and a name they lack is an
