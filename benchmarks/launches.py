@@ -58,7 +58,7 @@ from attnlens.core import devices, seam
 from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import by_length, tokenize
 from attnlens.engine.accumulator import _on_host
-from attnlens.engine.batches import _stage
+from attnlens.engine.batches import stage_batch
 from attnlens.engine.forward import check_hooks, check_token_ids, run_patterns
 from attnlens.evaluation import probing
 from attnlens.methods import effective
@@ -88,7 +88,7 @@ BYTES_SIZE = (32, 128)
 #: rows' columns and tokens (found on the host copy, moved in one copy): CPU tensors on any
 #: device, so none of their operators is a GPU launch
 HOST = frozenset(inspect.unwrap(function).__code__ for function in (
-    _stage, tokenize, check_hooks, check_token_ids, _on_host, _row_tokens, _ReportRows.of.__func__))
+    stage_batch, tokenize, check_hooks, check_token_ids, _on_host, _row_tokens, _ReportRows.of.__func__))
 
 
 class Launches(TorchDispatchMode):

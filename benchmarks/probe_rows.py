@@ -57,7 +57,7 @@ def main() -> None:
     args, device, features = mrpc_benchmark(__doc__.splitlines()[0], repeats=5)
     vectors = features.vectors
     standardizer = PapaProbe()  # a probe whose network receives the statistics, as in fit
-    standardizer.network = probe._Network(7, 384, 384, 2, 128, True, 0.1)
+    standardizer.network = probe.ProbeNetwork(7, 384, 384, 2, 128, True, 0.1)
     targets = torch.zeros(len(features), dtype=torch.long)
     print(f"features: {len(features)} examples, {vectors.shape[0]:,} vectors of {vectors.shape[1]} x "
           f"{vectors.shape[2]} (float16, {vectors.numel() * 2 / 1e9:.2f} GB), {torch.get_num_threads()} thread(s)")

@@ -54,16 +54,16 @@ class HeadSet:
 
     @classmethod
     def all(cls, n_layers: int, n_heads: int) -> HeadSet:
-        return cls(torch.ones(*_sizes(n_layers, n_heads), dtype=torch.bool), strategy="all")
+        return cls(torch.ones(*checked_sizes(n_layers, n_heads), dtype=torch.bool), strategy="all")
 
     @classmethod
     def none(cls, n_layers: int, n_heads: int) -> HeadSet:
-        return cls(torch.zeros(*_sizes(n_layers, n_heads), dtype=torch.bool), strategy="none")
+        return cls(torch.zeros(*checked_sizes(n_layers, n_heads), dtype=torch.bool), strategy="none")
 
     @classmethod
     def from_heads(cls, heads: Iterable[tuple[int, int]], n_layers: int, n_heads: int) -> HeadSet:
         """From ``(layer, head)`` pairs, kept in the given order."""
-        n_layers, n_heads = _sizes(n_layers, n_heads)
+        n_layers, n_heads = checked_sizes(n_layers, n_heads)
         pairs = "heads must be (layer, head) pairs of whole numbers, e.g. [(0, 3), (5, 11)]"
         if isinstance(heads, str | bytes | Tensor) or not isinstance(heads, Iterable):
             raise InputTypeError(f"{pairs}; got {describe(heads)}.")
@@ -116,14 +116,14 @@ def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
     float just below it), and the product is rounded exactly: ``0.145`` of 100 heads is 15.
     """
     fraction = finite(fraction, "fraction", low=0.0, high=1.0)
-    n_layers, n_heads = _sizes(n_layers, n_heads)
+    n_layers, n_heads = checked_sizes(n_layers, n_heads)
     exact = Fraction(repr(float(fraction))) * n_layers * n_heads
     return math.floor(exact + Fraction(1, 2))
 
 
 
 
-def _sizes(n_layers: int, n_heads: int) -> tuple[int, int]:
+def checked_sizes(n_layers: int, n_heads: int) -> tuple[int, int]:
     """``n_layers`` and ``n_heads`` as whole numbers of at least 1 (:mod:`attnlens.core.checks`)."""
     return (whole_number(n_layers, "n_layers", " of layers", minimum=1),
             whole_number(n_heads, "n_heads", " of heads per layer", minimum=1))

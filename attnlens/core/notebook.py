@@ -21,27 +21,27 @@ from typing import Any
 SHOWN_ROWS = 12
 
 
-_STYLE = (
+STYLE = (
     "font-family: system-ui, sans-serif; font-size: 0.85rem; line-height: 1.35; "
     "border-collapse: collapse"
 )
 
 
-def _escape(value: Any) -> str:
+def escape(value: Any) -> str:
     return html.escape(str(value))
 
 
-def _items(rows: Sequence[tuple[str, Any]]) -> str:
+def items_table(rows: Sequence[tuple[str, Any]]) -> str:
     """``<table>`` of ``(name, value)`` rows: the metadata block of every summary."""
     cells = "".join(
-        f'<tr><th style="text-align: left; padding: 1px 12px 1px 0">{_escape(name)}</th>'
-        f'<td style="text-align: left; padding: 1px 0">{_escape(value)}</td></tr>'
+        f'<tr><th style="text-align: left; padding: 1px 12px 1px 0">{escape(name)}</th>'
+        f'<td style="text-align: left; padding: 1px 0">{escape(value)}</td></tr>'
         for name, value in rows
     )
-    return f'<table style="{_STYLE}">{cells}</table>'
+    return f'<table style="{STYLE}">{cells}</table>'
 
 
-def _frame(frame: Any, rows: int = SHOWN_ROWS) -> str:
+def frame_html(frame: Any, rows: int = SHOWN_ROWS) -> str:
     """The first ``rows`` rows of a DataFrame as HTML (4 decimals), and how many were left."""
     shown = frame.head(rows).to_html(
         index=False, border=0, float_format=lambda value: f"{value:.4f}", na_rep=""
@@ -51,10 +51,10 @@ def _frame(frame: Any, rows: int = SHOWN_ROWS) -> str:
     return f'<div style="font-size: 0.8rem">{shown}</div>{note}'
 
 
-def _box(title: str, body: str) -> str:
+def summary_box(title: str, body: str) -> str:
     return (
-        f'<div class="attnlens-summary" style="{_STYLE}"><div style="font-weight: 600">'
-        f"{_escape(title)}</div>{body}</div>"
+        f'<div class="attnlens-summary" style="{STYLE}"><div style="font-weight: 600">'
+        f"{escape(title)}</div>{body}</div>"
     )
 
 
@@ -107,7 +107,7 @@ def constants_html(constants: Any) -> str:
     pairs = {None: "unknown", True: "sentence pairs", False: "single sentences"}[constants.pairs]
     causal = {None: "unknown", True: "decoder", False: "encoder"}[constants.causal]
     rows += [("inputs", pairs), ("model kind", causal)]
-    return _box(title, _items(rows))
+    return summary_box(title, items_table(rows))
 
 
 def headset_html(heads: Any) -> str:
@@ -125,7 +125,7 @@ def headset_html(heads: Any) -> str:
         f"L{layer:<3}" + "".join("■" if selected else "·" for selected in mask[layer])
         for layer in range(n_layers)
     )
-    return _box("HeadSet", _items(rows) + f'<pre style="margin: 4px 0; line-height: 1.1">{_escape(grid)}</pre>')
+    return summary_box("HeadSet", items_table(rows) + f'<pre style="margin: 4px 0; line-height: 1.1">{escape(grid)}</pre>')
 
 
 def curve_html(curve: Any) -> str:
@@ -133,5 +133,5 @@ def curve_html(curve: Any) -> str:
     tasks = ", ".join(dict.fromkeys(curve.table["task"]))
     rows = [("tasks", tasks), ("points", len(curve.table)),
             ("time", f"{curve.seconds:.0f} s ({curve.forward_seconds:.0f} s extracting features)")]
-    body = _items(rows) + _frame(curve.table) + "<div>figure: <code>curve.figure()</code></div>"
-    return _box("PAPA curve", body)
+    body = items_table(rows) + frame_html(curve.table) + "<div>figure: <code>curve.figure()</code></div>"
+    return summary_box("PAPA curve", body)

@@ -1,7 +1,7 @@
 """The batches of a pass, on the host: the corpus read lazily in consecutive lists
 (:func:`chunks`) in the pass's order (:func:`pass_order`: the corpus's, or by length), each list
-tokenized and counted (:func:`_stage`), one batch ahead in a worker thread off the CPU
-(:func:`_ahead`); and the progress bar that counts them (:func:`progress_bar`).
+tokenized and counted (:func:`stage_batch`), one batch ahead in a worker thread off the CPU
+(:func:`staged_ahead`); and the progress bar that counts them (:func:`progress_bar`).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def _length_order(tokenizer: Any, examples: list) -> list[int] | None:
 
 
 @dataclass
-class _Staged:
+class Staged:
     """The host side of one batch: the corpus ``indices`` and examples (``chunk``) of its rows,
     the tokenized ``batch`` and its counts (``numbers``: examples, real tokens, truncated,
     pairs, longest), read off host tensors."""
@@ -125,7 +125,7 @@ class _Staged:
     numbers: dict[str, Any]
 
 
-def _stage(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool, multiple: int = 1) -> _Staged:
+def stage_batch(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool, multiple: int = 1) -> Staged:
     """Tokenize and count ``pairs`` (``(corpus index, example)``) on the host (no device tensor
     is read); safe to run in a worker thread, since it touches no accumulator."""
     indices, chunk = [index for index, _ in pairs], [example for _, example in pairs]
@@ -138,17 +138,17 @@ def _stage(model: Any, pairs: list, *, max_len: int, layout: str, compact: bool,
     lengths = batch.attention_mask.sum(-1)
     numbers = {"examples": len(batch), "tokens": int(lengths.sum()), "truncated": int(batch.n_truncated),
                "pairs": bool(batch.is_pair), "longest": int(lengths.max())}
-    return _Staged(indices, chunk, batch, numbers)
+    return Staged(indices, chunk, batch, numbers)
 
 
-def _ahead(device: torch.device, stage: Callable[[list], _Staged]) -> Callable[[Iterable[list]], Iterator[_Staged]]:
+def staged_ahead(device: torch.device, stage: Callable[[list], Staged]) -> Callable[[Iterable[list]], Iterator[Staged]]:
     """``stage`` over chunks of a corpus: in line on a CPU (its cores run the forward), one chunk
     ahead in a worker thread on another device (concurrent.futures), so that the host prepares
     batch k + 1 while the device runs batch k."""
-    def inline(parts: Iterable[list]) -> Iterator[_Staged]:
+    def inline(parts: Iterable[list]) -> Iterator[Staged]:
         return map(stage, parts)
 
-    def threaded(parts: Iterable[list]) -> Iterator[_Staged]:
+    def threaded(parts: Iterable[list]) -> Iterator[Staged]:
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="attnlens-input") as pool:
             pending = None
             for part in parts:

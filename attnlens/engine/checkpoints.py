@@ -1,9 +1,9 @@
 """Checkpoints of a pass, and the signals that write one: a pass with ``checkpoint=`` writes its
 accumulators' state and its counts atomically (:func:`save_checkpoint`, safetensors with a
-checksum) every few batches, at an interrupt (Ctrl-C, SIGTERM: :class:`_Signals`) and at the end;
-run again, it resumes (:func:`_resume`) only the same model, settings, world size and corpus (a
+checksum) every few batches, at an interrupt (Ctrl-C, SIGTERM: :class:`InterruptingSignals`) and at the end;
+run again, it resumes (:func:`resume`) only the same model, settings, world size and corpus (a
 fingerprint of the examples consumed is recorded), or a longer corpus that starts with them
-(:class:`_Tail`). Under ``torch.distributed`` each rank writes its own file
+(:class:`Tail`). Under ``torch.distributed`` each rank writes its own file
 (:func:`checkpoint_path`).
 """
 
@@ -39,7 +39,7 @@ from attnlens.errors import DamagedFileError, FileFormatError, InputError
 CHECKPOINT_FORMAT = "attnlens.pass/1"
 
 
-class _Fingerprint:
+class CorpusFingerprint:
     """A running SHA-256 of the examples of a corpus, in order."""
 
     def __init__(self) -> None:
@@ -85,11 +85,11 @@ def check_world_size(checkpoint: str | os.PathLike, current: World) -> None:
 
 def save_checkpoint(
     path: Path, accumulators: Sequence[Accumulator], counts: dict[str, Any], header: dict[str, Any],
-    tail: _Tail | None = None,
+    tail: Tail | None = None,
 ) -> None:
     """Write every accumulator's state and the pass's counts atomically to ``path``; with
     ``tail``, also the state and counts at the start of the unfinished last unit of the pass
-    (:class:`_Tail`: tensors ``@tail/<name>/<key>``, metadata ``tail``)."""
+    (:class:`Tail`: tensors ``@tail/<name>/<key>``, metadata ``tail``)."""
     tensors: dict[str, Tensor] = {}
     for accumulator in accumulators:
         for key, value in accumulator.state_dict().items():
@@ -139,8 +139,8 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
 
 def _restore(
     path: Path, accumulators: Sequence[Accumulator], header: dict[str, Any]
-) -> tuple[dict[str, Any], _Tail | None]:
-    """Load a checkpoint's states into ``accumulators``; its counts and its :class:`_Tail` (or
+) -> tuple[dict[str, Any], Tail | None]:
+    """Load a checkpoint's states into ``accumulators``; its counts and its :class:`Tail` (or
     None). Refuses another setting."""
     meta, tensors = read_checkpoint(path)
     saved = {"order": "corpus", **meta["header"]}  # checkpoints before passes by length ran in corpus order
@@ -168,8 +168,8 @@ def _restore(
                 name, _, rest = key[len(TAIL):].rpartition("/")
                 states.setdefault(name, {})[rest] = value
         saved = meta["tail"]
-        tail = _Tail(saved["counts"], states, saved["accumulators"], saved["size"],
-                     recorded=(saved["indices"], saved["examples"]))
+        tail = Tail(saved["counts"], states, saved["accumulators"], saved["size"],
+                    recorded=(saved["indices"], saved["examples"]))
     return meta["counts"], tail
 
 
@@ -178,7 +178,7 @@ TAIL = "@tail/"
 
 
 @dataclass
-class _Tail:
+class Tail:
     """The state of a pass at the start of its last unit of examples when that unit is
     unfinished: the corpus ended inside it (a batch shorter than ``batch_size`` in corpus order,
     a window shorter than ``BY_LENGTH_BATCHES * batch_size`` by length). A checkpoint written
@@ -204,12 +204,12 @@ class _Tail:
         if self.recorded is not None and not self.unit:
             return self.recorded
         ordered = sorted(self.unit, key=lambda pair: pair[0])
-        fingerprint = _Fingerprint()
+        fingerprint = CorpusFingerprint()
         fingerprint.update([example for _, example in ordered])
         return [index for index, _ in ordered], fingerprint.hexdigest()
 
     @classmethod
-    def take(cls, accumulators: Sequence[Accumulator], counts: dict[str, Any], corpus: str, size: int) -> _Tail:
+    def take(cls, accumulators: Sequence[Accumulator], counts: dict[str, Any], corpus: str, size: int) -> Tail:
         """The current state (copied to the host: once per pass, at the start of its last unit)."""
         return cls({**counts, "corpus": corpus},
                    {a.name: {key: value.detach().to("cpu", copy=True) for key, value in a.state_dict().items()}
@@ -224,7 +224,7 @@ class _Tail:
         return dict(self.counts)
 
 
-class _Signals:
+class InterruptingSignals:
     """Inside it, SIGTERM (what ``timeout``, Slurm and ``docker stop`` send) raises
     ``KeyboardInterrupt`` like Ctrl-C, so an interrupted pass saves its checkpoint; a second
     signal while the checkpoint is written waits for the write (:meth:`saving`)."""
@@ -235,7 +235,7 @@ class _Signals:
         self.deferring = False
         self.batching = False
 
-    def __enter__(self) -> _Signals:
+    def __enter__(self) -> InterruptingSignals:
         if threading.current_thread() is threading.main_thread():
             for number in (signal.SIGTERM, signal.SIGINT):
                 self.previous[number] = signal.signal(number, self._handle)
@@ -273,24 +273,24 @@ class _Signals:
 
 
 @dataclass
-class _Start:
+class Start:
     """Where a pass starts: its checkpoint file (``path``, None without one), the ``counts`` and
     corpus ``fingerprint`` of the examples run before (none, or a checkpoint's), the
-    :class:`_Tail` to keep (or None), how many examples were ``resumed``, and ``numbered``, the
+    :class:`Tail` to keep (or None), how many examples were ``resumed``, and ``numbered``, the
     ``(corpus index, example)`` pairs still to run."""
 
     path: Path | None
     counts: dict[str, Any]
-    fingerprint: _Fingerprint
-    tail: _Tail | None
+    fingerprint: CorpusFingerprint
+    tail: Tail | None
     resumed: int
     numbered: Iterator[tuple[int, Any]]
 
 
-def _resume(
+def resume(
     checkpoint: str | os.PathLike | None, accumulators: Sequence[Accumulator], header: dict[str, Any],
     numbered: Iterator[tuple[int, Any]], *, sizes: dict[int, int], window: int | None, current: World,
-) -> _Start:
+) -> Start:
     """Load ``checkpoint`` (if it exists) into ``accumulators`` and skip the examples it
     consumed of ``numbered`` (the pass's order; ``sizes`` and ``window`` as
     :func:`attnlens.engine.batches.pass_order` fills and took them), refusing another corpus or
@@ -298,9 +298,9 @@ def _resume(
     counts: dict[str, Any] = {
         "examples": 0, "tokens": 0, "truncated": 0, "pairs": None, "corpus": None, "longest": 0,
     }
-    fingerprint = _Fingerprint()
+    fingerprint = CorpusFingerprint()
     path = checkpoint_path(checkpoint, current) if checkpoint is not None else None
-    tail: _Tail | None = None  # the state at the start of an unfinished last unit (see _Tail)
+    tail: Tail | None = None  # the state at the start of an unfinished last unit (see Tail)
     if path is not None:
         clean_temporaries(path)
         check_world_size(checkpoint, current)
@@ -322,7 +322,7 @@ def _resume(
         # batch; a window in another length order), and the result is the same bit for bit.
         start = tail.counts["examples"]
         longer, numbered = _longer_unit(tail, consumed, numbered, same=same, sizes=sizes, window=window)
-        before = _Fingerprint()
+        before = CorpusFingerprint()
         before.update([example for _, example in consumed[:start]])
         if longer and before.hexdigest() == tail.counts["corpus"]:
             counts, fingerprint, same = tail.load(accumulators), before, True
@@ -339,11 +339,11 @@ def _resume(
                 "a checkpoint resumes on a longer corpus only if that corpus starts with the "
                 "examples it consumed, in the same order.)"))
         )
-    return _Start(path, counts, fingerprint, tail, resumed, numbered)
+    return Start(path, counts, fingerprint, tail, resumed, numbered)
 
 
 def _longer_unit(
-    tail: _Tail, consumed: list[tuple[int, Any]], numbered: Iterator[tuple[int, Any]], *, same: bool,
+    tail: Tail, consumed: list[tuple[int, Any]], numbered: Iterator[tuple[int, Any]], *, same: bool,
     sizes: dict[int, int], window: int | None,
 ) -> tuple[bool, Iterator[tuple[int, Any]]]:
     """Whether this corpus makes the checkpoint's unfinished last unit (``tail``) longer, with the
@@ -360,7 +360,7 @@ def _longer_unit(
     ahead = list(itertools.islice(numbered, start + sizes[start] - len(consumed)))
     found = dict([*consumed, *ahead][start:])  # the examples the unit ran must be there, at the same indices
     indices, recorded = tail.seen()
-    mine = _Fingerprint()
+    mine = CorpusFingerprint()
     mine.update([found[index] for index in indices if index in found])
     kept = all(index in found for index in indices) and mine.hexdigest() == recorded
     return kept, itertools.chain(ahead, numbered)

@@ -70,7 +70,7 @@ def _collective(what: str, function: Callable[[], Any], current: World) -> Any:
         ) from None
 
 
-def _check_same_settings(settings: str, current: World) -> None:
+def check_same_settings(settings: str, current: World) -> None:
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * current.size
@@ -85,7 +85,7 @@ def _check_same_settings(settings: str, current: World) -> None:
         )
 
 
-def _reduce(accumulators: Sequence[Accumulator], counts: dict[str, Any], current: World) -> None:
+def reduce_across_ranks(accumulators: Sequence[Accumulator], counts: dict[str, Any], current: World) -> None:
     import torch.distributed as dist
 
     for accumulator in accumulators:

@@ -94,7 +94,7 @@ def run_with_hooks(
         )
     check_hooks(hooks, batch)
     check_token_ids(model, batch)
-    return _forward(model, batch.to(device_of(model)), hooks, unpadded=has_no_padding(batch), **kwargs)
+    return forward_batch(model, batch.to(device_of(model)), hooks, unpadded=has_no_padding(batch), **kwargs)
 
 
 def has_no_padding(batch: Batch) -> bool | None:
@@ -117,7 +117,7 @@ def batch_context(batch: Batch, *, unpadded: bool | None = None) -> Iterator[Non
         yield
 
 
-def _forward(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: bool | None = None, **kwargs: Any) -> Any:
+def forward_batch(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: bool | None = None, **kwargs: Any) -> Any:
     """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
     checks its batches on the host, before they are copied: no read of a device tensor), in its
     :func:`batch_context`."""
@@ -215,8 +215,8 @@ def run_patterns(model: Any, batch: Batch, fwd_hooks: FwdHooks, *, until: str | 
 
     try:
         with torch.no_grad():
-            _forward(model, batch.to(device_of(model)), [*fwd_hooks, (last, stop)],
-                     unpadded=unpadded if unpadded is not None else has_no_padding(batch))
+            forward_batch(model, batch.to(device_of(model)), [*fwd_hooks, (last, stop)],
+                          unpadded=unpadded if unpadded is not None else has_no_padding(batch))
     except _Stop:
         pass
     return reached

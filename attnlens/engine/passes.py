@@ -47,36 +47,43 @@ from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
 from attnlens.core.loading import model_id, require_bridge, weights_fingerprint
 from attnlens.core.modes import eval_mode
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, PassSummary
-from attnlens.engine.batches import _ahead, _stage, _Staged, chunks, pass_order, progress_bar
+from attnlens.engine.batches import (
+    Staged,
+    chunks,
+    pass_order,
+    progress_bar,
+    stage_batch,
+    staged_ahead,
+)
 from attnlens.engine.checkpoints import (
-    _Fingerprint,
-    _resume,
-    _Signals,
-    _Start,
-    _Tail,
+    CorpusFingerprint,
+    InterruptingSignals,
+    Start,
+    Tail,
+    resume,
     save_checkpoint,
 )
 from attnlens.engine.distributed import (
     World,
-    _check_same_settings,
-    _reduce,
+    check_same_settings,
     interleaved,
+    reduce_across_ranks,
     shard,
     world,
 )
 from attnlens.engine.forward import (
     FwdHooks,
-    _forward,
     batch_context,
     check_hooks,
     check_token_ids,
     device_of,
+    forward_batch,
     pattern_hooks,
     run_patterns,
 )
 from attnlens.engine.hooks import as_hooks
 from attnlens.engine.recording import Recording
-from attnlens.engine.split import _Split
+from attnlens.engine.split import Split
 from attnlens.errors import InputError, ModelBehaviourError
 
 #: batches between two checkpoint writes when ``checkpoint=`` is given
@@ -159,8 +166,8 @@ def run(
                  checkpoint_every=checkpoint_every, compact=compact)
     order = _order(model, corpus, accumulators, plan, by_length)
     header = _header(model, plan, order, settings, effective)
-    start = _resume(checkpoint, accumulators, header, order.numbered, sizes=order.sizes, window=order.window,
-                    current=plan.current)
+    start = resume(checkpoint, accumulators, header, order.numbered, sizes=order.sizes, window=order.window,
+                   current=plan.current)
     if replay is not None:
         _check_replay(model, accumulators, hooks, replay)
     if record is not None:
@@ -168,7 +175,7 @@ def run(
     running = _Pass(model, corpus, accumulators, plan, order, start, header, hooks=hooks,
                     description=description, effective=effective, progress=progress, record=record,
                     replay=replay)
-    running.batches(_Signals())
+    running.batches(InterruptingSignals())
     return running.summary()
 
 
@@ -234,7 +241,7 @@ def _order(model: Any, corpus: Any, accumulators: Sequence[Accumulator], plan: _
     if not current.distributed:
         return _Order(numbered, total, window, sizes)
     listed = list(numbered)
-    whole = _Fingerprint()
+    whole = CorpusFingerprint()
     whole.update([example for _, example in listed])
     if window is None:
         first, stop = shard(len(listed), batch_size, current.rank, current.size)
@@ -264,7 +271,7 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
         "effective": json.loads(json.dumps(dict(effective or {}), sort_keys=True, default=str)),
     }
     if plan.current.distributed:
-        _check_same_settings(
+        check_same_settings(
             json.dumps({**header, "rank": None, "corpus": order.corpus}, sort_keys=True),
             plan.current,
         )
@@ -277,7 +284,7 @@ class _Pass:
     checkpoint written of it (:meth:`save`) and the progress bar."""
 
     def __init__(self, model: Any, corpus: Any, accumulators: Sequence[Accumulator], plan: _Plan, order: _Order,
-                 start: _Start, header: dict[str, Any], *, hooks: FwdHooks, description: str,
+                 start: Start, header: dict[str, Any], *, hooks: FwdHooks, description: str,
                  effective: Mapping[str, Any] | None, progress: bool, record: Recording | None = None,
                  replay: Recording | None = None) -> None:
         self.model, self.corpus, self.accumulators, self.plan, self.order = model, corpus, accumulators, plan, order
@@ -337,7 +344,7 @@ class _Pass:
         for accumulator in self.stacking:
             accumulator.update(stack)
 
-    def batches(self, signals: _Signals) -> None:
+    def batches(self, signals: InterruptingSignals) -> None:
         """Run this process's batches, with the interventions' patch on the model (an intervention
         that patches it, PapaHooks(fast=True), holds for the whole pass; the rest of it runs as
         hooks); write the checkpoint every ``checkpoint_every`` batches, at an interrupt (a batch cut
@@ -368,37 +375,37 @@ class _Pass:
             if path is not None and counts["examples"] > saved_at:
                 self.save(signals)
 
-    def _runners(self, signals: _Signals) -> tuple[_Split, Callable[[Iterator[list]], Iterator[_Staged]]]:
-        """What runs the batches: :class:`~attnlens.engine.split._Split` (a batch that runs out of device memory is split in
-        halves and run again), and :func:`~attnlens.engine.batches._ahead` (on a GPU the next batch is tokenized on the host
+    def _runners(self, signals: InterruptingSignals) -> tuple[Split, Callable[[Iterator[list]], Iterator[Staged]]]:
+        """What runs the batches: :class:`~attnlens.engine.split.Split` (a batch that runs out of device memory is split in
+        halves and run again), and :func:`~attnlens.engine.batches.staged_ahead` (on a GPU the next batch is tokenized on the host
         while the device runs this one)."""
         multiple = devices.width_multiple(self.device)  # compact widths in buckets off the CPU
         plan = self.plan
 
-        def staged(pairs: list) -> _Staged:
+        def staged(pairs: list) -> Staged:
             # a batch starts with its tokenization: a first SIGTERM / SIGINT now waits for its end
             signals.batching = True
-            return _stage(self.model, pairs, max_len=plan.max_len, layout=plan.layout, compact=plan.compact,
-                          multiple=multiple)
+            return stage_batch(self.model, pairs, max_len=plan.max_len, layout=plan.layout, compact=plan.compact,
+                               multiple=multiple)
 
-        split = _Split(self.accumulators, staged, self.device, self.state,
-                       splits=all(a.any_order for a in self.accumulators))
-        return split, _ahead(self.device, staged)
+        split = Split(self.accumulators, staged, self.device, self.state,
+                      splits=all(a.any_order for a in self.accumulators))
+        return split, staged_ahead(self.device, staged)
 
-    def _batch(self, host: _Staged, split: _Split) -> None:
+    def _batch(self, host: Staged, split: Split) -> None:
         """Run one batch of this process (in parts, if it runs out of memory), keeping the state at
-        the start of the pass's last unit when that unit is unfinished (:class:`~attnlens.engine.checkpoints._Tail`)."""
+        the start of the pass's last unit when that unit is unfinished (:class:`~attnlens.engine.checkpoints.Tail`)."""
         order, batch_size = self.order, self.plan.batch_size
-        unit = batch_size if order.window is None else order.window  # what a _Tail starts
+        unit = batch_size if order.window is None else order.window  # what a Tail starts
         done = self.counts["examples"]  # by this process; its batches before the last are whole
         size = len(host.chunk) if order.window is None else order.sizes.get(done, unit)
         if self.start.path is not None and order.starts is None and done % unit == 0 and size < unit:
-            self.tail = _Tail.take(self.accumulators, self.counts, self.fingerprint.hexdigest(), size)
+            self.tail = Tail.take(self.accumulators, self.counts, self.fingerprint.hexdigest(), size)
         split.run(host, done if order.starts is None else order.starts[done // batch_size], self.one)
         if self.tail is not None:
             self.tail.unit.extend(zip(host.indices, host.chunk, strict=True))
 
-    def one(self, host: _Staged, start: int, forwarded: Callable[[], None]) -> None:
+    def one(self, host: Staged, start: int, forwarded: Callable[[], None]) -> None:
         """Run the batch (or part of a batch) ``host``, whose first row is example ``start`` of
         the pass; count it. ``forwarded()`` is called after the forward, before ``end_batch``."""
         model, accumulators = self.model, self.accumulators
@@ -418,7 +425,7 @@ class _Pass:
                     for layer, (pattern, values) in enumerate(recorded):
                         self._on_pattern(layer, pattern, values)
             elif self.needs_output:
-                output = _forward(model, inputs, self.fwd_hooks, unpadded=unpadded)
+                output = forward_batch(model, inputs, self.fwd_hooks, unpadded=unpadded)
             else:
                 run_patterns(model, inputs, self.fwd_hooks, until=self.until, unpadded=unpadded)
             self._hand_stack()  # the layers kept since the last stack (before forwarded(): the batch's work)
@@ -440,7 +447,7 @@ class _Pass:
         self.state["consistent"] = True
         self.bar.update(len(host.chunk))
 
-    def save(self, signals: _Signals) -> None:
+    def save(self, signals: InterruptingSignals) -> None:
         """Write the checkpoint (a signal meanwhile waits for the write)."""
         with signals.saving():
             self.counts["corpus"] = self.fingerprint.hexdigest()
@@ -451,7 +458,7 @@ class _Pass:
         and what the pass read; refuses an empty corpus."""
         counts, current = self.counts, self.plan.current
         if current.distributed:
-            _reduce(self.accumulators, counts, current)
+            reduce_across_ranks(self.accumulators, counts, current)
         for accumulator in self.accumulators:  # read back once: results are made on the host
             accumulator.to("cpu")
         if counts["examples"] == 0:

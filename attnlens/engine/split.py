@@ -1,4 +1,4 @@
-"""A batch that runs out of device memory, split in halves and run again (:class:`_Split`),
+"""A batch that runs out of device memory, split in halves and run again (:class:`Split`),
 with the accumulators' state put back as it was before the failed try.
 """
 
@@ -12,11 +12,11 @@ import torch
 from torch import Tensor
 
 from attnlens.engine.accumulator import Accumulator
-from attnlens.engine.batches import _Staged
+from attnlens.engine.batches import Staged
 from attnlens.errors import ModelBehaviourError
 
 
-class _Split:
+class Split:
     """Runs each batch of a pass, and the halves of one that runs out of device memory.
 
     A batch whose forward (or copy to the device) raises ``torch.OutOfMemoryError``
@@ -42,7 +42,7 @@ class _Split:
     costs a few attribute reads per batch (and a copy of the small states of accumulators that
     add in ``update``, such as :class:`attnlens.methods.stats.Statistics`)."""
 
-    def __init__(self, accumulators: Sequence[Accumulator], stage: Callable[[list], _Staged],
+    def __init__(self, accumulators: Sequence[Accumulator], stage: Callable[[list], Staged],
                  device: torch.device, state: dict[str, Any], *, splits: bool) -> None:
         self.accumulators, self.stage, self.device, self.splits = list(accumulators), stage, device, splits
         self.state = state  # run's: "consistent" is set again once the state is put back
@@ -50,7 +50,7 @@ class _Split:
         self.writers: set[int] | None = None  # accumulators that change their state in a forward
         self.warned = False
 
-    def run(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> None:
+    def run(self, host: Staged, start: int, one: Callable[[Staged, int, Callable[[], None]], None]) -> None:
         """Run ``host`` (its first row is example ``start`` of the pass) with ``one``, in parts
         of at most :attr:`limit` examples, halving a part that runs out of memory."""
         pending = [host]
@@ -71,7 +71,7 @@ class _Split:
         return [[object() if value.is_inference() else value._version for value in a.state_dict().values()]
                 for a in self.accumulators]
 
-    def _attempt(self, host: _Staged, start: int, one: Callable[[_Staged, int, Callable[[], None]], None]) -> bool:
+    def _attempt(self, host: Staged, start: int, one: Callable[[Staged, int, Callable[[], None]], None]) -> bool:
         """Run ``host``: True; or False when it ran out of memory (the state put back, and
         :attr:`limit` lowered to half its size); the error when it cannot be split."""
         before = self._versions()
@@ -98,7 +98,7 @@ class _Split:
                     f"batch of {len(host.chunk)} examples fitted, and the pass goes on with batches "
                     f"of at most {self.limit} examples (the same result up to float32 rounding; pass "
                     f"batch_size={self.limit} to avoid the failed tries).",
-                    stacklevel=6)  # the caller of passes.run: above _Split.run, _Pass._batch, _Pass.batches, run
+                    stacklevel=6)  # the caller of passes.run: above Split.run, _Pass._batch, _Pass.batches, run
             return True
         # returned out of the except block: the failed forward's tensors (held by the traceback) are freed
         half = (len(host.chunk) + 1) // 2

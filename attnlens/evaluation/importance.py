@@ -30,7 +30,7 @@ from attnlens.evaluation import probing, tasks
 from attnlens.evaluation.lm.masks import mlm_masks
 from attnlens.evaluation.lm.scorer import UntrainedHead
 from attnlens.evaluation.probing.features import HiddenStates
-from attnlens.methods.ablation import Importance, _model_shape, normalize_by_layer, output_hook
+from attnlens.methods.ablation import Importance, model_shape, normalize_by_layer, output_hook
 
 __all__ = ["Gates", "GatesUnused", "LossFn", "ProbeLoss", "importance", "task_loss"]
 
@@ -62,7 +62,7 @@ class Gates(Accumulator):
     needs_grad = True
 
     def __init__(self, model: Any, loss: LossFn | None, *, mask_rate: float = 0.15, seed: int = 0) -> None:
-        n_layers, n_heads = _model_shape(model)
+        n_layers, n_heads = model_shape(model)
         mask_rate, seed = checks.finite(mask_rate, "mask_rate", low=0.0, high=1.0), checks.whole_number(seed, "seed")
         self.model, self.loss, self.mask_rate, self.seed = model, loss, mask_rate, seed
         self.total = torch.zeros(n_layers, n_heads, dtype=torch.float64)

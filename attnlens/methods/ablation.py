@@ -84,7 +84,7 @@ def _as_headset(heads: Any) -> HeadSet:
     )
 
 
-def _model_shape(model: Any) -> tuple[int, int]:
+def model_shape(model: Any) -> tuple[int, int]:
     return int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
@@ -192,7 +192,7 @@ def hooks(
     known: list[tuple[str, tuple[int, int]]] = []
     if model is not None:
         require_bridge(model, "ablation.hooks")
-        known.append((f"the model {model_id(model)}", _model_shape(model)))
+        known.append((f"the model {model_id(model)}", model_shape(model)))
     if mode == "mean":
         if means is None:
             raise InputError(
@@ -315,7 +315,7 @@ class HeadMeans(Accumulator):
     any_order = True
 
     def __init__(self, model: Any) -> None:
-        n_layers, n_heads = _model_shape(model)
+        n_layers, n_heads = model_shape(model)
         d_head = int(model.cfg.d_head)
         self.sums = torch.zeros(n_layers, n_heads, d_head, dtype=torch.float64)
         self.tokens = torch.zeros((), dtype=torch.float64)

@@ -31,7 +31,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import devices
-from attnlens.core.heads import _sizes
+from attnlens.core.heads import checked_sizes
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine.accumulator import Accumulator, add_at
@@ -238,7 +238,7 @@ class AttentionStatistics(Result):
     FORMAT: ClassVar[str] = "attnlens.AttentionStatistics/1"
 
     def __init__(self, n_layers: int, n_heads: int) -> None:
-        self.n_layers, self.n_heads = n_layers, n_heads = _sizes(n_layers, n_heads)
+        self.n_layers, self.n_heads = n_layers, n_heads = checked_sizes(n_layers, n_heads)
         #: ``[statistic, layer, head]``: the running sums of :data:`STATISTICS`, in one tensor so
         #: that a batch adds all of them at once (:attr:`sums` names them)
         self.totals = torch.zeros(len(STATISTICS), n_layers, n_heads, dtype=TOTAL_DTYPE)

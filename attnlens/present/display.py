@@ -20,17 +20,17 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from attnlens.core.notebook import (  # noqa: F401  (re-exported: attnlens.present.display.in_notebook, ...)
-    _STYLE,
     SHOWN_ROWS,
-    _box,
-    _escape,
-    _frame,
-    _items,
+    STYLE,
     constants_html,
     curve_html,
+    escape,
+    frame_html,
     headset_html,
     in_notebook,
+    items_table,
     quiet_tqdm_auto,
+    summary_box,
 )
 
 #: at most this many tokens of the example are listed in a comparison's summary
@@ -100,14 +100,14 @@ class Figures(Mapping):
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f'<tr><td style="text-align: left; padding: 1px 12px 1px 0"><code>{_escape(name)}'
-            f'</code></td><td style="text-align: left">{_escape(_short(title))}</td></tr>'
+            f'<tr><td style="text-align: left; padding: 1px 12px 1px 0"><code>{escape(name)}'
+            f'</code></td><td style="text-align: left">{escape(_short(title))}</td></tr>'
             for name, title in self.titles().items()
         )
         head = '<tr><th style="text-align: left">name</th><th style="text-align: left">title</th></tr>'
-        return _box(
+        return summary_box(
             f"{len(self)} figures: show one with figures[name]",
-            f'<table style="{_STYLE}">{head}{rows}</table>',
+            f'<table style="{STYLE}">{head}{rows}</table>',
         )
 
 
@@ -159,7 +159,7 @@ def comparison_html(c: Any) -> str:
         ("example", f"text {c.example_index}: " + " ".join(tokens) + (f" … (+{more})" if more > 0 else "")),
         ("focus head", f"layer {c.focus[0]}, head {c.focus[1]}"),
     ]
-    parts = [_items(rows)]
+    parts = [items_table(rows)]
     table = c.table
     columns = [
         name for name in table.columns
@@ -167,13 +167,13 @@ def comparison_html(c: Any) -> str:
     ]
     means = table.groupby("view", sort=False)[columns].mean().reset_index()
     parts.append("<div>mean over heads, per view (<code>c.table</code> has every head):</div>")
-    parts.append(_frame(means))
+    parts.append(frame_html(means))
     if getattr(c, "pattern_types", None) is not None:
         counts = (
             table.groupby("view", sort=False)["pattern_type"].value_counts().unstack(fill_value=0).reset_index()
         )
         parts.append("<div>heads by most frequent pattern type (<code>c.pattern_types</code>):</div>")
-        parts.append(_frame(counts))
+        parts.append(frame_html(counts))
     farthest = []
     for view in c.views:
         if view == "standard":
@@ -184,15 +184,15 @@ def comparison_html(c: Any) -> str:
         )
         farthest.append((f"farthest from standard ({view})", heads))
     if farthest:
-        parts.append(_items(farthest))
+        parts.append(items_table(farthest))
     if getattr(c, "scores", None) is not None:
         parts.append("<div>scores (<code>c.scores</code>):</div>")
-        parts.append(_frame(c.scores))
-    names = ", ".join(f"<code>{_escape(name)}</code>" for name in c.figures)
+        parts.append(frame_html(c.scores))
+    names = ", ".join(f"<code>{escape(name)}</code>" for name in c.figures)
     parts.append(
         f'<div>figures: {names}. Show one with <code>c.figures["name"]</code>; the whole report '
         'with <code>c.save_html("report.html")</code>.</div>'
     )
-    return _box(f"attnlens comparison: {' vs '.join(c.views)} attention", "".join(parts))
+    return summary_box(f"attnlens comparison: {' vs '.join(c.views)} attention", "".join(parts))
 
 

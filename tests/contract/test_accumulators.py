@@ -486,7 +486,7 @@ def test_a_replayed_pass_gives_the_live_passs_result(case, model, monkeypatch):
         raise AssertionError("a replayed pass ran a forward")
 
     monkeypatch.setattr(passes, "run_patterns", no_forward)
-    monkeypatch.setattr(passes, "_forward", no_forward)
+    monkeypatch.setattr(passes, "forward_batch", no_forward)
     passes.run(model, case.corpus(), [replayed], replay=recording, **options)
     assert_same(state(case, replayed), state(case, live), "state")
     assert_same(replayed.result(), live.result(), "result")

@@ -12,7 +12,7 @@ exact basis (:data:`attnlens.engine.effective.NO_READ_WIDTH`: cheaper on a GPU t
 basis for every head), once for every layer of a batch.
 
 Reads of host tensors are not counted: those inside the pass's host stage
-(:func:`attnlens.engine.batches._stage` and ``_inputs``: tokenizing, counting, checking and
+(:func:`attnlens.engine.batches.stage_batch` and ``_inputs``: tokenizing, counting, checking and
 preparing a batch, on the tokenizer's output before the batch is copied to the device), and
 reads of tensors made only from the pass's host copy of the inputs
 (:attr:`attnlens.engine.accumulator.PassBatch.on_host`; here a :class:`HostTensor`, whose results stay
@@ -41,7 +41,7 @@ import attnlens
 from attnlens import papa
 from attnlens.core import devices, seam
 from attnlens.engine import passes
-from attnlens.engine.batches import _stage
+from attnlens.engine.batches import stage_batch
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
 from attnlens.methods import effective
@@ -65,7 +65,7 @@ FLOAT32 = 1e-4
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "nonzero")
 #: the code of the host stage's functions themselves (under the run-time type checks a function
 #: is a wrapper, whose code every checked function shares: unwrapped, or every frame would match)
-HOST_STAGE = {inspect.unwrap(_stage).__code__, inspect.unwrap(passes._inputs).__code__}
+HOST_STAGE = {inspect.unwrap(stage_batch).__code__, inspect.unwrap(passes._inputs).__code__}
 
 
 class HostTensor(torch.Tensor):
@@ -476,14 +476,14 @@ def test_compact_widths_in_buckets_change_no_result(minilm, monkeypatch):
     texts = texts_for(minilm)[:48]
     plain = papa.fit(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
     widths = []
-    original = _stage
+    original = stage_batch
 
     def seen(*args, **kwargs):
         staged = original(*args, **kwargs)
         widths.append(staged.batch.input_ids.shape[1])
         return staged
 
-    monkeypatch.setattr(passes, "_stage", seen)
+    monkeypatch.setattr(passes, "stage_batch", seen)
     monkeypatch.setattr(devices, "width_multiple", lambda where: 16)
     bucketed = papa.fit(minilm, texts, max_len=MAX_LEN, batch_size=BATCH, progress=False)
     assert set(widths) <= {16, MAX_LEN} and len(widths) == len(texts) // BATCH

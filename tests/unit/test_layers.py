@@ -451,6 +451,19 @@ def test_a_package_gathers_names_and_its_modules_hold_the_code():
     assert set(with_code) == INIT_WITH_CODE, with_code
 
 
+def test_no_module_imports_another_modules_private_names():
+    """A name another module imports is part of its module's interface, so it has no leading
+    underscore (``from attnlens.engine.batches import stage_batch``, not ``_stage``): a private
+    name is used only where it is defined."""
+    private = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnlens"):
+                private += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
+                            if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not private, "\n".join(private)
+
+
 def test_the_public_facades_are_names_only():
     """``attnlens.papa`` and ``attnlens.ablation`` gather names; no module-level ``__getattr__``
     hands out modules of before the layers (one name per module), and a name they lack is an

@@ -315,8 +315,8 @@ def test_mean_pooling_and_standardisation_follow_their_definitions(bert):
     vectors = features.vectors.double().numpy()
     assert np.allclose(probe.network.mean.numpy(), vectors.mean(0), rtol=1e-6, atol=1e-6)
     assert np.allclose(probe.network.scale.numpy(), vectors.std(0), rtol=1e-5, atol=1e-6)
-    network = probing.probe._Network(features.n_layers, features.d_model, 5, 2, features.max_len,
-                                     True, 0.0, "mean")
+    network = probing.probe.ProbeNetwork(features.n_layers, features.d_model, 5, 2, features.max_len,
+                                         True, 0.0, "mean")
     network.mean.copy_(probe.network.mean)
     network.scale.copy_(probe.network.scale)
     captured = {}

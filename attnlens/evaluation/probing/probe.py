@@ -76,7 +76,7 @@ FORMAT = "attnlens.PapaProbe/1"
 CHUNK = 256
 
 
-class _Network(nn.Module):
+class ProbeNetwork(nn.Module):
     """The probe's network (see the module docstring). ``mean`` / ``scale``: ``[layer, d_model]``
     buffers that standardise every input vector, set by :meth:`PapaProbe.fit` from the training
     vectors (identity until then)."""
@@ -187,7 +187,7 @@ class PapaProbe(Estimator):
             raise InputError("lr must be above 0 and dropout below 1 (nothing would be learned).")
         for name in self._param_names():  # scikit-learn's contract: every argument, unchanged
             setattr(self, name, given[name])
-        self.network: _Network | None = None
+        self.network: ProbeNetwork | None = None
         self.n_labels = 0
         self.fallback = 0
         self.max_len = 0
@@ -222,17 +222,17 @@ class PapaProbe(Estimator):
         self.n_labels = max(n_labels, getattr(self, "n_labels", 0) or 0)
         self.fallback = int(torch.bincount(targets[valid], minlength=self.n_labels).argmax())
         self.max_len = features.max_len
-        self.made_for = _made_for(features, task, label_names)
+        self.made_for = made_for_record(features, task, label_names)
         generator = torch.Generator().manual_seed(self.settings.seed)
 
         n = len(features)
-        train, held = _split(n, self.settings.validation_fraction if self.settings.early_stopping else 0.0,
-                             generator)
+        train, held = held_out_split(n, self.settings.validation_fraction if self.settings.early_stopping else 0.0,
+                                     generator)
         device = features.vectors.device
         # initial weights and dropout: from the seed (the global generators restored after)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(self.settings.seed)
-            self.network = _Network(
+            self.network = ProbeNetwork(
                 features.n_layers, features.d_model, self.settings.hidden or features.d_model,
                 self.n_labels, features.max_len, features.kind == "sequence", self.settings.dropout,
                 self.settings.pooling, self.settings.standardize,
@@ -439,15 +439,15 @@ class PapaProbe(Estimator):
         if "mean" not in tensors:  # written before standardisation existed: identity
             tensors["mean"] = torch.zeros(n_layers or 1, d_model)
             tensors["scale"] = torch.ones(n_layers or 1, d_model)
-        probe.network = _Network(tensors["mean"].shape[0], tensors["mean"].shape[1], dense.shape[0],
-                                 probe.n_labels, probe.max_len, sequence, probe.settings.dropout,
-                                 probe.settings.pooling, probe.settings.standardize)
+        probe.network = ProbeNetwork(tensors["mean"].shape[0], tensors["mean"].shape[1], dense.shape[0],
+                                     probe.n_labels, probe.max_len, sequence, probe.settings.dropout,
+                                     probe.settings.pooling, probe.settings.standardize)
         probe.network.load_state_dict(tensors)
         probe.network.eval()
         return probe
 
 
-def _made_for(features: Features, task: str | None, label_names: Sequence[str] | None) -> dict[str, Any]:
+def made_for_record(features: Features, task: str | None, label_names: Sequence[str] | None) -> dict[str, Any]:
     """What a probe fitted on ``features`` was made for (recorded in its file)."""
     return {"task": None if task is None else str(task),
             "label_names": None if label_names is None else [str(name) for name in label_names],
@@ -467,7 +467,7 @@ def _check_made_for(made_for: dict[str, Any], features: Features, task: str | No
             )
 
 
-def _split(n: int, validation: float, generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
+def held_out_split(n: int, validation: float, generator: torch.Generator) -> tuple[Tensor, Tensor | None]:
     """Indices of the examples trained on and of those held out (a share ``validation`` of
     them, at least one, drawn with ``generator``; none held out when ``validation`` is 0 or
     ``n`` < 10)."""

@@ -10,7 +10,7 @@ probe; on the CPU it saves the per-step overhead of each probe.
 
 Each member is the same fit as its own :meth:`PapaProbe.fit`:
 
-- its initial weights come from a :class:`_Network` built under its seed, as in ``fit``;
+- its initial weights come from a :class:`ProbeNetwork` built under its seed, as in ``fit``;
 - its examples' order and its held-out split come from its own generator (its seed);
 - its loss is its own mean cross-entropy, and the model's loss is the *sum* over members, so
   each member's gradient is that of its own loss (the other members' terms do not depend on
@@ -49,12 +49,18 @@ from attnlens.core import devices, memory
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation.probing.features import Features
-from attnlens.evaluation.probing.probe import PapaProbe, _made_for, _Network, _split, as_lists
+from attnlens.evaluation.probing.probe import (
+    PapaProbe,
+    ProbeNetwork,
+    as_lists,
+    held_out_split,
+    made_for_record,
+)
 
 #: Settings that may differ between the members of one stacked fit (every other one is shared).
 PER_MEMBER: tuple[str, ...] = ("seed", "epochs")
 
-#: The parameters and buffers of :class:`_Network`, by their names in its ``state_dict``, and
+#: The parameters and buffers of :class:`ProbeNetwork`, by their names in its ``state_dict``, and
 #: the attribute each has in :class:`StackedNetwork` (with a leading member axis).
 STATE: dict[str, str] = {"position_weights": "position_weights", "mean": "mean", "scale": "scale",
                          "dense.weight": "dense_t", "dense.bias": "dense_bias",
@@ -67,12 +73,12 @@ TRANSPOSED = ("dense.weight", "out.weight")
 
 
 class StackedNetwork(nn.Module):
-    """``M`` probe networks (:class:`_Network`) of one shape as one module: each of their
+    """``M`` probe networks (:class:`ProbeNetwork`) of one shape as one module: each of their
     tensors with a leading member axis: ``position_weights [member, layer, max_len]`` (sequence
     probes), the buffers ``mean`` / ``scale [member, layer, d_model]``, ``dense_t
     [member, layer·d_model, hidden]``, ``dense_bias [member, hidden]``, ``out_t
     [member, hidden, label]``, ``out_bias [member, label]`` (the two weights transposed:
-    :data:`TRANSPOSED`). ``state`` / :meth:`member` / :meth:`subset` speak :class:`_Network`'s
+    :data:`TRANSPOSED`). ``state`` / :meth:`member` / :meth:`subset` speak :class:`ProbeNetwork`'s
     names and layout."""
 
     def __init__(self, state: dict[str, Tensor], *, sequence: bool, max_len: int, pooling: str,
@@ -92,7 +98,7 @@ class StackedNetwork(nn.Module):
                 setattr(self, attribute, nn.Parameter(value))
 
     @classmethod
-    def of(cls, networks: Sequence[_Network]) -> StackedNetwork:
+    def of(cls, networks: Sequence[ProbeNetwork]) -> StackedNetwork:
         """The networks stacked, in order (member ``i``: ``networks[i]``)."""
         first = networks[0]
         states = [network.state_dict() for network in networks]
@@ -105,13 +111,13 @@ class StackedNetwork(nn.Module):
         return int(self.dense_t.shape[0])
 
     def state(self) -> dict[str, Tensor]:
-        """Every tensor by its :class:`_Network` name and in its layout, with the member axis
+        """Every tensor by its :class:`ProbeNetwork` name and in its layout, with the member axis
         first (views)."""
         return {name: getattr(self, attribute).transpose(1, 2) if name in TRANSPOSED else getattr(self, attribute)
                 for name, attribute in STATE.items() if hasattr(self, attribute)}
 
     def member(self, index: int) -> dict[str, Tensor]:
-        """Member ``index``'s ``state_dict`` for a :class:`_Network` (copies)."""
+        """Member ``index``'s ``state_dict`` for a :class:`ProbeNetwork` (copies)."""
         return {name: value.detach()[index].clone(memory_format=torch.contiguous_format)
                 for name, value in self.state().items()}
 
@@ -147,7 +153,7 @@ class StackedNetwork(nn.Module):
             if not self.sequence:
                 pooled[slot] = group.vectors
                 continue
-            # as _Network.forward, per member: s[e, l] = Σ_{p in e} w[l, p] · (h_l[p] − μ_l) / σ_l
+            # as ProbeNetwork.forward, per member: s[e, l] = Σ_{p in e} w[l, p] · (h_l[p] − μ_l) / σ_l
             weights = self.position_weights[group.member, :, group.positions]  # [token, layer]
             pooled.index_add_(0, slot, group.vectors * weights[:, :, None])
             if self.standardize:
@@ -313,12 +319,12 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
         probe.n_labels = max(int(targets[valid].max()) + 1, getattr(probe, "n_labels", 0) or 0)
         probe.fallback = int(torch.bincount(targets[valid], minlength=probe.n_labels).argmax())
         probe.max_len = one.max_len
-        probe.made_for = _made_for(one, task, label_names)
+        probe.made_for = made_for_record(one, task, label_names)
         order = torch.Generator().manual_seed(settings.seed)
-        train, held = _split(len(one), settings.validation_fraction if settings.early_stopping else 0.0, order)
+        train, held = held_out_split(len(one), settings.validation_fraction if settings.early_stopping else 0.0, order)
         with torch.random.fork_rng(devices=[]):  # initial weights, then dropout: from the seed, as fit
             torch.manual_seed(settings.seed)
-            probe.network = _Network(
+            probe.network = ProbeNetwork(
                 one.n_layers, one.d_model, settings.hidden or one.d_model, probe.n_labels, one.max_len,
                 one.kind == "sequence", settings.dropout, settings.pooling, settings.standardize,
             )

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from attnlens.core import plots
 from attnlens.core.corpus import resolve_corpus
-from attnlens.core.heads import _sizes
+from attnlens.core.heads import checked_sizes
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, add_at
@@ -60,7 +60,7 @@ class PatternTypes(Accumulator):
 
     def __init__(self, n_layers: int, n_heads: int, *, view: str = "standard", classifier: Any = None,
                  constants: Any = None, causal: bool | None = None) -> None:
-        n_layers, n_heads = _sizes(n_layers, n_heads)
+        n_layers, n_heads = checked_sizes(n_layers, n_heads)
 
         if not isinstance(view, str):
             raise views.unknown_view(view)
