@@ -258,7 +258,7 @@ class Comparison(Result):
         }
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> Comparison:
+    def from_dict(cls, data: dict[str, Any]) -> Comparison:
         table = pd.DataFrame.from_records(data["table"], columns=list(COLUMNS))
         return cls(
             table=table,

@@ -17,7 +17,7 @@ Counts are named alike in every result: ``n_examples`` (texts or sentence pairs)
 (real tokens) and ``n_truncated`` (examples that lost tokens to ``max_len``).
 
 A subclass writes :meth:`Result.to_dict` (the JSON object, without ``"format"``) and
-:meth:`Result._from_dict` (its inverse); :func:`frame_to_json` and :func:`frame_from_json`
+:meth:`Result.from_dict` (its inverse); :func:`frame_to_json` and :func:`frame_from_json`
 carry a table exactly (values and dtypes), :func:`plain` makes anything else JSON-ready.
 """
 
@@ -67,8 +67,10 @@ class Result:
         raise NotImplementedError(f"{type(self).__name__} is not written to JSON")
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> Any:
-        """The result of a :meth:`to_dict` object (``KeyError`` for a missing field)."""
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """The result of a :meth:`to_dict` object: a missing field is a ``KeyError``, a mangled one a
+        ``ValueError`` or ``TypeError`` (:meth:`from_json` names either in one
+        :class:`~attnlens.errors.FileFormatError`)."""
         raise NotImplementedError(f"{cls.__name__} is not read from JSON")
 
     def to_json(self, path: str | os.PathLike | None = None, *, indent: int | None = None,
@@ -117,7 +119,7 @@ class Result:
                 problem = f"its format is {data['format']!r}, not {cls.FORMAT!r}"
         if problem is None:
             try:
-                return cls._from_dict(data)
+                return cls.from_dict(data)
             except KeyError as error:
                 problem = f"it lacks or mangles the field {error}"
             except (ValueError, TypeError, AttributeError, IndexError) as error:

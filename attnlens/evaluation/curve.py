@@ -268,7 +268,7 @@ class Curve(Result):
                 "settings": plain(self.settings), "timings": plain(self.timings)}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> Curve:
+    def from_dict(cls, data: dict[str, Any]) -> Curve:
         return cls(frame_from_json(data["table"]), float(data["seconds"]), float(data["forward_seconds"]),
                    dict(data.get("settings") or {}), list(data.get("timings") or []),
                    float(data.get("probe_seconds", 0.0)))

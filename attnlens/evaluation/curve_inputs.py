@@ -133,7 +133,7 @@ def _name(task: Any) -> str:
 def _kind(task: Any) -> str | None:
     """A task's kind ("sentence", "pair" or "token"), ``None`` when unknown."""
     if isinstance(task, str):
-        spec = task_module._SPECS.get(task)
+        spec = task_module.SPECS.get(task)
         return None if spec is None else spec.kind
     return getattr(task, "kind", None)
 

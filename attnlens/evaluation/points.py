@@ -122,7 +122,7 @@ def load(folder: str | os.PathLike, point_key: str) -> dict[str, Any] | None:
         found["result"] = None
         if "result" in metadata:
             data = json.loads(metadata["result"])
-            result = ProbeResult._from_dict(data)
+            result = ProbeResult.from_dict(data)
             result.runs = data["runs"]
             result.predictions = result.runs[0]
             if "linear" in metadata:

@@ -104,7 +104,7 @@ class PapaTable(Result):
         return {"table": frame_to_json(self.table), "seconds": self.seconds, "settings": plain(self.settings)}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> PapaTable:
+    def from_dict(cls, data: dict[str, Any]) -> PapaTable:
         return cls(frame_from_json(data["table"]), float(data["seconds"]), dict(data.get("settings") or {}))
 
     @classmethod

@@ -143,7 +143,8 @@ def labelled(predictions: Iterable[Any], label_names: Iterable[str], task: str |
     return Predictions(predictions, names, task)
 
 
-_SPECS: dict[str, Spec] = {
+#: every task's facts (:class:`~attnlens.evaluation.task_files.Spec`: kind, labels, metric, files, title) by name
+SPECS: dict[str, Spec] = {
     "sst2": Spec("sentence", ("negative", "positive"), "accuracy",
                  {s: f"sst2/{s}.tsv" for s in SPLITS}, "SST-2"),
     "cola": Spec("sentence", ("unacceptable", "acceptable"), "matthews_corrcoef",
@@ -202,7 +203,7 @@ class Task:
     @property
     def title(self) -> str:
         """The task's name in messages (``"SST-2"``, ``"CoNLL-2003 POS"``)."""
-        return _SPECS[self.name].title
+        return SPECS[self.name].title
 
     @property
     def n_labels(self) -> int:
@@ -233,7 +234,7 @@ class Task:
         :func:`labelled`) whose label set is another task's.
         """
         gold = self.labels()
-        predicted = self._as_indices(predictions, gold)
+        predicted = self.as_indices(predictions, gold)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # undefined metrics (a constant prediction) score 0
             return float(_METRIC_FUNCTIONS[self.metric](self, gold, predicted))
@@ -264,8 +265,9 @@ class Task:
             return self.score([[majority] * len(tags) for tags in self.labels()])
         return self.score([majority] * len(self))
 
-    def _as_indices(self, predictions: Iterable[Any], gold: list) -> list:
-        """``predictions`` as label indices, checked against the gold labels' shape."""
+    def as_indices(self, predictions: Iterable[Any], gold: list) -> list:
+        """``predictions`` (label indices or names, or :class:`Predictions`) as label indices,
+        checked against ``gold``'s shape (:meth:`score` and the intervals' counts read them)."""
         if isinstance(predictions, str):
             raise TaskError("score takes one prediction per example (a list), got a single string; "
                             "pass e.g. task.score(['positive', 'negative', ...]).")
@@ -309,7 +311,7 @@ class Task:
             number = index.get(value, -1) if kind is int or kind is str else -1
             if number < 0:
                 if isinstance(value, str) and value not in index:
-                    raise _UnknownLabel  # _as_indices names every unknown label
+                    raise _UnknownLabel  # as_indices names every unknown label
                 number = self._index(value, index, i if example is None else example)
             result.append(number)
         return result
@@ -441,7 +443,7 @@ def load(
         seed = whole_number(seed, "seed", minimum=0)
     except (TypeError, ValueError) as error:
         raise TaskError(f"{error}; pass a positive whole number of examples, or limit=None for all.") from None
-    spec = _SPECS[name]
+    spec = SPECS[name]
     if data_dir is None:
         columns = _from_hub(name, split)
     else:
@@ -479,7 +481,7 @@ def _features(spec: Spec) -> datasets.Features:
 def _empty(name: str, split: str, data_dir: Path | None, why: str = "it holds no labelled example") -> TaskError:
     """The refusal of a split with no example: it names the task, the split and the file read
     (or the hub's repository), and what to pass instead."""
-    spec = _SPECS[name]
+    spec = SPECS[name]
     if data_dir is None:
         repo, config, _, splits = HUB[name]
         return TaskError(
@@ -493,7 +495,7 @@ def _from_hub(name: str, split: str) -> dict[str, list]:
     """The split from the Hugging Face hub (or its cache), as the columns of the file readers."""
     import datasets
 
-    spec = _SPECS[name]
+    spec = SPECS[name]
     repo, config, kwargs, splits = HUB[name]
     try:
         table = datasets.load_dataset(repo, config, split=splits[split], **kwargs)
@@ -515,7 +517,7 @@ def _column(table: Any, name: str) -> list:
 
 
 def _hub_columns(name: str, split: str, table: Any) -> dict[str, list]:
-    spec = _SPECS[name]
+    spec = SPECS[name]
     repo = HUB[name][0]
     source = {"ner": "ner_tags", "pos": "pos_tags"}.get(name, "label")
     wanted = {"sentence": ["sentence", "label"], "pair": ["sentence1", "sentence2", "label"],

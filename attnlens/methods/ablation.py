@@ -449,7 +449,7 @@ class Importance(Result):
                 "per": self.per, "settings": plain(self.settings)}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> Importance:
+    def from_dict(cls, data: dict[str, Any]) -> Importance:
         dtype = {"float32": torch.float32, "float64": torch.float64}[data.get("dtype", "float32")]
         scores = torch.tensor(data["scores"], dtype=torch.float64).to(dtype)
         raw = torch.tensor(data["raw"], dtype=torch.float64).to(dtype)

@@ -290,7 +290,7 @@ class HeadClustering(Result):
                 "n_tokens": self.n_tokens, "n_truncated": self.n_truncated}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> HeadClustering:
+    def from_dict(cls, data: dict[str, Any]) -> HeadClustering:
         n = int(data["n_layers"]) * int(data["n_heads"])
         distances = np.asarray(data["distances"], dtype=np.float64).reshape(n, n)
         coords = np.asarray(data["coords"], dtype=np.float64).reshape(n, 2)

@@ -309,7 +309,7 @@ class AttentionStatistics(Result):
                 "counts": self.counts.cpu().double().tolist()}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> AttentionStatistics:
+    def from_dict(cls, data: dict[str, Any]) -> AttentionStatistics:
         made = cls(int(data["n_layers"]), int(data["n_heads"]))
         sums = {name: torch.tensor(data["sums"][name], dtype=TOTAL_DTYPE) for name in STATISTICS}
         counts = torch.tensor(data["counts"], dtype=TOTAL_DTYPE)

@@ -455,7 +455,7 @@ def test_probe_loss_is_the_probe_on_the_models_hidden_states(bert, task):
     if task == "sst2":
         expected = torch.nn.functional.cross_entropy(logits, torch.tensor(dev.labels()), reduction="none")
     else:
-        targets = probing.probe.targets_of(probe._targets(evaluation, dev.labels()), evaluation,
+        targets = probing.probe.targets_of(probing.probe.label_targets(evaluation, dev.labels()), evaluation,
                                            torch.arange(len(evaluation)), rows)
         counted = targets < probe.n_labels  # classes missing from the small training subset
         each = torch.nn.functional.cross_entropy(logits, targets.masked_fill(~counted, -100), reduction="none")

@@ -451,16 +451,30 @@ def test_a_package_gathers_names_and_its_modules_hold_the_code():
     assert set(with_code) == INIT_WITH_CODE, with_code
 
 
-def test_no_module_imports_another_modules_private_names():
-    """A name another module imports is part of its module's interface, so it has no leading
-    underscore (``from attnlens.engine.batches import stage_batch``, not ``_stage``): a private
-    name is used only where it is defined."""
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_module_uses_another_modules_private_names():
+    """A name another module uses is part of its module's interface, so it has no leading
+    underscore (``from attnlens.engine.batches import stage_batch``, not ``_stage``;
+    ``tasks.SPECS``, not ``tasks._SPECS``; ``label_targets(...)``, not
+    ``PapaProbe._targets(PapaProbe(), ...)``): a private name is used only in its own module,
+    neither imported nor read as an attribute of a module or class imported from attnlens."""
     private = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = set()  # the names this module binds to attnlens modules, classes and functions
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnlens"):
                 private += [f"{path.relative_to(ROOT)}: {node.module}.{alias.name}" for alias in node.names
-                            if alias.name.startswith("_") and not alias.name.startswith("__")]
+                            if _private(alias.name)]
+                imported |= {alias.asname or alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {alias.asname for alias in node.names if alias.asname and alias.name.startswith("attnlens")}
+        private += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.value.id}.{node.attr}" for node in ast.walk(tree)
+                    if isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and node.value.id in imported]
     assert not private, "\n".join(private)
 
 

@@ -126,7 +126,7 @@ class LMScore(Result):
                 "counts": None if self.counts is None else plain(self.counts)}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> LMScore:
+    def from_dict(cls, data: dict[str, Any]) -> LMScore:
         interval, counts = data.get("interval"), data.get("counts")
         if data["kind"] not in NAMES:
             raise ValueError(f"kind {data['kind']!r} is none of {', '.join(NAMES)}")

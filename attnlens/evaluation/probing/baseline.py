@@ -39,7 +39,7 @@ from attnlens.errors import InputError, NotFittedError
 from attnlens.evaluation.probing.features import Features
 from attnlens.evaluation.probing.logistic import Logistic
 from attnlens.evaluation.probing.logistic import fit as fit_logistic
-from attnlens.evaluation.probing.probe import PapaProbe
+from attnlens.evaluation.probing.probe import label_targets
 
 #: File format of a saved linear baseline.
 FORMAT = "attnlens.LinearBaseline/1"
@@ -243,7 +243,7 @@ class LinearBaseline(Estimator):
         belongs to (every kept word is labelled)."""
         features = _indexed_on_host(features)
         rows = design(features, tensor=tensor)
-        targets = PapaProbe._targets(PapaProbe(), features, labels).numpy()
+        targets = label_targets(features, labels).numpy()
         owner = (np.arange(len(features)) if features.kind == "sequence"
                  else np.repeat(np.arange(len(features)), features.lengths.numpy()))
         return rows, targets, owner

@@ -167,7 +167,7 @@ def counts(task: Any, predictions: Sequence[Any]) -> Float[np.ndarray, "example 
     """Per-example counts of ``task``'s metric (see the module docstring) for ``predictions``
     (label indices or names, as :meth:`attnlens.evaluation.tasks.Task.score` takes them)."""
     gold = task.labels()
-    predicted = task._as_indices(predictions, gold)
+    predicted = task.as_indices(predictions, gold)
     metric = task.metric
     if metric == "accuracy":
         if task.kind == "token":

@@ -214,7 +214,7 @@ class PapaProbe(Estimator):
         (:func:`attnlens.core.memory.reuse_freed_memory`): features read from the cache run no
         pass first, and every step makes and frees float32 copies of its examples' vectors."""
         memory.reuse_freed_memory()
-        targets = self._targets(features, labels)
+        targets = label_targets(features, labels)
         valid = targets >= 0
         if not valid.any():
             raise InputError("no labelled example to train the probe on.")
@@ -238,7 +238,7 @@ class PapaProbe(Estimator):
                 self.settings.pooling, self.settings.standardize,
             ).to(device)  # built on the CPU: the same initial weights wherever it trains
             if self.settings.standardize:
-                self._standardize(features, targets)
+                standardize(self.network, features, targets)
             # fused: one kernel per step for all parameters (a third faster than the per-tensor
             # loop on a small probe, where Adam is a quarter of a step); same update rule
             optimiser = torch.optim.Adam(self.network.parameters(), lr=self.settings.lr,
@@ -295,46 +295,6 @@ class PapaProbe(Estimator):
                 total += float(nn.functional.cross_entropy(logits[kept], wanted[kept], reduction="sum"))
                 count += int(kept.sum())
         return total / max(count, 1)
-
-    def _standardize(self, features: Features, targets: Tensor) -> None:
-        """Set the network's ``mean`` / ``scale`` to the training vectors' per (layer, dimension)
-        mean and standard deviation: every kept token (sequence probes) or every labelled word
-        (word probes). Summed in float32 per chunk of :data:`CHUNK` vectors (relative error ≤
-        256 · 2⁻²⁴ ≈ 1.5e-5 of the sum of magnitudes in the worst case, far below what moves a
-        probe) into float64 totals; a constant dimension keeps scale 1."""
-        device = features.vectors.device
-        labelled = None if features.kind == "sequence" else (targets >= 0).to(device)
-        total = torch.zeros(features.vectors.shape[1:], dtype=torch.float64, device=device)
-        square = torch.zeros_like(total)
-        for start in range(0, features.vectors.shape[0], CHUNK):
-            chunk = features.vectors[start : start + CHUNK]
-            if labelled is not None:
-                chunk = chunk[labelled[start : start + CHUNK]]
-            chunk = chunk.float()
-            total += chunk.sum(0)
-            square += (chunk * chunk).sum(0)
-        count = max(1, features.vectors.shape[0] if labelled is None else int((targets >= 0).sum()))
-        mean = total / count
-        std = (square / count - mean.square()).clamp_min(0).sqrt()
-        self.network.mean.copy_(mean.float())
-        self.network.scale.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)).float())
-
-    def _targets(self, features: Features, labels: list) -> Tensor:
-        """One target per example (sequence) or per kept vector (words; -1: unlabelled)."""
-        if len(labels) != len(features):
-            raise InputError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
-        if features.kind == "sequence":
-            return torch.as_tensor([int(label) for label in labels], dtype=torch.long)
-        targets = torch.full((features.vectors.shape[0],), -1, dtype=torch.long)
-        offsets = features.offsets
-        for index, tags in enumerate(labels):
-            words = features.positions[offsets[index] : offsets[index + 1]]
-            if len(tags) != int(features.n_words[index]):
-                raise InputError(
-                    f"example {index} has {int(features.n_words[index])} words but {len(tags)} labels."
-                )
-            targets[offsets[index] : offsets[index + 1]] = torch.as_tensor(tags, dtype=torch.long)[words]
-        return targets
 
     def _logits(self, features: Features, chosen: Tensor, targets: Tensor | None = None
                 ) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -445,6 +405,48 @@ class PapaProbe(Estimator):
         probe.network.load_state_dict(tensors)
         probe.network.eval()
         return probe
+
+
+def standardize(network: ProbeNetwork, features: Features, targets: Tensor) -> None:
+    """Set ``network``'s ``mean`` / ``scale`` to the training vectors' per (layer, dimension)
+    mean and standard deviation: every kept token (sequence probes) or every labelled word
+    (word probes). Summed in float32 per chunk of :data:`CHUNK` vectors (relative error ≤
+    256 · 2⁻²⁴ ≈ 1.5e-5 of the sum of magnitudes in the worst case, far below what moves a
+    probe) into float64 totals; a constant dimension keeps scale 1."""
+    device = features.vectors.device
+    labelled = None if features.kind == "sequence" else (targets >= 0).to(device)
+    total = torch.zeros(features.vectors.shape[1:], dtype=torch.float64, device=device)
+    square = torch.zeros_like(total)
+    for start in range(0, features.vectors.shape[0], CHUNK):
+        chunk = features.vectors[start : start + CHUNK]
+        if labelled is not None:
+            chunk = chunk[labelled[start : start + CHUNK]]
+        chunk = chunk.float()
+        total += chunk.sum(0)
+        square += (chunk * chunk).sum(0)
+    count = max(1, features.vectors.shape[0] if labelled is None else int((targets >= 0).sum()))
+    mean = total / count
+    std = (square / count - mean.square()).clamp_min(0).sqrt()
+    network.mean.copy_(mean.float())
+    network.scale.copy_(torch.where(std > 1e-3, std, torch.ones_like(std)).float())
+
+
+def label_targets(features: Features, labels: list) -> Tensor:
+    """One target per example (sequence) or per kept vector (words; -1: unlabelled)."""
+    if len(labels) != len(features):
+        raise InputError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
+    if features.kind == "sequence":
+        return torch.as_tensor([int(label) for label in labels], dtype=torch.long)
+    targets = torch.full((features.vectors.shape[0],), -1, dtype=torch.long)
+    offsets = features.offsets
+    for index, tags in enumerate(labels):
+        words = features.positions[offsets[index] : offsets[index + 1]]
+        if len(tags) != int(features.n_words[index]):
+            raise InputError(
+                f"example {index} has {int(features.n_words[index])} words but {len(tags)} labels."
+            )
+        targets[offsets[index] : offsets[index + 1]] = torch.as_tensor(tags, dtype=torch.long)[words]
+    return targets
 
 
 def made_for_record(features: Features, task: str | None, label_names: Sequence[str] | None) -> dict[str, Any]:

@@ -143,7 +143,7 @@ class ProbeResult(Result):
                 "versus_baseline": interval(self.versus_baseline)}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> ProbeResult:
+    def from_dict(cls, data: dict[str, Any]) -> ProbeResult:
         def number(value: Any) -> float:
             return float("nan") if value is None else float(value)
 

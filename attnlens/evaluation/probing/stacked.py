@@ -54,7 +54,9 @@ from attnlens.evaluation.probing.probe import (
     ProbeNetwork,
     as_lists,
     held_out_split,
+    label_targets,
     made_for_record,
+    standardize,
 )
 
 #: Settings that may differ between the members of one stacked fit (every other one is shared).
@@ -309,7 +311,7 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
     members = []
     for probe, one in zip(probes, sets, strict=True):
         if id(one) not in targets_of:
-            targets_of[id(one)] = probe._targets(one, labels).cpu()
+            targets_of[id(one)] = label_targets(one, labels).cpu()
             lengths_of[id(one)] = one.lengths.cpu()  # one copy per fit: every step indexes them
         targets = targets_of[id(one)]
         valid = targets >= 0
@@ -336,7 +338,7 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
             noise = torch.Generator(device=one.vectors.device).manual_seed(settings.seed)
         if settings.standardize:
             if id(one) not in standard:
-                probe._standardize(one, targets)
+                standardize(probe.network, one, targets)
                 standard[id(one)] = (probe.network.mean.clone(), probe.network.scale.clone())
             probe.network.mean.copy_(standard[id(one)][0])
             probe.network.scale.copy_(standard[id(one)][1])

@@ -140,7 +140,7 @@ class EffectiveStatistics(Result):
                 "n_examples": self.n_examples, "n_tokens": self.n_tokens, "n_truncated": self.n_truncated}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> EffectiveStatistics:
+    def from_dict(cls, data: dict[str, Any]) -> EffectiveStatistics:
         def means(values: dict[str, Any]) -> dict[str, Tensor]:
             return {name: torch.tensor(value, dtype=torch.float64).float().reshape(len(value), -1)
                     for name, value in values.items()}

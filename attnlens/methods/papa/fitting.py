@@ -270,7 +270,7 @@ def _start(model: Any, *, max_len: int, layout: str, checkpoint: Any) -> PapaCon
         checkpoint = checkpoint_path(checkpoint, world())
     if checkpoint is None or not Path(checkpoint).exists():
         return PapaConstants.empty(model, max_len=max_len, layout=layout)
-    state, _ = PapaConstants._load(checkpoint)
+    state = PapaConstants.load(checkpoint)
     check_model(state, model)
     if state.kind != "average":
         raise InputError(f"checkpoint {checkpoint} holds {state.kind!r} constants, not a fit.")

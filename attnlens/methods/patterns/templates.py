@@ -266,7 +266,7 @@ class Classification(Result):
                 "pairs": self.pairs.cpu().tolist()}
 
     @classmethod
-    def _from_dict(cls, data: dict[str, Any]) -> Classification:
+    def from_dict(cls, data: dict[str, Any]) -> Classification:
         dtype = {"float32": torch.float32, "float64": torch.float64}[data.get("dtype", "float32")]
         labels = torch.tensor(data["labels"], dtype=torch.long).reshape(len(data["labels"]), -1)
         scores = torch.tensor(data["scores"], dtype=torch.float64).to(dtype).reshape(*labels.shape, len(TYPES))
