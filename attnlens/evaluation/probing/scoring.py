@@ -27,8 +27,6 @@ from attnlens.evaluation.probing.stacked import fit_many
 
 #: Training examples a probe sees by default (PAPA's curve on 2 CPU cores fits in minutes).
 TRAIN_LIMIT = 4000
-
-
 #: :func:`choose_epochs` tries up to this many times the recipe's epochs.
 EPOCH_FACTOR = 3
 #: :func:`choose_epochs` stops after this many epochs without a better held-out score.
