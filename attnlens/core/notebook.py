@@ -28,6 +28,7 @@ STYLE = (
 
 
 def escape(value: Any) -> str:
+    """``value`` as text safe inside HTML."""
     return html.escape(str(value))
 
 
@@ -52,6 +53,7 @@ def frame_html(frame: Any, rows: int = SHOWN_ROWS) -> str:
 
 
 def summary_box(title: str, body: str) -> str:
+    """A summary's HTML: its ``title`` above its ``body`` (already HTML), in the summaries' style."""
     return (
         f'<div class="attnlens-summary" style="{STYLE}"><div style="font-weight: 600">'
         f"{escape(title)}</div>{body}</div>"

@@ -71,6 +71,9 @@ def _collective(what: str, function: Callable[[], Any], current: World) -> Any:
 
 
 def check_same_settings(settings: str, current: World) -> None:
+    """Refuse a pass whose ranks were given different ``settings`` (its header as JSON, the
+    corpus's fingerprint included): one :class:`~attnlens.errors.InputError` naming the ranks
+    that differ from rank 0."""
     import torch.distributed as dist
 
     gathered: list[Any] = [None] * current.size
@@ -86,6 +89,9 @@ def check_same_settings(settings: str, current: World) -> None:
 
 
 def reduce_across_ranks(accumulators: Sequence[Accumulator], counts: dict[str, Any], current: World) -> None:
+    """Every accumulator's states reduced over the ranks (:meth:`Accumulator.all_reduce`, each
+    state by its own reduction), and the pass's ``counts`` summed (``longest``: the maximum), in
+    place: every rank then holds the whole corpus's."""
     import torch.distributed as dist
 
     for accumulator in accumulators:

@@ -85,6 +85,7 @@ def _as_headset(heads: Any) -> HeadSet:
 
 
 def model_shape(model: Any) -> tuple[int, int]:
+    """``(n_layers, n_heads)`` of a TransformerLens model."""
     return int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
