@@ -15,14 +15,17 @@ The modules live in one-way layers, lowest first; a module imports only its own 
 ones, not even inside a function, and no imports form a cycle
 (``tests/unit/test_layers.py``):
 
-- ``core`` (:mod:`attnlens.core`): ``inputs``, ``loading``, ``seam``, ``models``, ``checks``,
-  ``files``, ``corpus``, ``heads``, ``plots``, ``notebook``; and :mod:`attnlens.errors`;
-- ``engine`` (:mod:`attnlens.engine`): ``passes`` (accumulators, ``run``, checkpoints,
-  distributed, hooks) and ``effective`` (effective attention of a layer);
-- ``methods`` (:mod:`attnlens.methods`): ``papa``, ``effective``, ``stats``, ``patterns``,
-  ``clustering``, ``ablation``, ``syntax``, ``views``;
+- ``core`` (:mod:`attnlens.core`): ``inputs``, ``loading``, ``seam``, ``models`` (one file per
+  architecture), ``heads``, ``checks``, ``files``, ``corpus``, ``devices``, ``result``,
+  ``plots``, ``notebook``, ...; and :mod:`attnlens.errors`;
+- ``engine`` (:mod:`attnlens.engine`): ``passes``, the one loop over a corpus, and its parts
+  (``accumulator``, ``batches``, ``forward``, ``split``, ``checkpoints``, ``distributed``,
+  ``hooks``, ``recording``); ``effective`` (effective attention of a layer);
+- ``methods`` (:mod:`attnlens.methods`): ``papa``, ``effective``, ``norm``, ``stats``,
+  ``patterns``, ``syntax``, ``clustering``, ``ablation``; ``views`` (their registry), ``maps``
+  and ``interventions`` (a view's maps and an intervention's hooks, built from values);
 - ``evaluation`` (:mod:`attnlens.evaluation`): ``tasks``, ``probing``, ``lm``, ``curve`` and
-  ``table`` (PAPA's), ``importance``;
+  ``table`` (PAPA's), ``importance`` and ``pruning``, ``conventions`` and ``claims``;
 - ``present`` (:mod:`attnlens.present`): ``figures``, ``columns``, ``report``, ``explorer``,
   ``kept``, ``display``, ``export``;
 - ``comparison`` (:mod:`attnlens.comparison`): ``result``, ``accumulator``, ``run``;
