@@ -165,6 +165,8 @@ def run(
     plan = _plan(model, accumulators, max_len=max_len, layout=layout, batch_size=batch_size,
                  checkpoint_every=checkpoint_every, compact=compact)
     order = _order(model, corpus, accumulators, plan, by_length)
+    if hasattr(corpus, "__len__") and len(corpus) == 0:  # refused before a progress bar is drawn
+        raise _empty(description, corpus)
     header = _header(model, plan, order, settings, effective)
     start = resume(checkpoint, accumulators, header, order.numbered, sizes=order.sizes, window=order.window,
                    current=plan.current)
@@ -251,6 +253,12 @@ def _order(model: Any, corpus: Any, accumulators: Sequence[Accumulator], plan: _
     mine = [listed[start : start + batch_size] for start in starts]
     return _Order((item for batch in mine for item in batch), sum(map(len, mine)), window, sizes, starts,
                   whole.hexdigest())
+
+
+def _empty(description: str, corpus: Any) -> InputError:
+    """The refusal of a corpus without an example (a sized one before the pass, any other after)."""
+    return InputError(f"corpus is empty: {description} needs at least one string or (str, str) pair "
+                      f"(got {type(corpus).__name__}).")
 
 
 def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] | None,
@@ -462,10 +470,7 @@ class _Pass:
         for accumulator in self.accumulators:  # read back once: results are made on the host
             accumulator.to("cpu")
         if counts["examples"] == 0:
-            raise InputError(
-                f"corpus is empty: {self.description} needs at least one string or (str, str) pair "
-                f"(got {type(self.corpus).__name__})."
-            )
+            raise _empty(self.description, self.corpus)
         return PassSummary(
             n_examples=counts["examples"],
             n_tokens=counts["tokens"],

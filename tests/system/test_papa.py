@@ -137,9 +137,12 @@ def test_fit_streams_any_iterable_and_datasets_columns(minilm, texts):
         papa.fit(minilm, "one sentence", max_len=32, progress=False)
 
 
-def test_empty_corpus_is_an_error(minilm):
-    with pytest.raises(ValueError, match="corpus is empty"):
-        papa.fit(minilm, [], max_len=32, progress=False)
+def test_empty_corpus_is_an_error(minilm, capsys):
+    """One error; a corpus known to be empty (it has a length) is refused before the pass draws
+    a progress bar, a generator when it ends without an example."""
+    with pytest.raises(ValueError, match="corpus is empty: papa.fit needs at least one string"):
+        papa.fit(minilm, [], max_len=32)
+    assert capsys.readouterr().err == ""
     with pytest.raises(ValueError, match="corpus is empty"):
         papa.fit(minilm, iter(()), max_len=32, progress=False)
 
