@@ -188,6 +188,11 @@ def test_replacing_all_half_or_no_heads_changes_the_logits_accordingly(minilm, b
     # the heads replaced are the least input-dependent ones
     ranking = torch.argsort(constants.input_dependence.flatten(), stable=True)[:36]
     assert set(papa.hooks(constants, heads=0.5).heads) == {divmod(int(i), 12) for i in ranking}
+    # (layer, head) pairs name the same heads as their HeadSet, in their order
+    pairs = [(5, 11), (0, 3)]
+    listed = papa.hooks(constants, heads=pairs)
+    assert torch.equal(listed.heads.mask, papa.HeadSet.from_heads(pairs, 6, 12).mask) and list(listed.heads) == pairs
+    assert listed.key() == papa.hooks(constants, heads=papa.HeadSet.from_heads(pairs, 6, 12)).key()
 
 
 @pytest.mark.parametrize("device_route", [False, True])

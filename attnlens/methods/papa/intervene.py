@@ -30,7 +30,7 @@ pattern shows (its length, the number of heads, and where the padding is) and ra
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -131,7 +131,7 @@ class PapaHooks(Hooks):
 def hooks(
     constants: Constants,
     *,
-    heads: str | HeadSet | float | Bool[Tensor, "layer head"] = "all",
+    heads: str | HeadSet | Sequence[tuple[int, int]] | float | Bool[Tensor, "layer head"] = "all",
     mode: str = "replace",
     lam: float | Float[Tensor, "layer head"] | None = None,
     causal: bool | None = None,
@@ -140,7 +140,8 @@ def hooks(
     """Forward hooks that replace (or blend) the selected heads' attention with ``constants``.
 
     ``constants``: :class:`PapaConstants` (fitted or data-free) or :class:`TrainableConstants`.
-    ``heads``: ``"all"``, a :class:`HeadSet` (or boolean ``[layer, head]`` tensor), or a fraction
+    ``heads``: ``"all"``, a :class:`HeadSet` (or a list of ``(layer, head)`` pairs, e.g.
+    ``[(0, 3), (5, 11)]``, or a boolean ``[layer, head]`` tensor), or a fraction
     ``k`` in ``[0, 1]``: the ``round(k · layers · heads)`` least input-dependent heads by
     :attr:`PapaConstants.input_dependence` (fitted constants only; for other orders pass
     ``heads=select_heads(...)``).
@@ -324,7 +325,7 @@ def intervention(
     model: Any,
     constants: Constants,
     *,
-    heads: str | HeadSet | float | Bool[Tensor, "layer head"] = "all",
+    heads: str | HeadSet | Sequence[tuple[int, int]] | float | Bool[Tensor, "layer head"] = "all",
     mode: str = "replace",
     lam: float | Float[Tensor, "layer head"] | None = None,
     fast: bool = False,

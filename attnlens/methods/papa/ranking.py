@@ -78,12 +78,13 @@ def input_dependence(constants: Any) -> Float[Tensor, "layer head"]:
 
 def resolve_heads(heads: Any, constants: Any) -> HeadSet:
     """A :class:`HeadSet` from what :func:`attnlens.papa.hooks` accepts as ``heads=``: ``"all"``,
-    a :class:`HeadSet`, a boolean ``[layer, head]`` tensor, or a fraction ``k`` in ``[0, 1]``
+    a :class:`HeadSet`, a list of ``(layer, head)`` pairs (:meth:`HeadSet.from_heads`), a boolean
+    ``[layer, head]`` tensor, or a fraction ``k`` in ``[0, 1]``
     (the ``round(k · layers · heads)`` least input-dependent heads of fitted ``constants``)."""
     n_layers, n_heads = constants.n_layers, constants.n_heads
     if isinstance(heads, str):
         if heads != "all":
-            raise InputError(f"heads={heads!r}: use 'all', a HeadSet or a fraction in [0, 1].")
+            raise InputError(f"heads={heads!r}: use 'all', a HeadSet, (layer, head) pairs or a fraction in [0, 1].")
         selected = HeadSet.all(n_layers, n_heads)
     elif isinstance(heads, HeadSet):
         selected = heads
@@ -95,6 +96,8 @@ def resolve_heads(heads: Any, constants: Any) -> HeadSet:
             f"as a float (heads={float(heads)}), or a number of heads as "
             f"heads=select_heads('input_dependence', n={heads}, constants=constants)."
         )
+    elif isinstance(heads, list | tuple):  # (layer, head) pairs
+        selected = HeadSet.from_heads(heads, n_layers, n_heads)
     elif isinstance(heads, float):
         if getattr(constants, "kind", None) != "average":
             raise InputError(
@@ -105,7 +108,8 @@ def resolve_heads(heads: Any, constants: Any) -> HeadSet:
         selected = ranked("input_dependence", count, n_layers, n_heads, scores=input_dependence(constants))
     else:
         raise InputTypeError(
-            f"heads must be 'all', a HeadSet, a bool torch tensor or a fraction; got {describe(heads)}"
+            "heads must be 'all', a HeadSet, a list of (layer, head) pairs, a bool torch tensor or a "
+            f"fraction; got {describe(heads)}"
             + ("; convert it with torch.as_tensor(heads)." if hasattr(heads, "__array__") else ".")
         )
     if selected.shape != (n_layers, n_heads):
