@@ -8,7 +8,7 @@ these names with head importance's (:mod:`attnlens.evaluation.importance`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, SupportsIndex
 
@@ -72,14 +72,24 @@ def output_hook(model: Any, layer: int) -> str:
     return template.format(layer=layer)
 
 
-def _as_headset(heads: Any) -> HeadSet:
+def _as_headset(heads: Any, known: list[tuple[str, tuple[int, int]]]) -> HeadSet:
+    """``heads`` as a :class:`HeadSet`: one, a boolean ``[layer, head]`` tensor, or ``(layer,
+    head)`` pairs, whose shape is that of the first of ``known`` (the model, the means, the
+    constants)."""
     if isinstance(heads, HeadSet):
         return heads
     if isinstance(heads, Tensor) and heads.dtype == torch.bool:
         return HeadSet(heads)
+    if isinstance(heads, list | tuple):
+        if not known:
+            raise InputError(
+                "heads given as (layer, head) pairs need the model's shape: pass model= (or build "
+                "HeadSet.from_heads(pairs, n_layers, n_heads))."
+            )
+        return HeadSet.from_heads(heads, *known[0][1])
     raise InputTypeError(
-        f"heads must be a HeadSet (attnlens.core.heads.HeadSet, e.g. HeadSet.from_heads([(0, 3)], "
-        f"n_layers, n_heads) or Importance.heads(0.5)) or a boolean [layer, head] tensor; got "
+        f"heads must be a HeadSet (attnlens.core.heads.HeadSet, e.g. Importance.heads(0.5)), (layer, "
+        f"head) pairs such as [(0, 3), (5, 11)], or a boolean [layer, head] tensor; got "
         f"{checks.describe(heads)}."
     )
 
@@ -153,15 +163,17 @@ class AblationHooks(Hooks):
 
 
 def hooks(
-    heads: HeadSet | Bool[Tensor, "layer head"],
+    heads: HeadSet | Sequence[tuple[int, int]] | Bool[Tensor, "layer head"],
     mode: str = "zero",
     *,
     model: Any = None,
     means: Float[Tensor, "layer head d_head"] | None = None,
     constants: Any = None,
 ) -> AblationHooks:
-    """Forward hooks that ablate ``heads`` (a :class:`HeadSet`) in ``mode`` (Michel et al. 2019
-    ablate by masking, ``"zero"``; the other modes are common alternatives):
+    """Forward hooks that ablate ``heads`` in ``mode`` (Michel et al. 2019 ablate by masking,
+    ``"zero"``; the other modes are common alternatives). ``heads``: a :class:`HeadSet`, a boolean
+    ``[layer, head]`` tensor, or ``(layer, head)`` pairs (e.g. ``[(0, 3), (5, 11)]``; their
+    shape is the model's, the means' or the constants', whichever is given). The modes:
 
     - ``"zero"``: the head's output ``z`` (``blocks.{l}.attn.hook_z``) is exactly 0;
     - ``"uniform"``: the head's attention (``hook_pattern``) is ``1 / n_valid`` on each valid key
@@ -185,7 +197,6 @@ def hooks(
             + "; ".join(f"{name!r} ({what})" for name, what in MODES.items())
             + "."
         )
-    heads = _as_headset(heads)
     if means is not None and mode != "mean":
         raise InputError(f"means= is only used with mode='mean' (got mode={mode!r}).")
     if constants is not None and mode != "papa":
@@ -222,6 +233,7 @@ def hooks(
                 f"constants must be PapaConstants or TrainableConstants, got {type(constants).__name__}."
             )
         known.append(("the PAPA constants", (int(constants.n_layers), int(constants.n_heads))))
+    heads = _as_headset(heads, known)
     _check_shape(heads, known)
 
     if mode == "papa":

@@ -203,6 +203,9 @@ def test_keys_tell_interventions_apart(bert):
     assert ablation.hooks(heads, "mean", means=means).key() != ablation.hooks(heads, "mean", means=means + 1).key()
     assert ablation.hooks(HeadSet.none(2, 4), "zero", model=bert) == []
     assert probing.hooks_key(zero) == zero.key()
+    # (layer, head) pairs are their HeadSet, shaped by the model or by the means
+    assert ablation.hooks(list(HEADS), "zero", model=bert).key() == zero.key()
+    assert ablation.hooks(list(HEADS), "mean", means=means).key() == ablation.hooks(heads, "mean", means=means).key()
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,9 +412,9 @@ def test_bad_inputs(bert):
     # without model=, the head count is checked when the hooks run
     with pytest.raises(ValueError, match="3 heads|4 heads"):
         run(bert, padded(bert), ablation.hooks(HeadSet.from_heads([(0, 1)], 2, 3), "zero"))
-    with unchecked():
-        with pytest.raises(TypeError, match="HeadSet"):
-            ablation.hooks([(0, 1)], "zero", model=bert)
+    with unchecked():  # a set of pairs has no order: refused, naming the forms taken
+        with pytest.raises(TypeError, match=r"HeadSet.*\(layer, head\) pairs"):
+            ablation.hooks({(0, 1)}, "zero", model=bert)
     with pytest.raises(ValueError, match="order"):
         ablation.prune_curve(bert, torch.zeros(2, 4), lambda hooks: 0.0, order="random")
     with pytest.raises(ValueError, match=r"\[2, 4\]"):

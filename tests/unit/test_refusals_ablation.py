@@ -29,6 +29,8 @@ CASES = [
     # (call(bridge, value), argument, bad value, error class, fragment of the message)
     (lambda m, v: ablation.hooks(HeadSet.all(2, 4), "mean", means=v), "means", np.zeros((2, 4, 8)), InputTypeError, "means must be a torch tensor"),
     (lambda m, v: ablation.hooks(v, "zero"), "heads", np.ones((2, 4), bool), InputTypeError, "heads must be a HeadSet"),
+    (lambda m, v: ablation.hooks(v, "zero"), "heads", [(0, 1)], InputError, "(layer, head) pairs need the model's shape: pass model="),
+    (lambda m, v: ablation.hooks(v, "zero", model=m), "heads", [(2, 1)], InputError, "head (2, 1) is outside the model's 2 layers x 4 heads"),
     (lambda m, v: ablation.importance(m, tiny.CORPUS[:2], mask_rate=v, progress=False), "mask_rate", "0.5", InputTypeError, "mask_rate must be a number"),
     (lambda m, v: ablation.importance(m, tiny.CORPUS[:2], mask_rate=v, progress=False), "mask_rate", NAN, InputError, "mask_rate must be a finite number"),
     (lambda m, v: ablation.importance(m, tiny.CORPUS[:2], seed=v, progress=False), "seed", 1.5, InputTypeError, "seed must be a whole number"),
