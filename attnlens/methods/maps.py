@@ -52,8 +52,9 @@ def maps(model: Any, batch: Batch, view: Any = "standard", *, raw: bool = False
     raw = flag(raw, "raw")
     constants = None if isinstance(view, str | views.View) else view
     if chosen.takes_constants:
-        if constants is None:
-            raise views.unknown_view(view, among=views.names(constants=False), where=" given by name to maps")
+        if constants is None:  # its name: the maps need its value
+            raise InputError(f"the {chosen.name!r} view is given to maps by its value, not its name: pass "
+                             f"{chosen.value_hint or 'its value'} (attnlens.maps(model, batch, constants)).")
         constants.check_compatible(model, batch)
     if raw and chosen.raw is None:
         having = [name for name, value in views.REGISTRY.items() if value.raw is not None]

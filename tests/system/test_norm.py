@@ -114,7 +114,8 @@ def test_maps_refuses_what_it_cannot_read():
         attnlens.maps(model, batch, "standard", raw=True)
     with pytest.raises(InputError, match="Unknown view 'rollout'"):
         attnlens.maps(model, batch, "rollout")
-    with pytest.raises(InputError, match="Unknown view 'papa'"):
+    with pytest.raises(InputError, match=r"the 'papa' view is given to maps by its value, not its name: pass "
+                                         r"the PAPA constants themselves"):
         attnlens.maps(model, batch, "papa")  # the constants themselves are the view
     with unchecked(), pytest.raises(TypeError, match="attnlens.maps takes a Batch"):
         attnlens.maps(model, ["a text"], "norm")
