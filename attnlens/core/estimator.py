@@ -8,7 +8,9 @@ signature; ``set_params`` changes some of them; ``clone`` builds an unfitted cop
 :class:`~attnlens.methods.patterns.PatternCNN`) take :class:`Estimator` for that, and keep their own
 ``fit``, ``predict`` / ``score`` and ``save`` / ``load``. Unlike scikit-learn they check their
 arguments in the constructor (one clear error where the mistake is made), and ``set_params``
-checks the new ones the same way, by building a fresh instance.
+checks the new ones the same way, by building a fresh instance. As in scikit-learn, the repr
+is the constructor's call with the arguments that differ from their defaults
+(``PapaProbe(epochs=3, lr=0.001)``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from attnlens.errors import InputError
 class Estimator:
     """``get_params`` / ``set_params`` from the constructor's keyword arguments (see the module
     docstring). A subclass stores each argument as an attribute of the same name."""
+
+    def __repr__(self) -> str:
+        """The constructor's call with the arguments that differ from their defaults, as
+        scikit-learn prints an estimator (``print_changed_only``)."""
+        defaults = {name: parameter.default for name, parameter in inspect.signature(type(self).__init__).parameters.items()}
+        changed = [f"{name}={value!r}" for name, value in self.get_params().items()
+                   if not _same(value, defaults.get(name, inspect.Parameter.empty))]
+        return f"{type(self).__name__}({', '.join(changed)})"
 
     @classmethod
     def _param_names(cls) -> list[str]:
@@ -49,3 +59,13 @@ class Estimator:
 
     def _after_set_params(self, fresh: Estimator) -> None:
         """Copy what the constructor derives from its arguments (e.g. a settings object)."""
+
+
+def _same(value: Any, default: Any) -> bool:
+    """Whether an argument is its default (a sequence given as a list equals its default tuple)."""
+    if isinstance(value, list | tuple) and isinstance(default, list | tuple):
+        return tuple(value) == tuple(default)
+    try:
+        return bool(value == default)
+    except (TypeError, ValueError, RuntimeError):  # a tensor or array: never a default here
+        return False

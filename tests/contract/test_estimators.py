@@ -82,3 +82,18 @@ def test_get_params_clone_and_set_params(learner):
     assert estimator.get_params() == before
     with pytest.raises(InputError, match="has no parameter 'nonsense'"):
         estimator.set_params(nonsense=1)
+
+
+@pytest.mark.parametrize("learner", sorted(CASES, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_the_repr_is_the_constructors_call_with_the_changed_arguments(learner):
+    """As scikit-learn prints an estimator (``print_changed_only``): the class and the arguments
+    that differ from their defaults, in the signature's order; evaluated, it builds the same
+    parameters."""
+    arguments = CASES[learner][0]
+    assert repr(learner()) == f"{learner.__name__}()"
+    estimator = learner(**arguments)
+    defaults = {name: p.default for name, p in inspect.signature(learner.__init__).parameters.items()}
+    changed = [name for name in defaults if name in arguments and arguments[name] != defaults[name]]
+    assert changed and len(changed) < len(defaults) - 1  # the case shows both kinds
+    assert repr(estimator) == f"{learner.__name__}({', '.join(f'{n}={arguments[n]!r}' for n in changed)})"
+    assert eval(repr(estimator), {learner.__name__: learner}).get_params() == estimator.get_params()  # noqa: S307

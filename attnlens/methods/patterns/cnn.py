@@ -229,11 +229,6 @@ class PatternCNN(Estimator):
         """The class names, in the order of :meth:`predict_proba`'s columns."""
         return np.asarray(self.settings.classes, dtype=object)
 
-    def __repr__(self) -> str:
-        state = "fitted" if self.network is not None else "not fitted"
-        s = self.settings
-        return f"PatternCNN(size={s.size}, classes={s.classes}, epochs={s.epochs}, seed={s.seed}; {state})"
-
     # ---- training ----------------------------------------------------------------------------
 
     def _targets(self, labels: Any, n: int) -> Tensor:
