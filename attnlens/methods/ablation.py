@@ -159,7 +159,8 @@ class AblationHooks(Hooks):
         return f"ablation:{self.mode}:{self.causal}:{names}:{tensor_checksum(tensors)}"
 
     def __repr__(self) -> str:
-        return f"AblationHooks({self.mode!r}, {len(self.heads)} heads, {len(self)} hooks)"
+        n_layers, n_heads = self.heads.shape
+        return f"AblationHooks({self.mode!r}, {len(self.heads)} of {n_layers * n_heads} heads, {len(self)} hooks)"
 
 
 def hooks(

@@ -19,7 +19,7 @@ import plotly.graph_objects as go
 import pytest
 
 import attnlens
-from attnlens import papa
+from attnlens import ablation, papa
 from attnlens.core.heads import HeadSet
 from attnlens.engine.batches import progress_bar, tqdm_class
 from attnlens.present import display
@@ -123,6 +123,15 @@ def test_constants_headset_and_curve_displays(bert):
         assert len(repr(obj)) < 300
     grid = heads._repr_html_().split("<pre", 1)[1]  # the marks: layer 0 has head 3, layer 1 head 2
     assert "L0  ···■" in grid and "L1  ··■·" in grid
+
+
+def test_hooks_say_what_they_do_in_one_short_line(bert):
+    """An intervention's hooks print their mode, how many heads of how many, and how many hooks
+    (their key, a checksum of the constants, is :meth:`key`, not the repr)."""
+    constants = papa.uniform(bert, max_len=16)
+    assert repr(papa.hooks(constants, heads=[(1, 2), (0, 3)])) == "PapaHooks('replace', 2 of 8 heads, 2 hooks)"
+    assert repr(papa.hooks(constants, fast=True)) == "PapaHooks('replace', 8 of 8 heads, 2 hooks, fast)"
+    assert repr(ablation.hooks([(1, 2)], "zero", model=bert)) == "AblationHooks('zero', 1 of 8 heads, 1 hooks)"
 
 
 def test_a_big_headset_stays_small():

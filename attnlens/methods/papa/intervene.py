@@ -88,6 +88,11 @@ class PapaHooks(Hooks):
         self.constants, self.heads, self.mode, self.theta = constants, heads, mode, theta
         self.causal, self.fast = causal, fast
 
+    def __repr__(self) -> str:
+        n_layers, n_heads = self.heads.shape
+        fast = ", fast" if self.fast else ""
+        return f"PapaHooks({self.mode!r}, {len(self.heads)} of {n_layers * n_heads} heads, {len(self)} hooks{fast})"
+
     @contextmanager
     def patched(self, model: Any) -> Iterator[list]:
         """With ``fast``: for the block, the replaced heads of ``model`` skip their work
