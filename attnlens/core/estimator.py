@@ -10,7 +10,7 @@ signature; ``set_params`` changes some of them; ``clone`` builds an unfitted cop
 arguments in the constructor (one clear error where the mistake is made), and ``set_params``
 checks the new ones the same way, by building a fresh instance. As in scikit-learn, the repr
 is the constructor's call with the arguments that differ from their defaults
-(``PapaProbe(epochs=3, lr=0.001)``).
+(``PapaProbe(epochs=3, lr=0.0003)``).
 """
 
 from __future__ import annotations
