@@ -109,6 +109,21 @@ class HeadSet:
         return headset_html(self)
 
 
+def as_headset(heads: object, shape: tuple[int, int] | None) -> HeadSet | None:
+    """``heads`` as a :class:`HeadSet` when it is one of the forms every intervention takes: a
+    :class:`HeadSet`, a boolean ``[layer, head]`` tensor, or ``(layer, head)`` pairs (a list or
+    tuple; :meth:`HeadSet.from_heads` with ``shape``, the model's ``(n_layers, n_heads)``, which
+    the caller must know for them). ``None`` for any other form: the caller names the forms it
+    takes besides these (PAPA: ``"all"`` and fractions)."""
+    if isinstance(heads, HeadSet):
+        return heads
+    if isinstance(heads, Tensor) and heads.dtype == torch.bool:
+        return HeadSet(heads)
+    if isinstance(heads, list | tuple) and shape is not None:
+        return HeadSet.from_heads(heads, *shape)
+    return None
+
+
 def n_selected(fraction: float, n_layers: int, n_heads: int) -> int:
     """``round(fraction · n_layers · n_heads)``, halves rounded up.
 

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from attnlens.core import checks, models, seam
 from attnlens.core.files import tensor_checksum
-from attnlens.core.heads import HeadSet, n_selected
+from attnlens.core.heads import HeadSet, as_headset, n_selected
 from attnlens.core.loading import is_causal, model_id, require_bridge
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame, plain
@@ -73,25 +73,21 @@ def output_hook(model: Any, layer: int) -> str:
 
 
 def _as_headset(heads: Any, known: list[tuple[str, tuple[int, int]]]) -> HeadSet:
-    """``heads`` as a :class:`HeadSet`: one, a boolean ``[layer, head]`` tensor, or ``(layer,
-    head)`` pairs, whose shape is that of the first of ``known`` (the model, the means, the
-    constants)."""
-    if isinstance(heads, HeadSet):
-        return heads
-    if isinstance(heads, Tensor) and heads.dtype == torch.bool:
-        return HeadSet(heads)
-    if isinstance(heads, list | tuple):
-        if not known:
-            raise InputError(
-                "heads given as (layer, head) pairs need the model's shape: pass model= (or build "
-                "HeadSet.from_heads(pairs, n_layers, n_heads))."
-            )
-        return HeadSet.from_heads(heads, *known[0][1])
-    raise InputTypeError(
-        f"heads must be a HeadSet (attnlens.core.heads.HeadSet, e.g. Importance.heads(0.5)), (layer, "
-        f"head) pairs such as [(0, 3), (5, 11)], or a boolean [layer, head] tensor; got "
-        f"{checks.describe(heads)}."
-    )
+    """``heads`` as a :class:`HeadSet` (:func:`attnlens.core.heads.as_headset`; ``(layer, head)``
+    pairs take the shape of the first of ``known``: the model, the means, the constants)."""
+    if isinstance(heads, list | tuple) and not known:
+        raise InputError(
+            "heads given as (layer, head) pairs need the model's shape: pass model= (or build "
+            "HeadSet.from_heads(pairs, n_layers, n_heads))."
+        )
+    selected = as_headset(heads, known[0][1] if known else None)
+    if selected is None:
+        raise InputTypeError(
+            f"heads must be a HeadSet (attnlens.core.heads.HeadSet, e.g. Importance.heads(0.5)), (layer, "
+            f"head) pairs such as [(0, 3), (5, 11)], or a boolean [layer, head] tensor; got "
+            f"{checks.describe(heads)}."
+        )
+    return selected
 
 
 def model_shape(model: Any) -> tuple[int, int]:

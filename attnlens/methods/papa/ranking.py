@@ -15,7 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.checks import describe
-from attnlens.core.heads import HeadSet, n_selected
+from attnlens.core.heads import HeadSet, as_headset, n_selected
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.constants import PapaConstants
 
@@ -82,36 +82,32 @@ def resolve_heads(heads: Any, constants: Any) -> HeadSet:
     ``[layer, head]`` tensor, or a fraction ``k`` in ``[0, 1]``
     (the ``round(k · layers · heads)`` least input-dependent heads of fitted ``constants``)."""
     n_layers, n_heads = constants.n_layers, constants.n_heads
-    if isinstance(heads, str):
-        if heads != "all":
-            raise InputError(f"heads={heads!r}: use 'all', a HeadSet, (layer, head) pairs or a fraction in [0, 1].")
-        selected = HeadSet.all(n_layers, n_heads)
-    elif isinstance(heads, HeadSet):
-        selected = heads
-    elif isinstance(heads, Tensor) and heads.dtype == torch.bool:
-        selected = HeadSet(heads)
-    elif isinstance(heads, int) and not isinstance(heads, bool):
-        raise InputTypeError(
-            f"heads={heads} is ambiguous (a count, or the fraction {float(heads)}?): pass a fraction "
-            f"as a float (heads={float(heads)}), or a number of heads as "
-            f"heads=select_heads('input_dependence', n={heads}, constants=constants)."
-        )
-    elif isinstance(heads, list | tuple):  # (layer, head) pairs
-        selected = HeadSet.from_heads(heads, n_layers, n_heads)
-    elif isinstance(heads, float):
-        if getattr(constants, "kind", None) != "average":
-            raise InputError(
-                "heads=<fraction> ranks heads by the input dependence measured in papa.fit; these "
-                "constants are not fitted, so pass heads=select_heads(...)."
+    selected = as_headset(heads, (n_layers, n_heads))
+    if selected is None:  # the forms PAPA adds: 'all' and a fraction
+        if isinstance(heads, str):
+            if heads != "all":
+                raise InputError(f"heads={heads!r}: use 'all', a HeadSet, (layer, head) pairs or a fraction in [0, 1].")
+            selected = HeadSet.all(n_layers, n_heads)
+        elif isinstance(heads, int) and not isinstance(heads, bool):
+            raise InputTypeError(
+                f"heads={heads} is ambiguous (a count, or the fraction {float(heads)}?): pass a fraction "
+                f"as a float (heads={float(heads)}), or a number of heads as "
+                f"heads=select_heads('input_dependence', n={heads}, constants=constants)."
             )
-        count = n_selected(heads, n_layers, n_heads)
-        selected = ranked("input_dependence", count, n_layers, n_heads, scores=input_dependence(constants))
-    else:
-        raise InputTypeError(
-            "heads must be 'all', a HeadSet, a list of (layer, head) pairs, a bool torch tensor or a "
-            f"fraction; got {describe(heads)}"
-            + ("; convert it with torch.as_tensor(heads)." if hasattr(heads, "__array__") else ".")
-        )
+        elif isinstance(heads, float):
+            if getattr(constants, "kind", None) != "average":
+                raise InputError(
+                    "heads=<fraction> ranks heads by the input dependence measured in papa.fit; these "
+                    "constants are not fitted, so pass heads=select_heads(...)."
+                )
+            count = n_selected(heads, n_layers, n_heads)
+            selected = ranked("input_dependence", count, n_layers, n_heads, scores=input_dependence(constants))
+        else:
+            raise InputTypeError(
+                "heads must be 'all', a HeadSet, a list of (layer, head) pairs, a bool torch tensor or a "
+                f"fraction; got {describe(heads)}"
+                + ("; convert it with torch.as_tensor(heads)." if hasattr(heads, "__array__") else ".")
+            )
     if selected.shape != (n_layers, n_heads):
         raise InputError(f"heads is a {list(selected.shape)} head set; the constants are [{n_layers}, {n_heads}] (layer, head).")
     return selected
