@@ -53,7 +53,7 @@ import attnlens
 from attnlens.engine import effective as engine_effective
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns
-from attnlens.engine.effective import _cholesky_inverse_factor
+from attnlens.engine.effective import cholesky_inverse_factor
 from attnlens.engine.forward import run_patterns
 from attnlens.methods.effective import effective_attention, run
 from attnlens.methods.effective.reference import effective_attention_loop
@@ -221,7 +221,7 @@ def main() -> None:
 
     def factorisations_only() -> None:
         for gram in grams:
-            _cholesky_inverse_factor(gram)
+            cholesky_inverse_factor(gram)
         sync()
 
     def loop() -> None:

@@ -53,11 +53,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import attnlens
 from attnlens import papa
-from attnlens.comparison.accumulator import _ReportRows, _row_tokens
+from attnlens.comparison.accumulator import ReportRows, row_tokens
 from attnlens.core import devices, seam
 from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import by_length, tokenize
-from attnlens.engine.accumulator import _on_host
+from attnlens.engine.accumulator import on_host_copy
 from attnlens.engine.batches import stage_batch
 from attnlens.engine.forward import check_hooks, check_token_ids, run_patterns
 from attnlens.evaluation import probing
@@ -88,7 +88,7 @@ BYTES_SIZE = (32, 128)
 #: rows' columns and tokens (found on the host copy, moved in one copy): CPU tensors on any
 #: device, so none of their operators is a GPU launch
 HOST = frozenset(inspect.unwrap(function).__code__ for function in (
-    stage_batch, tokenize, check_hooks, check_token_ids, _on_host, _row_tokens, _ReportRows.of.__func__))
+    stage_batch, tokenize, check_hooks, check_token_ids, on_host_copy, row_tokens, ReportRows.of.__func__))
 
 
 class Launches(TorchDispatchMode):

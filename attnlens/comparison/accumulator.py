@@ -1,6 +1,6 @@
 """The pass of :func:`attnlens.compare` as one accumulator: :class:`ViewsAccumulator`, the
 methods' own accumulators for every view, run together, and the maps it keeps for the figures
-and the report's explorer (:class:`_ReportRows`)."""
+and the report's explorer (:class:`ReportRows`)."""
 
 from __future__ import annotations
 
@@ -129,10 +129,10 @@ class ViewsAccumulator(Accumulator):
         self.signs = [(sign, [j for j, view in enumerate(names) if self.views[view].signed == sign])
                       for sign in (False, True) if any(self.views[view].signed == sign for view in names)]
         self.kept_patterns = KeptPatterns(names, signed, n_layers, n_heads, limit=report_examples)
-        self.report_rows: _ReportRows | None = None
+        self.report_rows: ReportRows | None = None
         # off the CPU the kept maps wait on the device until the pass ends (to("cpu")), their
         # scales telling whether encode refused any of them: nothing is read per batch
-        self.pending: list[_ReportRows] = []
+        self.pending: list[ReportRows] = []
         self.staged_kept: dict[str, Tensor] = {}
         # off the CPU, the engine hands a batch's layers as one stack (every view stacks its maps)
         self.stacks = all(value.stacks for value in self.views.values())
@@ -143,14 +143,14 @@ class ViewsAccumulator(Accumulator):
         indices = batch.indices
         self.row = indices.index(self.example) if self.example in indices else None
         if self.row is not None:
-            keep, self.staged_tokens, _ = _row_tokens(batch, self.row)
+            keep, self.staged_tokens, _ = row_tokens(batch, self.row)
             self.keep = devices.to_device(keep, batch.key_mask.device)  # pinned: no wait for the device
             self.staged = {view: [None] * self.n_layers for view in self.names}
         self.report_rows = None
         if self.report_examples:
             rows = [row for row, index in enumerate(indices) if index < self.report_examples or index == self.example]
             if rows:
-                self.report_rows = _ReportRows.of(batch, rows, self.n_layers, self.names)
+                self.report_rows = ReportRows.of(batch, rows, self.n_layers, self.names)
 
     @property
     def types(self) -> dict[str, Tensor]:
@@ -308,7 +308,7 @@ class ViewsAccumulator(Accumulator):
 
 
 @dataclass
-class _ReportRows:
+class ReportRows:
     """The rows of the batch being run whose maps :class:`ViewsAccumulator` keeps for the report,
     coded together: their corpus ``indices``, ``rows`` in the batch, each row's real columns
     (``columns`` ``[row, most]``, padded with column 0, and ``valid`` where they are real; found
@@ -327,8 +327,8 @@ class _ReportRows:
     scales: dict[str, list[Any]]
 
     @classmethod
-    def of(cls, batch: PassBatch, rows: list[int], n_layers: int, views: Sequence[str]) -> _ReportRows:
-        found = [_row_tokens(batch, row) for row in rows]
+    def of(cls, batch: PassBatch, rows: list[int], n_layers: int, views: Sequence[str]) -> ReportRows:
+        found = [row_tokens(batch, row) for row in rows]
         most = max(len(keep) for keep, _, _ in found)
         columns = torch.zeros(len(rows), most, dtype=torch.long)
         valid = torch.zeros(len(rows), most, dtype=torch.bool)
@@ -376,7 +376,7 @@ def _views_of(maps: Tensor, group: list[int]) -> Tensor:
     return torch.stack([maps[j] for j in group])
 
 
-def _row_tokens(batch: PassBatch, row: int) -> tuple[Tensor, list[str], list[int]]:
+def row_tokens(batch: PassBatch, row: int) -> tuple[Tensor, list[str], list[int]]:
     """``(keep, tokens, separators)`` of one row of a pass's batch, read on the host (the pass's
     copy of the inputs there, :attr:`PassBatch.on_host`): the columns of its real tokens, their
     texts, and which of them are separators."""

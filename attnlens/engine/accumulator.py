@@ -99,7 +99,7 @@ class PassBatch:
         def made() -> Any:
             if self.on_host is None or devices.reads_are_free(self.key_mask):
                 return compute(self.batch)
-            return devices.to_device(_on_host(compute, self.on_host), self.key_mask.device)
+            return devices.to_device(on_host_copy(compute, self.on_host), self.key_mask.device)
 
         return self.shared(key, made)
 
@@ -180,7 +180,7 @@ class LayerPatterns:
         ))
 
 
-def _on_host(compute: Callable[[Batch], Any], inputs: Batch) -> Any:
+def on_host_copy(compute: Callable[[Batch], Any], inputs: Batch) -> Any:
     """``compute(inputs)`` on the host's copy of a batch (a frame of its own: what
     ``benchmarks/launches.py`` leaves out of a device's launches)."""
     return compute(inputs)

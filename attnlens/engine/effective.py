@@ -362,7 +362,7 @@ def _single_threaded(device: torch.device) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _cholesky_inverse_factor(gram: Tensor) -> tuple[Tensor, Tensor]:
+def cholesky_inverse_factor(gram: Tensor) -> tuple[Tensor, Tensor]:
     """``L⁻¹`` for the Cholesky factor ``gram = L Lᵀ`` of each matrix, and LAPACK's ``info``."""
     eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device).expand_as(gram)
     with _single_threaded(gram.device):
@@ -393,7 +393,7 @@ def _basis_refined(
     passes the tolerance. Uncertified matrices' columns are meaningless (possibly NaN).
     """
     gram = flat.mT @ flat  # [matrix, d_head, d_head]
-    factor_inv, info = _cholesky_inverse_factor(gram)
+    factor_inv, info = cholesky_inverse_factor(gram)
     first = flat @ factor_inv.mT
     defect = first.mT @ first
     defect.diagonal(dim1=-2, dim2=-1).sub_(1.0)

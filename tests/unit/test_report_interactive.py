@@ -125,9 +125,9 @@ def test_a_pass_on_a_device_refuses_bad_kept_maps_when_it_reads_them(model, monk
     """On a device's route (no read per batch) a kept map that encode refuses stops the
     comparison with one clear error when the kept maps are read, at the end of the pass."""
     monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
-    blocks = accumulator._ReportRows.blocks
+    blocks = accumulator.ReportRows.blocks
     # the kept rows' maps made negative, as a view coded as non-negative must never be
-    monkeypatch.setattr(accumulator._ReportRows, "blocks", lambda rows, pattern: blocks(rows, pattern) - 0.5)
+    monkeypatch.setattr(accumulator.ReportRows, "blocks", lambda rows, pattern: blocks(rows, pattern) - 0.5)
     with pytest.raises(ValueError, match="maps to keep hold NaN or infinite values .or an unsigned view negative"):
         attnlens.compare(model, "papa", corpus=TEXTS, max_len=MAX_LEN, progress=False)
 
