@@ -57,6 +57,12 @@ def prune_curve(
     ``lambda hooks: probing.run(model, "sst2", hooks=hooks).score``. A set of heads already
     scored (fraction 0 in each order) is not scored again.
 
+    The ranking is made once, from ``importance`` as given, and is not re-estimated on the pruned
+    model after each step (Hugging Face's ``bertology`` script re-estimates it as it masks heads
+    step by step: for that, call :func:`attnlens.evaluation.importance.importance` with
+    ``hooks=`` the pruned heads' ablation). It is global: nothing keeps a head in every layer, so a fraction can
+    prune a whole layer (as Michel et al.'s code and ``bertology`` do by default).
+
     Returns ``(table, figure)``: a ``pandas.DataFrame`` with the columns of :data:`COLUMNS`
     (``fraction_pruned``, ``heads_pruned``, ``score``, ``order``) and a plotly figure of score
     against the percentage of heads pruned, one line per order.
