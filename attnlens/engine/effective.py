@@ -33,7 +33,7 @@ build ``U``; every head gets the cheapest one that is certified for it:
   eigenpairs kept by the tolerance. Forming ``G`` squares the condition number, but in float64
   singular values are still resolved down to about ``1e-7 · σ_max``, well below the default
   tolerance for these dtypes (at least ``33 · 1.19e-7 = 3.9e-6``). Off the CPU one read per
-  call says whether any head needs it (a pass makes every layer's maps of a batch in one call:
+  call says which heads need it (a pass makes every layer's maps of a batch in one call:
   one read a batch), and only those heads get it, the same arithmetic per head as on the CPU;
   heads up to :data:`NO_READ_WIDTH` wide (none by default) instead get every head's exact
   basis, taken where the refined one is not certified (``torch.where``: no read).
@@ -59,12 +59,15 @@ and would discard well-determined directions, breaking ``A⊥ V = A V``.)
 Short sequences
 ---------------
 When a sequence has at most ``d_head`` valid keys, ``V_valid`` has at least as many columns as
-rows, the left null space is trivial and ``A⊥ = A``: with the default tolerance that sequence's
-rows are returned exactly (bit for bit on its valid keys; padded keys' columns are 0 as
-everywhere) and no decomposition is computed for it. (This assumes, as the papers do, that the
-value vectors of a sequence are linearly independent; for real activations they are.) With an
-explicit ``rtol`` every sequence is decomposed, since a large tolerance can drop directions of a
-short one too.
+rows, and when those rows, the value vectors, are linearly independent the left null space is
+trivial and ``A⊥ = A``: with the default tolerance that sequence's rows are returned exactly (bit
+for bit on its valid keys; padded keys' columns are 0 as everywhere) and no decomposition is
+computed for it, once every head's values are certified independent
+(:func:`_independent_values`: a float64 Cholesky factorisation of the ``key x key`` Gram matrix
+``V_valid V_validᵀ``). They need not be: a model without positions in its residual stream (RoPE:
+Llama, Qwen2, Mistral) gives a repeated token the same values at its first layer, and a sequence
+not certified is decomposed like a long one. With an explicit ``rtol`` every sequence is
+decomposed, since a large tolerance can drop directions of a short one too.
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ def short_text_note(d_head: int) -> str:
     return (
         f"effective attention differs from standard attention only for texts longer than "
         f"d_head = {d_head} tokens (with at most d_head tokens the values span every direction, "
-        "so A⊥ = A)"
+        "so A⊥ = A), or whose value vectors are linearly dependent (a repeated token at the first "
+        "layer of a model without position embeddings, e.g. RoPE)"
     )
 
 
@@ -183,8 +187,10 @@ def effective_attention(
     ``A⊥ V = A V``); attnlens keeps its per-head relative tolerance and leaves those columns as
     computed (multiply by the key mask to zero them).
 
-    With the default ``rtol``, sequences with at most ``d_head`` valid keys are returned exactly
-    (no decomposition; an explicit ``rtol`` decomposes them too). The
+    With the default ``rtol``, sequences with at most ``d_head`` valid keys whose value vectors
+    are certified linearly independent are returned exactly (no decomposition; an explicit
+    ``rtol`` decomposes them too); a short sequence with dependent values (a repeated token at the
+    first layer of a RoPE model) is decomposed. The
     basis is built in float32 with one refinement step, falling back to float64 for heads whose
     values are badly conditioned; the products run in float32 (float64 for float64 inputs); see
     :mod:`attnlens.engine.effective` for the routes and their accuracy. Returns a new tensor of
@@ -194,10 +200,10 @@ def effective_attention(
     per call). A pass leaves it off: its patterns and values come from the model, and a read per
     layer would make the host wait for the device at every layer.
 
-    On a device other than the CPU one value is read back to the host, whether any head needs
-    the float64 fallback (only those heads get it): every sequence is decomposed and the short
-    ones keep ``A`` (``torch.where``). The result is the CPU route's, computed with the same
-    routes.
+    On a device other than the CPU one value is read back to the host, which heads need the
+    float64 fallback (only those heads get it): every sequence is decomposed and the short ones
+    certified independent keep ``A`` (``torch.where``). The result is the CPU route's, computed
+    with the same routes.
     """
     for name, value in (("pattern", pattern), ("v", v), ("key_mask", key_mask)):
         if value is not None and not isinstance(value, Tensor):
@@ -250,17 +256,22 @@ def effective_attention(
     else:
         tolerance = torch.full((batch,), float(rtol), dtype=torch.float64)
 
-    # sequences to decompose: with the default tolerance those with a non-trivial left null space;
-    # a given rtol may also cut the rank of a short one, so then every non-empty sequence
-    long = lengths > (d_head if rtol is None else 0)
-    if not bool(long.all()):  # the others keep A on their valid keys
+    # sequences to decompose: with the default tolerance those with a non-trivial left null space,
+    # the longer than d_head and the short ones whose values are not certified independent; a
+    # given rtol may also cut the rank of a short one, so then every non-empty sequence
+    decomposed = lengths > (d_head if rtol is None else 0)
+    short = ~decomposed & (lengths > 0)
+    if rtol is None and bool(short.any()):
+        rows = short.nonzero().squeeze(-1)
+        decomposed[rows] = ~_independent_values(v[rows], valid[rows], tolerance[rows])
+    if not bool(decomposed.all()):  # the others keep A on their valid keys
         kept = pattern if bool(valid.all()) else pattern.masked_fill(~valid[:, None, None, :], 0)
-        if not bool(long.any()):
+        if not bool(decomposed.any()):
             return kept.clone() if kept is pattern else kept
-    rows = None if bool(long.all()) else long.nonzero().squeeze(-1)
+    rows = None if bool(decomposed.all()) else decomposed.nonzero().squeeze(-1)
     take = (lambda x: x) if rows is None else (lambda x: x[rows])
     compute = torch.promote_types(pattern.dtype, torch.float32)
-    tolerance = tolerance[long.cpu()]  # one per long sequence
+    tolerance = tolerance[decomposed.cpu()]  # one per sequence decomposed
     basis = _column_space_basis(take(v), take(valid), tolerance, use_qr=use_qr)
     basis = basis.to(compute)
     effective = (take(pattern).to(compute) @ basis) @ basis.mT
@@ -279,10 +290,11 @@ def _on_device(
     rtol: float | None,
     use_qr: bool,
 ) -> Float[Tensor, "batch head query key"]:
-    """:func:`effective_attention` with at most one read of the device (whether any head needs
+    """:func:`effective_attention` with at most one read of the device (which heads need
     the exact basis, :func:`_column_space_basis`; none for heads up to :data:`NO_READ_WIDTH`
     wide): every sequence decomposed, the short ones (at most ``d_head`` keys, default tolerance)
-    keeping ``A`` on their valid keys."""
+    whose values are certified independent (:func:`_independent_values`) keeping ``A`` on their
+    valid keys."""
     d_head = v.shape[-1]
     if rtol is None:
         eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
@@ -290,11 +302,56 @@ def _on_device(
     else:
         tolerance = torch.full(lengths.shape, float(rtol), dtype=torch.float64, device=v.device)
     compute = torch.promote_types(pattern.dtype, torch.float32)
-    long = lengths > (d_head if rtol is None else 0)
-    basis = _column_space_basis(v, valid, tolerance, use_qr=use_qr, reads=False, needed=long).to(compute)
+    decomposed = lengths > (d_head if rtol is None else 0)
+    if rtol is None:  # a short sequence whose values are not certified independent is decomposed too
+        decomposed = decomposed | ~_independent_values(v, valid, tolerance)
+    # every sequence at most d_head long (the shapes say so): the refined basis certifies none of
+    # those decomposed (fewer keys than d_head: a singular Gram matrix; d_head keys not certified
+    # independent: beyond its conditioning), so only the exact route runs, for them
+    refined = rtol is not None or v.shape[2] > d_head
+    basis = _column_space_basis(v, valid, tolerance, use_qr=use_qr, reads=False, needed=decomposed, refined=refined)
+    basis = basis.to(compute)
     effective = ((pattern.to(compute) @ basis) @ basis.mT).to(pattern.dtype)
     kept = pattern.masked_fill(~valid[:, None, None, :], 0)
-    return torch.where(long[:, None, None, None], effective, kept)
+    return torch.where(decomposed[:, None, None, None], effective, kept)
+
+
+def _independent_values(
+    v: Float[Tensor, "batch head key d_head"], valid: Bool[Tensor, "batch key"], tolerance: Float[Tensor, "batch"]
+) -> Bool[Tensor, "batch"]:
+    """Whether each sequence's value vectors, the rows of every head's ``V_valid``, are certified
+    linearly independent: then the left null space is trivial and ``A⊥ = A``. Not so for every
+    short sequence: a model without positions in its residual stream (RoPE: Llama, Qwen2,
+    Mistral) gives a repeated token the same values at its first layer.
+
+    The ``key x key`` Gram matrix ``H = V_valid V_validᵀ`` in float64 (a padded key gets a unit
+    row of its own at the scale of the largest valid one, so that it decouples) is factored
+    ``H = L Lᵀ``, and every singular value must pass ``tolerance`` (the certificate of
+    :func:`_full_rank_certified`), but never less than :data:`GRAM_MIN_RTOL`: float64 resolves
+    ``H``'s eigenvalues to about ``1e-15 ‖H‖``, so singular values of ``V`` down to about
+    ``3e-8 σ_max``, and a factorisation that succeeds on rounding alone passes no smaller
+    tolerance. A sequence not certified is decomposed, which finds its rank either way.
+
+    Only sequences of at most ``d_head`` keys are asked about (a longer one's answer is not
+    used): with more keys than that in the batch, each sequence's valid keys are brought first
+    and its first ``d_head`` taken, so that a matrix is never larger than ``d_head x d_head``."""
+    batch, n_heads, n_keys, d_head = v.shape
+    device = v.device
+    if device.type == "mps":  # no float64 on MPS: on the CPU
+        v, valid, tolerance = v.cpu(), valid.cpu(), tolerance.cpu()
+    if n_keys > d_head:
+        first = torch.sort(valid.to(torch.uint8), dim=-1, descending=True, stable=True).indices[:, :d_head]
+        v = v.gather(2, first[:, None, :, None].expand(batch, n_heads, d_head, d_head))
+        valid, n_keys = valid.gather(1, first), d_head
+    flat = (v.double() * valid[:, None, :, None]).reshape(batch * n_heads, n_keys, d_head)
+    gram = flat @ flat.mT
+    diagonal = gram.diagonal(dim1=-2, dim2=-1)
+    largest = diagonal.amax(-1, keepdim=True)
+    diagonal.add_((~valid).repeat_interleave(n_heads, dim=0) * torch.where(largest > 0, largest, 1.0))
+    factor_inv, info = cholesky_inverse_factor(gram)
+    floor = tolerance.to(device=gram.device, dtype=torch.float64).clamp_min(GRAM_MIN_RTOL)
+    certified = (info == 0) & _full_rank_certified(gram, factor_inv, floor.repeat_interleave(n_heads))
+    return certified.view(batch, n_heads).all(-1).to(device)
 
 
 def _column_space_basis(
@@ -305,15 +362,17 @@ def _column_space_basis(
     use_qr: bool,
     reads: bool = True,
     needed: Bool[Tensor, "batch"] | None = None,
+    refined: bool = True,
 ) -> Float[Tensor, "batch head key d_head"]:
     """Orthonormal basis of the column space of each head's ``V_valid``.
 
     ``tolerance`` (float64, any device) is each example's ``rtol``. Columns for directions below
     the tolerance are 0, so ``basis @ basis.mT`` is the projector. float32 from the refined route,
     float64 from the QR route (see the module docstring). ``needed``: the examples whose bases
-    are used (default all); the others' (the device route's short sequences, which keep ``A``)
-    never get the exact route, whatever their refined basis (a sequence of fewer than ``d_head``
-    keys is never certified: its Gram matrix is singular).
+    are used (default all); the others' (the device route's short sequences certified
+    independent, which keep ``A``) never get the exact route, whatever their refined basis (a sequence of fewer than ``d_head``
+    keys is never certified: its Gram matrix is singular). ``refined=False``: no refined basis
+    (none would be certified), every needed head takes the exact route.
     """
     batch, n_heads, n_keys, d_head = v.shape
     device = v.device
@@ -330,15 +389,20 @@ def _column_space_basis(
         if padded:  # Householder vectors may leave rounding on the zeroed rows
             basis = basis * valid.repeat_interleave(n_heads, dim=0)[:, :, None].to(basis.dtype)
     else:
-        basis, certified = _basis_refined(flat, tolerance)
+        if refined:
+            basis, certified = _basis_refined(flat, tolerance)
+        else:
+            basis = torch.zeros_like(flat)
+            certified = torch.zeros(flat.shape[0], dtype=torch.bool, device=flat.device)
         if needed is not None:
             certified = (certified.view(batch, n_heads) | ~needed.to(certified.device)[:, None]).view(-1)
         if not reads and d_head <= NO_READ_WIDTH:  # the exact basis of every head, taken where the fast one fails
             fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
-        elif not bool(certified.all()):  # (off the CPU too: one read, the exact basis of the others alone)
+        else:  # (off the CPU too: one read, which heads need it; the exact basis of those alone)
             heads = (~certified).nonzero().squeeze(-1)
-            basis[heads] = _basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
+            if heads.numel():
+                basis[heads] = _basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
     basis = basis.reshape(batch, n_heads, n_keys, d_head)
     return basis if device.type != "mps" else basis.to(device=device, dtype=torch.float32)
 

@@ -81,8 +81,8 @@ class View:
     values (PAPA: fitted or trainable constants); such a value carries the ``max_len`` and
     ``layout`` its inputs must have and ``check_compatible(model)``. ``value_hint``: what to give
     for it, said when its name is given instead. ``blind_below_d_head``: its maps equal the
-    pattern on a text of at most ``d_head`` real tokens (effective attention: the values then
-    span every direction), so :func:`attnlens.compare` shows a longer example and says how many
+    pattern on a text of at most ``d_head`` real tokens whose values are independent (effective
+    attention: the values then span every direction), so :func:`attnlens.compare` shows a longer example and says how many
     texts are that short.
 
     ``reads``: what the view reads of a layer, a subset of :data:`READS`. The engine captures the

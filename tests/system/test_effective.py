@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import attnlens
+from attnlens.core import devices
 from attnlens.engine import effective as core
 from attnlens.methods.effective import effective_attention
 from attnlens.methods.effective.reference import effective_attention_loop
@@ -107,9 +108,12 @@ def test_rank_tolerance_is_relative_to_each_heads_largest_singular_value(activat
     lengths = valid.sum(-1)
     long = lengths > D_HEAD
     error = (got.double() - torch.from_numpy(expected)).abs() * block
-    assert error[long].max() <= ATOL
-    # by specification, sequences of at most d_head keys are returned as A even then
-    assert torch.equal(got[~long], pattern[~long])
+    assert error.max() <= ATOL
+    # a sequence of more than 20 keys has a left null space whatever its length (it was
+    # returned as A when at most d_head long); the one of 9 keys does not, and keeps A
+    rank_deficient = lengths > 20
+    assert (got[rank_deficient & ~long] - pattern[rank_deficient & ~long]).abs().max() > 1e-2
+    assert torch.equal(got[lengths <= 20], pattern[lengths <= 20])
     # an explicit rtol cuts real directions (same rule as the loop), and a tiny one keeps all
     for rtol in (0.05, 1e-9):
         got = effective_attention(pattern, v, key_mask=valid, rtol=rtol)
@@ -285,3 +289,37 @@ def test_qr_route_takes_fewer_keys_than_d_head(activations, dtype, rtol):
     expected = torch.from_numpy(effective_attention_loop(pattern, v, valid[:1, :n], rtol=rtol))
     assert got.shape == pattern.shape
     assert (got.double() - expected).abs().max() <= ATOL
+
+
+@pytest.mark.parametrize("route", ["cpu", "device"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_short_sequences_with_dependent_values_are_decomposed(activations, route, dtype, monkeypatch):
+    """A sequence of at most d_head keys keeps ``A`` only when its value vectors are independent:
+    a repeated value row (a repeated token at the first layer of a model without positions in
+    its residual stream, e.g. RoPE), a linear combination of others, or a head with no values
+    leave a left null space, as a longer sequence has, which the loop's SVD finds. On both
+    routes (the device's forced: every sequence decomposed, the short independent ones keeping
+    ``A``), padding last and first; the untouched short sequence keeps ``A`` bit for bit.
+    Tolerance: ATOL against the float64 loop (float32 values), 1e-10 for float64 ones."""
+    layers, valid = activations
+    pattern, v = (x.to(dtype).clone() for x in layers[1])
+    lengths = valid.sum(-1).tolist()
+    assert lengths[:4] == [9, 20, 31, 32]  # the short sequences
+    v[0, :, 3] = v[0, :, 1]  # every head: key 3's values repeat key 1's
+    v[1, 0, 5] = 2 * v[1, 0, 0] - v[1, 0, 2]  # head 0: key 5's are a combination
+    v[2, 4] = 0  # head 4: no values at all
+    if route == "device":
+        monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    eps, atol = (np.finfo(np.float32).eps, ATOL) if dtype == torch.float32 else (np.finfo(np.float64).eps, 1e-10)
+    right = (pattern, v, valid)
+    left = (pattern.flip(-1).flip(-2), v.flip(-2), valid.flip(-1))  # padding first
+    for pat, values, mask in (right, left):
+        got = effective_attention(pat, values, key_mask=mask)
+        expected = torch.from_numpy(effective_attention_loop(pat, values, mask, eps=float(eps)))
+        block = valid_block(mask).expand_as(got)
+        assert (got.double() - expected).abs()[block].max() <= atol
+        for example, heads in ((0, slice(None)), (1, 0), (2, 4)):
+            assert (got[example, heads] - pat[example, heads]).abs().max() > 1e-2, (example, heads)
+        assert torch.equal(got[3], pat[3].masked_fill(~mask[3, None, None, :], 0))
+        # the part that reaches the output is unchanged
+        torch.testing.assert_close(got @ values, pat @ values, atol=atol * 10, rtol=1e-5)

@@ -338,3 +338,29 @@ def test_run_warns_once_when_no_text_is_longer_than_d_head(minilm, monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         effective.run(minilm, ["short ."])  # once per process
+
+
+def test_a_short_text_with_a_repeated_token_on_a_rope_decoder():
+    """A RoPE decoder's first layer sees no positions: a repeated token has the same values there,
+    so a text of fewer than d_head tokens still has a left null space (it was returned as A).
+    ``effective.run`` against the float64 SVD loop on every layer (ATOL: float32 values; the
+    grouped key-value heads repeated for their query heads), and the part that reaches the
+    output unchanged."""
+    model = tiny.llama_bridge()
+    d_head = int(model.cfg.d_head)
+    batch = attnlens.tokenize(model, ["fox fox fox fox", "the quick brown fox"], max_len=16, layout="padded")
+    valid = batch.attention_mask.bool()
+    assert int(valid.sum(-1).max()) <= d_head
+    result = effective.run(model, batch)
+    names = [f"blocks.{layer}.attn.hook_v" for layer in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs(), names_filter=names)
+    for layer in range(model.cfg.n_layers):
+        v = einops.rearrange(cache[names[layer]], "b k h d -> b h k d")
+        v = v.repeat_interleave(model.cfg.n_heads // v.shape[1], dim=1)
+        pattern, got = result.standard[layer], result.effective[layer]
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid))
+        block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(got)
+        assert (got.double() - expected).abs()[block].max() <= 1e-5, layer
+        torch.testing.assert_close(got @ v, pattern @ v, atol=1e-5, rtol=1e-5)
+    assert (result.effective[0, 0] - result.standard[0, 0]).abs().max() > 0.05  # the repeats' null space
