@@ -390,7 +390,8 @@ def cluster(
     ``view``: ``"standard"``, ``"effective"`` or :class:`~attnlens.papa.PapaConstants` (every
     head replaced by its constant through :func:`attnlens.papa.hooks`; the inputs take the
     constants' layout and ``max_len``, and giving others is an error). ``max_len``: default 128
-    (or the constants'); ``layout``: default the model's (:func:`attnlens.core.inputs.default_layout`).
+    (or the constants'); ``layout``: default ``"padded"``, the model's ordinary input, as Clark
+    et al. ran BERT (or the constants': :func:`attnlens.methods.view_setup.setup`).
     ``hooks``: further interventions (``fwd_hooks``) during the pass. ``types``: optional
     DataFrame with columns ``layer``, ``head``, ``type`` (a pattern type per head, e.g.
     ``"vertical"``, ``"diagonal"``, ``"block"``, ``"heterogeneous"``; the table of

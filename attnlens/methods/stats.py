@@ -15,7 +15,13 @@ For every valid query token of every example, a head's attention row is summaris
   Attention Sink Emerges in Language Models: An Empirical View", arXiv:2410.10781), who apply it
   to a head's attention to the first token averaged over queries; here it is applied per row.
 
-Each statistic is the mean over all valid query tokens seen, per (layer, head).
+Each statistic is the mean over all valid query tokens seen, per (layer, head): every token
+weighs the same, so a long text counts for more than a short one. Clark et al.'s notebooks
+average each text's token mean, then the texts (a short text weighs as much as a long one), and
+smooth the rows before the entropy (``0.9999·a + 0.0001/n``); their punctuation is only "." and
+","; on 13 SST-2 sentences, averaging per text instead moves MiniLM's ``to_cls`` by up to
+0.07 and its entropy by up to 0.25 nats, Clark et al.'s punctuation its ``to_punct`` by up to
+0.06.
 """
 
 from __future__ import annotations

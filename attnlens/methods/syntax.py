@@ -360,8 +360,9 @@ def dependency_heads(
     ``max_len`` (default 128, or the constants'): sentences that take more tokens are skipped,
     never truncated (that would cut words off their heads), and counted in
     ``table.attrs["skipped"]`` with one warning; sentences :func:`attnlens.tokenize` cannot take
-    (a blank word) likewise in ``attrs["blank"]``. ``layout``: default the model's
-    (:func:`attnlens.core.inputs.default_layout`).
+    (a blank word) likewise in ``attrs["blank"]``. ``layout``: default ``"padded"``,
+    the model's ordinary input, as Clark et al. ran BERT (or the constants':
+    :func:`attnlens.methods.view_setup.setup`).
 
     Token attention becomes word attention (:func:`word_attention`: sum over a word's
     sub-tokens as keys, mean as queries); a head predicts for each word the other word it

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from attnlens.core.checks import describe
-from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
+from attnlens.core.inputs import LAYOUTS, check_max_len
 from attnlens.errors import InputError
 from attnlens.methods import interventions
 from attnlens.methods.views import REGISTRY, View, resolve
@@ -41,9 +41,12 @@ def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = No
     (PAPA constants) imposes its own ``max_len`` and layout (giving others is an error), and the
     view's intervention (:attr:`View.intervention`, built by
     :func:`attnlens.methods.interventions.build` on every head) is installed; else ``max_len``
-    defaults to ``default_max_len`` and ``layout`` to the model's
-    (:func:`attnlens.core.inputs.default_layout`). ``hooks``: further interventions, run after
-    the view's own."""
+    defaults to ``default_max_len`` and ``layout`` to ``"padded"``: the model's ordinary input
+    (``[CLS] w1 … wk [SEP]`` at positions ``0 … k+1`` on an encoder, as Clark et al. and Kovaleva
+    et al. ran BERT), which :func:`attnlens.compare` and :mod:`attnlens.methods.effective` take
+    too without PAPA constants; the PAPA layout (its final separator at ``max_len − 1``) is for
+    the constants, whose positions are fixed. ``hooks``: further interventions, run after the
+    view's own."""
     name, constants = resolve(view)
     fwd_hooks = list(hooks)
     if constants is not None:
@@ -58,7 +61,7 @@ def setup(model: Any, view: Any, *, max_len: Any = None, layout: str | None = No
         intervention = REGISTRY[name].intervention
         if intervention is not None:  # the value's hooks make the patterns the maps are read from
             fwd_hooks = [*interventions.build(intervention, model, "all", constants=constants), *fwd_hooks]
-    layout = default_layout(model) if layout is None else layout
+    layout = "padded" if layout is None else layout
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {describe(layout)}; use one of {', '.join(LAYOUTS)}.")
     max_len = check_max_len(model, default_max_len if max_len is None else max_len, layout=layout)

@@ -67,9 +67,8 @@ class View:
     maps are made from what the pass engine hands each accumulator, a
     :class:`attnlens.engine.accumulator.LayerPatterns` (``maps(layer) -> [batch, head, query, key]``);
     ``takes_constants``: whether the view is given by PAPA constants (the constants are the view
-    value; their hooks make the patterns the maps are read from); ``default_layout``: the inputs'
-    layout, a fixed name, or a callable of the model (None: the model's own,
-    :func:`attnlens.core.inputs.default_layout`).
+    value; their hooks make the patterns the maps are read from; their layout is the inputs':
+    :func:`attnlens.methods.view_setup.setup`).
 
     ``intervention``: the name, in :data:`attnlens.methods.interventions.REGISTRY`, of the
     intervention that runs the model under this view (built with
@@ -106,7 +105,6 @@ class View:
     signed: bool
     maps: Callable[[Any], Any] = _pattern
     takes_constants: bool = False
-    default_layout: str | Callable[[Any], str] | None = None
     intervention: str | None = None
     accepts: Callable[[Any], bool] | None = None
     value_hint: str = ""
@@ -143,14 +141,6 @@ class View:
                 layer.layers or layer.layer, layer.batch.key_mask, dtype=torch.float32, causal=causal,
                 positions=layer.batch.compact_positions))
         return self.maps(layer)
-
-    def layout(self, model: Any) -> str:
-        """The layout of this view's inputs on ``model`` by default."""
-        from attnlens.core.inputs import default_layout
-
-        if self.default_layout is None:
-            return default_layout(model)
-        return self.default_layout(model) if callable(self.default_layout) else self.default_layout
 
 
 #: every view, by name, in report order: the one registry every module asks

@@ -11,7 +11,7 @@ from attnlens import papa
 from attnlens.core.inputs import tokenize
 from attnlens.engine import passes
 from attnlens.engine.forward import value_hook, values_per_query_head
-from attnlens.methods import patterns
+from attnlens.methods import clustering, patterns
 from attnlens.methods.patterns.counts import COLUMNS
 from attnlens.methods.patterns.templates import BAND, Positions
 from tests import tiny
@@ -265,7 +265,7 @@ def classify_by_hand(model, texts, view="standard"):
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     counts = torch.zeros(n_layers, n_heads, len(patterns.TYPES), dtype=torch.int64)
     for text in texts:
-        batch = tokenize(model, [text], max_len=64)
+        batch = tokenize(model, [text], max_len=64, layout="padded")  # the ordinary input, types' default
         cache = {}
 
         def keeper(name, cache=cache):
@@ -326,6 +326,24 @@ def test_types_with_papa_constants_and_figure(bert):
     assert [a.text for a in fig.layout.annotations] == ["standard", "papa"]
     with pytest.raises(ValueError, match="max_len=32"):
         patterns.types(bert, TEXTS, view=constants, max_len=64, progress=False)
+
+
+def test_the_inputs_are_the_ordinary_ones_unless_papa_constants_are_among_the_views(bert):
+    """Without PAPA constants the maps are read on the model's ordinary input (the padded layout,
+    as Kovaleva et al. and Clark et al. ran BERT, and as compare takes it), for every analysis of
+    heads; with constants among the views every view reads the constants' inputs, as in
+    compare."""
+    import pandas as pd
+
+    standard = patterns.types(bert, TEXTS, progress=False)
+    assert standard.attrs["layout"] == "padded"
+    pd.testing.assert_frame_equal(standard, patterns.types(bert, TEXTS, layout="padded", progress=False))
+    assert clustering.cluster(bert, TEXTS, max_len=64, progress=False).table.attrs["layout"] == "padded"
+    constants = papa.fit(bert, TEXTS, max_len=32, progress=False)
+    both = patterns.types(bert, TEXTS, view=["standard", constants], progress=False)
+    assert (both.attrs["layout"], both.attrs["max_len"]) == ("papa", 32)
+    in_papa = patterns.types(bert, TEXTS, layout="papa", max_len=32, progress=False)
+    pd.testing.assert_frame_equal(both[both["view"] == "standard"].reset_index(drop=True), in_papa)
 
 
 def test_types_bad_inputs(bert):

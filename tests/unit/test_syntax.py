@@ -138,7 +138,8 @@ def replacing(layer_heads, patterns):
 
 def test_a_head_attending_to_syntactic_heads_scores_one(bert):
     sentences = conllu.read_conllu(CONLLU)
-    batch = attnlens.tokenize(bert, [Words(s.words) for s in sentences], max_len=32, layout="papa")
+    # the default layout of the analysis: the model's ordinary input
+    batch = attnlens.tokenize(bert, [Words(s.words) for s in sentences], max_len=32, layout="padded")
     word_ids = batch.extra["word_ids"]
     # head 2 of layer 1: each word attends to its syntactic head (the root to itself)
     to_heads = [[h if h >= 0 else i for i, h in enumerate(s.heads)] for s in sentences]
@@ -170,7 +171,7 @@ def test_a_head_attending_to_syntactic_heads_scores_one(bert):
 
     # the same counts through passes.run, head by head: the hooked heads are exact
     counts = syntax.DependencyCounts(sentences, 2, 4)
-    passes.run(bert, [Words(s.words) for s in sentences], [counts], max_len=32, layout="papa",
+    passes.run(bert, [Words(s.words) for s in sentences], [counts], max_len=32, layout="padded",
                hooks=hooks, progress=False)
     det, amod = counts.relations.index("det"), counts.relations.index("amod")
     assert torch.equal(counts.correct[:, 0, 1, 2], counts.arcs)

@@ -142,7 +142,10 @@ def types(
     it; default: its default corpus). ``view``: ``"standard"``, ``"effective"`` or PAPA
     constants (:mod:`attnlens.methods.views`), or a list of them: standard and effective attention are
     then classified in one pass (PAPA constants, which change the forward, in one pass each)
-    and the table has rows for every view. ``classifier``: None for the template rules
+    and the table has rows for every view. ``max_len`` and ``layout``: default 128 and
+    ``"padded"``, the model's ordinary input (:func:`attnlens.methods.view_setup.setup`); with
+    PAPA constants among the views, the constants' for every view, as :func:`attnlens.compare`
+    does, so that all of them read the same inputs. ``classifier``: None for the template rules
     (:func:`attnlens.methods.patterns.classify`), or a fitted :class:`~attnlens.methods.patterns.PatternCNN`.
     ``hooks``: further interventions during the pass. ``checkpoint``: a file to resume from
     (:func:`attnlens.engine.passes.run`).
@@ -165,6 +168,10 @@ def types(
     if not asked:
         raise InputError("view= is an empty list; give 'standard', 'effective' or PAPA constants.")
     chosen = [view_setup.setup(model, one, max_len=max_len, layout=layout, hooks=hooks) for one in asked]
+    given = next((c for c in chosen if c.constants is not None), None)
+    if given is not None and layout is None:  # as compare: the named views read the constants' inputs too
+        chosen = [view_setup.setup(model, one, max_len=given.max_len, layout=given.layout, hooks=hooks)
+                  for one in asked]
     # the named views read the same forward: one pass for them, one per set of PAPA constants
     groups = [[c for c in chosen if c.constants is None]] + [[c] for c in chosen if c.constants is not None]
     groups = [group for group in groups if group]
