@@ -78,16 +78,16 @@ def main() -> None:
     device = setup(args)
     model = attnlens.load(device=device)
     model.eval()
-    layout = default_layout(model)
+    layout = "padded"  # the analyses' default inputs (importance's: default_layout(model), below)
     n_layers = model.cfg.n_layers
     last_pattern = f"blocks.{n_layers - 1}.attn.hook_pattern"
     print(f"heads benchmark: {attnlens.core.loading.model_id(model)}, max_len {args.max_len}, "
           f"batch {args.batch_size}, layout {layout}, torch threads {torch.get_num_threads()}\n")
 
-    def plain_forward(examples: list, compact: bool = False) -> None:
+    def plain_forward(examples: list, layout: str = layout) -> None:
         for start in range(0, len(examples), args.batch_size):
             batch = attnlens.tokenize(model, examples[start : start + args.batch_size],
-                                      max_len=args.max_len, layout=layout, compact=compact)
+                                      max_len=args.max_len, layout=layout, compact=True)
             with torch.inference_mode():
                 run_patterns(model, batch, [], until=last_pattern)
 
@@ -99,8 +99,8 @@ def main() -> None:
                        progress=False)
 
     types()  # warm-up
-    ordered = pass_order(model, texts, args.batch_size)  # the batches patterns.types runs: by length, compact
-    analysis, plain = pairs(types, lambda: plain_forward(ordered, compact=True), args.repeats)
+    ordered = pass_order(model, texts, args.batch_size)  # the batches patterns.types runs: by length
+    analysis, plain = pairs(types, lambda: plain_forward(ordered), args.repeats)
     report("patterns.types", analysis, plain, "plain forward", len(texts), "texts", TARGET)
 
     # -- syntactic heads -------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def main() -> None:
     sentences = conllu.read_conllu(treebank, limit=args.sentences)
     lengths = syntax.token_counts(model, sentences, layout)
     kept = [s for s, n in zip(sentences, lengths, strict=True) if n is not None and n <= args.max_len]
-    words = [attnlens.Words(s.words) for s in kept]
+    words = pass_order(model, [attnlens.Words(s.words) for s in kept], args.batch_size)  # as the pass runs them
 
     def dependency() -> None:
         syntax.dependency_heads(model, treebank, limit=args.sentences, max_len=args.max_len,
@@ -126,6 +126,8 @@ def main() -> None:
         """A loss of every example: the mean log-sum-exp of its real tokens' logits."""
         mask = batch.key_mask.to(output.dtype)
         return (output.logsumexp(-1) * mask).sum(-1) / mask.sum(-1)
+
+    layout = default_layout(model)  # importance's default inputs
 
     def gates() -> None:
         ablation.importance(model, sequences, loss=loss, max_len=args.max_len, layout=layout,
