@@ -40,11 +40,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from attnlens.core import layouts, models
-from attnlens.core.checks import (
-    describe,
-    flag,
-    whole_number,  # noqa: F401  (re-exported: attnlens.core.inputs.whole_number)
-)
+from attnlens.core.checks import describe, flag, whole_number
 from attnlens.core.layouts import BlankText
 from attnlens.core.loading import is_causal
 from attnlens.errors import InputError, InputTypeError

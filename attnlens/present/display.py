@@ -19,19 +19,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from attnlens.core.notebook import (  # noqa: F401  (re-exported: attnlens.present.display.in_notebook, ...)
-    SHOWN_ROWS,
-    STYLE,
-    constants_html,
-    curve_html,
-    escape,
-    frame_html,
-    headset_html,
-    in_notebook,
-    items_table,
-    quiet_tqdm_auto,
-    summary_box,
-)
+from attnlens.core.notebook import STYLE, escape, frame_html, in_notebook, items_table, summary_box
 
 #: at most this many tokens of the example are listed in a comparison's summary
 SHOWN_TOKENS = 24

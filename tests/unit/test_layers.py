@@ -491,3 +491,25 @@ def test_the_public_facades_are_names_only():
         assert all(hasattr(module, public) for public in module.__all__)
         with pytest.raises(AttributeError):
             module.fitting  # noqa: B018 (a submodule of before the layers)
+
+
+def test_a_module_imports_only_what_it_uses():
+    """A name is imported from another attnlens module only where it is used (one name per
+    module: no re-exports, such as ``attnlens.present.display.in_notebook`` for
+    ``attnlens.core.notebook.in_notebook``, kept under ``# noqa: F401``). Packages' ``__init__``
+    files gather names on purpose; a module's ``__all__`` names what it offers."""
+    unused = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "__init__.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets):
+                used |= {element.value for element in getattr(node.value, "elts", [])
+                         if isinstance(element, ast.Constant)}
+        unused += [f"{path.relative_to(ROOT)}:{node.lineno}: {alias.asname or alias.name}"
+                   for node in ast.walk(tree)
+                   if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnlens")
+                   for alias in node.names if (alias.asname or alias.name) not in used]
+    assert not unused, "\n".join(unused)

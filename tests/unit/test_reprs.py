@@ -20,9 +20,9 @@ import pytest
 
 import attnlens
 from attnlens import ablation, papa
+from attnlens.core import notebook
 from attnlens.core.heads import HeadSet
 from attnlens.engine.batches import progress_bar, tqdm_class
-from attnlens.present import display
 from tests import tiny
 
 #: the most a compact display may weigh
@@ -156,7 +156,7 @@ def kernel(monkeypatch):
     monkeypatch.setitem(sys.modules, "IPython", ipython)
     for name in ("QT_API", "SPYDER_ARGS"):
         monkeypatch.delenv(name, raising=False)
-    assert display.in_notebook()
+    assert notebook.in_notebook()
 
 
 @pytest.fixture()
@@ -188,7 +188,7 @@ def test_progress_bars_in_a_notebook_without_ipywidgets_are_text_and_quiet(
         bar = progress_bar(range(3), "test", True)
         bar.update(3)
         bar.close()
-        display.quiet_tqdm_auto()  # what `import attnlens` does in a kernel
+        notebook.quiet_tqdm_auto()  # what `import attnlens` does in a kernel
         import tqdm.auto  # what transformers does afterwards
     assert [str(w.message) for w in caught] == []
     chosen = sys.modules["tqdm.autonotebook"].tqdm  # what tqdm.auto settled on: the text bar
@@ -220,7 +220,7 @@ def test_progress_bars_in_a_notebook_with_ipywidgets_are_widgets(kernel, monkeyp
 def test_progress_bars_outside_a_notebook_are_text():
     from tqdm.std import tqdm
 
-    assert not display.in_notebook() and tqdm_class() is tqdm
+    assert not notebook.in_notebook() and tqdm_class() is tqdm
     assert progress_bar([1, 2], "x", False).disable
 
 
