@@ -23,6 +23,7 @@ from attnlens import ablation, papa
 from attnlens.core import notebook
 from attnlens.core.heads import HeadSet
 from attnlens.engine.batches import progress_bar, tqdm_class
+from attnlens.present import display
 from tests import tiny
 
 #: the most a compact display may weigh
