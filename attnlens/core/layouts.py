@@ -105,7 +105,18 @@ def word_index(word_ids: list[list[int | None]], offsets: list[int], length: int
 def papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, words: bool) -> Encoded:
     """The PAPA layout (:mod:`attnlens.core.inputs`) of ``examples``: texts, (first, second) pairs
     (``is_pair``) or word lists (``words``: :class:`attnlens.core.inputs.Words`, with the index of
-    each word's first sub-token in ``extra``)."""
+    each word's first sub-token in ``extra``).
+
+    As Appendix A describes it, which the authors' code (``run_papa_glue_avgs_creator.py``,
+    ``add_preprocess_func``) departs from in three ways: it cuts a single sentence at
+    ``max_len // 2`` positions (its loop over the first segment applies to single sentences
+    too), where here a single sentence keeps up to ``max_len − 2`` tokens; it lets the tokenizer
+    cut a long pair to ``max_len`` (longest first) before the half-length limits, where here each
+    segment is cut to its room alone; and it leaves ``token_type_ids`` as tokenized, so that most
+    of a second segment has type 0, where here the second segment and the final separator have
+    type 1, as BERT was trained. Constants fitted here therefore differ from the authors' on
+    single sentences longer than ``max_len // 2 − 1`` tokens, on long pairs and, for models with
+    token types, on every pair."""
     start, sep, pad = special_ids(tokenizer)
     middle = max_len // 2
     n = len(examples)
