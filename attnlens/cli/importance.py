@@ -29,7 +29,7 @@ def add(commands: Any) -> None:
     parser.add_argument("--train-limit", type=options.positive, default=4000,
                         help="training examples of the probe (default 4000)")
     parser.add_argument("--limit", type=options.positive, default=512,
-                        help="dev examples the importance is averaged over (default 512)")
+                        help="training examples the importance is averaged over, held out from the probe's (default 512)")
     parser.set_defaults(handler=run)
 
 

@@ -12,9 +12,11 @@ ablation itself (hooks, head means, the pruning curve) is :mod:`attnlens.methods
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, SupportsIndex
 
+import numpy as np
 import torch
 from jaxtyping import Float
 from torch import Tensor
@@ -292,19 +294,27 @@ def task_loss(
     limit: int | None = 512, max_len: int = 128, layout: str | None = None, batch_size: int = 32,
     seed: int = 0, progress: bool = True,
 ) -> tuple[list, ProbeLoss]:
-    """``(examples, loss)`` for :func:`importance` on a task of :mod:`attnlens.evaluation.tasks`: a PAPA probe
-    fitted on ``train_limit`` examples of its train split (features of the model as it is,
-    cached as :func:`attnlens.evaluation.probing.run` caches them) and ``limit`` examples of its dev split
-    (seeded subsets) with their labels."""
+    """``(examples, loss)`` for :func:`importance` on a task of :mod:`attnlens.evaluation.tasks`,
+    both from its train split: a PAPA probe fitted on ``train_limit`` examples (features of the
+    model as it is, cached as :func:`attnlens.evaluation.probing.run` caches them), and ``limit``
+    other examples with their labels, held out from the probe's (``None``: a fifth of the
+    split), whose loss is differentiated. One seeded subset of ``train_limit + limit`` examples
+    is drawn and split. The ranking of heads importance gives is a choice (which heads to prune),
+    so it is made on training data: the dev split stays for the scores reported of the pruned
+    model (:func:`attnlens.evaluation.pruning.prune_curve`)."""
 
     layout = default_layout(model) if layout is None else layout
-    train = tasks.load(task, "train", data_dir=data_dir, limit=train_limit, seed=seed)
-    evaluation = tasks.load(task, "dev", data_dir=data_dir, limit=limit, seed=seed)
+    drawn = None if train_limit is None or limit is None else train_limit + limit
+    pool = tasks.load(task, "train", data_dir=data_dir, limit=drawn, seed=seed)
+    n_held = max(1, len(pool) // 5) if limit is None else min(limit, len(pool) // 2)
+    order = np.random.default_rng(seed).permutation(len(pool))
+    held = dataclasses.replace(pool, examples=pool.examples.select(np.sort(order[:n_held])))
+    train = dataclasses.replace(pool, examples=pool.examples.select(np.sort(order[n_held:])[:train_limit]))
     features = probing.extract(model, train.inputs(), max_len=max_len, layout=layout,
                                batch_size=batch_size, progress=progress, description=f"{task} train")
     probe = probing.PapaProbe(seed=seed, progress=progress).fit(features, train.labels())
-    examples = evaluation.inputs()
-    return examples, ProbeLoss(model, probe, evaluation.labels(), examples)
+    examples = held.inputs()
+    return examples, ProbeLoss(model, probe, held.labels(), examples)
 
 
 def importance(
@@ -332,7 +342,8 @@ def importance(
     ``corpus``: texts (or :class:`attnlens.Words`), or the name of a task of
     :mod:`attnlens.evaluation.tasks` (``"sst2"``, ``"ner"``, ...): then the default loss is the task probe's
     (:func:`task_loss`: a PAPA probe fitted on ``train_limit`` training examples read from
-    ``data_dir``, the loss on ``limit`` dev examples with their labels; :class:`ProbeLoss`).
+    ``data_dir``, the loss on ``limit`` other training examples with their labels, held out from
+    the probe's; :class:`ProbeLoss`).
 
     ``loss(output, batch)``: any differentiable callable of the model's output (the logits,
     ``[batch, pos, vocab]``) and the :class:`attnlens.engine.accumulator.PassBatch` (``batch.batch`` the

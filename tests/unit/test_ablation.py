@@ -468,6 +468,24 @@ def test_probe_loss_is_the_probe_on_the_models_hidden_states(bert, task):
     torch.testing.assert_close(torch.cat(seen), expected, atol=1e-2, rtol=0)
 
 
+def test_a_tasks_importance_is_chosen_on_training_data(bert, monkeypatch):
+    """The ranking of heads is a choice (which to prune): task_loss differentiates the probe's
+    loss on training examples held out from those the probe is fitted on, never on the dev
+    split that a pruned model's scores are reported on (it used dev examples)."""
+    fitted = []
+    fit = probing.PapaProbe.fit
+    monkeypatch.setattr(probing.PapaProbe, "fit",
+                        lambda self, features, labels: fitted.append(list(labels)) or fit(self, features, labels))
+    examples, loss = ablation.task_loss(bert, "sst2", data_dir=DATA, train_limit=48, limit=16,
+                                        max_len=MAX_LEN, progress=False)
+    pool = tasks.load("sst2", "train", data_dir=DATA, limit=64, seed=0).inputs()
+    dev = set(tasks.load("sst2", "dev", data_dir=DATA).inputs())
+    assert len(examples) == 16 and set(examples) <= set(pool) and not set(examples) & dev
+    assert len(fitted) == 1 and len(fitted[0]) == 48  # the probe: the other 48 of the 64 drawn
+    train = tasks.load("sst2", "train", data_dir=DATA).inputs()
+    assert len(set(pool) - set(examples)) == 48 and set(examples) <= set(train)
+
+
 def test_importance_of_a_task_uses_its_probe(bert):
     importance = ablation.importance(bert, "sst2", data_dir=DATA, train_limit=48, limit=16,
                                      max_len=MAX_LEN, progress=False)
