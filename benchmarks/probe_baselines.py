@@ -16,8 +16,14 @@ and its Markdown beside it):
 - ``linear``: the linear baseline (:class:`attnlens.evaluation.probing.LinearBaseline`, logistic regression
   on standardised mean-pooled features, ``C`` chosen on 20% of the training examples);
 - ``majority``: always the most frequent training label;
-- ``probe − linear``: the paired bootstrap interval of the difference (same resamples), and the
-  verdict: ``beats`` (interval above 0), ``matches`` (interval holds 0) or ``below``.
+- ``probe − linear``: the paired bootstrap interval of the difference (same resamples), its
+  equivalence test (TOST, :meth:`attnlens.evaluation.probing.intervals.Paired.equivalent`, the
+  margin ``attnlens.evaluation.conventions.EQUIVALENCE_MARGIN`` of the linear baseline's score),
+  and the verdict: ``beats`` (interval above 0), ``below`` (under 0), ``equivalent`` (TOST
+  passed) or ``not resolved`` (neither: a difference of the margin's size is still possible).
+  The stored ``docs/probe_baselines.csv`` predates the equivalence test: where its interval
+  holds 0 it says ``no difference shown``, and ``equivalent`` where its 95% interval already
+  lies inside the margin (then the TOST's 90% one does too).
 
 Features come from the cache (``$ATTNLENS_CACHE``) when present; the first run extracts them.
 
@@ -36,7 +42,7 @@ from realdata import DATA
 
 import attnlens
 from attnlens.core.files import write_atomic
-from attnlens.evaluation import probing
+from attnlens.evaluation import conventions, probing
 
 TASKS = ("sst2", "cola", "mrpc", "ner", "pos")
 OUT = Path(__file__).resolve().parents[1] / "docs" / "probe_baselines.csv"
@@ -69,7 +75,9 @@ def main() -> None:
                 progress=False, baseline=False, select_epochs=False,
                 probe=dict(pooling="sum", standardize=False))
         versus = result.versus_baseline
-        verdict = "beats" if versus.low > 0 else "below" if versus.high < 0 else "matches"
+        equivalent = versus.equivalent(conventions.EQUIVALENCE_MARGIN * abs(result.baseline))
+        verdict = ("beats" if versus.low > 0 else "below" if versus.high < 0
+                   else "equivalent" if equivalent else "not resolved")
         row = dict(
             task=task, metric=result.metric, n_train=result.n_train, n_eval=result.n_eval,
             max_len=result.settings["max_len"], seeds=len(result.scores),
@@ -83,6 +91,7 @@ def main() -> None:
             majority=result.majority, majority_low=result.majority_interval.low,
             majority_high=result.majority_interval.high,
             difference=versus.difference, difference_low=versus.low, difference_high=versus.high,
+            tost_low=versus.tost_low, tost_high=versus.tost_high,
             verdict=verdict, seconds=time.perf_counter() - started,
         )
         rows.append(row)
