@@ -23,6 +23,8 @@ from typing import Any
 
 import pandas as pd
 
+from attnlens.evaluation.probing.intervals import ALPHA
+
 
 def curve_claims(table: pd.DataFrame, strategy: str) -> str:
     """One Markdown item per task of a curve's ``table``: its score with no head replaced, the
@@ -79,7 +81,7 @@ def table_claims(table: pd.DataFrame) -> str:
         for name, row in by_row.items():
             if name in ("original", "average") or pd.isna(row.get("versus_average", float("nan"))):
                 continue
-            significant = row["versus_average_p_adjusted"] < 0.05
+            significant = row["versus_average_p_adjusted"] < ALPHA
             difference = f"{name} {_signed(row['versus_average'])}"
             (above if significant and row["versus_average"] < 0 else below if significant else unresolved).append(
                 difference)

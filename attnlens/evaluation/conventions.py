@@ -18,7 +18,7 @@ from typing import Any
 import pandas as pd
 
 from attnlens.evaluation.lm.result import NAMES
-from attnlens.evaluation.probing.intervals import holm
+from attnlens.evaluation.probing.intervals import ALPHA, holm
 
 #: The equivalence margin of every point, fixed before any result was read: 2% of the absolute
 #: score with no head replaced (about 1.6 points of SST-2 accuracy or MRPC F1).
@@ -45,7 +45,7 @@ def apply(table: pd.DataFrame) -> pd.DataFrame:
     table["p_adjusted"] = holm(table["p_value"].astype(float).to_numpy())
     if "versus_average_p" in table:
         table["versus_average_p_adjusted"] = holm(table["versus_average_p"].astype(float).to_numpy())
-    table["significant"] = [None if pd.isna(p) else bool(p < 0.05) for p in table["p_adjusted"]]
+    table["significant"] = [None if pd.isna(p) else bool(p < ALPHA) for p in table["p_adjusted"]]
     table["relative"] = [float("nan") if metric in SIGNED_METRICS else relative(table, row)
                          for metric, (_, row) in zip(table["metric"], table.iterrows(), strict=True)]
     return table

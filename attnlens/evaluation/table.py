@@ -32,6 +32,7 @@ from attnlens.evaluation import conventions
 from attnlens.evaluation.claims import table_claims
 from attnlens.evaluation.curve import ALL_BASELINES, curve
 from attnlens.evaluation.curve import COLUMNS as CURVE_COLUMNS
+from attnlens.evaluation.probing.intervals import ALPHA
 
 #: The rows of Table 1, in order.
 ROWS: tuple[str, ...] = ("original", "average", "identity", "toeplitz", "zeros", "uniform", "toeplitz_init",
@@ -159,7 +160,7 @@ def _versus_average_cell(row: Any) -> str:
     value = getattr(row, "versus_average", float("nan"))
     if pd.isna(value):
         return _cell(row) if pd.isna(row.score) else "–"
-    mark = "*" if not pd.isna(row.versus_average_p_adjusted) and row.versus_average_p_adjusted < 0.05 else ""
+    mark = "*" if not pd.isna(row.versus_average_p_adjusted) and row.versus_average_p_adjusted < ALPHA else ""
     return f"{value:+.3f} [{row.versus_average_low:+.3f}, {row.versus_average_high:+.3f}]{mark}"
 
 

@@ -271,6 +271,19 @@ def test_the_p_value_is_two_sided_and_agrees_with_the_interval():
     assert rise.significant and drop.significant and rise.p_value < 0.05 and drop.p_value < 0.05
 
 
+def test_one_threshold_at_p_005():
+    """p = 0.05 exactly (25 of 1,000 resampled differences at or below 0) is not significant,
+    for a comparison and for a table alike: ``1 - 0.95`` is 0.050000000000000044 in floating
+    point, which counted it in for one and not the other."""
+    differences = np.concatenate([np.full(25, -0.01), np.full(975, 0.02)])
+    paired = intervals._paired(0.02, differences, 0.95)
+    assert paired.p_value == 0.05 and not paired.significant
+    assert intervals.alpha_of(0.95) == intervals.ALPHA == 0.05 and intervals.alpha_of(0.9) == 0.1
+    table = conventions.apply(pd.DataFrame([dict(task="sst2", metric="accuracy", fraction_replaced=0.5,
+                                                  score=0.8, p_value=0.05)]))
+    assert table["significant"].tolist() == [False]
+
+
 def _holm_by_definition(p, alpha):
     """Holm's procedure as written (Holm 1979): sort, reject while p_(i) ≤ α / (m − i + 1)."""
     order = sorted(range(len(p)), key=lambda i: p[i])

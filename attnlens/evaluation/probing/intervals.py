@@ -21,10 +21,11 @@ predictions with the same weights (Koehn 2004, Berg-Kirkpatrick et al. 2012). On
 convention holds everywhere:
 
 - ``p_value`` is **two-sided**: ``2 · min(P*(d ≤ 0), P*(d ≥ 0))`` over the resampled differences
-  ``d``, capped at 1, the percentile interval inverted: ``p_value < 1 − level`` exactly when the
-  ``level`` interval excludes 0 (ties at 0 aside);
+  ``d``, capped at 1, the percentile interval inverted: ``p_value < 1 − level`` when the
+  ``level`` interval excludes 0, but for ties at 0 and the quantiles' interpolation between
+  resamples at the boundary; ``significant`` is ``p < α`` with α exactly 0.05 (:data:`ALPHA`);
 - across the tests of one table, :func:`holm` adjusts the p-values (Holm 1979), and a table's
-  ``significant`` is ``p_adjusted < 0.05``;
+  ``significant`` is ``p_adjusted < ALPHA``;
 - ``detectable`` (:attr:`Paired.detectable`) is the difference this test detects with 80% power
   at the observed spread: ``(z₀.₉₇₅ + z₀.₈) · sd*(d)`` (a normal approximation of the
   resampled differences, two-sided α = 0.05);
@@ -65,6 +66,14 @@ from attnlens.errors import InputError
 #: percentile points, well inside the interval's own width).
 RESAMPLES = 1000
 LEVEL = 0.95
+#: the significance threshold of every test: ``p < ALPHA`` (``1 − LEVEL``, without the rounding of
+#: ``1 - 0.95``, which is 0.050000000000000044 and would count p = 0.05 in)
+ALPHA = 0.05
+
+
+def alpha_of(level: float) -> float:
+    """``1 − level`` as the decimal it means (``alpha_of(0.95) == 0.05``), not its float rounding."""
+    return round(1.0 - level, 12)
 
 
 @dataclass(frozen=True)
@@ -108,7 +117,7 @@ class Paired:
     def significant(self) -> bool:
         """Whether the two-sided ``p_value`` is below ``1 − level`` (unadjusted: a table of
         several tests adjusts them with :func:`holm` first)."""
-        return self.p_value < 1 - self.level
+        return self.p_value < alpha_of(self.level)
 
     @property
     def detectable(self) -> float:

@@ -95,7 +95,7 @@ def run(
     ``select_epochs``: choose the number of
     epochs on a held-out tenth of the training examples, never on the evaluation split
     (:func:`choose_epochs`: up to :data:`EPOCH_FACTOR` × the recipe's epochs, early stopping on
-    the held-out loss), then train every seed on all training examples for that many epochs;
+    the task's metric of the held-out examples), then train every seed on all training examples for that many epochs;
     ``False``: exactly the recipe's epochs (the paper's probe). ``resamples``: bootstrap resamples per
     interval. ``cache`` / ``cache_key``: see :func:`attnlens.evaluation.probing.features.extract`.
     A probe scoring below the majority class or the linear baseline warns (:class:`ProbeWarning`).
