@@ -19,7 +19,6 @@ import torch
 from plotly.colors import get_colorscale, sample_colorscale
 
 import attnlens
-from attnlens.core.inputs import default_layout
 from attnlens.methods.patterns import (
     PatternCNN,
     classify,
@@ -87,6 +86,34 @@ def test_export_writes_a_grid_a_csv_and_the_maps(maps_to_label, tmp_path):
     table = pd.read_csv(export_for_labelling(maps, tmp_path / "none", tokens=tokens, suggested=False) / "labels.csv",
                         dtype=str, keep_default_na=False)
     assert set(table["suggested"]) == {""}
+
+
+def decoder_map(n: int = 12) -> torch.Tensor:
+    """A decoder's map (each query sees the keys up to itself): 0.3 on the first token, 0.65 on
+    the previous and own tokens, the rest spread: vertical+diagonal by an encoder's chance, not
+    by a decoder's, which counts the visible keys only."""
+    pattern = torch.zeros(n, n)
+    for query in range(n):
+        band = [key for key in (query - 1, query) if key >= 0]
+        rest = [key for key in range(1, query + 1) if key not in band]
+        pattern[query, 0] += 0.3
+        pattern[query, band] += 0.65 / len(band)
+        pattern[query, rest or band[-1:]] += 0.05 / max(len(rest), 1)
+    return pattern / pattern.sum(-1, keepdim=True)
+
+
+def test_a_decoders_maps_are_suggested_a_type_as_a_decoders(tmp_path):
+    """sample_maps says whether the model is a decoder (meta's ``causal``), and the suggestions
+    classify such maps with a decoder's chance (they were classified as an encoder's)."""
+    item, words = decoder_map(), ["<s>"] + [f"w{i}" for i in range(1, 12)]
+    as_decoder, as_encoder = (str(classify(item, tokens=words, causal=causal).names[0, 0]) for causal in (True, False))
+    assert as_decoder != as_encoder
+    for causal, expected in ((True, as_decoder), (False, as_encoder)):
+        folder = export_for_labelling([item], tmp_path / str(causal), tokens=[words],
+                                      meta=pd.DataFrame({"view": ["standard"], "causal": [causal]}))
+        assert pd.read_csv(folder / "labels.csv")["suggested"].tolist() == [expected]
+    *_, meta = sample_maps(tiny.gpt2_bridge(), ["a short text", "another one"], n=3, max_len=16)
+    assert meta["causal"].tolist() == [True] * 3
 
 
 def test_the_grid_is_a_png_of_tiles_in_row_major_order(maps_to_label, tmp_path):
@@ -206,7 +233,7 @@ TEXTS = tiny.CORPUS[:4]
 
 def own_maps(model, text: str, layer: int, max_len: int):
     """The model's own pattern, values and token strings of one example, cropped to its real tokens."""
-    batch = attnlens.tokenize(model, [text], max_len=max_len, layout=default_layout(model))
+    batch = attnlens.tokenize(model, [text], max_len=max_len, layout="padded")  # sample_maps' default
     with torch.no_grad():
         _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs())
     valid = batch.attention_mask[0].bool()
@@ -219,7 +246,7 @@ def own_maps(model, text: str, layer: int, max_len: int):
 def test_sample_maps_are_the_models_own_patterns(bert):
     maps, tokens, meta = sample_maps(bert, TEXTS, n=12, seed=3, max_len=32, batch_size=3)
     n_layers, n_heads = bert.cfg.n_layers, bert.cfg.n_heads
-    assert list(meta.columns) == ["example", "layer", "head", "view", "length"]
+    assert list(meta.columns) == ["example", "layer", "head", "view", "length", "causal"]
     triples = list(zip(meta["example"], meta["layer"], meta["head"], strict=True))
     assert len(set(triples)) == 12 and triples == sorted(triples)
     assert all(0 <= e < len(TEXTS) and 0 <= la < n_layers and 0 <= h < n_heads for e, la, h in triples)
@@ -227,7 +254,7 @@ def test_sample_maps_are_the_models_own_patterns(bert):
         pattern, _, valid, expected_tokens = own_maps(bert, TEXTS[example], layer, 32)
         torch.testing.assert_close(item, pattern[0, head][valid][:, valid], atol=1e-5, rtol=0)
         assert words == expected_tokens and item.shape[-1] == len(words)
-    again = sample_maps(bert, TEXTS, n=12, seed=3, max_len=32)
+    again = sample_maps(bert, TEXTS, n=12, seed=3, max_len=32, batch_size=3)  # the same batches: bit for bit
     assert again[2].equals(meta) and all(torch.equal(a, b) for a, b in zip(again[0], maps, strict=True))
     assert not sample_maps(bert, TEXTS, n=12, seed=4, max_len=32)[2].equals(meta)
 

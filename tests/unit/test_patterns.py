@@ -204,6 +204,19 @@ def test_decoder_maps_use_visible_keys():
     result = patterns.classify(torch.stack([uniform, first, previous]), tokens=tokens, causal=True)
     assert list(result.names[0]) == ["heterogeneous", "vertical", "diagonal"]
     assert abs(float(result.features["special"][0, 0])) < 1e-6
+    # a uniform causal map has the largest entropy: 1, its first row (one key: 0 / 0) left out
+    assert float(result.features["entropy"][0, 0]) == pytest.approx(1.0, abs=1e-6)
+
+
+def test_a_region_of_every_visible_key_scores_zero():
+    """An empty text is [CLS] [SEP]: the special region holds every key (chance 1), so nothing
+    is above chance there; a float16 softmax's rows (summing to 0.99976) scored -244 (their
+    rounding divided by 1e-6)."""
+    rows = torch.tensor([[0.5, 0.49976], [0.49976, 0.5]], dtype=torch.float16)
+    result = patterns.classify(rows, tokens=["[CLS]", "[SEP]"])
+    assert float(result.features["special"][0, 0]) == 0.0
+    assert torch.isfinite(result.scores).all() and result.scores.abs().max() <= 1
+    assert result.names[0, 0] == "heterogeneous"
 
 
 def test_classification_table_and_repr():

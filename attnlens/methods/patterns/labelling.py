@@ -35,6 +35,7 @@ from torch import Tensor
 from attnlens.core.checks import describe, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.core.loading import is_causal
 from attnlens.core.plots import DIVERGING, SEQUENTIAL
 from attnlens.engine.accumulator import Accumulator
 from attnlens.engine.passes import run
@@ -136,13 +137,15 @@ def sample_maps(
 
     The (example, layer, head) triples are drawn without replacement from ``seed``, uniformly
     among all of them, before the pass; the pass (:func:`attnlens.engine.passes.run`, ``max_len``,
-    ``layout``, ``batch_size``) runs over the chosen examples only. ``view``: ``"standard"``
+    ``layout``, ``batch_size``) runs over the chosen examples only. ``layout``: default
+    ``"padded"``, the model's ordinary input, as :func:`attnlens.methods.patterns.types` reads it. ``view``: ``"standard"``
     (``hook_pattern``) or ``"effective"`` (effective attention, computed by the pass engine).
 
     Returns ``(maps, tokens, meta)``, ordered by example, layer and head: ``maps``, each
     ``[query, key]`` cropped to the example's real tokens; ``tokens``, their token strings;
-    ``meta``, a DataFrame with ``example`` (index in ``corpus``), ``layer``, ``head``, ``view`` and
-    ``length`` (real tokens)."""
+    ``meta``, a DataFrame with ``example`` (index in ``corpus``), ``layer``, ``head``, ``view``,
+    ``length`` (real tokens) and ``causal`` (the model is a decoder: a query sees the keys up to
+    itself, which the template classifier's chance counts)."""
     readable = views.names(constants=False)  # the views given by name, registered now
     if not isinstance(view, str) or view not in readable:
         raise views.unknown_view(view, among=readable, where=" for sample_maps")
@@ -166,12 +169,12 @@ def sample_maps(
     for slot, (e, layer_, head_) in enumerate(zip(example.tolist(), layer.tolist(), head.tolist(), strict=True)):
         wanted.setdefault((position[e], layer_), []).append((slot, head_))
     sampled = _Sampled(wanted, view)
-    run(model, [texts[i] for i in chosen], [sampled], max_len=max_len, layout=layout,
+    run(model, [texts[i] for i in chosen], [sampled], max_len=max_len, layout=layout or "padded",
         batch_size=batch_size, progress=False, description="sample_maps")
     maps, tokens = sampled.result()
     meta = pd.DataFrame({
         "example": example.astype(int), "layer": layer.astype(int), "head": head.astype(int),
-        "view": view, "length": [m.shape[-1] for m in maps],
+        "view": view, "length": [m.shape[-1] for m in maps], "causal": is_causal(model),
     })
     return maps, tokens, meta
 
@@ -228,8 +231,9 @@ def _suggestions(suggested: Any, maps: list[Tensor], tokens: list[list[str]] | N
         out = []
         for index, (item, words) in enumerate(zip(maps, tokens, strict=True)):
             view = _view_of(item, frame, index)
+            causal = "causal" in frame.columns and bool(frame["causal"].iloc[index])
             try:
-                out.append(str(classify(item, tokens=words, view=view).names[0, 0]))
+                out.append(str(classify(item, tokens=words, view=view, causal=causal).names[0, 0]))
             except ValueError as error:
                 raise InputError(
                     f"map {index} cannot be classified in the {view} view to suggest a type: {error} "
@@ -324,7 +328,8 @@ def export_for_labelling(
     ``column`` and ``suggested`` (e.g. example, layer, head, view). ``suggested``: a type name per
     map; None (default): the template classifier's type (:func:`attnlens.methods.patterns.classify`) when
     ``tokens`` are given, in the meta's ``view`` if it has one (else ``"effective"`` for maps with
-    negative entries, ``"standard"`` otherwise), left empty without tokens; False: empty.
+    negative entries, ``"standard"`` otherwise), as a decoder's maps where the meta's ``causal``
+    says so (:func:`sample_maps` writes it), left empty without tokens; False: empty.
     ``columns``: tiles per row of the grid; ``tile``: pixels per tile side.
 
     Files (each written atomically): ``maps.png``, the grid (:func:`grid_image`); ``labels.csv``,

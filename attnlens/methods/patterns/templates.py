@@ -27,7 +27,9 @@ corrected for chance, the share uniform attention over the same visible keys wou
           c_R = \\frac{1}{|Q|}\\sum_{q\\in Q}\\frac{|R(q)|}{n_q}
 
 (``n_q``: the keys query ``q`` can see: the valid keys, those ``≤ q`` for a decoder). A uniform
-map scores 0 in every region whatever its length, a map with all its mass in a region scores 1.
+map scores 0 in every region whatever its length, a map with all its mass in a region scores 1,
+and a region that holds every visible key (``c_R = 1``, e.g. the specials of an empty text)
+scores 0: nothing can be above chance there.
 Signed maps (effective attention) are made distributions by ``|a| / Σ|a|`` per row first, as
 :mod:`attnlens.methods.stats` does for entropy. The rules, in order (:data:`THRESHOLDS`):
 
@@ -38,6 +40,10 @@ Signed maps (effective attention) are made distributions by ``|a| / Σ|a|`` per 
    than half of the mass above chance, more than all other keys together;
 3. **block** if the example is a pair and ``ŝ_block ≥ 0.5``, for the same reason;
 4. **heterogeneous** otherwise.
+
+The regions are disjoint and the band is not part of ``block``, so on a short pair the band holds
+much of each sentence: a map uniform within each sentence of a pair is *diagonal* with 3 words a
+sentence, *heterogeneous* with 5, and *block* from about 8 words a sentence.
 
 The scores of :class:`Classification` are these template features (``heterogeneous``: one minus
 the largest of ``ŝ_special + ŝ_diagonal`` and ``ŝ_block``, clipped to [0, 1]); they are evidence
@@ -390,7 +396,8 @@ def features(
     entropy: bool = True,
 ) -> dict[str, Float[Tensor, "*stack batch head"]]:
     """Chance-corrected shares ``ŝ_R`` of each region of :data:`REGIONS` (module docstring) and
-    (``entropy``) the mean normalised entropy of the rows, per (example, head); axes: examples,
+    (``entropy``) the mean normalised entropy of the rows that see more than one key (the entropy
+    over ``log n_q``; a decoder's first row, which sees one, has none), per (example, head); axes: examples,
     heads, and ``stack``, any leading axes of maps of the same examples (e.g. the layers and
     views of one batch, classified in one call, each map on its own). ``signed``: rows are
     ``|a| / Σ|a|`` over the visible keys first (effective attention); else they are used as
@@ -402,10 +409,9 @@ def features(
     if not entropy:
         return out
     cast = _cast_terms(_terms(positions), rows.dtype)
-    query, n_queries = cast["query"], cast["n_queries"]
     probs = rows.masked_fill(positions._terms["hidden"], 0.0).clamp_min(0)
     row_entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1)  # [*stack, batch, head, query]
-    out["entropy"] = (row_entropy / cast["most"] * cast["several"]).mul(query).sum(-1) / n_queries
+    out["entropy"] = (row_entropy / cast["most"]).mul(cast["entropy_weights"]).sum(-1)
     return out
 
 
@@ -423,6 +429,7 @@ def _cast_terms(terms: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
         n_batch, n = found.shape[:2]
         weights = found.to(dtype) * (query / n_queries[..., None]).reshape(n_batch, n, 1, 1)
         chance = terms["chance"].to(dtype)[:, None]  # [batch, 1, region]
+        entropy_rows = query * (seen[:, None] > 1).to(dtype)  # [batch, 1, query]
         t, device = THRESHOLDS, found.device
         thresholds = torch.tensor([t["single"]] * 3 + [t["both_each"]] * 2 + [t["both_sum"]], dtype=dtype, device=device)
         thresholds = thresholds.repeat(n_batch, 1)  # the block test, for a pair only:
@@ -431,9 +438,12 @@ def _cast_terms(terms: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
             "thresholds": thresholds[:, None], "bits": 2 ** torch.arange(6, device=device),
             "rules": torch.tensor(_rule_table(), device=device),
             "weights": weights.reshape(n_batch, n * n, len(REGIONS)),
-            "chance": (chance, (1.0 - chance).clamp_min(1e-6)),
-            "query": query, "n_queries": n_queries,
-            "most": seen.log().clamp_min(1e-12)[:, None], "several": seen[:, None] > 1,
+            # a region of every visible key (chance 1) leaves nothing above chance: its ŝ is 0
+            "chance": (chance, torch.where(1.0 - chance > 1e-6, 1.0 - chance, torch.inf)),
+            # the rows whose entropy is normalised: those that see more than one key (a
+            # decoder's first row sees one, whose normalised entropy is 0 / 0)
+            "entropy_weights": entropy_rows / entropy_rows.sum(-1, keepdim=True).clamp_min(1.0),
+            "most": seen.log().clamp_min(1e-12)[:, None],
         }
     return terms[key]
 
