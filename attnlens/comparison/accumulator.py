@@ -300,6 +300,9 @@ class ViewsAccumulator(Accumulator):
                 [shard for rank, shard in enumerate(shards) if rank != dist.get_rank(group)]
             )
 
+    def settings(self) -> dict[str, Any]:
+        return registry.value_settings(self.constants)
+
     def result(self) -> tuple[dict[str, AttentionStatistics], dict[str, Tensor]]:
         zeros = torch.zeros(self.n_layers, self.n_heads, dtype=torch.float64)  # standard from itself
         distance = {view: self.distances[view].result() if view in self.distances else zeros

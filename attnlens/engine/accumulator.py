@@ -382,6 +382,13 @@ class Accumulator:
         """Small JSON-able facts saved with :meth:`state_dict` (the same on every shard)."""
         return {}
 
+    def settings(self) -> dict[str, Any]:
+        """What this accumulator computes beyond its :attr:`name` that a resumed pass must match,
+        JSON-able (e.g. the checksum of the PAPA constants it reads a view from, its
+        classifier's): a checkpoint records it and refuses another
+        (:func:`attnlens.engine.passes.run`). Default: nothing."""
+        return {}
+
     def merge(self, other: Accumulator) -> Accumulator:
         """Add ``other``'s state (the same kind, over another part of a corpus) into this one."""
         if type(other) is not type(self):

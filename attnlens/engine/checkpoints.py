@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import threading
+import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,6 +138,11 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, 
     return meta, tensors
 
 
+#: how a checkpoint's header names interventions without a key (functions of the user's): by
+#: their hook points alone, so a resume warns that it cannot tell whether they are the same
+UNKNOWN_HOOKS = "hooks without a key"
+
+
 def _restore(
     path: Path, accumulators: Sequence[Accumulator], header: dict[str, Any]
 ) -> tuple[dict[str, Any], Tail | None]:
@@ -155,6 +161,13 @@ def _restore(
             "with the same settings, or give another checkpoint path."
             + (" (by_length=False runs the corpus in its order, by_length=True by length.)"
                if saved.get("order") != header.get("order") else "")
+        )
+    if str(saved.get("hooks", "")).startswith(UNKNOWN_HOOKS):
+        warnings.warn(
+            f"checkpoint {path} was written under hooks attnlens cannot identify ({saved['hooks']}): "
+            "resuming assumes they are the same functions as now. Give hooks a key (attnlens.engine.hooks.Hooks"
+            "(pairs, key=...)) to have it checked.",
+            UserWarning, stacklevel=4,
         )
     for accumulator in accumulators:
         prefix = f"{accumulator.name}/"

@@ -56,6 +56,7 @@ from attnlens.engine.batches import (
     staged_ahead,
 )
 from attnlens.engine.checkpoints import (
+    UNKNOWN_HOOKS,
     CorpusFingerprint,
     InterruptingSignals,
     Start,
@@ -138,9 +139,12 @@ def run(
 
     ``checkpoint``: a file to which the state is written atomically every ``checkpoint_every``
     batches, at an interrupt (Ctrl-C, SIGTERM) and at the end. Running again with the same
-    checkpoint resumes: it must be the same model, settings and world size, and the first
-    examples of the pass's order must be those consumed (their fingerprint is recorded; by
-    length, a window is read whole before its first batch runs); anything else is refused.
+    checkpoint resumes: it must be the same model, settings, interventions (``hooks``, by their
+    key; hooks without one by their hook points, with a warning at resume), accumulators (each
+    with its :meth:`~attnlens.engine.accumulator.Accumulator.settings`, e.g. the PAPA constants
+    it reads), compact or padded batches and world size, and the first examples of the pass's
+    order must be those consumed (their fingerprint is recorded; by length, a window is read
+    whole before its first batch runs); anything else is refused.
     With the same ``batch_size`` the result is bit-identical to an uninterrupted pass.
 
     Under ``torch.distributed`` each rank runs its contiguous, batch-aligned shard
@@ -167,7 +171,7 @@ def run(
     order = _order(model, corpus, accumulators, plan, by_length)
     if hasattr(corpus, "__len__") and len(corpus) == 0:  # refused before a progress bar is drawn
         raise _empty(description, corpus)
-    header = _header(model, plan, order, settings, effective)
+    header = _header(model, plan, order, settings, effective, accumulators, hooks)
     start = resume(checkpoint, accumulators, header, order.numbered, sizes=order.sizes, window=order.window,
                    current=plan.current)
     if replay is not None:
@@ -262,9 +266,14 @@ def _empty(description: str, corpus: Any) -> InputError:
 
 
 def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] | None,
-            effective: Mapping[str, Any] | None) -> dict[str, Any]:
+            effective: Mapping[str, Any] | None, accumulators: Sequence[Accumulator], hooks: FwdHooks) -> dict[str, Any]:
     """What a checkpoint records of the pass, and refuses to resume with another; under
-    ``torch.distributed``, checked to be the same on every rank (the corpus too)."""
+    ``torch.distributed``, checked to be the same on every rank (the corpus too). The
+    interventions are recorded by their key (:meth:`attnlens.engine.hooks.Hooks.key`); hooks
+    without one (a function of the user's) by their hook points alone, which a resume cannot
+    check further (:data:`UNKNOWN_HOOKS`: it warns)."""
+    given = as_hooks(hooks)
+    key = given.key()
     header = {
         "model": model_id(model),
         "fingerprint": weights_fingerprint(model),
@@ -272,6 +281,10 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
         "max_len": plan.max_len,
         "batch_size": plan.batch_size,
         "accumulators": sorted(plan.names),
+        "accumulator_settings": {accumulator.name: json.loads(json.dumps(accumulator.settings(), sort_keys=True))
+                                 for accumulator in accumulators},
+        "hooks": key if key is not None else f"{UNKNOWN_HOOKS} at {', '.join(given.hook_names)}",
+        "compact": plan.compact,
         "order": "corpus" if order.window is None else f"by length, {order.window} examples at a time",
         "world_size": plan.current.size,
         "rank": plan.current.rank,

@@ -384,6 +384,9 @@ class Statistics(Accumulator):
     def state_dict(self) -> dict[str, Tensor]:
         return {"sums": self.statistics.totals, "counts": self.statistics.counts}
 
+    def settings(self) -> dict[str, Any]:
+        return views.value_settings(self.constants)
+
     def result(self) -> dict[str, Float[Tensor, "layer head"]]:
         return self.statistics.means()
 
@@ -443,6 +446,9 @@ class Distance(Accumulator):
 
     def state_dict(self) -> dict[str, Tensor]:
         return {"total": self.total}
+
+    def settings(self) -> dict[str, Any]:
+        return views.value_settings(self.constants)
 
     def result(self) -> Float[Tensor, "layer head"]:
         return self.total.cpu().double()

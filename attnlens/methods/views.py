@@ -199,6 +199,13 @@ def get_view(view: Any, *, among: Iterable[str] | None = None, where: str = "") 
     raise unknown_view(view, among=among, where=where)
 
 
+def value_settings(constants: Any) -> dict[str, Any]:
+    """What an accumulator reading a view given by a value records of it for a resume
+    (:meth:`attnlens.engine.accumulator.Accumulator.settings`): the checksum of the PAPA
+    constants, or None without them."""
+    return {"constants": None if constants is None else constants.checksum()}
+
+
 def _takes(view: View, value: Any) -> bool:
     """Whether ``value`` is one of the values of ``view`` (:attr:`View.accepts`)."""
     return view.takes_constants and view.accepts is not None and bool(view.accepts(value))

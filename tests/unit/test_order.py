@@ -137,3 +137,35 @@ def test_a_checkpoint_written_before_the_order_was_recorded_resumes_in_corpus_or
     assert summary.resumed == 6
     for key, value in whole.state_dict().items():
         assert torch.equal(resumed.state_dict()[key], value), key
+
+
+def test_a_checkpoint_records_the_interventions_inputs_and_constants(bert, tmp_path):
+    """A checkpoint is resumed only by the same pass: other interventions (hooks), compact
+    against padded batches, or other PAPA constants read by an accumulator are refused (they
+    were accepted and mixed into a result neither pass gives); hooks without a key are named
+    by their hook points and a resume warns that it cannot check them."""
+    from attnlens import ablation, papa
+    from attnlens.core.heads import HeadSet
+
+    heads = HeadSet.from_heads([(0, 1)], n_layers=2, n_heads=4)
+    uniform = ablation.hooks(heads, mode="uniform")
+    checkpoint = tmp_path / "pass.safetensors"
+    run(bert, TEXTS[:6], Statistics(2, 4, "standard"), checkpoint=checkpoint, hooks=uniform, by_length=False)
+    with pytest.raises(ValueError, match=r"hooks '.*uniform.*' \(now 'none'\)"):
+        run(bert, TEXTS, Statistics(2, 4, "standard"), checkpoint=checkpoint, by_length=False)
+    with pytest.raises(ValueError, match=r"compact True \(now False\)"):
+        run(bert, TEXTS, Statistics(2, 4, "standard"), checkpoint=checkpoint, hooks=uniform, by_length=False,
+            compact=False)
+    run(bert, TEXTS, Statistics(2, 4, "standard"), checkpoint=checkpoint, hooks=uniform, by_length=False)
+
+    first, second = (papa.fit(bert, part, max_len=32, progress=False) for part in (TEXTS[:6], TEXTS[6:]))
+    constants = tmp_path / "constants.safetensors"
+    run(bert, TEXTS[:6], Statistics(2, 4, "papa", constants=first), checkpoint=constants, by_length=False)
+    with pytest.raises(ValueError, match="accumulator_settings"):
+        run(bert, TEXTS, Statistics(2, 4, "papa", constants=second), checkpoint=constants, by_length=False)
+
+    mine = [("blocks.0.attn.hook_pattern", lambda pattern, hook: pattern)]
+    unknown = tmp_path / "unknown.safetensors"
+    run(bert, TEXTS[:6], Statistics(2, 4, "standard"), checkpoint=unknown, hooks=mine, by_length=False)
+    with pytest.warns(UserWarning, match="cannot identify"):
+        run(bert, TEXTS, Statistics(2, 4, "standard"), checkpoint=unknown, hooks=mine, by_length=False)

@@ -224,6 +224,10 @@ class TrainableConstants(nn.Module, ConstantPatterns):
         """:func:`softmax_pattern` of the logits over the allowed keys."""
         return softmax_pattern(matrices, key_mask, dtype=dtype, causal=causal, positions=positions)
 
+    def tensors(self) -> dict[str, Tensor]:
+        """The logits the patterns are made from (the module's state)."""
+        return dict(self.state_dict())
+
     def to_constants(self) -> PapaConstants:
         """A :class:`PapaConstants` snapshot (``kind="trained"``) of the current softmax."""
         mean = self.mean

@@ -191,6 +191,10 @@ class PapaConstants(ConstantPatterns):
             self._cache["input_dependence"] = cached
         return cached[1].clone()
 
+    def tensors(self) -> dict[str, Tensor]:
+        """The sums, squares and pair counts the constants are made from."""
+        return {"sums": self.sums, "squares": self.squares, "pair_counts": self.pair_counts}
+
     @property
     def metadata(self) -> dict[str, Any]:
         """Everything but the tensors, as plain Python values."""

@@ -206,7 +206,7 @@ class PatternSums(Accumulator):
         self.added, self.terms = [], {}
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {name: getattr(self.constants, name) for name in ("sums", "squares", "pair_counts")}
+        return self.constants.tensors()
 
     def metadata(self) -> dict[str, Any]:
         return self.constants.metadata

@@ -34,6 +34,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import devices
+from attnlens.core.files import tensor_checksum
 from attnlens.errors import InputError
 
 
@@ -205,6 +206,15 @@ class ConstantPatterns:
     whichever heads share the call."""
 
     causal: bool | None
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensors these patterns are made from, by name."""
+        raise NotImplementedError
+
+    def checksum(self) -> str:
+        """A stable hash of :meth:`tensors`: equal checksums, equal patterns (what a checkpoint
+        of a pass that reads these constants records, :meth:`attnlens.engine.accumulator.Accumulator.settings`)."""
+        return tensor_checksum({name: value.detach() for name, value in self.tensors().items()})
 
     def _matrices(self, layer: int, heads: Int[Tensor, "selected"] | Sequence[int] | None, dtype: torch.dtype,
                   device: torch.device) -> Float[Tensor, "head max_len max_len"]:

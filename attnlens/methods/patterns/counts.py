@@ -22,6 +22,7 @@ from torch import Tensor
 
 from attnlens.core import plots
 from attnlens.core.corpus import resolve_corpus
+from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import checked_sizes
 from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
@@ -105,6 +106,15 @@ class PatternTypes(Accumulator):
         if int(self.maps) == 0:
             raise InputError("PatternTypes saw no example; run it over a non-empty corpus.")
         return self.counts.double() / float(self.maps)
+
+    def settings(self) -> dict[str, Any]:
+        """The constants' checksum (:func:`attnlens.methods.views.value_settings`) and the
+        classifier's: its class and the checksum of its network's weights (None: the template rules)."""
+        classifier = None if self.classifier is None else {
+            "class": type(self.classifier).__name__,
+            "weights": tensor_checksum(dict(self.classifier.network.state_dict())),
+        }
+        return {**views.value_settings(self.constants), "classifier": classifier}
 
     def result(self) -> pd.DataFrame:
         return table(self.shares(), self.view, int(self.maps))
