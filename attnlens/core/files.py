@@ -12,6 +12,7 @@ writer left behind.
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
@@ -98,7 +99,7 @@ def clean_temporaries(path: str | os.PathLike) -> int:
     removed = 0
     if not path.parent.is_dir():
         return 0
-    for leftover in path.parent.glob(f".{path.name}.*{TEMPORARY_SUFFIX}"):
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*{TEMPORARY_SUFFIX}"):
         with contextlib.suppress(OSError):
             if stat.S_ISREG(leftover.lstat().st_mode):
                 leftover.unlink()

@@ -10,6 +10,7 @@ fingerprint of the examples consumed is recorded), or a longer corpus that start
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import itertools
 import json
@@ -73,7 +74,8 @@ def check_world_size(checkpoint: str | os.PathLike, current: World) -> None:
     mine = checkpoint_path(path, current)
     found = [path] if path.exists() and current.distributed else []
     found += sorted(
-        other for other in path.parent.glob(f"{path.stem}.rank*-of-*{path.suffix}") if other.name != mine.name
+        other for other in path.parent.glob(f"{glob.escape(path.stem)}.rank*-of-*{glob.escape(path.suffix)}")
+        if other.name != mine.name
         and not other.name.endswith(f"-of-{current.size}{path.suffix}")
     ) if path.parent.is_dir() else []
     if found:

@@ -58,6 +58,11 @@ def test_leftover_temporaries_are_removed_and_never_taken_for_results(tmp_path):
     leftover.write_bytes(b"half a file")
     assert files.clean_temporaries(path) == 1 and not leftover.exists()
     assert not path.exists()
+    # a name with glob's brackets: its own leftover goes, another file's stays
+    bracketed = tmp_path / "run[1].safetensors"
+    own, other = tmp_path / ".run[1].safetensors.x1.tmp", tmp_path / ".run1.safetensors.x2.tmp"
+    own.write_bytes(b"half"), other.write_bytes(b"another writer's")
+    assert files.clean_temporaries(bracketed) == 1 and not own.exists() and other.exists()
 
 
 def test_a_checkpoint_refuses_another_corpus(bert, tmp_path):
