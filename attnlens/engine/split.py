@@ -79,14 +79,17 @@ class Split:
         states = _copies([self.accumulators[i].state_dict() for i in chosen])
         copied = {i: (state, self.accumulators[i].metadata()) for i, state in zip(chosen, states, strict=True)}
 
+        ended: list[bool] = []
+
         def forwarded() -> None:  # which accumulators changed their state during the forward
             changed = {i for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)) if now != then}
             self.writers = changed | (self.writers or set())
+            ended.append(True)
 
         try:
             one(host, start, forwarded)
         except torch.OutOfMemoryError:
-            self._put_back(before, copied)
+            self._put_back(before, copied, after_forward=bool(ended))
             self.state["consistent"] = True  # as before the batch: a checkpoint may be written
             if not self.splits or len(host.chunk) == 1:
                 raise
@@ -105,18 +108,24 @@ class Split:
         self.limit = half if self.limit is None else min(self.limit, half)
         return False
 
-    def _put_back(self, before: list[list[int]], copied: dict[int, tuple[dict[str, Tensor], dict[str, Any]]]) -> None:
+    def _put_back(self, before: list[list[int]], copied: dict[int, tuple[dict[str, Tensor], dict[str, Any]]],
+                  *, after_forward: bool) -> None:
         """The state as it was before the failed batch: the copies of the accumulators whose
-        state changed; an unchanged state stays. A change without a copy (an accumulator that
-        never changed its state in a forward before) cannot be undone: the error then says so."""
+        state changed; an unchanged state stays. A change without a copy (an accumulator that adds
+        its batch at its end, whose state is not copied, or that never changed its state in a
+        forward before) cannot be undone: the error then says so."""
         for i, (now, then) in enumerate(zip(self._versions(), before, strict=True)):
             if now == then:
                 continue
             if i not in copied:
+                where = ("after the forward, at the batch's end (a batch is split only when its forward "
+                         f"runs out), when accumulator {self.accumulators[i].name!r} had already added the batch"
+                         if after_forward else
+                         f"and accumulator {self.accumulators[i].name!r} changed its state during it where no "
+                         "earlier batch did")
                 raise ModelBehaviourError(
-                    f"out of memory in a batch, and accumulator {self.accumulators[i].name!r} changed its "
-                    "state during it where no earlier batch did, so the state cannot be put back; run "
-                    "the pass again with a smaller batch_size (from its checkpoint, if it has one).")
+                    f"out of memory in a batch {where}, so the state cannot be put back; run the pass "
+                    "again with a smaller batch_size (from its checkpoint, if it has one).")
             state, metadata = copied[i]
             self.accumulators[i].load_state_dict(state, metadata)
 

@@ -145,3 +145,29 @@ def test_compare_off_the_cpu_survives_running_out_of_memory_at_the_batchs_end(mi
     assert split.pattern_types.equals(fresh.pattern_types)
     for column in fresh.table.select_dtypes("number").columns:
         close(torch.tensor(split.table[column].to_numpy()), torch.tensor(fresh.table[column].to_numpy()), 8)
+
+
+def test_running_out_of_memory_after_an_accumulator_added_its_batch_says_so(minilm, sst2_sentences, monkeypatch):
+    """A batch is split when its forward runs out of memory; at its end, after an accumulator
+    that adds its batch there (PAPA's sums) has added it, the state cannot be put back: the pass
+    stops and says where it ran out (it said the accumulator 'changed its state where no earlier
+    batch did', which every earlier batch had)."""
+    from attnlens.errors import ModelBehaviourError
+    from attnlens.methods import clustering
+    from attnlens.methods.papa.constants import PapaConstants
+    from attnlens.methods.papa.fitting import PatternSums
+
+    real = clustering.HeadDistances._pair_sums
+
+    def pair_sums(self, rows):  # the second batch runs out here
+        if pair_sums.calls:
+            raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+        pair_sums.calls += 1
+        return real(self, rows)
+
+    pair_sums.calls = 0
+    monkeypatch.setattr(clustering.HeadDistances, "_pair_sums", pair_sums)
+    accumulators = [PatternSums(PapaConstants.empty(minilm, max_len=32, layout="papa")),
+                    clustering.HeadDistances(minilm.cfg.n_layers, minilm.cfg.n_heads)]
+    with pytest.raises(ModelBehaviourError, match="at the batch's end .* 'papa' had already added the batch"):
+        passes.run(minilm, sst2_sentences[:16], accumulators, max_len=32, batch_size=8, progress=False)
