@@ -165,12 +165,14 @@ def tokenize(
     texts_or_pairs: str | tuple[str, str] | Words | Iterable[str] | Iterable[tuple[str, str]] | Iterable[Words],
     *,
     max_len: SupportsIndex,
-    layout: Layout = "papa",
+    layout: Layout | None = None,
     compact: bool = False,
 ) -> Batch:
     """Tokenize single sentences, (first, second) pairs or :class:`Words` (pre-split words of a
     token task) for ``model`` (a bridge or a tokenizer).
 
+    ``layout``: default the model's (:func:`default_layout`: ``"papa"`` for an encoder or a bare
+    tokenizer, ``"padded"`` for a decoder, which has no [CLS]/[SEP] to fix in place).
     ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
     ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
     ``max_len`` (the tokenizer's own special tokens and pair format); a tokenizer without a pad
@@ -193,6 +195,7 @@ def tokenize(
             f"{type(model).__name__}; pass attnlens.load(model) or its tokenizer."
         )
     tokenizer = getattr(model, "tokenizer", None) or model
+    layout = default_layout(model) if layout is None else layout
     if layout not in LAYOUTS:
         raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     flag(compact, "compact")

@@ -99,12 +99,14 @@ def hooked(point: Callable[[Tensor], Tensor] | None) -> bool:
     as it is while no hook (forward or backward) is on it. What the seam passes its layer's
     ``hook_pattern`` through (with no hook, neither the call nor the key mask it would see is
     needed: one kernel a layer fewer), and what the normalization bridges' direct path asks of
-    their ``hook_scale`` / ``hook_normalized`` (:mod:`attnlens.core.norms`). ``None``: False; any
-    other callable: True (it is called)."""
+    their ``hook_scale`` / ``hook_normalized`` (:mod:`attnlens.core.norms`). A hook is
+    TransformerLens's (``fwd_hooks`` / ``bwd_hooks``) or PyTorch's own on the point
+    (``register_forward_hook``, ...) or on every module (``register_module_forward_hook``):
+    :func:`_runs_hooks`. ``None``: False; any other callable: True (it is called)."""
     if point is None:
         return False
     hooks = [getattr(point, name, None) for name in ("fwd_hooks", "bwd_hooks")]
-    return any(hooks) if all(isinstance(value, list) for value in hooks) else True
+    return any(hooks) or _runs_hooks(point) if all(isinstance(value, list) for value in hooks) else True
 
 
 def _layer_key_mask(

@@ -10,6 +10,7 @@ runs a :class:`attnlens.Batch` (its mask and positions never dropped).
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -121,8 +122,34 @@ def forward_batch(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: b
     """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
     checks its batches on the host, before they are copied: no read of a device tensor), in its
     :func:`batch_context`."""
+    if not _SCORES_WARNED:
+        _warn_if_scores_hooked(model, hooks)
     with batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
+
+
+#: whether :func:`_warn_if_scores_hooked` has warned in this process
+_SCORES_WARNED: list[bool] = []
+
+
+def _warn_if_scores_hooked(model: Any, hooks: FwdHooks) -> None:
+    """Warn once per process when a hook is on ``hook_attn_scores`` of an encoder behind the seam
+    (BERT, RoBERTa): TransformerLens 4.3 fires that point after the attention module returns,
+    with the softmaxed pattern it returned, so a hook there sees the pattern, not the scores,
+    and its edits reach nothing. Decoders (GPT-2, Llama) fire it with the scores."""
+    names = [item[0] for item in hooks if isinstance(item, tuple | list) and len(item) == 2]
+    if not any(isinstance(name, str) and name.endswith("hook_attn_scores") for name in names):
+        return
+    architecture = models.find(model)
+    if architecture is None or architecture.seam != "attnlens":
+        return
+    _SCORES_WARNED.append(True)
+    warnings.warn(
+        f"hook_attn_scores on {architecture.name} holds the softmaxed attention pattern (TransformerLens "
+        "fires it with what the attention module returns), not the scores, and an edit there changes "
+        "nothing; read the scores from hook_q and hook_k, edit the attention at hook_pattern.",
+        UserWarning, stacklevel=3,
+    )
 
 
 def check_token_ids(model: Any, batch: Batch) -> None:

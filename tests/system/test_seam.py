@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -118,6 +119,49 @@ def test_uniform_edit_moves_logits_and_matches_independent_forward(minilm, sst2_
     assert (edited - plain).abs().max() > 0.1
     valid = sst2_batch.attention_mask.bool()
     torch.testing.assert_close(edited[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_pytorchs_own_hooks_on_hook_pattern_edit_too(minilm, sst2_batch):
+    """A hook registered on hook_pattern with PyTorch's own API (register_forward_hook, or on
+    every module) is an intervention as a TransformerLens hook is: the same edit, the same
+    output (the seam ran no hook point without a TransformerLens hook, and dropped them)."""
+    from torch.nn.modules.module import register_module_forward_hook
+
+    points = [block.attn.hook_pattern for block in minilm.blocks]
+    with torch.no_grad():
+        edited = minilm.run_with_hooks(
+            sst2_batch.input_ids, **sst2_batch.model_kwargs(), fwd_hooks=[(is_pattern, uniform)])
+        handles = [point.register_forward_hook(lambda module, inputs, output: uniform(output, None))
+                   for point in points]
+        try:
+            own = minilm(sst2_batch.input_ids, **sst2_batch.model_kwargs())
+        finally:
+            for handle in handles:
+                handle.remove()
+        handle = register_module_forward_hook(
+            lambda module, inputs, output: uniform(output, None) if module in points else None)
+        try:
+            every = minilm(sst2_batch.input_ids, **sst2_batch.model_kwargs())
+        finally:
+            handle.remove()
+    torch.testing.assert_close(own, edited, atol=0, rtol=0)
+    torch.testing.assert_close(every, edited, atol=0, rtol=0)
+
+
+def test_a_hook_on_the_scores_of_an_encoder_warns_what_it_sees(minilm, sst2_batch, monkeypatch):
+    """On BERT TransformerLens fires hook_attn_scores with the pattern the attention returns:
+    a hook there is warned about once (it reads no scores and edits nothing); not on GPT-2."""
+    from attnlens.engine import forward
+
+    monkeypatch.setattr(forward, "_SCORES_WARNED", [])
+    hooks = [("blocks.0.attn.hook_attn_scores", lambda scores, hook: scores)]
+    with pytest.warns(UserWarning, match="hook_attn_scores on bert holds the softmaxed attention pattern"):
+        attnlens.run_with_hooks(minilm, sst2_batch, hooks)
+    gpt2 = tiny.gpt2_bridge()
+    monkeypatch.setattr(forward, "_SCORES_WARNED", [])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attnlens.run_with_hooks(gpt2, attnlens.tokenize(gpt2, ["a text"], max_len=8, layout="padded"), hooks)
 
 
 def test_each_pattern_hook_runs_once_per_layer(minilm, sst2_batch):
