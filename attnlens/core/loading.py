@@ -319,6 +319,10 @@ def _check_supported(hf_model: Any) -> None:
             f"{', '.join(SUPPORTED_CLASSES)}; encoders such as BertModel are loaded as their "
             "*ForMaskedLM class when given by name or folder."
         )
+    for setting, value, why in architecture.refused_settings:
+        if getattr(hf_model.config, setting, None) == value:
+            raise models.UnsupportedArchitecture(
+                f"{name} with {setting}={value!r} is not supported: {why}. Load a model without it.")
 
 
 class ModelFilesError(FileFormatError):

@@ -158,6 +158,7 @@ def test_a_hook_on_the_scores_of_an_encoder_warns_what_it_sees(minilm, sst2_batc
     with pytest.warns(UserWarning, match="hook_attn_scores on bert holds the softmaxed attention pattern"):
         attnlens.run_with_hooks(minilm, sst2_batch, hooks)
     gpt2 = tiny.gpt2_bridge()
+    assert attnlens.tokenize(gpt2, ["a text"], max_len=8).layout == "padded"  # a decoder's default
     monkeypatch.setattr(forward, "_SCORES_WARNED", [])
     with warnings.catch_warnings():
         warnings.simplefilter("error")

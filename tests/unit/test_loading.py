@@ -251,3 +251,17 @@ def types_config(model_type: str):
     from types import SimpleNamespace
 
     return SimpleNamespace(model_type=model_type)
+
+
+def test_a_gpt2_whose_scores_are_not_scaled_is_refused():
+    """TransformerLens's bridge scales GPT-2's attention scores by 1/sqrt(d_head) whatever the
+    config says: with scale_attn_weights=False its logits were off Hugging Face's by 1.5e-3 (a
+    pattern by 2e-2); such a model is refused at load, naming the setting."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    tokenizer = tiny.gpt2_tokenizer()
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=32, n_layer=1, n_head=2, n_embd=16,
+                        scale_attn_weights=False)
+    config.architectures = ["GPT2LMHeadModel"]
+    with pytest.raises(attnlens.core.models.UnsupportedArchitecture, match="scale_attn_weights=False"):
+        attnlens.load(GPT2LMHeadModel(config).eval(), tokenizer=tokenizer)

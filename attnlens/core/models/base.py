@@ -61,7 +61,9 @@ class Architecture:
     - ``output_embedding_keys``: checkpoint key prefixes of the output embedding (the unembedding
       matrix), needed in the checkpoint only when the config does not tie it to the input
       embedding (``tie_word_embeddings=False``; GPT-2 and Llama: ``lm_head.weight``).
-      :meth:`lm_head_prefixes` combines the two for a config.
+      :meth:`lm_head_prefixes` combines the two for a config;
+    - ``refused_settings``: ``(config attribute, value, why)`` of configurations TransformerLens's
+      bridge does not run as Hugging Face does, refused at load (:func:`attnlens.load`).
     """
 
     name: str
@@ -81,6 +83,7 @@ class Architecture:
     aliases: tuple[str, ...] = ()
     lm_head_keys: tuple[str, ...] = ()
     output_embedding_keys: tuple[str, ...] = ()
+    refused_settings: tuple[tuple[str, Any, str], ...] = ()
 
     def lm_head_prefixes(self, config: Any) -> tuple[str, ...]:
         """Checkpoint key prefixes the LM head of a model with ``config`` needs (each matched by

@@ -15,4 +15,8 @@ ARCHITECTURE = Architecture(
     positions_from_mask=True,
     counts_positions=True,
     output_embedding_keys=("lm_head.weight",),
+    refused_settings=(
+        ("scale_attn_weights", False, "TransformerLens's bridge divides the attention scores by "
+         "sqrt(d_head) whatever the config says, so its outputs would not be the model's"),
+    ),
 )
