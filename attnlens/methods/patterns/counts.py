@@ -109,10 +109,12 @@ class PatternTypes(Accumulator):
 
     def settings(self) -> dict[str, Any]:
         """The constants' checksum (:func:`attnlens.methods.views.value_settings`) and the
-        classifier's: its class and the checksum of its network's weights (None: the template rules)."""
+        classifier's: its class and the checksum of its network's weights (None: the template
+        rules; a classifier without a ``network``: its class alone)."""
+        network = getattr(self.classifier, "network", None)
         classifier = None if self.classifier is None else {
             "class": type(self.classifier).__name__,
-            "weights": tensor_checksum(dict(self.classifier.network.state_dict())),
+            "weights": None if network is None else tensor_checksum(dict(network.state_dict())),
         }
         return {**views.value_settings(self.constants), "classifier": classifier}
 
