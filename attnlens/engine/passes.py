@@ -139,12 +139,10 @@ def run(
 
     ``checkpoint``: a file to which the state is written atomically every ``checkpoint_every``
     batches, at an interrupt (Ctrl-C, SIGTERM) and at the end. Running again with the same
-    checkpoint resumes: it must be the same model, settings, interventions (``hooks``, by their
-    key; hooks without one by their hook points, with a warning at resume), accumulators (each
-    with its :meth:`~attnlens.engine.accumulator.Accumulator.settings`, e.g. the PAPA constants
-    it reads), compact or padded batches and world size, and the first examples of the pass's
-    order must be those consumed (their fingerprint is recorded; by length, a window is read
-    whole before its first batch runs); anything else is refused.
+    checkpoint resumes: the same model, settings, hooks, accumulators, batches and world size
+    (:func:`_header`), and the first examples of the pass's order must be those consumed (their
+    fingerprint is recorded; by length, a window is read whole before its first batch runs);
+    anything else is refused.
     With the same ``batch_size`` the result is bit-identical to an uninterrupted pass.
 
     Under ``torch.distributed`` each rank runs its contiguous, batch-aligned shard
@@ -271,7 +269,9 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
     ``torch.distributed``, checked to be the same on every rank (the corpus too). The
     interventions are recorded by their key (:meth:`attnlens.engine.hooks.Hooks.key`); hooks
     without one (a function of the user's) by their hook points alone, which a resume cannot
-    check further (:data:`UNKNOWN_HOOKS`: it warns)."""
+    check further (:data:`UNKNOWN_HOOKS`: it warns); each accumulator with its
+    :meth:`~attnlens.engine.accumulator.Accumulator.settings` (e.g. the PAPA constants it reads);
+    compact or padded batches."""
     given = as_hooks(hooks)
     key = given.key()
     header = {

@@ -306,7 +306,10 @@ def task_loss(
     layout = default_layout(model) if layout is None else layout
     drawn = None if train_limit is None or limit is None else train_limit + limit
     pool = tasks.load(task, "train", data_dir=data_dir, limit=drawn, seed=seed)
-    n_held = max(1, len(pool) // 5) if limit is None else min(limit, len(pool) // 2)
+    if len(pool) < 2:
+        raise InputError(f"the train split of task {task!r} holds {len(pool)} example: importance needs two at "
+                         "least, one to fit the probe on and one to differentiate its loss on.")
+    n_held = max(1, len(pool) // 5) if limit is None else max(1, min(limit, len(pool) // 2))
     order = np.random.default_rng(seed).permutation(len(pool))
     held = dataclasses.replace(pool, examples=pool.examples.select(np.sort(order[:n_held])))
     train = dataclasses.replace(pool, examples=pool.examples.select(np.sort(order[n_held:])[:train_limit]))

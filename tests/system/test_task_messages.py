@@ -83,20 +83,26 @@ def test_probing_run_names_the_empty_split(tmp_path, minilm):
 
 
 def test_importance_command_names_the_empty_split(tmp_path, minilm, capsys):
-    """``attnlens importance --task sst2`` with an empty dev split said "corpus is empty:
-    ablation.importance needs at least one string"."""
+    """``attnlens importance --task sst2`` with an empty split said "corpus is empty:
+    ablation.importance needs at least one string". Importance is measured on the train split
+    (the probe's examples and those held out from it), which is the one named."""
     from attnlens import cli
 
-    write(tmp_path / "sst2" / "train.tsv", SST2_TRAIN)
-    write(tmp_path / "sst2" / "dev.tsv", "sentence\tlabel\n")
+    write(tmp_path / "sst2" / "train.tsv", "sentence\tlabel\n")
+    write(tmp_path / "sst2" / "dev.tsv", SST2_TRAIN)
     with pytest.raises(SystemExit) as exit:
         cli.main(["importance", "--task", "sst2", "--data-dir", str(tmp_path), "--quiet",
                   "--out", str(tmp_path / "importance.html"), "--train-limit", "8", "--limit", "4"])
     assert exit.value.code == 2
     assert capsys.readouterr().err == (
-        f"attnlens: error: the dev split of task 'sst2' (SST-2) is empty: {tmp_path / 'sst2' / 'dev.tsv'} "
-        "was read and it holds no labelled example; pass a data_dir whose sst2/dev.tsv holds the dev "
+        f"attnlens: error: the train split of task 'sst2' (SST-2) is empty: {tmp_path / 'sst2' / 'train.tsv'} "
+        "was read and it holds no labelled example; pass a data_dir whose sst2/train.tsv holds the train "
         f"examples {FIX}\n")
+    write(tmp_path / "sst2" / "train.tsv", "sentence\tlabel\ngood film .\t1\n")  # one example: none to hold out
+    with pytest.raises(SystemExit):
+        cli.main(["importance", "--task", "sst2", "--data-dir", str(tmp_path), "--quiet",
+                  "--out", str(tmp_path / "importance.html")])
+    assert "importance needs two at least, one to fit the probe on" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli.main(["importance", "--task", "sst2", "--data-dir", str(tmp_path / "nowhere"), "--quiet",
                   "--out", str(tmp_path / "importance.html")])
