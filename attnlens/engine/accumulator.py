@@ -80,6 +80,15 @@ class PassBatch:
         return self.batch.positions
 
     @property
+    def shortest(self) -> int | None:
+        """The fewest real tokens of a row, read off the host's copy of the inputs
+        (:attr:`on_host`; None without it, or on the CPU, where a read is free and not needed)."""
+        if self.on_host is None or devices.reads_are_free(self.key_mask):
+            return None
+        return self.shared("shortest", lambda: on_host_copy(
+            lambda inputs: int(inputs.attention_mask.sum(-1).min()), self.on_host))
+
+    @property
     def compact_positions(self) -> Int[Tensor, "batch key"] | None:
         """:attr:`positions` when the batch is compact (its columns are not its positions),
         else ``None``: what readers that count offsets or gather constants by position take."""
@@ -176,7 +185,8 @@ class LayerPatterns:
             )
 
         return self.shared("effective", lambda: effective_attention(  # the model's: not checked
-            self.pattern, self.values, key_mask=self.key_mask, check=False, **self.options
+            self.pattern, self.values, key_mask=self.key_mask, check=False, shortest=self.batch.shortest,
+            **self.options
         ))
 
 

@@ -155,6 +155,7 @@ def effective_attention(
     rtol: float | None = None,
     padded: bool = False,
     check: bool = True,
+    shortest: int | None = None,
 ) -> Float[Tensor, "batch head query key"]:
     """Effective attention ``A⊥ = A P``: the part of each attention row that reaches the output.
 
@@ -195,6 +196,10 @@ def effective_attention(
     values are badly conditioned; the products run in float32 (float64 for float64 inputs); see
     :mod:`attnlens.engine.effective` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
+
+    ``shortest``: the fewest valid keys of a sequence of the batch, where the caller knows it
+    without reading the device (a pass, from the host's copy of its inputs); above ``d_head`` no
+    sequence is short, and off the CPU their certificate is not computed. None: not known.
 
     ``check``: refuse a pattern or values with NaN or infinite entries (one read of the device
     per call). A pass leaves it off: its patterns and values come from the model, and a read per
@@ -249,7 +254,7 @@ def effective_attention(
     smallest = rtol if rtol is not None else (d_head + 1) * eps
     use_qr = v.dtype == torch.float64 or smallest < GRAM_MIN_RTOL
     if not devices.reads_are_free(pattern):
-        return _on_device(pattern, v, valid, lengths, rtol, use_qr)
+        return _on_device(pattern, v, valid, lengths, rtol, use_qr, shortest)
     if rtol is None:
         eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
         tolerance = lengths.cpu().clamp_min(d_head).to(torch.float64) * eps
@@ -289,6 +294,7 @@ def _on_device(
     lengths: Tensor,
     rtol: float | None,
     use_qr: bool,
+    shortest: int | None = None,
 ) -> Float[Tensor, "batch head query key"]:
     """:func:`effective_attention` with at most one read of the device (which heads need
     the exact basis, :func:`_column_space_basis`; none for heads up to :data:`NO_READ_WIDTH`
@@ -303,7 +309,9 @@ def _on_device(
         tolerance = torch.full(lengths.shape, float(rtol), dtype=torch.float64, device=v.device)
     compute = torch.promote_types(pattern.dtype, torch.float32)
     decomposed = lengths > (d_head if rtol is None else 0)
-    if rtol is None:  # a short sequence whose values are not certified independent is decomposed too
+    # a short sequence whose values are not certified independent is decomposed too (none is
+    # short when the host knows the shortest is longer than d_head)
+    if rtol is None and (shortest is None or shortest <= d_head):
         decomposed = decomposed | ~_independent_values(v, valid, tolerance)
     # every sequence at most d_head long (the shapes say so): the refined basis certifies none of
     # those decomposed (fewer keys than d_head: a singular Gram matrix; d_head keys not certified

@@ -364,3 +364,28 @@ def test_a_short_text_with_a_repeated_token_on_a_rope_decoder():
         assert (got.double() - expected).abs()[block].max() <= 1e-5, layer
         torch.testing.assert_close(got @ v, pattern @ v, atol=1e-5, rtol=1e-5)
     assert (result.effective[0, 0] - result.standard[0, 0]).abs().max() > 0.05  # the repeats' null space
+
+
+def test_a_pass_certifies_short_sequences_only_where_it_has_them(minilm, wikitext_paragraphs, monkeypatch):
+    """Off the CPU (the device routes, forced) a pass tells effective attention the shortest
+    text of a batch from the host's copy of its inputs: a batch with no text of at most d_head
+    tokens computes no certificate of short sequences (about 26 kernels a batch), one with such
+    a text does; the statistics are the same either way."""
+    from attnlens.core import devices
+    from attnlens.engine import effective as engine
+
+    calls = []
+    real = engine._independent_values
+    monkeypatch.setattr(engine, "_independent_values", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    long_texts = wikitext_paragraphs[:4]
+    effective.statistics(minilm, long_texts, max_len=64, batch_size=4, progress=False)
+    assert calls == []
+    with_short = effective.statistics(minilm, [*long_texts[:3], "a short text ."], max_len=64, batch_size=4,
+                                      progress=False)
+    assert len(calls) == 1
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: True)  # the CPU route: the same table
+    on_cpu = effective.statistics(minilm, [*long_texts[:3], "a short text ."], max_len=64, batch_size=4,
+                                  progress=False)
+    numbers = on_cpu.table.select_dtypes("number").columns
+    assert (with_short.table[numbers] - on_cpu.table[numbers]).abs().max().max() <= 1e-5

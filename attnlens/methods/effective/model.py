@@ -289,9 +289,11 @@ def run(
     """
     _require_bridge(model)
     given = _as_batch(model, tokens, max_len, layout)
-    if devices.reads_are_free(given.attention_mask):  # a batch given on a device is not read for a warning
-        d_head = int(model.cfg.d_head)
-        warn_if_short(int((given.attention_mask.sum(-1) > d_head).sum()), d_head)
+    shortest = None  # the fewest real tokens of a text, known on the host (a batch given on a device: not read)
+    if devices.reads_are_free(given.attention_mask):
+        d_head, lengths = int(model.cfg.d_head), given.attention_mask.sum(-1)
+        warn_if_short(int((lengths > d_head).sum()), d_head)
+        shortest = None if padded else int(lengths.min())
     batch = given.to(device_of(model))
     n_layers = int(model.cfg.n_layers)
     rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
@@ -313,7 +315,7 @@ def run(
         # the model's own patterns and values, not checked (as in a pass: a check reads the device)
         effective = effective_attention(
             standard[0].flatten(0, 1), torch.cat(values), key_mask=masks[0].repeat(n_layers, 1), rtol=rtol,
-            padded=padded, check=False,
+            padded=padded, check=False, shortest=shortest,
         ).unflatten(0, (n_layers, -1))
     return EffectiveRun(
         standard=standard[0],
