@@ -95,6 +95,7 @@ def run_with_hooks(
         )
     check_hooks(hooks, batch)
     check_token_ids(model, batch)
+    warn_if_scores_hooked(model, hooks)
     return forward_batch(model, batch.to(device_of(model)), hooks, unpadded=has_no_padding(batch), **kwargs)
 
 
@@ -122,21 +123,21 @@ def forward_batch(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: b
     """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
     checks its batches on the host, before they are copied: no read of a device tensor), in its
     :func:`batch_context`."""
-    if not _SCORES_WARNED:
-        _warn_if_scores_hooked(model, hooks)
     with batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 
-#: whether :func:`_warn_if_scores_hooked` has warned in this process
+#: whether :func:`warn_if_scores_hooked` has warned in this process
 _SCORES_WARNED: list[bool] = []
 
 
-def _warn_if_scores_hooked(model: Any, hooks: FwdHooks) -> None:
+def warn_if_scores_hooked(model: Any, hooks: FwdHooks) -> None:
     """Warn once per process when a hook is on ``hook_attn_scores`` of an encoder behind the seam
     (BERT, RoBERTa): TransformerLens 4.3 fires that point after the attention module returns,
     with the softmaxed pattern it returned, so a hook there sees the pattern, not the scores,
     and its edits reach nothing. Decoders (GPT-2, Llama) fire it with the scores."""
+    if _SCORES_WARNED:
+        return
     names = [item[0] for item in hooks if isinstance(item, tuple | list) and len(item) == 2]
     if not any(isinstance(name, str) and name.endswith("hook_attn_scores") for name in names):
         return

@@ -118,10 +118,7 @@ class PapaHooks(Hooks):
         tensors = {"heads": self.heads.mask.to(torch.uint8)}
         if self.theta is not None:
             tensors["theta"] = self.theta.detach()
-        state = self.constants.state_dict() if isinstance(self.constants, nn.Module) else {
-            name: getattr(self.constants, name) for name in ("sums", "squares", "pair_counts")
-        }
-        tensors.update({f"constants.{name}": value.detach() for name, value in state.items()})
+        tensors.update({f"constants.{name}": value.detach() for name, value in self.constants.tensors().items()})
         hook_names = "|".join(name for name, _ in self)
         return f"papa:{self.mode}:{self.causal}:{hook_names}:{tensor_checksum(tensors)}"
 
