@@ -229,14 +229,14 @@ def resolve_corpus(
     return texts
 
 
-def corpus_iterator(corpus: Any) -> Iterator:
+def corpus_iterator(corpus: Any, *, name: str = "corpus") -> Iterator:
     """An iterator over ``corpus`` (strings or (str, str) pairs, a list, a generator, a
     ``datasets`` column), refusing things that are not one: a single string, or a whole table
     (``datasets.Dataset``, ``pandas.DataFrame``, a dict of columns), whose iteration would give
-    its column names, instead of one of its columns."""
+    its column names, instead of one of its columns. ``name``: the argument's, for the errors."""
     if isinstance(corpus, str | bytes):
         raise InputTypeError(
-            "corpus must be an iterable of strings or (str, str) pairs, not one string; "
+            f"{name} must be an iterable of strings or (str, str) pairs, not one string; "
             "pass [text] for one text, or a file path to attnlens.compare / the CLI."
         )
     datasets, pandas = sys.modules.get("datasets"), sys.modules.get("pandas")
@@ -246,12 +246,12 @@ def corpus_iterator(corpus: Any) -> Iterator:
         columns = corpus.column_names if hasattr(corpus, "column_names") else list(corpus.keys())
         names = ", ".join(repr(name) for name in (columns or []))
         raise InputTypeError(
-            f"Pass one column of the {type(corpus).__name__} (e.g. corpus[{names.split(', ')[0] or 'text'}]), "
+            f"Pass one column of the {type(corpus).__name__} (e.g. {name}[{names.split(', ')[0] or 'text'}]), "
             f"not the whole table (columns: {names})."
         )
     try:
         return iter(corpus)
     except TypeError as error:
         raise InputTypeError(
-            f"corpus must be an iterable of strings or (str, str) pairs, got {type(corpus).__name__}."
+            f"{name} must be an iterable of strings or (str, str) pairs, got {type(corpus).__name__}."
         ) from error

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from attnlens.core import layouts, models
 from attnlens.core.checks import describe, flag, whole_number
+from attnlens.core.corpus import corpus_iterator
 from attnlens.core.layouts import BlankText
 from attnlens.core.loading import is_causal
 from attnlens.errors import InputError, InputTypeError
@@ -397,7 +398,7 @@ def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
     options = dict(add_special_tokens=False, truncation=False, split_special_tokens=True)
     kind = example_kind(examples[0])
     if kind == "words":
-        encoded = tokenizer([list(example.words) for example in examples], is_split_into_words=True, **options)
+        encoded = tokenizer(layouts.word_lists(tokenizer, examples), is_split_into_words=True, **options)
         sizes = [len(ids) for ids in encoded["input_ids"]]
     elif kind == "pair":
         sizes = [0] * len(examples)
@@ -410,15 +411,14 @@ def by_length(tokenizer: Any, examples: Sequence) -> list[int]:
 
 
 def _as_examples(texts_or_pairs: Any) -> list:
-    if isinstance(texts_or_pairs, Words):
+    """The examples of :func:`tokenize`'s argument: one text, pair or :class:`Words` as a list of
+    one, else the iterable's items (pairs as tuples), each checked; a table (a dict of columns, a
+    DataFrame, a Dataset) or a non-iterable is refused (:func:`attnlens.core.corpus.corpus_iterator`)."""
+    if isinstance(texts_or_pairs, Words | str) or (isinstance(texts_or_pairs, tuple)
+                                                    and example_kind(texts_or_pairs) == "pair"):
         texts_or_pairs = [texts_or_pairs]
-    if isinstance(texts_or_pairs, str):
-        return [texts_or_pairs]
-    if isinstance(texts_or_pairs, tuple) and len(texts_or_pairs) == 2 and all(
-        isinstance(part, str) for part in texts_or_pairs
-    ):
-        return [texts_or_pairs]
-    examples = [tuple(e) if isinstance(e, list | tuple) else e for e in texts_or_pairs]
+    given = corpus_iterator(texts_or_pairs, name="texts_or_pairs")
+    examples = [tuple(e) if isinstance(e, list | tuple) else e for e in given]
     if not examples:
         raise InputError("Nothing to tokenize: the list of texts is empty.")
     if isinstance(examples[0], Words):

@@ -81,9 +81,38 @@ def word_ids_of(tokenizer: Any, examples: Sequence[Any], **options: Any) -> tupl
             "tokenizer), which token tasks need; load the model with its fast tokenizer "
             "(AutoTokenizer.from_pretrained(name, use_fast=True))."
         )
-    encoded = tokenizer([list(e.words) for e in examples], is_split_into_words=True,
+    encoded = tokenizer(word_lists(tokenizer, examples), is_split_into_words=True,
                         split_special_tokens=True, **options)
     return encoded, [encoded.word_ids(row) for row in range(len(examples))]
+
+
+def word_lists(tokenizer: Any, examples: Sequence[Any]) -> list[list[str]]:
+    """Each example's words (:class:`attnlens.core.inputs.Words`) as ``tokenizer`` must get them
+    (``is_split_into_words=True``) to tokenize them as the text of those words separated by
+    spaces, as a text's tokens are.
+
+    A byte-level BPE tokenizer without ``add_prefix_space`` (RoBERTa's, GPT-2's by default)
+    takes pre-split words as pieces of one word: ``["the", "quick"]`` gives ``the qu ick``, not
+    ``the Ġquick``, tokens the model never saw for that sentence. For such a tokenizer every word
+    after the first gets its leading space back (``["the", " quick"]``: ``the Ġquick``, the tokens
+    of the text ``"the quick"``); Hugging Face's own remedy, ``add_prefix_space=True``, also gives
+    the first word a space (``Ġthe``), which a text's first word does not get. A tokenizer that
+    already separates words (BERT's WordPiece, SentencePiece) is given the words as they are."""
+    words = [list(example.words) for example in examples]
+    if not _joins_words(tokenizer):
+        return words
+    return [[word if index == 0 else " " + word for index, word in enumerate(row)] for row in words]
+
+
+def _joins_words(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` runs pre-split words together where the text of those words with
+    spaces between them would not (and a leading space on each later word restores the text's
+    tokens): two words tokenized apart, each way, against their text."""
+    options = dict(add_special_tokens=False, split_special_tokens=True)
+    text = tokenizer("a b", **options)["input_ids"]
+    as_given = tokenizer(["a", "b"], is_split_into_words=True, **options)["input_ids"]
+    spaced = tokenizer(["a", " b"], is_split_into_words=True, **options)["input_ids"]
+    return as_given != text and spaced == text
 
 
 def word_index(word_ids: list[list[int | None]], offsets: list[int], length: int) -> tuple[Tensor, Tensor]:
@@ -167,11 +196,19 @@ def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, word
         return padded_words(tokenizer, examples, max_len)
     if is_pair:
         args = ([a for a, _ in examples], [b for _, b in examples])
+        # each sentence of a pair has a token of its own (a blank second sentence is refused)
+        parts = [token_ids(tokenizer, sentences) for sentences in args]
+        for part in parts:
+            check_tokens(part)
+        count = getattr(tokenizer, "num_special_tokens_to_add", None)
+        specials = count(pair=True) if count is not None else 0
+        lengths = [len(first) + len(second) + specials for first, second in zip(*parts, strict=True)]
     else:
         args = (list(examples),)
-    full = tokenizer(*args, add_special_tokens=True, truncation=False, split_special_tokens=True)["input_ids"]
-    count = getattr(tokenizer, "num_special_tokens_to_add", None)
-    check_tokens(full, offset=count(pair=is_pair) if count is not None else 0)
+        full = tokenizer(*args, add_special_tokens=True, truncation=False, split_special_tokens=True)["input_ids"]
+        count = getattr(tokenizer, "num_special_tokens_to_add", None)
+        check_tokens(full, offset=count(pair=False) if count is not None else 0)
+        lengths = [len(ids) for ids in full]
     encoded = tokenizer(
         *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True,
         split_special_tokens=True,
@@ -189,7 +226,7 @@ def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, word
         attention_mask[row, : len(ids)] = 1
         if types is not None:
             token_type_ids[row, : len(ids)] = torch.tensor(types[row], dtype=torch.long)
-    n_truncated = sum(len(ids) > max_len for ids in full)
+    n_truncated = sum(length > max_len for length in lengths)
     return Encoded(input_ids, attention_mask, token_type_ids, int(n_truncated), {})
 
 

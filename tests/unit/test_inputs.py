@@ -8,6 +8,9 @@ import pytest
 import torch
 
 import attnlens
+from attnlens.core.layouts import BlankText
+from attnlens.errors import InputTypeError
+from attnlens.evaluation import probing
 from tests import tiny
 from tests.typechecks import unchecked
 
@@ -203,3 +206,62 @@ def test_encoders_are_padded_on_the_right_whatever_the_tokenizer_says():
         together = model(batch.input_ids, **batch.model_kwargs())[0, :5]
         alone = model(batch.input_ids[:1, :5], **batch.model_kwargs() | {"attention_mask": None, "token_type_ids": None})
     torch.testing.assert_close(together, alone[0], atol=1e-5, rtol=0)
+
+
+# -- words (token tasks) ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "layout"), [("bert", "papa"), ("bert", "padded"), ("roberta", "papa"),
+                                            ("roberta", "padded"), ("gpt2", "padded")])
+def test_words_get_the_tokens_of_their_text(name, layout):
+    """Pre-split words (NER, POS, UD) are tokenized as the text of those words joined by spaces,
+    on every tokenizer: a byte-level BPE one (RoBERTa's, GPT-2's) took each later word as the
+    continuation of the one before (``the qu ick``, not ``the Ġquick``). Reference: the tokenizer
+    on the joined text, and each token's word found by tokenizing the words one at a time."""
+    tokenizer = {"bert": tiny.bert_tokenizer, "roberta": tiny.roberta_tokenizer, "gpt2": tiny.gpt2_tokenizer}[name]()
+    sentences = [("the", "quick", "fox", "jumps", "."), ("Tokenization", "is", "unbelievably", "hard", "!")]
+    batch = attnlens.tokenize(tokenizer, [attnlens.Words(words) for words in sentences], max_len=32, layout=layout)
+    for row, words in enumerate(sentences):
+        every = batch.extra["word_ids"][row]
+        real = every >= 0
+        assert batch.input_ids[row][real].tolist() == content(tokenizer, " ".join(words))
+        pieces = [len(content(tokenizer, word if index == 0 else " " + word)) for index, word in enumerate(words)]
+        assert every[real].tolist() == [index for index, count in enumerate(pieces) for _ in range(count)]
+        starts = batch.extra["word_index"][row]
+        assert starts[starts >= 0].tolist() == list(range(len(words)))
+
+
+def test_one_text_or_pair_given_alone_is_checked_as_in_a_list():
+    """A text or pair given alone, not in a list, was returned before the blank check: a pair
+    with a blank sentence was tokenized as ``[CLS] [SEP] hello [SEP]`` (and a blank text got the
+    message of a text of dropped characters); in the padded layout a pair was checked as a whole,
+    so a second sentence of only dropped characters passed."""
+    tokenizer = tiny.bert_tokenizer()
+    for given in [("", "hello"), ("   ", "hello"), ["   "], "   "]:
+        for layout in ("papa", "padded"):
+            with pytest.raises(BlankText, match="is blank"):
+                attnlens.tokenize(tokenizer, given, max_len=16, layout=layout)
+    for layout in ("papa", "padded"):
+        with pytest.raises(BlankText, match="has no token"):
+            attnlens.tokenize(tokenizer, [("hello", "\u200b")], max_len=16, layout=layout)
+    assert attnlens.tokenize(tokenizer, ("a b", "c"), max_len=16, layout="padded").input_ids.shape[0] == 1
+    assert attnlens.tokenize(tokenizer, ["a b", "c"], max_len=16, layout="padded").input_ids.shape[0] == 2
+
+
+def test_a_table_or_a_non_iterable_is_refused_by_name():
+    """A dict of columns or a DataFrame was iterated as its column names (``[CLS] sentence
+    [SEP]``), and an int raised Python's TypeError from inside; both now get the corpus' error,
+    naming the argument (tokenize's, and probing's feature extraction's), as a user without the
+    tests' run-time type checks meets it."""
+    pandas = pytest.importorskip("pandas")
+    tokenizer = tiny.bert_tokenizer()
+    table = pandas.DataFrame({"sentence": ["a great movie", "awful"], "label": [1, 0]})
+    with unchecked():
+        for given in ({"sentence": ["a great movie"]}, table):
+            with pytest.raises(InputTypeError, match=r"texts_or_pairs\['sentence'\]"):
+                attnlens.tokenize(tokenizer, given, max_len=16)
+        for given in (5, None, 3.0):
+            with pytest.raises(InputTypeError, match="texts_or_pairs must be an iterable"):
+                attnlens.tokenize(tokenizer, given, max_len=16)
+        with pytest.raises(InputTypeError, match=r"examples\['sentence'\]"):
+            probing.extract(tiny.bert_bridge(), table, cache=False, max_len=16, progress=False)

@@ -53,6 +53,7 @@ from attnlens.core import (
 )
 from attnlens.core.checks import all_finite
 from attnlens.core.checks import indices as checked
+from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import fingerprints_kept, model_id, weights_fingerprint
@@ -350,7 +351,7 @@ def extract(
     wait for it and read it (e.g. NER and POS, which read the same sentences, in two processes of
     :func:`attnlens.papa.curve`). Under ``torch.distributed`` the ranks share the pass instead.
     """
-    features = _extract_or_read(model, list(examples), hooks, cache, cache_key, max_len, layout, batch_size,
+    features = _extract_or_read(model, list(corpus_iterator(examples, name="examples")), hooks, cache, cache_key, max_len, layout, batch_size,
                                 progress, description, states, variant, compact)
     return features.to(device_of(model))  # read from the cache or computed: on the model's device
 
