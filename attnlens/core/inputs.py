@@ -282,17 +282,25 @@ def _counts_positions(model: Any) -> bool:
 
 
 def position_limit(model: Any) -> int | None:
-    """How many token positions ``model``'s position embeddings cover, or ``None`` if unknown.
+    """How many tokens a text of ``model`` may hold, or ``None`` if unknown.
 
     ``config.max_position_embeddings`` of the Hugging Face model behind a bridge (GPT-2's
-    ``n_positions``); for RoBERTa, whose positions start at ``padding_idx + 1``, that many fewer.
-    A bare tokenizer knows no model, hence ``None``.
+    ``n_positions``); for RoBERTa, whose positions start at ``padding_idx + 1``, that many fewer;
+    at most the model's sliding window (:attr:`attnlens.core.models.Architecture.window`), which
+    attnlens's own patterns do not apply. A bare tokenizer knows no model, hence ``None``.
     """
     config = getattr(getattr(model, "original_model", None), "config", None)
     positions = getattr(config, "max_position_embeddings", None)
     if not isinstance(positions, int):
         return None
-    return positions - _reserved_positions(config)
+    window = _window(config)
+    limit = positions - _reserved_positions(config)
+    return limit if window is None else min(limit, window)
+
+
+def _window(config: Any) -> int | None:
+    architecture = models.find(config)
+    return None if architecture is None else architecture.window(config)
 
 
 def _reserved_positions(config: Any) -> int:
@@ -341,6 +349,12 @@ def check_max_len(
     limit = position_limit(model)
     if limit is not None and max_len > limit:
         config = model.original_model.config
+        if limit == _window(config):
+            raise InputError(
+                f"max_len={max_len} is more than the model's sliding window of {limit} tokens "
+                f"(config.sliding_window): attnlens's constant and uniform patterns do not apply "
+                f"the window, so a replaced head would read keys the model cannot; use max_len={limit} or less."
+            )
         reserved = _reserved_positions(config)
         unused = f" minus padding_idx + 1 = {reserved}" if reserved else ""
         raise InputError(

@@ -13,6 +13,7 @@ import attnlens
 from attnlens import papa
 from attnlens.core import seam
 from attnlens.core.loading import is_causal, model_id, weights_fingerprint
+from attnlens.errors import InputError
 from tests import tiny
 
 
@@ -265,3 +266,52 @@ def test_a_gpt2_whose_scores_are_not_scaled_is_refused():
     config.architectures = ["GPT2LMHeadModel"]
     with pytest.raises(attnlens.core.models.UnsupportedArchitecture, match="scale_attn_weights=False"):
         attnlens.load(GPT2LMHeadModel(config).eval(), tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("name", ["bert", "roberta"])
+def test_an_encoder_configured_as_a_decoder_is_refused(name):
+    """BERT or RoBERTa with ``is_decoder=True`` runs causal self-attention in Hugging Face, which
+    attnlens took for an encoder's: PAPA's constants and the uniform ablation then let a token
+    see later ones (a uniform replacement moved logits of positions 0-2 by 0.95 when token 10
+    changed, where the model moves them by 0). Refused at load, naming the setting."""
+    model = tiny.tiny_bert() if name == "bert" else tiny.tiny_roberta()
+    model.config.is_decoder = True
+    tokenizer = tiny.bert_tokenizer() if name == "bert" else tiny.roberta_tokenizer()
+    with pytest.raises(attnlens.core.models.UnsupportedArchitecture, match="is_decoder=True"):
+        attnlens.load(model, tokenizer=tokenizer)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2"])
+def test_texts_of_a_sliding_window_model_fit_in_its_window(family):
+    """A Mistral (or a Qwen2 with ``use_sliding_window``) attends to the last ``sliding_window``
+    keys only; attnlens's constant and uniform patterns know no window, so a head replaced by
+    them read keys the model cannot (on a 17-token text with a window of 4, 0.77 of a query's
+    mass). A text may hold at most the window's tokens: a longer max_len is refused by name, one
+    within it is taken. The window's meaning is Hugging Face's own: its eager attention of the
+    same model gives a query no weight on keys ``window`` or more positions back."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer, window = tiny.gpt2_tokenizer(), 4
+    sizes = dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                 sliding_window=window, attn_implementation="eager")
+    if family == "mistral":
+        config, model_class = MistralConfig(**sizes), MistralForCausalLM
+    else:
+        config, model_class = Qwen2Config(use_sliding_window=True, max_window_layers=0, **sizes), Qwen2ForCausalLM
+    config.architectures = [model_class.__name__]
+    torch.manual_seed(0)
+    hf = model_class(config).eval()
+    ids = torch.arange(3, 3 + 9)[None]
+    with torch.no_grad():
+        attentions = hf(input_ids=ids, output_attentions=True).attentions
+    reach = torch.arange(9)[:, None] - torch.arange(9)[None, :]
+    assert all(bool((pattern[..., reach >= window] == 0).all()) for pattern in attentions)
+    assert all(bool((pattern[..., reach == window - 1] > 0).all()) for pattern in attentions)
+    bridge = attnlens.load(hf, tokenizer=tokenizer)
+    assert attnlens.core.inputs.position_limit(bridge) == window
+    with pytest.raises(InputError, match="sliding window of 4 tokens"):
+        attnlens.tokenize(bridge, ["one two three four five six"], max_len=window + 1)
+    with pytest.raises(InputError, match="sliding window"):
+        papa.fit(bridge, ["one two three"], max_len=8, progress=False)
+    assert attnlens.tokenize(bridge, ["one two three four five six"], max_len=window).input_ids.shape == (1, window)

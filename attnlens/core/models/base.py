@@ -18,11 +18,24 @@ from typing import Any, Literal
 Seam = Literal["attnlens", "native"]
 
 
+#: a refused setting (:attr:`Architecture.refused_settings`) of the encoders (BERT, RoBERTa): one
+#: configured as a decoder runs causal self-attention, which attnlens would read as an encoder's
+#: (PAPA constants, the uniform ablation and the PAPA layout all bidirectional)
+ENCODER_AS_DECODER = (
+    "is_decoder", True, "it then runs causal self-attention, but attnlens treats BERT and RoBERTa as "
+    "encoders (its constant and uniform patterns would let a token see later ones)",
+)
+
+
 def _no_reserved_positions(config: Any) -> int:
     return 0
 
 
 def _no_alias(name: str) -> str | None:
+    return None
+
+
+def _no_window(config: Any) -> int | None:
     return None
 
 
@@ -63,7 +76,12 @@ class Architecture:
       embedding (``tie_word_embeddings=False``; GPT-2 and Llama: ``lm_head.weight``).
       :meth:`lm_head_prefixes` combines the two for a config;
     - ``refused_settings``: ``(config attribute, value, why)`` of configurations TransformerLens's
-      bridge does not run as Hugging Face does, refused at load (:func:`attnlens.load`).
+      bridge does not run as Hugging Face does, refused at load (:func:`attnlens.load`);
+    - ``window(config)``: how many keys (its own included) a query may reach when some layer
+      attends through a sliding window (Mistral; Qwen2 with ``use_sliding_window``), else
+      ``None``. attnlens's own patterns (PAPA constants, the uniform ablation) know no window,
+      so a text may hold at most that many tokens (:func:`attnlens.core.inputs.position_limit`):
+      then no query has a key beyond it, and a replaced head reads only what the model could.
     """
 
     name: str
@@ -84,6 +102,7 @@ class Architecture:
     lm_head_keys: tuple[str, ...] = ()
     output_embedding_keys: tuple[str, ...] = ()
     refused_settings: tuple[tuple[str, Any, str], ...] = ()
+    window: Callable[[Any], int | None] = field(default=_no_window)
 
     def lm_head_prefixes(self, config: Any) -> tuple[str, ...]:
         """Checkpoint key prefixes the LM head of a model with ``config`` needs (each matched by

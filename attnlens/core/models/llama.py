@@ -12,6 +12,8 @@ edits are honoured natively; ``hook_k``/``hook_v`` carry the key-value heads and
 
 from __future__ import annotations
 
+from typing import Any
+
 from attnlens.core.models.base import Architecture
 
 #: names :func:`attnlens.load` resolves to a GGUF file converted once into a cached folder
@@ -25,6 +27,20 @@ def resolve(name: str) -> str | None:
     from attnlens.core.models import gguf
 
     return str(gguf.smollm2_folder())
+
+
+def sliding_window(config: Any) -> int | None:
+    """The keys a query reaches (its own included: Hugging Face's mask keeps key ``k`` of query
+    ``q`` when ``q - k < sliding_window``) where some layer attends through a sliding window:
+    every layer of a Mistral with ``sliding_window`` set, the layers ``config.layer_types`` marks
+    ``"sliding_attention"`` (Qwen2 with ``use_sliding_window``); else ``None``."""
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int):
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if "sliding_attention" in layer_types else None
+    return None if getattr(config, "use_sliding_window", True) is False else window
 
 
 ARCHITECTURE = Architecture(
@@ -41,4 +57,5 @@ ARCHITECTURE = Architecture(
     resolve=resolve,
     aliases=ALIASES,
     output_embedding_keys=("lm_head.weight",),
+    window=sliding_window,
 )

@@ -3,7 +3,7 @@ ids that start after ``padding_idx`` (so ``padding_idx + 1`` position embeddings
 
 from typing import Any
 
-from attnlens.core.models.base import Architecture
+from attnlens.core.models.base import ENCODER_AS_DECODER, Architecture
 
 
 def reserved_positions(config: Any) -> int:
@@ -16,6 +16,7 @@ ARCHITECTURE = Architecture(
     model_types=("roberta",),
     hf_classes=("RobertaForMaskedLM",),
     causal=False,
+    refused_settings=(ENCODER_AS_DECODER,),
     seam="attnlens",
     layout="papa",
     counts_positions=True,
