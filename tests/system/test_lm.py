@@ -33,7 +33,7 @@ import attnlens
 from attnlens import papa
 from attnlens.core.loading import checkpoint_keys, lm_head_in_checkpoint, lm_head_trained
 from attnlens.evaluation.lm import scorer
-from attnlens.evaluation.lm.masks import mlm_masks
+from attnlens.evaluation.lm.masks import mlm_masks, pll_copies
 from tests import tiny
 from tests.conftest import required
 from tests.typechecks import unchecked
@@ -272,6 +272,21 @@ def test_mask_mix_replaces_chosen_tokens_by_mask_random_or_keep(tiny_bert):
     assert 0 < int(kept_or_random.sum()) < 0.5 * chosen.numel()  # about 20% of ~60 tokens
     specials = torch.tensor(sorted(set(tiny_bert.tokenizer.all_special_ids) - {mask_id}))
     assert not torch.isin(chosen, specials).any()  # random replacements are ordinary tokens
+
+
+def test_masked_copies_keep_a_compact_batchs_positions(tiny_bert):
+    """mlm_masks and pll_copies rebuilt the batch field by field and lost ``position_ids``: a
+    compact PAPA batch came back as an ordinary one, so its final [SEP] ran at its column, not
+    at max_len - 1. Their batches now equal the input's but for the ids (and, for the copies,
+    the rows each copy repeats)."""
+    batch = attnlens.tokenize(tiny_bert, ["a charming and funny film", "dull"], max_len=32, compact=True)
+    assert batch.compact
+    masked, _ = mlm_masks(batch, tiny_bert, rate=0.3)
+    copies, rows, _ = pll_copies(batch, tiny_bert)
+    assert masked.compact and torch.equal(masked.positions, batch.positions)
+    assert masked.counts_positions == batch.counts_positions
+    assert copies.compact and torch.equal(copies.positions, batch.positions[rows])
+    assert torch.equal(copies.model_kwargs()["position_ids"], batch.model_kwargs()["position_ids"][rows])
 
 
 # ------------------------------------------------------------------------------------------------

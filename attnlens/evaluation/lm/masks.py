@@ -4,6 +4,7 @@ token for a pseudo-log-likelihood (:func:`pll_copies`), and the tokens either ma
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from collections.abc import Sequence
@@ -137,35 +138,17 @@ def pll_copies(
     copy = torch.arange(rows.numel(), device=rows.device)
     input_ids = batch.input_ids[rows].clone()
     input_ids[copy, positions] = mask_id
-    copies = Batch(
-        input_ids,
-        batch.attention_mask[rows],
-        batch.token_type_ids[rows],
-        0,
-        batch.layout,
-        batch.max_len,
-        batch.is_pair,
-        {},
-        batch.token_types,
-        batch.positions_from_mask,
+    copies = dataclasses.replace(
+        batch, input_ids=input_ids, attention_mask=batch.attention_mask[rows],
+        token_type_ids=batch.token_type_ids[rows], n_truncated=0, extra={},
+        position_ids=None if batch.position_ids is None else batch.position_ids[rows],
     )
     return copies, rows, positions
 
 
 def with_ids(batch: Batch, input_ids: Tensor) -> Batch:
-    return Batch(
-        input_ids,
-        batch.attention_mask,
-        batch.token_type_ids,
-        batch.n_truncated,
-        batch.layout,
-        batch.max_len,
-        batch.is_pair,
-        dict(batch.extra),
-        batch.token_types,
-        batch.positions_from_mask,
-    )
-
+    """``batch`` with other token ids (its mask, token types, positions and the rest kept)."""
+    return dataclasses.replace(batch, input_ids=input_ids, extra=dict(batch.extra))
 
 
 def check_rate(rate: Any) -> float:
