@@ -115,7 +115,10 @@ def read_corpus_counted(path: str | os.PathLike) -> tuple[list[str | tuple[str, 
       column is read as one text per row if it has one column, and refused otherwise (which
       column holds the texts is unknown: CoLA's TSVs, for instance, have four columns and no
       header). TSV cells are read without quote handling (as GLUE's files need);
-    - any other file: plain text, one text per non-blank line. Lines end at ``\\n``,
+    - any other file: plain text, one text per non-blank line, unless its first line has tabs
+      and names a text or pair column (MRPC's ``msr_paraphrase_train.txt``): a TSV table then.
+      Every row of a table with a header must be as wide as it (a missing cell or a stray
+      delimiter is refused with the row's number). Lines end at ``\\n``,
       ``\\r\\n`` or ``\\r`` only: the other breaks :meth:`str.splitlines` knows (form feed,
       ``\\u2028``, ...) stay inside a text.
 
@@ -136,16 +139,29 @@ def read_corpus_counted(path: str | os.PathLike) -> tuple[list[str | tuple[str, 
     except UnicodeDecodeError as error:
         raise CorpusError(f"corpus file {path} is not UTF-8 text ({error.reason})") from None
     suffix = path.suffix.lower()
-    if suffix in (".tsv", ".csv"):
-        texts = _table_texts(raw, delimiter="\t" if suffix == ".tsv" else ",", path=path)
+    table = suffix in (".tsv", ".csv") or _names_columns(raw)
+    if table:
+        texts = _table_texts(raw, delimiter="," if suffix == ".csv" else "\t", path=path)
     else:
         texts = re.split(r"\r\n|\r|\n", raw)
     kept = [text for text in map(_stripped, texts) if text not in ("", ("", ""))]
     if not kept:
         raise CorpusError(f"corpus file {path} is empty: it holds no non-blank text")
     # a plain text file's last line break does not end a blank text
-    blank = len(texts) - len(kept) - (suffix not in (".tsv", ".csv") and texts[-1] == "")
+    blank = len(texts) - len(kept) - (not table and texts[-1] == "")
     return kept, blank
+
+
+def _names_columns(raw: str) -> bool:
+    """Whether a file of another suffix is a TSV table all the same: its first line has tabs and
+    names a text column or a pair's (MRPC's ``msr_paraphrase_train.txt``), so that its lines
+    are rows, not texts."""
+    first = re.split(r"\r\n|\r|\n", raw, maxsplit=1)[0]
+    if "\t" not in first:
+        return False
+    header = {cell.strip().casefold() for cell in first.split("\t")}
+    names = [*TEXT_COLUMNS, *(name for pair in PAIR_COLUMNS for name in pair)]
+    return any(name.casefold() in header for name in names)
 
 
 def _stripped(text: str | tuple[str, str]) -> str | tuple[str, str]:
@@ -160,11 +176,11 @@ def _table_texts(raw: str, *, delimiter: str, path: Path) -> list[str | tuple[st
     for first, second in PAIR_COLUMNS:
         if first.casefold() in header and second.casefold() in header:
             i, j = header.index(first.casefold()), header.index(second.casefold())
-            return [(row[i], row[j]) for row in rows[1:] if len(row) > max(i, j)]
+            return [(row[i], row[j]) for row in _body(rows, path)]
     names = [name.casefold() for name in TEXT_COLUMNS if name.casefold() in header]
     if names:
         column = header.index(names[0])
-        return [row[column] for row in rows[1:] if len(row) > column]
+        return [row[column] for row in _body(rows, path)]
     if all(len(row) <= 1 for row in rows):
         return [row[0] for row in rows if row]
     width = max(len(row) for row in rows)
@@ -173,6 +189,21 @@ def _table_texts(raw: str, *, delimiter: str, path: Path) -> list[str | tuple[st
         f"(row 1: {delimiter.join(rows[0])[:80]!r}); add a header row that names it "
         f"(e.g. sentence), or pass a .txt file with one text per line"
     )
+
+
+def _body(rows: list[list[str]], path: Path) -> list[list[str]]:
+    """The rows after a table's header, each as wide as it (:class:`CorpusError` naming the
+    first that is not: a missing cell or a stray delimiter would drop the row or cut its text);
+    empty rows (blank lines) are left out."""
+    width = len(rows[0])
+    for number, row in enumerate(rows[1:], start=2):
+        if row and len(row) != width:
+            raise CorpusError(
+                f"corpus file {path}, row {number} has {len(row)} cells where its header has {width} "
+                f"(row {number}: {' | '.join(row)[:80]!r}); fix that row (a missing cell, or a "
+                "delimiter inside a text), or pass a .txt file with one text per line"
+            )
+    return [row for row in rows[1:] if row]
 
 
 def _table_rows(raw: str, *, delimiter: str, path: Path) -> list[list[str]]:

@@ -118,3 +118,27 @@ def test_command_line_reports_a_headerless_table_in_one_line(tmp_path, capsys):
     assert "\n" not in stderr
     assert stderr.startswith("attnlens: error: corpus file") and "2 columns" in stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("rows", [["0"], ["great\tfun\tfilm\t1"]])
+def test_a_row_not_as_wide_as_its_header_is_refused_by_number(tmp_path, rows):
+    """A row missing its text cell was dropped, and one with a stray tab lost the rest of its
+    text, neither counted among the dropped texts; each is now refused with its row's number."""
+    path = write(tmp_path / "reviews.tsv", "label\tsentence\n1\tgood\n" + "\n".join(rows) + "\n\n")
+    with pytest.raises(CorpusError, match=r"row 3 has \d cells where its header has 2"):
+        read_corpus(path)
+    assert read_corpus(write(tmp_path / "fine.tsv", "label\tsentence\n1\tgood\n\n0\tbad\n")) == ["good", "bad"]
+
+
+def test_a_table_given_as_txt_is_read_as_a_table():
+    """MRPC's release file (``msr_paraphrase_train.txt``: a TSV with a header naming
+    ``#1 String`` and ``#2 String``) was read as raw lines, its header a text and each row one
+    text of IDs and both sentences; it is now read as the pairs its ``.tsv`` copy gives
+    (reference: csv's reader on the file, the pair columns picked by the header's names)."""
+    path = data_file("mrpc/msr_paraphrase_train.txt")
+    with open(path, encoding="utf-8-sig", newline="") as file:
+        rows = list(csv.reader(file, delimiter="\t", quoting=csv.QUOTE_NONE))
+    i, j = rows[0].index("#1 String"), rows[0].index("#2 String")
+    texts, expected = read_corpus(path), [(row[i].strip(), row[j].strip()) for row in rows[1:] if row]
+    assert (len(texts), texts[0]) == (len(expected), expected[0])  # a short message if not
+    assert texts == expected
