@@ -28,6 +28,7 @@ import pandas as pd
 from attnlens.core import seam
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
+from attnlens.core.heads import n_selected
 from attnlens.core.loading import fingerprints_kept
 from attnlens.core.notebook import curve_html
 from attnlens.core.plots import papa_curve
@@ -380,6 +381,9 @@ def curve(
     fractions = [finite(f, f"fractions[{i}]", low=0.0, high=1.0) for i, f in enumerate(fractions)]
     if not fractions:
         raise InputError("fractions is empty; give the replaced shares to probe, e.g. [0.0, 0.5, 1.0].")
+    repeated = [f for i, f in enumerate(fractions) if f in fractions[:i]]
+    if repeated:  # a second row of the same point would also count twice in Holm's adjustment
+        raise InputError(f"fraction {repeated[0]} is given more than once; give each fraction once.")
     # no head replaced comes first: every point is compared with it (added when not asked for)
     fractions = [0.0, *(f for f in fractions if f != 0.0)]
     unknown = [name for name in baselines if name not in ALL_BASELINES]
@@ -404,7 +408,6 @@ def curve(
                    max_len=constants.max_len, layout=constants.layout, batch_size=batch_size,
                    probe=probe, progress=progress)
     point_options = dict(seeds=seeds, baseline=baseline)
-    n_heads = constants.n_layers * constants.n_heads
     lam, lambda_seconds = None, None
     if strategy in ("lambda", "reversed_lambda"):
         if not tasks:
@@ -534,7 +537,7 @@ def curve(
         for label, fraction, key in plans[name]:
             part = done[(name, key)]
             where = dict(strategy=label, fraction_replaced=fraction, fraction_kept=1.0 - fraction,
-                         heads=round(fraction * n_heads))
+                         heads=n_selected(fraction, constants.n_layers, constants.n_heads))
             versus = {}
             if name == "lm":
                 score = part["score"]

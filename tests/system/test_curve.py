@@ -105,7 +105,9 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
     monkeypatch.setattr(probing, "run", spy)
     monkeypatch.setattr(probing, "run_many", spy_many)
     monkeypatch.setattr(features_module, "_extract", spy_extract)
-    curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 1), baselines=("zeros",),
+    # 0.5625 of 72 heads is 40.5: 41 replaced (halves up, heads.n_selected), which the table
+    # called 40 (Python's round, halves to even)
+    curve = papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5625, 1), baselines=("zeros",),
                        data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL, seeds=1, progress=False)
     monkeypatch.setattr(probing, "run", real_run)
     monkeypatch.setattr(probing, "run_many", real_many)
@@ -125,7 +127,8 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
     assert [one["hooks"] for one in settings] == [hooks.key() for hooks in interventions]
     table = curve.table
     assert list(table["strategy"]) == ["input_dependence"] * 3 + ["zeros"]
-    assert list(table["heads"]) == [0, 36, 72, 72]
+    assert list(table["heads"]) == [0, 41, 72, 72]
+    assert [int(hooks.heads.mask.sum()) for hooks in interventions] == [41, 72, 72]  # what was replaced
     plain = probing.run(minilm, "sst2", data_dir=DATA, train_limit=TRAIN, eval_limit=EVAL,
                         max_len=64, layout=constants.layout, progress=False)
     assert table["score"].iloc[0] == plain.score and table["relative"].iloc[0] == 1.0
@@ -133,7 +136,7 @@ def test_the_curve_starts_at_the_unmodified_score_and_moves(minilm, constants, m
     assert table["score"].nunique() > 1
     assert (table["metric"] == "accuracy").all()
     figure = curve.figure()
-    assert len(figure.data) == 2 and list(figure.data[0].x) == [0.0, 0.5, 1.0]
+    assert len(figure.data) == 2 and list(figure.data[0].x) == [0.0, 0.4375, 1.0]  # the share kept
 
 
 @pytest.mark.filterwarnings("ignore::attnlens.evaluation.probing.ProbeWarning")
@@ -172,6 +175,9 @@ def test_curve_arguments_are_checked(minilm, constants, monkeypatch):
         papa.curve(minilm, constants, ["sst2"], fractions=(0, 1.5), data_dir=DATA)
     with pytest.raises(ValueError, match=r"fractions\[0\] must be a finite number"):
         papa.curve(minilm, constants, ["sst2"], fractions=(float("nan"),), data_dir=DATA)
+    # a repeated fraction made a second row of the same point, counted twice by Holm
+    with pytest.raises(ValueError, match="fraction 0.5 is given more than once"):
+        papa.curve(minilm, constants, ["sst2"], fractions=(0, 0.5, 0.5, 1), data_dir=DATA)
     with pytest.raises(ValueError, match="Unknown strategy"):
         papa.curve(minilm, constants, ["sst2"], strategy="best", data_dir=DATA)
     # constants are positional: sentence constants on a pair task are refused before any work,
