@@ -108,6 +108,20 @@ def test_read_conllu_skips_ranges_and_empty_nodes_and_drops_subtypes(tmp_path):
     )
 
 
+@pytest.mark.parametrize(("form", "lemma", "feats"), [("New  York", "New York", "_"),
+                                                      ("New  York", "New York", "Number=Sing"),
+                                                      ("90000", "90  000", "2")])
+def test_read_conllu_takes_a_words_columns_by_tab(form, lemma, feats):
+    """CoNLL-U allows spaces in FORM and LEMMA; the ``conllu`` package also split a line at two
+    spaces, which shifted the later columns: a TypeError, a valid file refused, or FEATS read as
+    the relation. Reference: the tab-separated fields of each line."""
+    lines = ["\t".join(["1", form, lemma, "NOUN", "NN", feats, "2", "nsubj", "_", "_"]),
+             "\t".join(["2", "sleeps", "sleep", "VERB", "VBZ", "_", "0", "root", "_", "_"])]
+    (sentence,) = conllu.read_conllu("\n".join(lines) + "\n\n")
+    assert sentence.words == (form, "sleeps") and sentence.heads == (1, -1)
+    assert sentence.relations == ("nsubj", "root")
+
+
 def pointing_pattern(word_ids, targets):
     """A pattern in which every sub-token of word ``w`` attends only to the first sub-token of
     word ``targets[b][w]``; special tokens and padding attend to themselves."""
