@@ -31,9 +31,15 @@ def identity(pattern, hook):
 
 
 def eager_reference(bridge):
-    """A separate copy of the HF model on transformers' own eager attention."""
-    reference = copy.deepcopy(bridge.original_model)
-    reference.set_attn_implementation("eager")
+    """The Hugging Face model of ``bridge`` built anew on transformers' own eager attention, with
+    its weights (a deep copy of ``bridge.original_model`` would keep TransformerLens's bridge
+    modules inside it, and so would not be an independent reference)."""
+    hf = bridge.original_model
+    reference = type(hf)._from_config(copy.deepcopy(hf.config), attn_implementation="eager")
+    weights = {name.replace("._original_component", ""): value for name, value in hf.state_dict().items()}
+    reference.load_state_dict({name: weights[name] for name in reference.state_dict()})
+    assert not any("Bridge" in type(module).__name__ or "HookPoint" in type(module).__name__
+                   for module in reference.modules())
     return reference.eval()
 
 
