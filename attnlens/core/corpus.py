@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from attnlens.core.files import text_lines
 from attnlens.errors import InputError, InputTypeError
 
 #: sentences written for attnlens (public domain); short ones and two longer than 32 tokens
@@ -143,7 +144,7 @@ def read_corpus_counted(path: str | os.PathLike) -> tuple[list[str | tuple[str, 
     if table:
         texts = _table_texts(raw, delimiter="," if suffix == ".csv" else "\t", path=path)
     else:
-        texts = re.split(r"\r\n|\r|\n", raw)
+        texts = text_lines(raw)
     kept = [text for text in map(_stripped, texts) if text not in ("", ("", ""))]
     if not kept:
         raise CorpusError(f"corpus file {path} is empty: it holds no non-blank text")
@@ -156,7 +157,7 @@ def _names_columns(raw: str) -> bool:
     """Whether a file of another suffix is a TSV table all the same: its first line has tabs and
     names a text column or a pair's (MRPC's ``msr_paraphrase_train.txt``), so that its lines
     are rows, not texts."""
-    first = re.split(r"\r\n|\r|\n", raw, maxsplit=1)[0]
+    first = text_lines(raw)[0]
     if "\t" not in first:
         return False
     header = {cell.strip().casefold() for cell in first.split("\t")}

@@ -16,6 +16,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 import warnings
@@ -29,6 +30,14 @@ from attnlens.errors import AttnlensWarning, DamagedFileError, FileFormatError, 
 
 #: prefix and suffix of temporary files (``.<name>.<random>.tmp`` beside the target)
 TEMPORARY_SUFFIX = ".tmp"
+
+
+def text_lines(text: str) -> list[str]:
+    """``text``'s lines, broken at ``\\n``, ``\\r\\n`` and ``\\r`` only: the other breaks that
+    :meth:`str.splitlines` knows (form feed, ``\\x85``, ``\\u2028``, ...) may sit inside a text
+    or a word of a data file, and are not line ends there. A final line break leaves an empty
+    last line."""
+    return re.split(r"\r\n|\r|\n", text)
 
 
 def _umask() -> int:

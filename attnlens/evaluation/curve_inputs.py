@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from attnlens.core.checks import optional_count
+from attnlens.core.files import text_lines
 from attnlens.core.inputs import tokenize
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation import probing
@@ -58,7 +59,7 @@ def wikitext(data_dir: str | os.PathLike, splits: Sequence[str] = ("valid",), *,
         if not path.is_file():
             raise InputError(f"WikiText-2 file not found: {path} (the data folder holds wikitext2/valid.txt "
                              "and wikitext2/test.txt).")
-        lines = (line.strip() for line in path.read_text(encoding="utf-8").splitlines())
+        lines = (line.strip() for line in text_lines(path.read_text(encoding="utf-8-sig")))
         paragraphs += [line for line in lines if line and not line.startswith("=") and len(line.split()) > min_words]
     return paragraphs if limit is None else paragraphs[:limit]
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnlens.core.files import text_lines
 from attnlens.errors import InputError
 
 __all__ = ["Spec", "Unreadable", "empty_message", "read"]
@@ -89,12 +90,13 @@ def _parsed(name: str, split: str, path_name: str, data_dir_name: str, signature
     return _read_conll(path, column=3 if name == "ner" else 1, spec=spec)
 
 
-def _read_tsv(path: Path, encoding: str = "utf-8") -> tuple[list[str], list[list[str]]]:
-    """The header and rows of a GLUE TSV, read without quote handling. csv's cell limit (a
-    process-wide setting) is raised for this read only, then put back."""
+def _read_tsv(path: Path) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of a GLUE TSV, read without quote handling (a byte-order mark at its
+    start is not text). csv's cell limit (a process-wide setting) is raised for this read only,
+    then put back."""
     previous = csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
     try:
-        with open(path, encoding=encoding, newline="") as handle:
+        with open(path, encoding="utf-8-sig", newline="") as handle:
             rows = list(csv.reader(handle, delimiter="\t", quoting=csv.QUOTE_NONE))
     except (OSError, UnicodeDecodeError) as error:
         raise Unreadable(f"Cannot read {path}: {error}; pass a data_dir with the original files.") from None
@@ -167,7 +169,7 @@ def _read_cola(path: Path, split: str) -> dict[str, list]:
 def _read_mrpc(path: Path, split: str, dev_ids: Path) -> dict[str, list]:
     """GLUE's MRPC: dev = the rows of msr_paraphrase_train.txt whose (#1 ID, #2 ID) is listed in
     dev_ids.tsv, train = the others; test = msr_paraphrase_test.txt (which has labels)."""
-    header, rows = _read_tsv(path, encoding="utf-8-sig")
+    header, rows = _read_tsv(path)
     wanted = ["Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
     if header != wanted:
         raise Unreadable(f"{path} has header {header}, not {wanted}; pass a data_dir with the MRPC "
@@ -181,7 +183,7 @@ def _read_mrpc(path: Path, split: str, dev_ids: Path) -> dict[str, list]:
             raise Unreadable(f"MRPC dev ids file {dev_ids} is empty (0 bytes), so the {split} split of "
                             "task 'mrpc' cannot be told apart; pass a data_dir that holds GLUE's "
                             "mrpc_dev_ids.tsv as mrpc/dev_ids.tsv.")
-        first, id_rows = _read_tsv(dev_ids, encoding="utf-8-sig")  # no header: first is a pair
+        first, id_rows = _read_tsv(dev_ids)  # no header: first is a pair
         dev = {(row[0], row[1]) for row in [first, *id_rows] if len(row) >= 2}
         # malformed rows are kept, for _columns to report
         numbered = [(line, row) for line, row in numbered
@@ -205,7 +207,7 @@ def _read_conll(path: Path, column: int, spec: Spec) -> dict[str, list]:
     """Sentences of a CoNLL-2003 file: ``TOKEN POS CHUNK NER`` lines, a blank line between
     sentences, ``-DOCSTART-`` lines skipped; ``column`` is the tag column read."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = text_lines(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError) as error:
         raise Unreadable(f"Cannot read {path}: {error}; pass a data_dir with the original files.") from None
     allowed = {tag: i for i, tag in enumerate(spec.label_names)}

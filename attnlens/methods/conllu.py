@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlens.core.checks import describe, whole_number
+from attnlens.core.files import text_lines
 from attnlens.errors import InputError, InputTypeError, MissingFileError
 
 __all__ = ["Sentence", "read_conllu", "relations_of"]
@@ -110,7 +111,7 @@ def _blocks(text: str, name: str, limit: int | None) -> list[tuple[int, list[str
             blocks.append((start, current))
         current, ids, heads = [], 0, []
 
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text_lines(text), 1):
         if not line.strip():
             close()
             if limit is not None and len(blocks) >= limit:

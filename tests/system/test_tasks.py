@@ -430,3 +430,18 @@ def test_a_split_is_parsed_once_and_read_again_when_its_file_changes(tmp_path, m
     (folder / "train.tsv").write_text("sentence\tlabel\nan edited file\t1\n", encoding="utf-8")
     edited = tasks.load("sst2", "train", data_dir=tmp_path)
     assert len(reads) == 2 and edited.inputs() == ["an edited file"] and edited.labels() == [1]
+
+
+def test_a_byte_order_mark_is_not_read_as_text(tmp_path):
+    """A task file saved with a byte-order mark (SST-2's header then read ``\ufeffsentence``)
+    was refused as a bad header. Reference: the rows as written."""
+    (tmp_path / "sst2").mkdir()
+    (tmp_path / "sst2" / "train.tsv").write_text("\ufeffsentence\tlabel\na fine film\t1\ndull\t0\n", encoding="utf-8")
+    sst2 = tasks.load("sst2", "train", data_dir=tmp_path)
+    assert sst2.inputs() == ["a fine film", "dull"] and sst2.labels() == [1, 0]
+    (tmp_path / "conll2003").mkdir()
+    (tmp_path / "conll2003" / "train.txt").write_text(
+        "\ufeff-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nsays VBZ B-VP O\n\n", encoding="utf-8")
+    ner = tasks.load("ner", "train", data_dir=tmp_path)
+    assert ner.inputs() == [Words(("EU", "says"))]
+    assert [[ner.label_names[tag] for tag in tags] for tags in ner.labels()] == [["B-ORG", "O"]]
