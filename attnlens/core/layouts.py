@@ -194,20 +194,19 @@ def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, word
     special tokens and pair format (``words``: word lists, as :func:`papa`)."""
     if words:
         return padded_words(tokenizer, examples, max_len)
+    count = getattr(tokenizer, "num_special_tokens_to_add", None)
+    specials = count(pair=is_pair) if count is not None else 0
     if is_pair:
         args = ([a for a, _ in examples], [b for _, b in examples])
         # each sentence of a pair has a token of its own (a blank second sentence is refused)
         parts = [token_ids(tokenizer, sentences) for sentences in args]
         for part in parts:
             check_tokens(part)
-        count = getattr(tokenizer, "num_special_tokens_to_add", None)
-        specials = count(pair=True) if count is not None else 0
         lengths = [len(first) + len(second) + specials for first, second in zip(*parts, strict=True)]
     else:
         args = (list(examples),)
         full = tokenizer(*args, add_special_tokens=True, truncation=False, split_special_tokens=True)["input_ids"]
-        count = getattr(tokenizer, "num_special_tokens_to_add", None)
-        check_tokens(full, offset=count(pair=False) if count is not None else 0)
+        check_tokens(full, offset=specials)
         lengths = [len(ids) for ids in full]
     encoded = tokenizer(
         *args, add_special_tokens=True, truncation=True, max_length=max_len, return_token_type_ids=True,
