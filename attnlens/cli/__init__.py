@@ -172,10 +172,18 @@ def _start_distributed(device: str | None = None) -> bool:
 
 
 def _run(args: argparse.Namespace, debug: bool) -> int:
+    """The command's handler, SIGTERM (``timeout``, Slurm, ``docker stop``) raising
+    ``KeyboardInterrupt`` as Ctrl-C does for the whole run, so that an output being written
+    removes its temporary file (:func:`attnlens.core.files.write_atomic`) and a fit saves its
+    checkpoint; its errors are one line (:func:`main`)."""
+    # here, not at the top: it imports torch, which --help and --version do without
+    from attnlens.engine.checkpoints import InterruptingSignals
+
     started = False
     try:
         started = _start_distributed(getattr(args, "device", None))
-        status = int(args.handler(args) or 0)
+        with InterruptingSignals():
+            status = int(args.handler(args) or 0)
         if started:  # every rank done before any tears its group down (gloo's threads hold work)
             import torch.distributed as dist
 

@@ -29,8 +29,9 @@ def add(commands: Any) -> None:
     constants.add_argument("--constants", default=None, help="PAPA constants from 'attnlens fit-papa'")
     constants.add_argument(
         "--fit-wikitext", action="store_true",
-        help="fit the constants here on WikiText-2's validation and test paragraphs "
-        "(--data-dir/wikitext2/valid.txt, disjoint from the LM's test paragraphs; headings dropped; max_len 128)",
+        help="fit the constants here on WikiText-2's validation paragraphs "
+        "(--data-dir/wikitext2/valid.txt, disjoint from the LM's test paragraphs; headings dropped; max_len 128; "
+        "--batch-size texts per forward pass)",
     )
     parser.add_argument("--save-constants", default=None, metavar="FILE",
                         help="with --fit-wikitext: also save the constants there (.safetensors)")

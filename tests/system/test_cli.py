@@ -725,3 +725,30 @@ def test_types_syntax_and_importance_refuse_bad_arguments(tmp_path, capsys, monk
         assert exit_info.value.code == 2, argv
         err = capsys.readouterr().err.strip()
         assert expected in err and "\n" not in err, err
+
+
+@pytest.mark.slow
+def test_table_runs_a_pair_task_with_constants_of_single_sentences(tmp_path, tiny_models, tiny_corpus, capsys):
+    """`attnlens table --task mrpc` (docs/probing.md's command) was refused: MRPC's pairs need
+    constants fitted on pairs. As the curve does, the table fits them on the task's training
+    pairs (``constants_by_task``), here 8 of a tiny MRPC."""
+    import pandas as pd
+
+    from attnlens.cli import main
+
+    data = tmp_path / "data" / "mrpc"
+    data.mkdir(parents=True)
+    rows = [f"{i % 2}\t{i}\t{100 + i}\tthe dog number {i} barks .\t{'the dog barks .' if i % 2 else 'a cat sleeps .'}"
+            for i in range(16)]
+    (data / "msr_paraphrase_train.txt").write_text(
+        "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    (data / "dev_ids.tsv").write_text("".join(f"{i}\t{100 + i}\n" for i in range(8)), encoding="utf-8")
+    model, constants = str(tiny_models["bert"]), tmp_path / "c.safetensors"
+    assert main(["fit-papa", "--model", model, "--corpus", str(tiny_corpus), "--max-len", "16", "--quiet",
+                 "--out", str(constants)]) == 0
+    assert main(["table", "--model", model, "--constants", str(constants), "--task", "mrpc",
+                 "--data-dir", str(data.parent), "--train-limit", "8", "--eval-limit", "4", "--seeds", "1",
+                 "--baselines", "none", "--device", "cpu", "--quiet", "--out", str(tmp_path / "t.html")]) == 0
+    written = pd.read_csv(tmp_path / "t.csv")
+    assert set(written["task"]) == {"mrpc"} and written["score"].notna().all()
+    assert "wrote" in capsys.readouterr().out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from attnlens.core import inputs, loading
 from attnlens.core.corpus import read_corpus, read_corpus_counted, resolve_corpus
 from attnlens.core.files import write_atomic
 from attnlens.errors import AttnlensError
+from attnlens.evaluation import tasks
 from attnlens.evaluation.curve import ALL_BASELINES
 from attnlens.methods import views
 
@@ -91,6 +93,38 @@ def measures(args: argparse.Namespace) -> dict[str, Any]:
                 train_limit=args.train_limit, eval_limit=args.eval_limit)
 
 
+def task_data(names: Sequence[str], data_dir: str | None, splits: Sequence[str] = ("train", "dev")) -> None:
+    """Refuse, before the model is loaded, a ``--task`` whose ``splits`` cannot be read: a
+    ``--data-dir`` that is not a folder, a file missing, empty or unreadable under it, or, without
+    it, a split the hub cannot give. Each split is loaded keeping one example
+    (:func:`attnlens.evaluation.tasks.load`, whose parse of a file is cached: the run does not read
+    it again); the refusal names ``--data-dir`` where the library names ``data_dir``."""
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise UsageError(f"--data-dir {data_dir} is not a folder")
+    for name in dict.fromkeys(names):
+        for split in splits:
+            try:
+                tasks.load(name, split, data_dir=data_dir, limit=1)
+            except tasks.TaskError as error:
+                raise UsageError(_data_dir_option(str(error))) from None
+
+
+#: ``data_dir`` in the library's messages as its own word (not within a path), and the option
+#: that gives it on the command line: ``data_dir=None`` is no ``--data-dir``, ``data_dir=...`` is
+#: ``--data-dir DIR``
+_DATA_DIR = ((re.compile(r"(?<![\w/.-])data_dir=None"), "no --data-dir"),
+             (re.compile(r"(?<![\w/.-])data_dir=\.\.\."), "--data-dir DIR"),
+             (re.compile(r"(?<![\w/.-])data_dir(?![\w/])"), "--data-dir"))
+
+
+def _data_dir_option(message: str) -> str:
+    """A message of :mod:`attnlens.evaluation.tasks` in the command line's terms: ``--data-dir``
+    for the Python argument ``data_dir``."""
+    for pattern, option in _DATA_DIR:
+        message = pattern.sub(option, message)
+    return message
+
+
 # -- outputs -------------------------------------------------------------------------------------
 
 
@@ -144,6 +178,29 @@ def output(
             f"{option} {out} is read-only; choose another path or make it writable (chmod u+w)"
             + ("" if option == "--checkpoint" else ", or add --force to replace it")
         )
+    return out
+
+
+def output_folder(path: str, option: str) -> Path:
+    """An output folder (made if missing) checked before any work, as :func:`output` checks a
+    file: not a file, no file where its folders go, and a file can be created in its nearest
+    existing folder."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{option} {out} is a file; give a folder (made if missing)")
+    folder = next(parent for parent in (out, *out.parents) if parent.exists())
+    if not folder.is_dir():
+        raise UsageError(
+            f"{option} {out} cannot be made: {folder} is a file, not a folder; choose another path"
+        )
+    try:  # os.access says yes to root even where nothing can be created (/proc, read-only mounts)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnlens-", suffix=".tmp"):
+            pass
+    except OSError as error:
+        raise UsageError(
+            f"{option} {out} cannot be made: creating a file in {folder} failed "
+            f"({error.strerror or error}); choose another path"
+        ) from None
     return out
 
 

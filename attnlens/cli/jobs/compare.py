@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
         common.check_example(args.example, len(texts))
     if args.constants is not None and not Path(args.constants).is_file():
         raise common.UsageError(f"constants file not found: {args.constants}")
+    measures = common.measures(args)
+    common.task_data(args.task, args.data_dir)
     device = common.resolve_device(args.device)
     model = common.load(args.model, quiet=args.quiet, device=device)
     if args.focus is not None:
@@ -45,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     comparison = compare(
         model, *views, corpus=texts, max_len=args.max_len,
         batch_size=args.batch_size, constants=constants, progress=not args.quiet,
-        example=args.example, focus=args.focus, **common.measures(args),
+        example=args.example, focus=args.focus, **measures,
     )
     path = comparison.save_html(out, overwrite_read_only=args.force)
     print(summary(comparison))

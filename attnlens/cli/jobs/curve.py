@@ -4,9 +4,11 @@ HTML and Table 1."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import Any
 
+from attnlens.cli import build_parser
 from attnlens.cli.jobs import common
 from attnlens.core.files import write_atomic
 from attnlens.engine.distributed import world
@@ -28,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
     fractions = _fractions(args.fractions, table=args.table)
     _check(args)
     measures = common.measures(args)
+    common.task_data(args.task, args.data_dir)
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
     if args.fit_wikitext:
-        constants = fitting.fit(model, curve_inputs.constant_texts(args.data_dir), progress=not args.quiet)
+        constants = fitting.fit(model, curve_inputs.constant_texts(args.data_dir), batch_size=args.batch_size,
+                                progress=not args.quiet)
         if args.save_constants is not None and world().rank == 0:
             constants.save(outputs["constants"], overwrite_read_only=args.force)
     else:
@@ -93,12 +97,21 @@ def _outputs(args: argparse.Namespace, inputs: list) -> dict[str, Path | None]:
 
 
 def _fractions(text: str, *, table: str | None) -> list[float]:
+    """``--fractions``: shares of heads from 0 to 1, each once (a repeated one would be a repeated
+    row of the curve, and one more test in the Holm adjustment of the others)."""
     try:
         fractions = [float(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise common.UsageError(f"--fractions {text} should be numbers separated by commas") from None
     if not fractions:
         raise common.UsageError(f"--fractions {text!r} holds no fraction; give numbers separated by commas (e.g. 0,0.5,1)")
+    outside = [fraction for fraction in fractions if not (math.isfinite(fraction) and 0 <= fraction <= 1)]
+    if outside:
+        raise common.UsageError(f"--fractions {text}: {outside[0]:g} is not a share of heads; give numbers "
+                                "from 0 to 1 (0: no head replaced, 1: every head)")
+    repeated = [fraction for index, fraction in enumerate(fractions) if fraction in fractions[:index]]
+    if repeated:
+        raise common.UsageError(f"--fractions {text} gives {repeated[0]:g} more than once; give each fraction once")
     if table is not None and 1.0 not in fractions:
         raise common.UsageError(f"--table {table} needs every head replaced: add 1 to --fractions {text}")
     return fractions
@@ -123,18 +136,26 @@ def _check(args: argparse.Namespace) -> None:
             raise common.UsageError(f"{option} reads --data-dir/wikitext2/{split}.txt: "
                                     + ("give --data-dir" if args.data_dir is None else
                                        f"{Path(args.data_dir) / 'wikitext2' / f'{split}.txt'} is not a file"))
-    if args.checkpoint is not None and Path(args.checkpoint).exists() and not Path(args.checkpoint).is_dir():
-        raise common.UsageError(f"--checkpoint {args.checkpoint} is a file; give a folder (made if missing)")
+    if args.checkpoint is not None:
+        common.output_folder(args.checkpoint, "--checkpoint")
+
+
+#: what ``--combine`` reads: the CSVs, the outputs, ``--data-dir`` (which tasks of Table 1 have no
+#: data) and the options of every command
+COMBINE_OPTIONS = frozenset({"combine", "out", "table", "json", "data_dir", "quiet", "force", "debug", "command",
+                             "handler"})
 
 
 def _combine(args: argparse.Namespace, outputs: dict[str, Path | None]) -> int:
-    """``--combine``: one curve (and Table 1) from the CSVs of runs split by task."""
-    given = [option for option, value in (("--task", args.task), ("--constants", args.constants),
-                                          ("--fit-wikitext", args.fit_wikitext), ("--checkpoint", args.checkpoint),
-                                          ("--lm-texts", args.lm_texts), ("--lm-wikitext", args.lm_wikitext))
-             if value]
+    """``--combine``: one curve (and Table 1) from the CSVs of runs split by task. The options of
+    a run (the model, the tasks, the constants, the fractions, ...: every one but
+    :data:`COMBINE_OPTIONS`) given other than their defaults would be unused: refused."""
+    defaults = vars(build_parser().parse_args(["curve"]))
+    given = ["--" + name.replace("_", "-") for name, default in defaults.items()
+             if name not in COMBINE_OPTIONS and getattr(args, name, default) != default]
     if given:
-        raise common.UsageError(f"--combine runs nothing: {given[0]} would be unused")
+        raise common.UsageError(f"--combine runs nothing: {', '.join(given)} would be unused; "
+                                f"drop {'it' if len(given) == 1 else 'them'}")
 
     for path in args.combine:
         if not Path(path).is_file():

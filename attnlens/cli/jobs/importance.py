@@ -17,6 +17,12 @@ def run(args: argparse.Namespace) -> int:
     """``attnlens importance`` with the parsed ``args``; returns the exit status."""
     if args.task is None and args.data_dir is not None:
         raise common.UsageError("--data-dir is for --task; without --task the corpus is --corpus")
+    if args.task is not None:  # the task's training examples are the corpus
+        for option, value, fix in (("--corpus", None if args.corpus == "default" else args.corpus, "drop it"),
+                                   ("--n-examples", args.n_examples, "--limit gives how many")):
+            if value is not None:
+                raise common.UsageError(f"{option} {value} would be unused: with --task {args.task} the importance "
+                                        f"is measured on the task's training examples; {fix}")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise common.UsageError(f"--data-dir {args.data_dir} is not a folder (of the --task {args.task} files)")
     out, csv = common.figure_outputs(args, [common.corpus_file(args)])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from attnlens.cli.jobs import common
@@ -17,6 +18,11 @@ def run(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise common.UsageError(f"constants file not found: {path}")
     parts = [PapaConstants.load(path) for path in args.inputs]
+    for index, path in enumerate(args.inputs):  # one file twice would count its examples twice
+        earlier = next((other for other in args.inputs[:index] if os.path.samefile(other, path)), None)
+        if earlier is not None:
+            raise common.UsageError(f"input {path} is the same file as input {earlier}: its examples would be "
+                                    "counted twice; give each file once")
     merged = parts[0]
     for path, part in zip(args.inputs[1:], parts[1:], strict=True):
         try:

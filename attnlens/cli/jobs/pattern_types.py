@@ -20,6 +20,13 @@ def run(args: argparse.Namespace) -> int:
     given = common.constant_views(names)  # views given by the constants
     common.constants_for(args, bool(given))
     out, csv = common.figure_outputs(args, [common.corpus_file(args), ("--constants", args.constants)])
+    if given and args.max_len is not None:  # the constants' pass takes their max_len: another is refused, as by compare
+        fitted = PapaConstants.load(args.constants).max_len
+        if fitted != args.max_len:
+            raise common.UsageError(
+                f"--max-len {args.max_len}: the PAPA constants {args.constants} were fitted with max_len "
+                f"{fitted}; give --max-len {fitted} or leave it out"
+            )
     texts = common.corpus_texts(args)
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
     options = dict(batch_size=args.batch_size, progress=not args.quiet)
@@ -29,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         tables.append(patterns.types(model, texts, view=named, max_len=args.max_len, **options))
     if given:  # the constants' own pass, their own max_len and layout
         constants = PapaConstants.load(args.constants, model)
-        tables.append(patterns.types(model, texts, view=constants, **options))
+        tables.append(patterns.types(model, texts, view=constants, max_len=args.max_len, **options))
     table = pd.concat(tables, ignore_index=True)
     common.write_table_and_figure(table, patterns.figure(table), csv, out, args.force)
     print("share of maps per type, mean over heads")
