@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from attnlens.cli import options
+from attnlens.methods import views
 
 
 def add(commands: Any) -> None:
@@ -22,7 +23,7 @@ def add(commands: Any) -> None:
     )
     parser.add_argument(
         "--views", default="standard,effective",
-        help="comma-separated views among standard, effective, papa (papa needs --constants)",
+        help=f"comma-separated views among {', '.join(views.names())} (papa needs --constants)",
     )
     parser.add_argument("--constants", default=None, help="PAPA constants for the papa view")
     parser.set_defaults(handler=run)
