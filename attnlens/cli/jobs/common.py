@@ -151,12 +151,6 @@ def output(
     out = Path(path)
     if out.is_dir():
         raise UsageError(f"{option} {out} is a folder; give a file name")
-    folder = next(parent for parent in out.parents if parent.exists())
-    if not folder.is_dir():
-        raise UsageError(
-            f"{option} {out} cannot be written: {folder} is a file, not a folder; "
-            "choose another path"
-        )
     if suffixes and out.suffix.lower() not in suffixes:
         raise UsageError(f"{option} {out} should end in {' or '.join(suffixes)}")
     for other, kept in keep:
@@ -165,14 +159,7 @@ def output(
                 f"{option} {out} is the same file as {other} {kept} and would overwrite it; "
                 f"give {option} another path"
             )
-    try:  # os.access says yes to root even where nothing can be created (/proc, read-only mounts)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnlens-", suffix=".tmp"):
-            pass
-    except OSError as error:
-        raise UsageError(
-            f"{option} {out} cannot be written: creating a file in {folder} failed "
-            f"({error.strerror or error}); choose another path"
-        ) from None
+    _creatable(out, out.parents, option, "written")
     if not force and out.is_file() and not out.is_symlink() and not out.stat().st_mode & 0o222:
         raise UsageError(
             f"{option} {out} is read-only; choose another path or make it writable (chmod u+w)"
@@ -188,20 +175,24 @@ def output_folder(path: str, option: str) -> Path:
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise UsageError(f"{option} {out} is a file; give a folder (made if missing)")
-    folder = next(parent for parent in (out, *out.parents) if parent.exists())
+    _creatable(out, (out, *out.parents), option, "made")
+    return out
+
+
+def _creatable(out: Path, folders: Sequence[Path], option: str, verb: str) -> None:
+    """Refuse ``out`` unless the first existing one of ``folders`` (its own folders, nearest
+    first) is a folder in which a file can be created."""
+    folder = next(parent for parent in folders if parent.exists())
     if not folder.is_dir():
-        raise UsageError(
-            f"{option} {out} cannot be made: {folder} is a file, not a folder; choose another path"
-        )
+        raise UsageError(f"{option} {out} cannot be {verb}: {folder} is a file, not a folder; choose another path")
     try:  # os.access says yes to root even where nothing can be created (/proc, read-only mounts)
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".attnlens-", suffix=".tmp"):
             pass
     except OSError as error:
         raise UsageError(
-            f"{option} {out} cannot be made: creating a file in {folder} failed "
+            f"{option} {out} cannot be {verb}: creating a file in {folder} failed "
             f"({error.strerror or error}); choose another path"
         ) from None
-    return out
 
 
 def figure_outputs(args: argparse.Namespace, keep: list) -> tuple[Path, Path]:
