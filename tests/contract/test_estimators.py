@@ -97,3 +97,77 @@ def test_the_repr_is_the_constructors_call_with_the_changed_arguments(learner):
     assert changed and len(changed) < len(defaults) - 1  # the case shows both kinds
     assert repr(estimator) == f"{learner.__name__}({', '.join(f'{n}={arguments[n]!r}' for n in changed)})"
     assert eval(repr(estimator), {learner.__name__: learner}).get_params() == estimator.get_params()  # noqa: S307
+
+
+def _sequence_features(n=60, d=8, n_classes=5, seed=1):
+    """Random sequence features whose labels follow their vectors (learnable)."""
+    import torch
+
+    from attnlens.evaluation.probing.features import Features
+
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 9, (n,), generator=generator)
+    positions = torch.cat([torch.arange(int(k)) for k in lengths])
+    vectors = torch.randn(int(lengths.sum()), 2, d, generator=generator)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    signal = torch.stack([vectors[s : s + k, -1, :n_classes].mean(0) for s, k in zip(starts, lengths, strict=True)])
+    labels = signal.argmax(1).tolist()
+    return Features(vectors.half(), lengths, positions, torch.zeros(0, dtype=torch.long), "sequence", 8), labels
+
+
+def test_a_refit_is_a_fresh_fit():
+    """scikit-learn's rule: fitting again forgets the earlier fit. A PapaProbe kept the number of
+    labels of an earlier fit (a refit on 2 labels still had 5 outputs and predicted labels 2 and
+    4), and a LinearBaseline the held-out scores of the earlier C search (a KeyError, or C values
+    this fit never tried). Reference: a clone fitted once."""
+    from attnlens.evaluation.probing import LinearBaseline, PapaProbe
+
+    features, five = _sequence_features()
+    two = [label % 2 for label in five]
+    for learner in (PapaProbe(hidden=8, epochs=2), LinearBaseline(grid=(0.01, 1.0))):
+        fresh = sklearn.base.clone(learner).fit(features, two)
+        refit = learner.fit(features, five).fit(features, two)
+        assert refit.predict(features) == fresh.predict(features)
+        if isinstance(learner, PapaProbe):
+            assert refit.n_labels == fresh.n_labels == 2
+        else:
+            assert refit.held_out == fresh.held_out and refit.C == fresh.C
+
+
+def test_set_params_changes_what_the_fit_uses_and_a_fitted_learner_keeps_its_fit():
+    """LinearBaseline.set_params(grid=...) changed get_params but the fit searched the old grid;
+    a fitted PatternCNN given other classes or size by set_params predicted with them (relabelled
+    its outputs, or resized its inputs), where a fitted learner keeps its fit until the next fit."""
+    import numpy as np
+
+    from attnlens.evaluation.probing import LinearBaseline
+    from attnlens.methods.patterns import TYPES, PatternCNN
+    from attnlens.methods.patterns.synthetic import synthetic
+
+    features, labels = _sequence_features(n_classes=2)
+    assert LinearBaseline().set_params(grid=(0.5,)).fit(features, labels).C == 0.5
+    train = synthetic("all", 8, 16, seed=0)
+    maps = train.maps
+    cnn = PatternCNN(epochs=1, size=16).fit(maps, train.labels)
+    before = cnn.predict_proba(maps)
+    cnn.set_params(classes=tuple(reversed(TYPES)), size=8)
+    assert np.array_equal(cnn.predict_proba(maps), before) and list(cnn.classes_) == list(TYPES)
+    assert cnn.get_params()["size"] == 8  # the next fit's
+
+
+def test_string_labels_score_as_their_class_indices():
+    """LinearBaseline.fit read ``"1"`` as class 1 but score compared the predicted 1 with the
+    string: accuracy 0 (and every held-out C scored 0). A label that is no class index is refused
+    by name. Reference: the same fit on int labels."""
+    from attnlens.evaluation.probing import LinearBaseline, PapaProbe
+
+    features, labels = _sequence_features(n_classes=3)
+    as_text = [str(label) for label in labels]
+    ints, text = LinearBaseline().fit(features, labels), LinearBaseline().fit(features, as_text)
+    assert text.score(features, as_text) == ints.score(features, labels) > 0.5
+    assert text.held_out == ints.held_out
+    for bad in (["pos"] * len(labels), [0.5] * len(labels)):
+        with pytest.raises(InputError, match="is not a class index"):
+            PapaProbe(epochs=1).fit(features, bad)
+    with pytest.raises(InputError, match="is negative"):
+        PapaProbe(epochs=1).fit(features, [-1] + labels[1:])

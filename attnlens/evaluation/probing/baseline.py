@@ -130,6 +130,9 @@ class LinearBaseline(Estimator):
         self.model: Any = None
         self.solver_: str | None = None
 
+    def _after_set_params(self, fresh: Estimator) -> None:
+        self._grid = fresh._grid
+
     def _solver_for(self, features: Features) -> str:
         """The solver that fits ``features``: the one given, else by the features' device."""
         if self.solver is not None:
@@ -174,6 +177,7 @@ class LinearBaseline(Estimator):
         features = _indexed_on_host(features)
         solver = self._solver_for(features)
         rows, targets, owner = self._rows(features, labels, tensor=solver == "torch")
+        self.held_out = {}  # this fit's choice alone: a refit is a fresh fit
         # the torch solver's targets, on its rows' device (NumPy's for the bookkeeping)
         fit_targets = torch.from_numpy(targets).to(rows.device) if solver == "torch" else targets
         n = len(features)
@@ -235,6 +239,8 @@ class LinearBaseline(Estimator):
         """The share of correct predictions (of examples, or of words for word features), as
         scikit-learn's ``ClassifierMixin.score``."""
         predicted = self.predict(features)
+        if len(labels) != len(predicted):
+            raise InputError(f"{len(labels)} labels for {len(predicted)} examples; give one per example.")
         return _accuracy(labels)(np.arange(len(labels)), predicted)
 
     def _rows(self, features: Features, labels: list, *, tensor: bool = False
@@ -352,7 +358,7 @@ def _accuracy(labels: list) -> Callable[[np.ndarray, list], float]:
             pairs = [(p, g) for ps, gs in zip(predicted, gold, strict=True) for p, g in zip(ps, gs, strict=True)]
         else:
             pairs = list(zip(predicted, gold, strict=True))
-        return sum(p == g for p, g in pairs) / max(1, len(pairs))
+        return sum(int(p) == int(g) for p, g in pairs) / max(1, len(pairs))  # "1" is class 1, as in fit
 
     return score
 

@@ -46,6 +46,7 @@ probes of one shape (seeds, points of a task) train as one stacked model with
 from __future__ import annotations
 
 import json
+import operator
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -218,8 +219,7 @@ class PapaProbe(Estimator):
         valid = targets >= 0
         if not valid.any():
             raise InputError("no labelled example to train the probe on.")
-        n_labels = int(targets[valid].max()) + 1
-        self.n_labels = max(n_labels, getattr(self, "n_labels", 0) or 0)
+        self.n_labels = int(targets[valid].max()) + 1  # this fit's labels: a refit is a fresh fit
         self.fallback = int(torch.bincount(targets[valid], minlength=self.n_labels).argmax())
         self.max_len = features.max_len
         self.made_for = made_for_record(features, task, label_names)
@@ -432,11 +432,17 @@ def standardize(network: ProbeNetwork, features: Features, targets: Tensor) -> N
 
 
 def label_targets(features: Features, labels: list) -> Tensor:
-    """One target per example (sequence) or per kept vector (words; -1: unlabelled)."""
+    """One target per example (sequence) or per kept vector (words; -1: unlabelled). Labels are
+    the indices of their classes (whole numbers, ``"3"`` read as 3): a label that is none, or a
+    negative one of a sequence (which training would skip as unlabelled), is refused."""
     if len(labels) != len(features):
         raise InputError(f"{len(labels)} labels for {len(features)} examples; give one per example.")
     if features.kind == "sequence":
-        return torch.as_tensor([int(label) for label in labels], dtype=torch.long)
+        targets = torch.as_tensor(_label_ints(labels, "label"), dtype=torch.long)
+        if len(targets) and int(targets.min()) < 0:
+            raise InputError(f"label {int(targets.min())} of example {int(targets.argmin())} is negative; labels "
+                             "are class indices 0, 1, ... (give each example its class).")
+        return targets
     targets = torch.full((features.vectors.shape[0],), -1, dtype=torch.long)
     offsets = features.offsets
     for index, tags in enumerate(labels):
@@ -445,8 +451,24 @@ def label_targets(features: Features, labels: list) -> Tensor:
             raise InputError(
                 f"example {index} has {int(features.n_words[index])} words but {len(tags)} labels."
             )
-        targets[offsets[index] : offsets[index + 1]] = torch.as_tensor(tags, dtype=torch.long)[words]
+        tags = torch.as_tensor(_label_ints(tags, f"label of example {index}"), dtype=torch.long)
+        targets[offsets[index] : offsets[index + 1]] = tags[words]
     return targets
+
+
+def _label_ints(labels: Sequence[Any], what: str) -> list[int]:
+    """``labels`` as ints (:class:`~attnlens.errors.InputError` naming the first that is not a
+    whole number: a label name must be turned into its class index first)."""
+    ints = []
+    for label in labels:
+        try:
+            if isinstance(label, float | np.floating) and float(label).is_integer():
+                label = int(label)
+            ints.append(int(label) if isinstance(label, str) else operator.index(label))
+        except (TypeError, ValueError):
+            raise InputError(f"{what} {label!r} is not a class index (0, 1, ...); give labels as the indices "
+                             "of their classes (e.g. [label_names.index(name) for name in names]).") from None
+    return ints
 
 
 def made_for_record(features: Features, task: str | None, label_names: Sequence[str] | None) -> dict[str, Any]:

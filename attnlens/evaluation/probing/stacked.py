@@ -318,7 +318,7 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
         if not valid.any():
             raise InputError("no labelled example to train the probe on.")
         settings = probe.settings
-        probe.n_labels = max(int(targets[valid].max()) + 1, getattr(probe, "n_labels", 0) or 0)
+        probe.n_labels = int(targets[valid].max()) + 1  # this fit's labels: a refit is a fresh fit
         probe.fallback = int(torch.bincount(targets[valid], minlength=probe.n_labels).argmax())
         probe.max_len = one.max_len
         probe.made_for = made_for_record(one, task, label_names)

@@ -220,29 +220,38 @@ class PatternCNN(Estimator):
         for name in self._param_names():  # scikit-learn's contract: every argument, unchanged
             setattr(self, name, given[name])
         self.network: _Network | None = None
+        #: the settings of the fit (set by :meth:`fit` and :meth:`load`): a fitted CNN predicts
+        #: with the classes and size it was trained on, whatever set_params changed since
+        self.settings_: Any = None
 
     def _after_set_params(self, fresh: Estimator) -> None:
         self.settings = fresh.settings
 
     @property
+    def _used(self) -> Any:
+        """The settings predictions follow: the fit's once fitted, else the current ones."""
+        return self.settings if self.settings_ is None else self.settings_
+
+    @property
     def classes_(self) -> np.ndarray:
-        """The class names, in the order of :meth:`predict_proba`'s columns."""
-        return np.asarray(self.settings.classes, dtype=object)
+        """The class names, in the order of :meth:`predict_proba`'s columns (those of the fit,
+        once fitted)."""
+        return np.asarray(self._used.classes, dtype=object)
 
     # ---- training ----------------------------------------------------------------------------
 
-    def _targets(self, labels: Any, n: int) -> Tensor:
+    def _targets(self, labels: Any, n: int, classes: Sequence[str]) -> Tensor:
         if isinstance(labels, str) or not isinstance(labels, Sequence | np.ndarray):
             raise InputTypeError(f"labels must be a list of type names, one per map, got {describe(labels)}.")
         labels = list(labels)
         if len(labels) != n:
             raise InputError(f"{len(labels)} labels for {n} maps; give one type name per map.")
-        index = {name: i for i, name in enumerate(self.settings.classes)}
+        index = {name: i for i, name in enumerate(classes)}
         for position, label in enumerate(labels):
             if label not in index:
                 raise InputError(
                     f"label {describe(label)} of map {position} is not one of the classes "
-                    f"{', '.join(self.settings.classes)}; fix the label or pass classes=."
+                    f"{', '.join(classes)}; fix the label or pass classes=."
                 )
         return torch.tensor([index[label] for label in labels], dtype=torch.long)
 
@@ -251,8 +260,8 @@ class PatternCNN(Estimator):
         standard, PAPA or signed effective attention) and their type names; returns ``self``.
         The same settings and data give the same weights."""
         items = [row_distributions(m) for m in as_map_list(maps)]
-        targets = self._targets(labels, len(items))
         s = self.settings
+        targets = self._targets(labels, len(items), s.classes)
         weight = None
         if s.class_weight == "balanced":
             counts = torch.bincount(targets, minlength=len(s.classes)).float()
@@ -279,7 +288,7 @@ class PatternCNN(Estimator):
                 loss.backward()
                 optimiser.step()
         network.eval()
-        self.network = network
+        self.network, self.settings_ = network, s
         return self
 
     # ---- prediction --------------------------------------------------------------------------
@@ -304,7 +313,7 @@ class PatternCNN(Estimator):
         :attr:`classes_`."""
         self._fitted()
         items = [row_distributions(m) for m in as_map_list(maps)]
-        return self._logits(_inputs(items, self.settings.size)).softmax(-1).numpy()
+        return self._logits(_inputs(items, self._used.size)).softmax(-1).numpy()
 
     def predict(self, maps: Maps) -> np.ndarray:
         """The type name of each map (an array of ``str``)."""
@@ -315,7 +324,7 @@ class PatternCNN(Estimator):
         from sklearn.metrics import accuracy_score
 
         predicted = self.predict(maps)
-        self._targets(labels, len(predicted))  # same checks as fit: one known name per map
+        self._targets(labels, len(predicted), self._used.classes)  # as fit: one known name per map
         return float(accuracy_score(list(labels), list(predicted)))
 
     def classify_batch(
@@ -342,7 +351,7 @@ class PatternCNN(Estimator):
         if not isinstance(view, str):
             raise views.unknown_view(view)
         view = views.get_view(view).name
-        unknown = [name for name in self.settings.classes if name not in TYPES]
+        unknown = [name for name in self._used.classes if name not in TYPES]
         if unknown:
             raise InputError(
                 f"classify_batch gives indices into TYPES, but this CNN's classes {unknown} are not "
@@ -362,9 +371,9 @@ class PatternCNN(Estimator):
             if valid.numel() == 0:
                 raise InputError(f"example {example} has no real token (key_mask is all False).")
             crop = pattern[example][:, valid][:, :, valid]  # [head, n, n]
-            parts.append(images(row_distributions(crop), self.settings.size).cpu())
+            parts.append(images(row_distributions(crop), self._used.size).cpu())
         predicted = self._logits(torch.cat(parts)).argmax(-1)
-        to_types = torch.tensor([TYPES.index(name) for name in self.settings.classes])
+        to_types = torch.tensor([TYPES.index(name) for name in self._used.classes])
         return to_types[predicted].reshape(n_examples, n_heads).to(pattern.device)
 
     # ---- files -------------------------------------------------------------------------------
@@ -375,7 +384,7 @@ class PatternCNN(Estimator):
         tensors = {name: value.detach().cpu().contiguous() for name, value in network.state_dict().items()}
         metadata = {
             "format": FORMAT,
-            "settings": json.dumps(asdict(self.settings), sort_keys=True),
+            "settings": json.dumps(asdict(self._used), sort_keys=True),  # the fit's
             "widths": json.dumps(list(WIDTHS)),
         }  # safetensors_bytes adds the checksum
         return write_atomic(path, safetensors_bytes(tensors, metadata))
@@ -408,7 +417,7 @@ class PatternCNN(Estimator):
         if not all(all_finite(value) for value in tensors.values()):
             raise InputError(f"PatternCNN file {path} holds non-finite weights.")
         network.eval()
-        cnn.network = network
+        cnn.network, cnn.settings_ = network, cnn.settings
         return cnn
 
 
