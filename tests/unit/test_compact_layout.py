@@ -185,6 +185,18 @@ def test_compact_batches_are_refused_where_they_cannot_be_read(bert):
         bert.run_with_hooks(compact.input_ids, **compact.model_kwargs(), fwd_hooks=list(hooks))
     with pytest.raises(ValueError, match="layout='papa'"):
         compact_batch(attnlens.tokenize(bert, SENTENCES, max_len=32, layout="padded"))
+    # a compact batch of a shorter max_len fits in the constants' positions, but its final [SEP]
+    # sits at another one (it ran, reading a middle position's constant there): refused, through
+    # a call (run_with_hooks, a pass) and inside the hooks, which see its positions
+    shorter = attnlens.tokenize(bert, SENTENCES, max_len=12, compact=True)
+    with pytest.raises(ValueError, match="tokenized with max_len=12, whose final separator"):
+        run_with_hooks(bert, shorter, hooks)
+    with pytest.raises(ValueError, match="max_len=32; the inputs have positions up to 11"):
+        width = shorter.input_ids.shape[1]
+        papa.check_inputs(constants, torch.ones(len(SENTENCES), 4, width, width), shorter.attention_mask.bool(),
+                          shorter.position_ids)
+    with pytest.raises(ValueError, match="tokenized with max_len=12"):
+        probing.extract(bert, SENTENCES, hooks=hooks, max_len=12, cache=False, progress=False)
 
 
 def test_the_curve_extracts_every_feature_once(bert, monkeypatch):

@@ -251,6 +251,15 @@ def _batch_check(constants: Constants, n_heads: int):
     """:func:`_check_layout` of a :class:`attnlens.Batch` on the host, once per batch."""
     def check(batch: Any) -> None:
         positions = batch.position_ids if getattr(batch, "compact", False) else None
+        given = getattr(batch, "max_len", None)
+        if positions is not None and constants.layout == "papa" and given != constants.max_len:
+            # a compact batch of a shorter max_len has its final [SEP] at another position (an
+            # ordinary one has another length, which _check_layout names)
+            raise InputError(
+                f"constants were fitted with layout='papa', max_len={constants.max_len}; the batch was "
+                f"tokenized with max_len={given}, whose final separator sits at another position. Tokenize "
+                f"with attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
+            )
         _check_layout(constants, n_heads, batch.attention_mask.bool().cpu(),
                       None if positions is None else positions.cpu(), on_host=True)
 
@@ -291,7 +300,9 @@ def _check_layout(
     if positions is not None:
         if constants.layout != "papa":
             raise InputError(f"{fitted}; the inputs are a compact 'papa' batch. Tokenize with layout='padded'.")
-        if length > constants.max_len or reads and bool((positions[key_mask] >= constants.max_len).any()):
+        last = constants.max_len - 1  # every example's final separator, in the PAPA layout
+        if length > constants.max_len or reads and bool(
+                (positions.masked_fill(~key_mask, -1).amax(-1) != last).any()):
             raise InputError(
                 f"{fitted}; the inputs have positions up to {int(positions.max())}. Tokenize with "
                 f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa')."
