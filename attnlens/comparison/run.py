@@ -29,7 +29,7 @@ from torch import Tensor
 from attnlens.comparison.accumulator import ViewsAccumulator
 from attnlens.comparison.result import Comparison, check_count, check_example
 from attnlens.core.checks import describe, optional_count, whole_number
-from attnlens.core.corpus import resolve_corpus
+from attnlens.core.corpus import corpus_iterator, resolve_corpus
 from attnlens.core.inputs import as_max_len, tokenize
 from attnlens.core.loading import fingerprints_kept, is_causal, load
 from attnlens.core.modes import eval_mode
@@ -180,6 +180,8 @@ def compare(
     if isinstance(constants, str | os.PathLike):  # a constants file: load it (checked below)
         constants = PapaConstants.load(constants)
     texts = resolve_corpus(corpus)
+    if lm_texts is not None:  # checked before the pass (one string would be read as its characters)
+        lm_texts = list(corpus_iterator(lm_texts, name="lm_texts"))
     if n_examples is not None:
         n_examples = check_count(n_examples, "n_examples")
         if n_examples < 1:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 
+from attnlens.core.corpus import corpus_iterator
 from attnlens.core.loading import fingerprints_kept
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
@@ -81,7 +82,7 @@ def view_scores(
                              majority=result.majority))
     if lm_texts is not None:
         for view, hooks in views.items():
-            result = scorer.evaluate(model, list(lm_texts), hooks=hooks, max_len=max_len, layout=layout,
+            result = scorer.evaluate(model, list(corpus_iterator(lm_texts, name="lm_texts")), hooks=hooks, max_len=max_len, layout=layout,
                                  batch_size=batch_size, progress=progress)
             rows.append(dict(view=view, task="lm", metric=result.name, score=result.value,
                              majority=float("nan")))

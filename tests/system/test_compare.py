@@ -164,6 +164,15 @@ def test_bad_corpus_and_options(minilm, tmp_path):
         attnlens.compare(
             minilm, "papa", corpus=SHORT, max_len=16, constants=papa.uniform(minilm, max_len=32)
         )
+    # lm_texts as one string was scored as its characters (an LM score over one-letter texts),
+    # after the whole pass; now refused by name first
+    from attnlens.engine import passes
+    from attnlens.errors import InputTypeError
+
+    with unchecked(), pytest.raises(InputTypeError, match="lm_texts must be an iterable"):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(passes, "run", lambda *a, **k: pytest.fail("the pass ran before lm_texts was checked"))
+            attnlens.compare(minilm, "standard", corpus=SHORT, lm_texts="thefilm", max_len=16)
 
 
 # -- attnlens.compare is a function, imported on first use ---------------------------------------
