@@ -171,3 +171,36 @@ def test_string_labels_score_as_their_class_indices():
             PapaProbe(epochs=1).fit(features, bad)
     with pytest.raises(InputError, match="is negative"):
         PapaProbe(epochs=1).fit(features, [-1] + labels[1:])
+
+
+def test_features_a_learner_was_not_fitted_on_are_refused():
+    """NaN features trained a PapaProbe to NaN weights (then refused by its own load) and were
+    predicted from without a word; a LinearBaseline fitted on sentences predicted word features
+    (lists per word), and an MLM head scored sentence features as masked tokens (-10.4): each
+    is now refused by name, as scikit-learn refuses NaN input."""
+    import torch
+
+    from attnlens.errors import MismatchError
+    from attnlens.evaluation.probing import LinearBaseline, PapaProbe
+    from attnlens.evaluation.probing.features import Features
+    from attnlens.evaluation.probing.mlm import MLMHead
+
+    features, labels = _sequence_features(n_classes=2)
+    broken = Features(features.vectors.clone(), features.lengths, features.positions, features.n_words,
+                      features.kind, features.max_len)
+    broken.vectors[3, 0, 0] = float("nan")
+    for learner in (PapaProbe(epochs=1), LinearBaseline()):
+        with pytest.raises(InputError, match="NaN or infinite"):
+            sklearn.base.clone(learner).fit(broken, labels)
+        with pytest.raises(InputError, match="NaN or infinite"):
+            learner.fit(features, labels).predict(broken)
+    words = Features(features.vectors, features.lengths, features.positions, features.lengths, "words",
+                     features.max_len)
+    with pytest.raises(MismatchError, match="fitted on sequence features"):
+        LinearBaseline().fit(features, labels).predict(words)
+    masked = Features(features.vectors, torch.ones(len(features.positions), dtype=torch.long),
+                      torch.randint(0, 50, (len(features.positions),)), torch.zeros(0, dtype=torch.long),
+                      "masked", features.max_len)
+    head = MLMHead(epochs=1).fit(masked, 50)
+    with pytest.raises(InputError, match="masked-token features"):
+        head.log_likelihood(features)

@@ -35,7 +35,7 @@ from jaxtyping import Float
 from attnlens.core.checks import all_finite, finite, flag, items, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
-from attnlens.errors import InputError, NotFittedError
+from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation.probing.features import Features
 from attnlens.evaluation.probing.logistic import Logistic
 from attnlens.evaluation.probing.logistic import fit as fit_logistic
@@ -174,7 +174,7 @@ class LinearBaseline(Estimator):
         82-97 lbfgs iterations instead of 265, 99.9% of the predictions the same as a cold fit's."""
         from sklearn.exceptions import ConvergenceWarning
 
-        features = _indexed_on_host(features)
+        features = _indexed_on_host(features.check_finite())
         solver = self._solver_for(features)
         rows, targets, owner = self._rows(features, labels, tensor=solver == "torch")
         self.held_out = {}  # this fit's choice alone: a refit is a fresh fit
@@ -231,8 +231,15 @@ class LinearBaseline(Estimator):
         vector get the most frequent training label), as :meth:`PapaProbe.predict`."""
         if self.model is None:
             raise NotFittedError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
-        features = _indexed_on_host(features)
-        predicted = _predict(self.model, design(features, tensor=isinstance(self.model, Logistic)))
+        features = _indexed_on_host(features.check_finite())
+        kind = "word" if self._words else "sequence"
+        rows = design(features, tensor=isinstance(self.model, Logistic))
+        width = _solution(_last(self.model))[0].shape[1]
+        if (features.kind != "sequence") != self._words or rows.shape[1] != width:
+            raise MismatchError(
+                f"this baseline was fitted on {kind} features of {width} values a row; these are "
+                f"{features.kind!r} features of {rows.shape[1]}. Fit a baseline on features like these.")
+        predicted = _predict(self.model, rows)
         return self._per_example(features, predicted, None, np.arange(len(features)))
 
     def score(self, features: Features, labels: list) -> float:

@@ -111,6 +111,15 @@ class Features:
         """``offsets[i] : offsets[i + 1]`` are example ``i``'s rows of :attr:`vectors`."""
         return torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
 
+    def check_finite(self) -> Features:
+        """``self``, or :class:`~attnlens.errors.InputError` when a vector holds NaN or an
+        infinity (a learner would train to NaN weights, or predict from them, without a word):
+        one reduction and one read, for a fit or a prediction, never per batch of a pass."""
+        if not all_finite(self.vectors):
+            raise InputError("these features hold NaN or infinite values (a model whose hidden states "
+                             "overflow, or features edited by hand); extract them again, or drop those examples.")
+        return self
+
     def to(self, device: str | torch.device) -> Features:
         """These features with their ``vectors`` on ``device`` (the index metadata stays on the
         host); ``self`` when they are there already."""

@@ -94,7 +94,7 @@ class MLMHead(Estimator):
         targets) over a vocabulary of ``vocab_size`` tokens; returns ``self``."""
         if features.kind != "masked":
             raise InputError(f"an MLM head trains on masked-token features, got {features.kind!r} ones.")
-        inputs = features.vectors.flatten(1)
+        inputs = features.check_finite().vectors.flatten(1)
         targets = features.positions
         n = inputs.shape[0]
         device = inputs.device
@@ -132,6 +132,11 @@ class MLMHead(Estimator):
         read of the device for all of them)."""
         if self.network is None:
             raise NotFittedError("this MLMHead is not fitted yet; call fit(features, vocab_size) first.")
+        width = self.network[0].in_features
+        if features.kind != "masked" or features.vectors.shape[1:].numel() != width:
+            raise InputError(f"an MLM head scores masked-token features of {width} values a row (as it was "
+                             f"fitted on), got {features.kind!r} ones of {features.vectors.shape[1:].numel()}.")
+        features.check_finite()
         out = []
         with torch.no_grad():
             for start in range(0, features.vectors.shape[0], 1024):

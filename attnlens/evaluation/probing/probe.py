@@ -215,7 +215,7 @@ class PapaProbe(Estimator):
         (:func:`attnlens.core.memory.reuse_freed_memory`): features read from the cache run no
         pass first, and every step makes and frees float32 copies of its examples' vectors."""
         memory.reuse_freed_memory()
-        targets = label_targets(features, labels)
+        targets = label_targets(features.check_finite(), labels)
         valid = targets >= 0
         if not valid.any():
             raise InputError("no labelled example to train the probe on.")
@@ -328,7 +328,7 @@ class PapaProbe(Estimator):
         if self.network is None:
             raise NotFittedError("this PapaProbe is not fitted yet; call fit(features, labels) first.")
         _check_made_for(self.made_for, features, task if task is not None else getattr(features, "task", None))
-        predicted = self._predict(features, torch.arange(len(features)), batch_size)
+        predicted = self._predict(features.check_finite(), torch.arange(len(features)), batch_size)
         names = self.made_for.get("label_names")
         if not names:
             return predicted

@@ -311,7 +311,7 @@ def _members(probes: Sequence[PapaProbe], features: Features | Sequence[Features
     members = []
     for probe, one in zip(probes, sets, strict=True):
         if id(one) not in targets_of:
-            targets_of[id(one)] = label_targets(one, labels).cpu()
+            targets_of[id(one)] = label_targets(one.check_finite(), labels).cpu()
             lengths_of[id(one)] = one.lengths.cpu()  # one copy per fit: every step indexes them
         targets = targets_of[id(one)]
         valid = targets >= 0
