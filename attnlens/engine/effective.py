@@ -84,7 +84,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from attnlens.core import devices
-from attnlens.core.checks import describe, finite, finite_tensor
+from attnlens.core.checks import describe, finite, finite_tensor, flag
 from attnlens.core.seam import key_mask as infer_key_mask
 from attnlens.errors import InputError, InputTypeError
 
@@ -172,7 +172,7 @@ def effective_attention(
     for every row, padded query rows included.
 
     ``rtol``: rank tolerance relative to each (example, head)'s largest singular value of
-    ``V_valid``; default ``max(n_valid, d_head) · eps`` (NumPy's ``matrix_rank`` rule), ``eps``
+    ``V_valid``, in ``(0, 1)``; default ``max(n_valid, d_head) · eps`` (NumPy's ``matrix_rank`` rule), ``eps``
     that of ``v``'s dtype promoted to at least float32.
 
     ``padded=True`` reproduces the padded-length semantics of Sun & Marasović's code: ``V`` is
@@ -216,10 +216,24 @@ def effective_attention(
                 f"{name} must be a torch tensor, got {describe(value)}; convert it with "
                 f"torch.as_tensor({name})."
             )
+    for name, value in (("pattern", pattern), ("v", v)):
+        if value is not None and not value.is_floating_point():
+            raise InputTypeError(
+                f"{name} must be a floating-point tensor (float32, float64, float16 or bfloat16), got "
+                f"{describe(value)}; an integer {name} would give a truncated result: convert it with {name}.float()."
+            )
+    flag(padded, "padded")
+    flag(check, "check")
     if rtol is not None:
         if isinstance(rtol, str):
             raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
-        rtol = finite(rtol, "rtol", low=0.0)
+        rtol = finite(rtol, "rtol")
+        if not 0.0 < rtol < 1.0:
+            raise InputError(
+                f"rtol must lie in (0, 1), got {rtol}: it is relative to each head's largest singular value "
+                "of V, and directions at or below rtol·σ_max are dropped (rtol >= 1 drops them all). "
+                "Pass e.g. rtol=1e-6, or None for the default."
+            )
     if check:
         finite_tensor(v, "v (the values)")
         finite_tensor(pattern, "pattern (the attention)")

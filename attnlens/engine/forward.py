@@ -94,8 +94,8 @@ def run_with_hooks(
             f"attnlens.run_with_hooks takes a Batch from attnlens.tokenize, got {type(batch).__name__}."
         )
     check_hooks(hooks, batch)
+    check_hooks_model(model, hooks)
     check_token_ids(model, batch)
-    warn_if_scores_hooked(model, hooks)
     return forward_batch(model, batch.to(device_of(model)), hooks, unpadded=has_no_padding(batch), **kwargs)
 
 
@@ -188,6 +188,18 @@ def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
                 f"the PAPA hooks' constants were fitted on {fitted}; these inputs are {given}. "
                 f"Fit constants on {given} (papa.fit on such a corpus) to use them here."
             )
+
+
+def check_hooks_model(model: Any, hooks: FwdHooks) -> None:
+    """What each hook checks of the model it runs on (its ``check_model``, e.g. PAPA's: a
+    decoder's constants refused on an encoder), and the warning of :func:`warn_if_scores_hooked`:
+    once a call or a pass, on the host."""
+    for item in hooks:
+        function = item[1] if isinstance(item, tuple | list) and len(item) == 2 else None
+        check = getattr(function, "check_model", None)
+        if check is not None:
+            check(model)
+    warn_if_scores_hooked(model, hooks)
 
 
 def pattern_hooks(

@@ -76,12 +76,12 @@ from attnlens.engine.forward import (
     FwdHooks,
     batch_context,
     check_hooks,
+    check_hooks_model,
     check_token_ids,
     device_of,
     forward_batch,
     pattern_hooks,
     run_patterns,
-    warn_if_scores_hooked,
 )
 from attnlens.engine.hooks import as_hooks
 from attnlens.engine.recording import Recording
@@ -171,7 +171,7 @@ def run(
     if hasattr(corpus, "__len__") and len(corpus) == 0:  # refused before a progress bar is drawn
         raise _empty(description, corpus)
     header = _header(model, plan, order, settings, effective, accumulators, hooks)
-    warn_if_scores_hooked(model, hooks)
+    check_hooks_model(model, hooks)
     start = resume(checkpoint, accumulators, header, order.numbered, sizes=order.sizes, window=order.window,
                    current=plan.current)
     if replay is not None:

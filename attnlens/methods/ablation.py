@@ -16,7 +16,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens.core import checks, models, seam
+from attnlens.core import checks, devices, models, seam
 from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet, as_headset, n_selected
 from attnlens.core.loading import is_causal, model_id, require_bridge
@@ -291,6 +291,7 @@ def uniform_pattern(
     the last ``n_queries`` positions); 0 elsewhere. A row with no valid key is all 0."""
     n_keys = valid.shape[1]
     n_queries = checks.whole_number(n_queries, "n_queries", " of query positions", minimum=1)
+    causal = checks.flag(causal, "causal (whether keys after each query are hidden, as in a decoder)")
     allowed = valid[:, None, :].expand(valid.shape[0], n_queries, n_keys)
     if causal:
         allowed = allowed & torch.ones(n_queries, n_keys, dtype=torch.bool, device=valid.device).tril(
@@ -406,6 +407,15 @@ class Importance(Result):
     n_examples: int = 0
     per: str = "example"
     settings: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        # a NaN would be ranked (argsort puts it last) and pruned in a silently wrong order; read
+        # on the host only (a device's scores are not read back here)
+        for name in ("scores", "raw"):
+            value = checks.tensor(getattr(self, name), name)
+            if devices.reads_are_free(value):
+                checks.finite_tensor(value.detach(), f"Importance {name} (one finite importance per "
+                                     "[layer, head]; compute them again with attnlens.ablation.importance)")
 
     @property
     def shape(self) -> tuple[int, int]:

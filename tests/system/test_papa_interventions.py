@@ -8,6 +8,7 @@ import torch
 import attnlens
 from attnlens import papa
 from attnlens.core import devices
+from attnlens.errors import InputError
 from tests import tiny
 from tests.precision import U32, renormalized_row_error
 from tests.typechecks import unchecked
@@ -566,3 +567,24 @@ def test_train_constants_lowers_the_loss_with_the_model_frozen(capsys):
     with pytest.raises(attnlens.AttnlensError, match="does not depend on the constants"):
         papa.train_constants(model, trainable, loss_fn=lambda logits, batch: scale * 1.0, batches=[batch], steps=1,
                              progress=False)
+
+
+def test_hooks_refuse_a_model_of_another_kind_or_shape_at_every_call():
+    """papa.hooks of a decoder's constants ran on an encoder through attnlens.run_with_hooks and
+    every pass (probing.extract, ...), letting a token see later ones, where
+    papa.intervention, compare and maps refuse them: the hooks now check the model they run on,
+    once a call or a pass, reading nothing of the device (whether it is a decoder, its layers
+    and heads)."""
+    from attnlens.evaluation import probing
+
+    bert, gpt = tiny.bert_bridge(), tiny.gpt2_bridge()
+    decoder_constants = papa.fit(gpt, tiny.CORPUS[:4], max_len=16, progress=False)
+    batch = attnlens.tokenize(bert, tiny.CORPUS[:2], max_len=16, layout="padded")
+    with pytest.raises(InputError, match="fitted on a decoder"):
+        attnlens.run_with_hooks(bert, batch, papa.hooks(decoder_constants))
+    with pytest.raises(InputError, match="fitted on a decoder"):
+        probing.extract(bert, tiny.CORPUS[:2], hooks=papa.hooks(decoder_constants), max_len=16, layout="padded",
+                        cache=False, progress=False)
+    other_shape = papa.fit(tiny.llama_bridge(), tiny.CORPUS[:4], max_len=16, progress=False)
+    with pytest.raises(InputError, match="layers x"):
+        attnlens.run_with_hooks(gpt, attnlens.tokenize(gpt, tiny.CORPUS[:2], max_len=16), papa.hooks(other_shape))

@@ -80,3 +80,31 @@ def test_a_loss_that_is_not_finite_is_refused_naming_its_batch(bridge, route, mo
 
     with pytest.raises(InputError, match="loss is not finite .* starting at example 4"):
         ablation.importance(bridge, tiny.CORPUS[:8], loss=loss, batch_size=2, progress=False)
+
+
+@pytest.mark.parametrize("causal", ["no", "False", 0, None])
+def test_causal_of_uniform_pattern_must_be_true_or_false(causal):
+    """causal="no" used to hide the keys after each query (a truthy string)."""
+    valid = torch.ones(1, 4, dtype=torch.bool)
+    assert_refused(lambda: ablation.uniform_pattern(valid, 4, causal=causal), InputTypeError, "causal")
+    assert ablation.uniform_pattern(valid, 4, causal=False).triu(1).any()
+
+
+@pytest.mark.parametrize("field", ["scores", "raw"])
+@pytest.mark.parametrize("bad", [NAN, float("inf")])
+def test_importance_with_nan_or_inf_is_refused(field, bad):
+    """A NaN score used to be ranked (argsort puts it last) and pruned in that order; from_dict
+    and from_json used to load it."""
+    import json
+
+    from attnlens.errors import FileFormatError
+
+    values = {"scores": torch.rand(2, 4), "raw": torch.rand(2, 4)}
+    values[field][1, 2] = bad
+    assert_refused(lambda: ablation.Importance(**values), InputError, f"Importance {field}")
+    data = ablation.Importance(scores=torch.rand(2, 4), raw=torch.rand(2, 4)).to_dict()
+    data[field][1][2] = bad
+    error = pytest.raises(InputError, ablation.Importance.from_dict, data).value
+    assert "(first at index (1, 2))" in str(error)
+    with pytest.raises(FileFormatError, match=f"Importance {field}"):
+        ablation.Importance.from_json(json.dumps(data))

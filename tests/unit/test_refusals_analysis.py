@@ -43,3 +43,30 @@ CASES = [
                          ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in CASES])
 def test_a_bad_argument_is_refused_by_name(call, argument, value, error, words):
     assert_refused(lambda: call(value), error, words)
+
+
+# -- flags (issue 26): a truthy string is not True ------------------------------------------------
+
+FLAG_CASES = [
+    # (call, argument, bad value, fragment of the message)
+    (lambda v: patterns.classify(torch.eye(6), tokens=["a"] * 6, causal=v), "causal", "no", "causal"),
+    (lambda v: patterns.classify(torch.eye(6), tokens=["a"] * 6, causal=v), "causal", 0, "causal"),
+    (lambda v: patterns.Positions.from_tokens(["a", "b"], causal=v), "causal", "False", "causal"),
+    (lambda v: patterns.PatternCNN(augment=v), "augment", "no", "augment"),
+    (lambda v: patterns.PatternCNN(augment=v), "augment", None, "augment"),
+    (lambda v: _probing().bootstrap(None, [[0, 1]], runs=v), "runs", "yes", "runs"),
+    (lambda v: _probing().paired(None, [[0, 1]], [[1, 0]], runs=v), "runs", 1, "runs"),
+]
+
+
+def _probing():
+    from attnlens.evaluation import probing
+
+    return probing
+
+
+@pytest.mark.parametrize(("call", "argument", "value", "words"), FLAG_CASES,
+                         ids=[f"{argument}={value!r}" for _, argument, value, _ in FLAG_CASES])
+def test_a_flag_that_is_not_a_bool_is_refused(call, argument, value, words):
+    assert_refused(lambda: call(value), InputTypeError, f"{words}")
+    assert_refused(lambda: call(value), InputTypeError, "must be True or False")

@@ -180,3 +180,105 @@ ROWS = [
                          ids=[f"{argument}={value!r}"[:40] for _, argument, value, _, _ in ROWS])
 def test_a_bad_argument_is_refused_by_name(bridge, call, argument, value, error, words):
     assert_refused(lambda: call(bridge, value), error, words)
+
+
+# -- flags, data-free constants, constant and softmax patterns, layer_mean's dtype (issue 26) ----------
+
+
+@pytest.mark.parametrize("causal", ["no", "False", 0, 1])
+def test_causal_of_the_hooks_must_be_true_false_or_none(bridge, causal):
+    """causal="no" used to be read as True (a truthy string): an encoder's constants replaced as
+    a decoder's, keys after each query dropped."""
+    constants = papa.uniform(bridge, max_len=8)
+    refused(InputTypeError, "causal", papa.hooks, constants, causal=causal)
+    for accepted in (None, True, False):
+        assert papa.hooks(constants, causal=accepted).causal in (None, True, False)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return tiny.gpt2_bridge()
+
+
+@pytest.mark.parametrize("make", [papa.uniform, papa.identity, papa.toeplitz, papa.zeros])
+def test_data_free_constants_take_the_models_default_layout(bridge, gpt2, make):
+    """A decoder has no [CLS]/[SEP] to fix in place: its data-free constants are made in its own
+    layout ('padded', as papa.fit makes them), not in the 'papa' layout it cannot tokenize."""
+    from attnlens import run_with_hooks, tokenize
+    from attnlens.core.inputs import default_layout
+
+    made = make(gpt2, max_len=8)
+    assert made.layout == default_layout(gpt2) == "padded"
+    assert make(bridge, max_len=8).layout == "papa"
+    run_with_hooks(gpt2, tokenize(gpt2, tiny.CORPUS[:2], max_len=8, layout=made.layout), papa.hooks(made))
+    refused(InputError, "PAPA layout needs a tokenizer", make, gpt2, max_len=8, layout="papa")
+
+
+@pytest.mark.parametrize("max_len", [2, 1000, 100_000])
+def test_data_free_constants_check_max_len_against_the_model(bridge, max_len):
+    """Too short for a real token in the layout, or past the model's 128 positions: refused
+    before a [max_len, max_len] matrix is made (100 000 used to allocate 80 GB)."""
+    for make in (papa.uniform, papa.identity, papa.toeplitz, papa.zeros, papa.TrainableConstants.from_toeplitz):
+        refused(InputError, f"max_len={max_len}", make, bridge, max_len=max_len)
+
+
+@pytest.mark.parametrize("like", [None, "bert-base-uncased", 5])
+def test_data_free_constants_need_a_model_or_constants(like):
+    for make in (papa.uniform, papa.identity, papa.toeplitz, papa.zeros, papa.TrainableConstants.from_toeplitz):
+        refused(InputTypeError, "like=", make, like, max_len=8)
+
+
+def constant_and_mask(fill=None, dtype=torch.float32):
+    constant = torch.rand(4, 8, 8, generator=torch.Generator().manual_seed(0)).to(dtype)
+    if fill is not None:
+        constant[1, 2, 3] = fill
+    return constant, torch.ones(2, 8, dtype=torch.bool)
+
+
+@pytest.mark.parametrize(("fill", "words"), [(float("nan"), "not finite"), (float("inf"), "not finite"),
+                                              (-0.5, "below 0")])
+def test_a_constant_with_nan_inf_or_a_negative_weight_is_refused(fill, words):
+    """Such a row used to come back silently uniform (NaN and negative sums fail ``total > 0``)."""
+    constant, mask = constant_and_mask(fill)
+    error = refused(InputError, "constant", papa.constant_pattern, constant, mask)
+    assert words in str(error) and "(1, 2, 3)" in str(error)
+
+
+@pytest.mark.parametrize("fill", [float("nan"), float("inf"), float("-inf")])
+def test_logits_with_nan_or_inf_are_refused(fill):
+    """They used to give NaN patterns."""
+    logits, mask = constant_and_mask(fill)
+    error = refused(InputError, "logits", papa.softmax_pattern, logits, mask)
+    assert "not finite" in str(error) and "(1, 2, 3)" in str(error)
+    assert torch.isfinite(papa.softmax_pattern(-constant_and_mask()[0], mask)).all()  # negative logits are fine
+
+
+@pytest.mark.parametrize("call", [papa.constant_pattern, papa.softmax_pattern], ids=["constant", "softmax"])
+def test_an_integer_or_numpy_matrix_or_dtype_is_refused_by_name(call):
+    name = "constant" if call is papa.constant_pattern else "logits"
+    constant, mask = constant_and_mask()
+    refused(InputTypeError, f"{name} must be a floating-point tensor", call, constant.long(), mask)
+    refused(InputTypeError, f"{name} must be a torch tensor", call, constant.numpy(), mask)
+    refused(InputTypeError, "key_mask must be a torch tensor", call, constant, mask.numpy())
+    refused(InputTypeError, "dtype must be a floating torch dtype", call, constant, mask, dtype=torch.int64)
+    refused(InputTypeError, "dtype must be a floating torch dtype", call, constant, mask, dtype="float32")
+
+
+def test_the_checks_of_a_pattern_do_not_read_a_device(monkeypatch):
+    """Off the CPU only dtypes and shapes are checked: reading the values would make the host wait
+    for the device at every layer (forced here by saying reads are not free)."""
+    from attnlens.core import devices
+
+    constant, mask = constant_and_mask(-0.5)
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    papa.constant_pattern(constant, mask)
+    with pytest.raises(InputTypeError, match="constant must be a floating-point tensor"), unchecked():
+        papa.constant_pattern(constant.long(), mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, "float32", None])
+def test_layer_mean_needs_a_floating_torch_dtype(bridge, dtype):
+    """torch.int64 used to give all zeros (the means truncated), "float32" a torch error."""
+    constants = papa.uniform(bridge, max_len=8)
+    refused(InputTypeError, "dtype must be a floating torch dtype", constants.layer_mean, 0, dtype=dtype, device="cpu")
+    assert constants.layer_mean(0, dtype=torch.float64, device="cpu").sum() > 0

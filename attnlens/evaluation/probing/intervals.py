@@ -297,6 +297,7 @@ def bootstrap(task: Any, predictions: Sequence[Any], *, resamples: int = RESAMPL
     (``resample_runs``; the module docstring), so the interval holds the seeds' spread."""
     level = _level(level)
     flag(resample_runs, "resample_runs")
+    flag(runs, "runs (True: predictions is a list of runs, one per seed)")
     predictions = list(predictions) if runs else [predictions]
     points, values = _per_run(task, predictions, weights(len(task), resamples=resamples, seed=seed))
     draws = run_draws(len(predictions), resamples=resamples, seed=seed) if resample_runs else None
@@ -312,6 +313,7 @@ def paired(task: Any, base: Sequence[Any], other: Sequence[Any], *, resamples: i
     position when both sides have as many runs (the same seeds), each side's own otherwise."""
     level = _level(level)
     flag(resample_runs, "resample_runs")
+    flag(runs, "runs (True: base and other are lists of runs, one per seed)")
     base, other = (list(base), list(other)) if runs else ([base], [other])
     drawn = weights(len(task), resamples=resamples, seed=seed)
     base_points, base_values = _per_run(task, base, drawn)

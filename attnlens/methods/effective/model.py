@@ -29,7 +29,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import devices, models, seam
-from attnlens.core.checks import finite, index, items
+from attnlens.core.checks import describe, finite, finite_tensor, flag, index, items, whole_number
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
 from attnlens.core.plots import head_grid
@@ -38,7 +38,7 @@ from attnlens.engine import forward, passes
 from attnlens.engine.effective import effective_attention, warn_if_short
 from attnlens.engine.forward import device_of, run_with_hooks
 from attnlens.engine.hooks import Hooks
-from attnlens.errors import InputError
+from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.stats import Statistics
 
 Mode = Literal["effective", "null"]
@@ -141,13 +141,21 @@ class EffectiveStatistics(Result):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EffectiveStatistics:
-        def means(values: dict[str, Any]) -> dict[str, Tensor]:
-            return {name: torch.tensor(value, dtype=torch.float64).float().reshape(len(value), -1)
-                    for name, value in values.items()}
+        """The statistics of a :meth:`to_dict` object; means that are not finite (a NaN, an
+        infinity) and counts that are not whole numbers at least 0 are refused by name."""
 
-        return cls(standard=means(data["standard"]), effective=means(data["effective"]),
-                   n_examples=int(data["n_examples"]), n_tokens=int(data["n_tokens"]),
-                   n_truncated=int(data["n_truncated"]))
+        def means(attention: str) -> dict[str, Tensor]:
+            values = data[attention]
+            if not isinstance(values, dict):
+                raise InputTypeError(f"{attention} must be an object of statistics, got {describe(values)}")
+            out = {}
+            for name, value in values.items():
+                tensor = torch.tensor(value, dtype=torch.float64).float().reshape(len(value), -1)
+                out[name] = finite_tensor(tensor, f"{attention}[{name!r}] (means per [layer, head])")
+            return out
+
+        counts = {name: whole_number(data[name], name, minimum=0) for name in ("n_examples", "n_tokens", "n_truncated")}
+        return cls(standard=means("standard"), effective=means("effective"), **counts)
 
 
 def kv_heads(model: Any) -> int:
@@ -170,6 +178,23 @@ def _require_bridge(model: Any) -> None:
     require_bridge(model, "attnlens.methods.effective")
 
 
+def _rtol(rtol: Any) -> float | None:
+    """``rtol`` checked as :func:`~attnlens.engine.effective.effective_attention` does: None (the
+    default tolerance) or a finite number in ``(0, 1)``; refused by name before any forward."""
+    if rtol is None:
+        return None
+    if isinstance(rtol, str):
+        raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
+    rtol = finite(rtol, "rtol")
+    if not 0.0 < rtol < 1.0:
+        raise InputError(
+            f"rtol must lie in (0, 1), got {rtol}: it is relative to each head's largest singular value "
+            "of V, and directions at or below rtol·σ_max are dropped (rtol >= 1 drops them all). "
+            "Pass e.g. rtol=1e-6, or None for the default."
+        )
+    return rtol
+
+
 def pattern_hooks(
     model: Any,
     on_pattern: Callable[[int, Tensor, Tensor, Tensor], Tensor | None],
@@ -186,7 +211,8 @@ def pattern_hooks(
     :func:`statistics` and :func:`attnlens.compare` are all built on this.
     """
     _require_bridge(model)
-    rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
+    rtol = _rtol(rtol)
+    flag(padded, "padded")
 
     def on_hook(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> Tensor | None:
         effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
@@ -229,6 +255,8 @@ def hooks(
     if mode not in MODES:
         raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
     _require_bridge(model)
+    flag(padded, "padded")
+    rtol = _rtol(rtol)
     if not seam.is_installed(model):
         raise InputError(
             "hook_pattern edits do not reach this model's output, so replacing patterns would "
@@ -288,6 +316,8 @@ def run(
     :func:`~attnlens.engine.effective.effective_attention` (``rtol``, ``padded``).
     """
     _require_bridge(model)
+    flag(padded, "padded")
+    rtol = _rtol(rtol)
     given = _as_batch(model, tokens, max_len, layout)
     shortest = None  # the fewest real tokens of a text, known on the host (a batch given on a device: not read)
     if devices.reads_are_free(given.attention_mask):
@@ -296,7 +326,6 @@ def run(
         shortest = None if padded else int(lengths.min())
     batch = given.to(device_of(model))
     n_layers = int(model.cfg.n_layers)
-    rtol = None if rtol is None else finite(rtol, "rtol", low=0.0)
     standard: list[Tensor] = []  # one [layer, batch, head, query, key] buffer, written as the forward goes
     values: list[Tensor] = []
     masks: list[Tensor] = []
@@ -348,6 +377,8 @@ def statistics(
     """
     _require_bridge(model)
     max_len = as_max_len(max_len)
+    flag(padded, "padded")
+    rtol = _rtol(rtol)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     standard = Statistics(n_layers, n_heads, "standard")
     effective = Statistics(n_layers, n_heads, "effective")

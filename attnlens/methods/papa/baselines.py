@@ -8,7 +8,9 @@ Data-free constants (each a :class:`PapaConstants` usable wherever fitted ones a
 - :func:`uniform`: every valid key gets the same weight.
 
 They are made for the same model, layout and ``max_len`` as a ``like`` argument: a bridge (give
-``max_len``; ``layout`` defaults to ``"papa"``) or fitted constants (their settings are used).
+``max_len``, checked against the model by :func:`attnlens.core.inputs.check_max_len`; ``layout``
+defaults to the model's, :func:`attnlens.core.inputs.default_layout`: ``"papa"`` for an encoder,
+``"padded"`` for a decoder) or fitted constants (their settings are used).
 For a causal model (a decoder such as GPT-2) the matrices are causal: keys after the query get 0
 and each row is renormalized over the keys at or before the query (a causal Toeplitz matrix,
 uniform attention over the past), and replacement keeps them causal on every batch.
@@ -21,7 +23,7 @@ softmax over its valid keys (see :func:`attnlens.papa.softmax_pattern`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,8 +31,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.core.checks import finite, finite_tensor, whole_number
-from attnlens.core.inputs import LAYOUTS
-from attnlens.core.loading import is_causal
+from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
+from attnlens.core.layouts import special_ids
+from attnlens.core.loading import is_causal, require_bridge
 from attnlens.core.notebook import constants_html
 from attnlens.errors import InputError
 from attnlens.methods.papa.compatibility import check_batch, check_model, model_info
@@ -39,23 +42,29 @@ from attnlens.methods.papa.replace import ConstantPatterns, softmax_pattern
 
 
 def _settings(
-    like: Any, max_len: int | None, layout: str | None
+    like: Any, max_len: int | None, layout: str | None, who: str = "papa constants"
 ) -> tuple[str, int, int, int, str, bool | None]:
-    """(model id, n_layers, n_heads, max_len, layout, causal) for constants made like ``like``."""
+    """(model id, n_layers, n_heads, max_len, layout, causal) for constants made like ``like``:
+    fitted or data-free constants (their settings, ``max_len`` and ``layout`` overriding them), or
+    a bridge (``max_len`` checked against the model, :func:`attnlens.core.inputs.check_max_len`;
+    ``layout`` by default the model's, :func:`attnlens.core.inputs.default_layout`). ``who``
+    names the caller in the messages."""
+    if layout is not None and (not isinstance(layout, str) or layout not in LAYOUTS):
+        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
     if isinstance(like, PapaConstants | TrainableConstants):
         name, n_layers, n_heads = like.model_id, like.n_layers, like.n_heads
-        max_len = like.max_len if max_len is None else max_len
+        max_len = like.max_len if max_len is None else whole_number(max_len, "max_len", " of tokens", minimum=1)
         layout = like.layout if layout is None else layout
-        causal = like.causal
-    else:
-        name, n_layers, n_heads = model_info(like)
-        if max_len is None:
-            raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
-        layout = layout or "papa"
-        causal = is_causal(like)
-    if layout not in LAYOUTS:
-        raise InputError(f"Unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}.")
-    return name, n_layers, n_heads, whole_number(max_len, "max_len", " of tokens", minimum=1), layout, causal
+        return name, n_layers, n_heads, max_len, layout, like.causal
+    require_bridge(like, f"{who}(like=...) (a model, or PapaConstants / TrainableConstants whose settings are copied)")
+    name, n_layers, n_heads = model_info(like)
+    if max_len is None:
+        raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
+    layout = default_layout(like) if layout is None else layout
+    max_len = check_max_len(like, max_len, layout=layout)  # before a [max_len, max_len] matrix is made
+    if layout == "papa" and getattr(like, "tokenizer", None) is not None:
+        special_ids(like.tokenizer)  # a decoder's tokenizer has no [CLS]/[SEP] to fix: layout='padded'
+    return name, n_layers, n_heads, max_len, layout, is_causal(like)
 
 
 def causal_matrix(matrix: Float[Tensor, "query key"]) -> Float[Tensor, "query key"]:
@@ -67,10 +76,13 @@ def causal_matrix(matrix: Float[Tensor, "query key"]) -> Float[Tensor, "query ke
 
 
 def _data_free(
-    kind: str, matrix: Float[Tensor, "query key"], like: Any, max_len: int | None, layout: str | None
+    kind: str, make: Callable[[int], Float[Tensor, "query key"]], like: Any, max_len: int | None,
+    layout: str | None
 ) -> PapaConstants:
-    name, n_layers, n_heads, max_len, layout, causal = _settings(like, max_len, layout)
-    matrix = matrix.to(torch.float64)
+    """Constants of ``kind`` whose every head is ``make(max_len)``, made once the settings are
+    checked (:func:`_settings`: a length the model cannot take allocates nothing)."""
+    name, n_layers, n_heads, max_len, layout, causal = _settings(like, max_len, layout, f"papa.{kind}")
+    matrix = make(max_len).to(torch.float64)
     if causal:
         matrix = causal_matrix(matrix)
     full = matrix.expand(n_layers, n_heads, max_len, max_len).contiguous()
@@ -86,14 +98,6 @@ def _data_free(
     )
 
 
-def _length(like: Any, max_len: int | None) -> int:
-    if max_len is not None:
-        return whole_number(max_len, "max_len", " of tokens", minimum=1)
-    if isinstance(like, PapaConstants | TrainableConstants):
-        return like.max_len
-    raise InputError("Pass max_len= (the length the inputs will be tokenized to).")
-
-
 def toeplitz_matrix(max_len: int) -> Float[Tensor, "query key"]:
     """``1 / (|i - j| + 1)`` with each row normalized to sum to 1 (float64)."""
     positions = torch.arange(max_len, dtype=torch.float64)
@@ -103,25 +107,22 @@ def toeplitz_matrix(max_len: int) -> Float[Tensor, "query key"]:
 
 def identity(like: Any, *, max_len: int | None = None, layout: str | None = None) -> PapaConstants:
     """Each token attends only to itself."""
-    n = _length(like, max_len)
-    return _data_free("identity", torch.eye(n, dtype=torch.float64), like, max_len, layout)
+    return _data_free("identity", lambda n: torch.eye(n, dtype=torch.float64), like, max_len, layout)
 
 
 def toeplitz(like: Any, *, max_len: int | None = None, layout: str | None = None) -> PapaConstants:
     """Attention decaying with distance as the harmonic series, ``∝ 1 / (|i - j| + 1)``."""
-    return _data_free("toeplitz", toeplitz_matrix(_length(like, max_len)), like, max_len, layout)
+    return _data_free("toeplitz", toeplitz_matrix, like, max_len, layout)
 
 
 def zeros(like: Any, *, max_len: int | None = None, layout: str | None = None) -> PapaConstants:
     """All-zero attention: a replaced head contributes nothing (its rows are not renormalized)."""
-    n = _length(like, max_len)
-    return _data_free("zeros", torch.zeros(n, n, dtype=torch.float64), like, max_len, layout)
+    return _data_free("zeros", lambda n: torch.zeros(n, n, dtype=torch.float64), like, max_len, layout)
 
 
 def uniform(like: Any, *, max_len: int | None = None, layout: str | None = None) -> PapaConstants:
     """Equal attention on every valid key."""
-    n = _length(like, max_len)
-    return _data_free("uniform", torch.full((n, n), 1.0 / n, dtype=torch.float64), like, max_len, layout)
+    return _data_free("uniform", lambda n: torch.full((n, n), 1.0 / n, dtype=torch.float64), like, max_len, layout)
 
 
 class TrainableConstants(nn.Module, ConstantPatterns):
@@ -180,7 +181,8 @@ class TrainableConstants(nn.Module, ConstantPatterns):
         cls, like: Any, *, max_len: int | None = None, layout: str | None = None
     ) -> TrainableConstants:
         """Start from the harmonic Toeplitz matrix (see :func:`toeplitz`)."""
-        name, n_layers, n_heads, max_len, layout, causal = _settings(like, max_len, layout)
+        name, n_layers, n_heads, max_len, layout, causal = _settings(
+            like, max_len, layout, "papa.TrainableConstants.from_toeplitz")
         logits = toeplitz_matrix(max_len).log().expand(n_layers, n_heads, max_len, max_len)
         return cls(
             logits, model_id=name, layout=layout, max_len=max_len, init="toeplitz", causal=causal

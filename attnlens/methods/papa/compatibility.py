@@ -20,10 +20,12 @@ def model_info(model: Any) -> tuple[str, int, int]:
     return model_id(model), int(model.cfg.n_layers), int(model.cfg.n_heads)
 
 
-def check_model(constants: Any, model: Any) -> None:
+def check_model(constants: Any, model: Any, *, weights: bool = True) -> None:
     """Raise unless ``model`` is the model ``constants`` were made for: its layers, heads and, when
     ``constants.fingerprint`` is set, weights. The model's id must match too, unless the weights
-    fingerprint does (the same model loaded from another folder, or by name and by path)."""
+    fingerprint does (the same model loaded from another folder, or by name and by path).
+    ``weights=False``: whether it is a decoder and its layers and heads only, which read nothing
+    of the device (what the hooks check at every call: :func:`attnlens.engine.forward.check_hooks_model`)."""
     if model is None:
         return
     recorded = getattr(constants, "causal", None)
@@ -35,9 +37,9 @@ def check_model(constants: Any, model: Any) -> None:
             "with papa.fit(model, corpus)."
         )
     name, n_layers, n_heads = model_info(model)
-    expected = getattr(constants, "fingerprint", None)
+    expected = getattr(constants, "fingerprint", None) if weights else None
     found = weights_fingerprint(model) if expected is not None else None
-    if name != constants.model_id and (expected is None or found != expected):
+    if weights and name != constants.model_id and (expected is None or found != expected):
         raise InputError(
             f"constants were fitted on {constants.model_id!r}, model is {name!r}"
             + (" (and its weights differ)." if expected is not None else ".")

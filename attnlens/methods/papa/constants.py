@@ -28,7 +28,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core.checks import finite_tensor, index, whole_number
+from attnlens.core.checks import describe, finite_tensor, index, whole_number
 from attnlens.core.files import (
     check_readable,
     check_sealed,
@@ -229,6 +229,12 @@ class PapaConstants(ConstantPatterns):
         tensors to these attributes or changing them in place recomputes it.
         """
         layer = index(layer, "layer", self.n_layers, "layers")
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise InputTypeError(
+                "dtype must be a floating torch dtype (e.g. torch.float32; not a string), got "
+                f"{dtype if isinstance(dtype, torch.dtype) else describe(dtype)}: the means are fractions, "
+                "which an integer dtype would truncate to 0."
+            )
         listed = heads.reshape(-1).tolist() if isinstance(heads, Tensor) else heads
         selected = None if listed is None else tuple(int(h) for h in listed)
         if selected is not None and any(not 0 <= h < self.n_heads for h in selected):

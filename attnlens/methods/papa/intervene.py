@@ -30,6 +30,7 @@ pattern shows (its length, the number of heads, and where the padding is) and ra
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,6 +47,7 @@ from attnlens.core.loading import is_causal, require_bridge
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.baselines import TrainableConstants
+from attnlens.methods.papa.compatibility import check_model
 from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.ranking import resolve_heads
 
@@ -169,6 +171,8 @@ def hooks(
     selected = resolve_heads(heads, constants)
     if causal is None:
         causal = getattr(constants, "causal", None)
+    else:
+        flag(causal, "causal (None: read it off constants.causal)")
     theta = None
     if mode == "blend":
         theta = nn.Parameter(_theta(lam, constants.n_layers, constants.n_heads))
@@ -244,6 +248,9 @@ def _layer_hook(
 
     intervene.constants = constants  # what the hook was made for (forward.check_hooks reads it)
     intervene.check_batch = _batch_check(constants, head_mask.shape[0])  # and calls, on the host
+    # and of the model, once a call or a pass (a decoder's constants on an encoder let a token
+    # see later ones): what reads nothing of the device
+    intervene.check_model = functools.partial(check_model, constants, weights=False)
     return intervene
 
 

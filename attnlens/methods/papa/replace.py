@@ -34,8 +34,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import devices
+from attnlens.core.checks import describe, finite_tensor
 from attnlens.core.files import tensor_checksum
-from attnlens.errors import InputError
+from attnlens.errors import InputError, InputTypeError
 
 
 def gather(
@@ -179,7 +180,34 @@ def _prepare(
 ) -> tuple[Tensor, Tensor, torch.dtype]:
     """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length (or gather it at a
     compact batch's ``positions``), cast it and put it on ``key_mask``'s device (the pattern's: a
-    model on a GPU gets a GPU pattern), with a leading batch axis; the mask as bool."""
+    model on a GPU gets a GPU pattern), with a leading batch axis; the mask as bool.
+
+    Refused by name: a ``matrix`` or ``key_mask`` that is not a torch tensor, a ``matrix`` that
+    is not floating-point, a ``dtype`` that is not a floating torch dtype; where reading the
+    matrix is free (the CPU, :func:`attnlens.core.devices.reads_are_free`) also a NaN or an
+    infinity in it and, for a ``"constant"``, a negative weight (each would come back as NaN or
+    silently uniform rows). On a device only the dtypes and shapes are checked."""
+    for label, value in ((name, matrix), ("key_mask", key_mask)):
+        if not isinstance(value, Tensor):
+            raise InputTypeError(
+                f"{label} must be a torch tensor, got {describe(value)}; convert it with torch.as_tensor({label})."
+            )
+    if not matrix.is_floating_point():
+        raise InputTypeError(
+            f"{name} must be a floating-point tensor, got {describe(matrix)}; convert it with {name}.double() "
+            "(or .float())."
+        )
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise InputTypeError(
+            f"dtype must be a floating torch dtype (e.g. torch.float32) or None (that of {name}), "
+            f"got {dtype if isinstance(dtype, torch.dtype) else describe(dtype)}."
+        )
+    if devices.reads_are_free(matrix):
+        if name == "constant":
+            finite_tensor(matrix.detach(), "constant (attention weights: finite and >= 0, e.g. a layer of "
+                          "PapaConstants.mean)", low=0.0)
+        else:
+            finite_tensor(matrix.detach(), f"{name} (finite numbers; NaN or inf would give NaN patterns)")
     if matrix.ndim != 3:
         raise InputError(f"{name} must be [head, query, key], got {tuple(matrix.shape)}.")
     dtype = dtype or matrix.dtype

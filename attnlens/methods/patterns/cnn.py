@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.core.checks import all_finite, describe, finite, whole_number
+from attnlens.core.checks import all_finite, describe, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import check_sealed, read_checked, safetensors_bytes, write_atomic
 from attnlens.errors import (
@@ -213,7 +213,7 @@ class PatternCNN(Estimator):
             batch_size=whole_number(batch_size, "batch_size", minimum=1),
             seed=whole_number(seed, "seed", minimum=0),
             class_weight=class_weight,
-            augment=bool(augment),
+            augment=flag(augment, "augment (length augmentation in training)"),
         )
         if self.settings.lr == 0:
             raise InputError("lr must be above 0 (nothing would be learned).")

@@ -63,7 +63,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import devices, models
-from attnlens.core.checks import describe, whole_number
+from attnlens.core.checks import describe, flag, whole_number
 from attnlens.core.plots import CATEGORICAL_COLOURS
 from attnlens.core.result import Result, frame
 from attnlens.errors import InputError
@@ -121,6 +121,7 @@ class Positions:
                 f"tokens must be a list of token strings (one example) or a list of such lists, "
                 f"got {describe(tokens)}."
             )
+        causal = flag(causal, "causal (whether the maps are a decoder's)")
         examples = [tokens] if isinstance(tokens[0], str) else list(tokens)
         for i, example in enumerate(examples):
             if isinstance(example, str) or not all(isinstance(t, str) for t in example):
@@ -142,6 +143,8 @@ class Positions:
         """From a :class:`attnlens.core.inputs.Batch` and its tokenizer, or a
         :class:`attnlens.engine.accumulator.PassBatch` (which knows its model). Special: the start and
         separator tokens of :func:`attnlens.methods.stats.token_classes`."""
+        if causal is not None:
+            flag(causal, "causal (whether the maps are a decoder's; None: from the model)")
         model = getattr(batch, "model", None)
         inputs = getattr(batch, "batch", batch)
         if tokenizer is None:
@@ -475,6 +478,8 @@ def classify(
     if not isinstance(view, str):
         raise views.unknown_view(view)
     view = views.get_view(view).name
+    if causal is not None:
+        flag(causal, "causal (whether the maps are a decoder's; None: from the model of a PassBatch, else False)")
     pattern = _as_4d(pattern)
     given = [name for name, value in (("tokens", tokens), ("batch", batch), ("positions", positions))
              if value is not None]
