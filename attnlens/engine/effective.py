@@ -78,6 +78,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float
@@ -145,6 +146,24 @@ def _caller_level() -> int:
             return level
         frame, level = frame.f_back, level + 1
     return 2
+
+
+def check_rtol(rtol: Any) -> float | None:
+    """``rtol`` of :func:`effective_attention`: None (the default tolerance) or a finite number in
+    ``(0, 1)``, else refused by name (it is relative to each head's largest singular value of
+    ``V``: at 1 or more every direction is dropped)."""
+    if rtol is None:
+        return None
+    if isinstance(rtol, str):
+        raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
+    rtol = finite(rtol, "rtol")
+    if not 0.0 < rtol < 1.0:
+        raise InputError(
+            f"rtol must lie in (0, 1), got {rtol}: it is relative to each head's largest singular value "
+            "of V, and directions at or below rtol·σ_max are dropped (rtol >= 1 drops them all). "
+            "Pass e.g. rtol=1e-6, or None for the default."
+        )
+    return rtol
 
 
 def effective_attention(
@@ -224,16 +243,7 @@ def effective_attention(
             )
     flag(padded, "padded")
     flag(check, "check")
-    if rtol is not None:
-        if isinstance(rtol, str):
-            raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
-        rtol = finite(rtol, "rtol")
-        if not 0.0 < rtol < 1.0:
-            raise InputError(
-                f"rtol must lie in (0, 1), got {rtol}: it is relative to each head's largest singular value "
-                "of V, and directions at or below rtol·σ_max are dropped (rtol >= 1 drops them all). "
-                "Pass e.g. rtol=1e-6, or None for the default."
-            )
+    rtol = check_rtol(rtol)
     if check:
         finite_tensor(v, "v (the values)")
         finite_tensor(pattern, "pattern (the attention)")

@@ -29,13 +29,13 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from attnlens.core import devices, models, seam
-from attnlens.core.checks import describe, finite, finite_tensor, flag, index, items, whole_number
+from attnlens.core.checks import describe, finite_tensor, flag, index, items, whole_number
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import require_bridge
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine import forward, passes
-from attnlens.engine.effective import effective_attention, warn_if_short
+from attnlens.engine.effective import check_rtol, effective_attention, warn_if_short
 from attnlens.engine.forward import device_of, run_with_hooks
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
@@ -178,23 +178,6 @@ def _require_bridge(model: Any) -> None:
     require_bridge(model, "attnlens.methods.effective")
 
 
-def _rtol(rtol: Any) -> float | None:
-    """``rtol`` checked as :func:`~attnlens.engine.effective.effective_attention` does: None (the
-    default tolerance) or a finite number in ``(0, 1)``; refused by name before any forward."""
-    if rtol is None:
-        return None
-    if isinstance(rtol, str):
-        raise InputTypeError(f"rtol must be a number (e.g. 1e-6), got the string {rtol!r}.")
-    rtol = finite(rtol, "rtol")
-    if not 0.0 < rtol < 1.0:
-        raise InputError(
-            f"rtol must lie in (0, 1), got {rtol}: it is relative to each head's largest singular value "
-            "of V, and directions at or below rtol·σ_max are dropped (rtol >= 1 drops them all). "
-            "Pass e.g. rtol=1e-6, or None for the default."
-        )
-    return rtol
-
-
 def pattern_hooks(
     model: Any,
     on_pattern: Callable[[int, Tensor, Tensor, Tensor], Tensor | None],
@@ -211,7 +194,7 @@ def pattern_hooks(
     :func:`statistics` and :func:`attnlens.compare` are all built on this.
     """
     _require_bridge(model)
-    rtol = _rtol(rtol)
+    rtol = check_rtol(rtol)
     flag(padded, "padded")
 
     def on_hook(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> Tensor | None:
@@ -256,7 +239,7 @@ def hooks(
         raise InputError(f"Unknown mode {mode!r}; use one of {', '.join(MODES)}.")
     _require_bridge(model)
     flag(padded, "padded")
-    rtol = _rtol(rtol)
+    rtol = check_rtol(rtol)
     if not seam.is_installed(model):
         raise InputError(
             "hook_pattern edits do not reach this model's output, so replacing patterns would "
@@ -317,7 +300,7 @@ def run(
     """
     _require_bridge(model)
     flag(padded, "padded")
-    rtol = _rtol(rtol)
+    rtol = check_rtol(rtol)
     given = _as_batch(model, tokens, max_len, layout)
     shortest = None  # the fewest real tokens of a text, known on the host (a batch given on a device: not read)
     if devices.reads_are_free(given.attention_mask):
@@ -378,7 +361,7 @@ def statistics(
     _require_bridge(model)
     max_len = as_max_len(max_len)
     flag(padded, "padded")
-    rtol = _rtol(rtol)
+    rtol = check_rtol(rtol)
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     standard = Statistics(n_layers, n_heads, "standard")
     effective = Statistics(n_layers, n_heads, "effective")
