@@ -25,6 +25,8 @@ def run(args: argparse.Namespace) -> int:
                                         f"is measured on the task's training examples; {fix}")
     if args.data_dir is not None and not Path(args.data_dir).is_dir():
         raise common.UsageError(f"--data-dir {args.data_dir} is not a folder (of the --task {args.task} files)")
+    if args.task is not None:  # its train split read before the model loads, refused in the CLI's terms
+        common.task_data([args.task], args.data_dir, splits=("train",))
     out, csv = common.figure_outputs(args, [common.corpus_file(args)])
     corpus: Any = args.task if args.task is not None else common.corpus_texts(args)
     model = common.load(args.model, quiet=args.quiet, device=common.resolve_device(args.device))
