@@ -8,6 +8,7 @@ Each returns an :class:`Encoded`, the tensors a :class:`attnlens.core.inputs.Bat
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -104,15 +105,21 @@ def word_lists(tokenizer: Any, examples: Sequence[Any]) -> list[list[str]]:
     return [[word if index == 0 else " " + word for index, word in enumerate(row)] for row in words]
 
 
+#: :func:`_joins_words` of each tokenizer seen, found once (a batch of word lists asks up to three times)
+_JOINS: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
 def _joins_words(tokenizer: Any) -> bool:
     """Whether ``tokenizer`` runs pre-split words together where the text of those words with
     spaces between them would not (and a leading space on each later word restores the text's
-    tokens): two words tokenized apart, each way, against their text."""
-    options = dict(add_special_tokens=False, split_special_tokens=True)
-    text = tokenizer("a b", **options)["input_ids"]
-    as_given = tokenizer(["a", "b"], is_split_into_words=True, **options)["input_ids"]
-    spaced = tokenizer(["a", " b"], is_split_into_words=True, **options)["input_ids"]
-    return as_given != text and spaced == text
+    tokens): two words tokenized apart, each way, against their text; once per tokenizer."""
+    if tokenizer not in _JOINS:
+        options = dict(add_special_tokens=False, split_special_tokens=True)
+        text = tokenizer("a b", **options)["input_ids"]
+        as_given = tokenizer(["a", "b"], is_split_into_words=True, **options)["input_ids"]
+        spaced = tokenizer(["a", " b"], is_split_into_words=True, **options)["input_ids"]
+        _JOINS[tokenizer] = as_given != text and spaced == text
+    return _JOINS[tokenizer]
 
 
 def word_index(word_ids: list[list[int | None]], offsets: list[int], length: int) -> tuple[Tensor, Tensor]:

@@ -20,8 +20,9 @@ def run(args: argparse.Namespace) -> int:
     given = common.constant_views(names)  # views given by the constants
     common.constants_for(args, bool(given))
     out, csv = common.figure_outputs(args, [common.corpus_file(args), ("--constants", args.constants)])
-    if given and args.max_len is not None:  # the constants' pass takes their max_len: another is refused, as by compare
-        fitted = PapaConstants.load(args.constants).max_len
+    constants = PapaConstants.load(args.constants) if given else None  # read once, checked against the model below
+    if constants is not None and args.max_len is not None:  # their pass takes their max_len: another is refused, as by compare
+        fitted = constants.max_len
         if fitted != args.max_len:
             raise common.UsageError(
                 f"--max-len {args.max_len}: the PAPA constants {args.constants} were fitted with max_len "
@@ -34,8 +35,8 @@ def run(args: argparse.Namespace) -> int:
     named = [name for name in names if name not in given]
     if named:  # the views given by name: one pass, the maximum length asked for
         tables.append(patterns.types(model, texts, view=named, max_len=args.max_len, **options))
-    if given:  # the constants' own pass, their own max_len and layout
-        constants = PapaConstants.load(args.constants, model)
+    if constants is not None:  # the constants' own pass, their own max_len and layout
+        constants.check_compatible(model)
         tables.append(patterns.types(model, texts, view=constants, max_len=args.max_len, **options))
     table = pd.concat(tables, ignore_index=True)
     common.write_table_and_figure(table, patterns.figure(table), csv, out, args.force)

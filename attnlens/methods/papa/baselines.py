@@ -224,7 +224,7 @@ class TrainableConstants(nn.Module, ConstantPatterns):
                  dtype: torch.dtype, causal: bool, positions: Int[Tensor, "batch key"] | None,
                  ) -> Float[Tensor, "batch head query key"]:
         """:func:`softmax_pattern` of the logits over the allowed keys."""
-        return softmax_pattern(matrices, key_mask, dtype=dtype, causal=causal, positions=positions)
+        return softmax_pattern(matrices, key_mask, dtype=dtype, causal=causal, positions=positions, check=False)
 
     def tensors(self) -> dict[str, Tensor]:
         """The logits the patterns are made from (the module's state)."""

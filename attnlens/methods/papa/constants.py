@@ -261,7 +261,7 @@ class PapaConstants(ConstantPatterns):
         """:func:`constant_pattern` (the averages restricted to the valid keys, renormalised
         unless :attr:`renormalize` is False)."""
         return constant_pattern(matrices, key_mask, renormalize=self.renormalize, dtype=dtype, causal=causal,
-                                positions=positions)
+                                positions=positions, check=False)  # the means were checked when made
 
     def __repr__(self) -> str:
         return (

@@ -117,6 +117,7 @@ def constant_pattern(
     dtype: torch.dtype | None = None,
     causal: bool = False,
     positions: Int[Tensor, "batch key"] | None = None,
+    check: bool = True,
 ) -> Float[Tensor, "batch head query key"]:
     """The attention pattern that constant matrices give each example of a batch.
 
@@ -131,10 +132,11 @@ def constant_pattern(
     key)`` (:func:`allowed_keys`), each row divided by its sum; rows with no mass left are uniform
     over the allowed keys. With ``renormalize=False`` (the ``zeros`` baseline) the restricted
     matrix is returned as it is. The result has ``dtype`` (default: the constant's) and the
-    constant's device.
+    constant's device. ``check=False`` skips the check of the constant's values (:func:`_prepare`):
+    for constants checked when they were made (:class:`PapaConstants`), at every batch's forward.
     """
     gathered = positions is not None
-    constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant", positions)
+    constant, key_mask, dtype = _prepare(constant, key_mask, dtype, "constant", positions, check)
     allowed = allowed_keys(key_mask, causal=causal)
     valid_pair = key_mask[:, None, :, None] & allowed
     # the gathered copy is this call's own; a cut of the constant is not: multiply into a new one
@@ -160,14 +162,16 @@ def softmax_pattern(
     dtype: torch.dtype | None = None,
     causal: bool = False,
     positions: Int[Tensor, "batch key"] | None = None,
+    check: bool = True,
 ) -> Float[Tensor, "batch head query key"]:
     """Pattern of trainable constants: a softmax of ``logits`` over each example's allowed keys
     (the valid keys; with ``causal`` only those at or before the query).
 
     Axes as in :func:`constant_pattern`. Padded query rows are uniform over the allowed keys.
-    Differentiable in ``logits``.
+    Differentiable in ``logits``. ``check=False``: as for :func:`constant_pattern` (the logits of
+    :class:`TrainableConstants`, which its training refuses to make NaN).
     """
-    logits, key_mask, dtype = _prepare(logits, key_mask, dtype, "logits", positions)
+    logits, key_mask, dtype = _prepare(logits, key_mask, dtype, "logits", positions, check)
     allowed = allowed_keys(key_mask, causal=causal)
     scores = logits.masked_fill(~allowed, torch.finfo(dtype).min)
     pattern = torch.softmax(scores, dim=-1) * allowed.to(dtype)
@@ -176,7 +180,8 @@ def softmax_pattern(
 
 
 def _prepare(
-    matrix: Tensor, key_mask: Tensor, dtype: torch.dtype | None, name: str, positions: Tensor | None
+    matrix: Tensor, key_mask: Tensor, dtype: torch.dtype | None, name: str, positions: Tensor | None,
+    check: bool = True,
 ) -> tuple[Tensor, Tensor, torch.dtype]:
     """Check ``matrix`` is ``[head, query, key]``, cut it to the batch's length (or gather it at a
     compact batch's ``positions``), cast it and put it on ``key_mask``'s device (the pattern's: a
@@ -186,7 +191,8 @@ def _prepare(
     is not floating-point, a ``dtype`` that is not a floating torch dtype; where reading the
     matrix is free (the CPU, :func:`attnlens.core.devices.reads_are_free`) also a NaN or an
     infinity in it and, for a ``"constant"``, a negative weight (each would come back as NaN or
-    silently uniform rows). On a device only the dtypes and shapes are checked."""
+    silently uniform rows). On a device only the dtypes and shapes are checked; with ``check``
+    false (constants checked when they were made) not the values either."""
     for label, value in ((name, matrix), ("key_mask", key_mask)):
         if not isinstance(value, Tensor):
             raise InputTypeError(
@@ -202,7 +208,7 @@ def _prepare(
             f"dtype must be a floating torch dtype (e.g. torch.float32) or None (that of {name}), "
             f"got {dtype if isinstance(dtype, torch.dtype) else describe(dtype)}."
         )
-    if devices.reads_are_free(matrix):
+    if check and devices.reads_are_free(matrix):
         if name == "constant":
             finite_tensor(matrix.detach(), "constant (attention weights: finite and >= 0, e.g. a layer of "
                           "PapaConstants.mean)", low=0.0)
