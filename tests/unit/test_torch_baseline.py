@@ -232,6 +232,33 @@ def test_an_unknown_solver_is_refused():
 HELD_OUT_GAP = 0.005
 
 
+def _assert_equivalent_choice(ours: dict[float, float], our_c: float, theirs: dict[float, float], their_c: float) -> None:
+    """Both solvers' held-out accuracies agree within :data:`HELD_OUT_GAP` at every C both tried,
+    and each chose a C whose held-out accuracy is within that gap of the other's best: the same
+    choice up to a held-out word at a decision boundary. The C itself may differ where two C
+    values tie to within a word: measured on an AVX-512 machine (1 thread), POS's held-out
+    accuracy at C = 0.01 and 0.1 was 0.8549 for both with scikit-learn (the tie goes to 0.01) and
+    0.8529 / 0.8549 with torch (one word of 503 apart; torch took 0.1, then tried 1.0); the dev
+    gap then was 0.0013, inside the issue's 0.002."""
+    common = sorted(set(ours) & set(theirs))
+    assert their_c in common or our_c in common, (ours, theirs)
+    for C in common:
+        assert abs(ours[C] - theirs[C]) <= HELD_OUT_GAP, (C, ours, theirs)
+    assert theirs.get(our_c, ours[our_c]) >= max(theirs.values()) - HELD_OUT_GAP, (our_c, theirs)
+    assert ours.get(their_c, theirs[their_c]) >= max(ours.values()) - HELD_OUT_GAP, (their_c, ours)
+
+
+def test_an_equivalent_choice_of_c_is_told_from_another():
+    """The check above fails a choice whose held-out accuracy is further than the gap from the best,
+    and accepts a tie broken the other way."""
+    theirs = {0.001: 0.835, 0.01: 0.855, 0.1: 0.855}
+    _assert_equivalent_choice({0.001: 0.835, 0.01: 0.853, 0.1: 0.855, 1.0: 0.853}, 0.1, theirs, 0.01)
+    with pytest.raises(AssertionError):
+        _assert_equivalent_choice({0.001: 0.835, 0.01: 0.84, 0.1: 0.85}, 0.1, {0.001: 0.835, 0.01: 0.87, 0.1: 0.85}, 0.01)
+    with pytest.raises(AssertionError):
+        _assert_equivalent_choice({0.001: 0.9, 0.01: 0.855}, 0.001, theirs, 0.01)
+
+
 def _flat(predictions: list) -> list:
     return [tag for tags in predictions for tag in tags] if predictions and isinstance(predictions[0], list) else predictions
 
@@ -252,11 +279,12 @@ def one_torch_thread():
 def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_torch_thread, single_blas_thread):
     """Every task of the default curve with MiniLM's features: SST-2 and CoLA (sequences: 300
     train, 200 dev), MRPC (pairs: 200, 150), CoNLL-2003 NER and POS (words: 150 train
-    sentences, 100 dev): the same C chosen, held-out scores within :data:`HELD_OUT_GAP`, dev
-    accuracies within 0.002 (issue 58). On these sizes one prediction of a sentence task is
-    0.005 or more, so its accuracies must be equal; measured: no prediction differs on SST-2,
-    CoLA, MRPC and NER, and POS's dev accuracies are 0.0007 apart (1 thread; 2 of 2,321 words
-    differ at 200 / 150 sentences). The fit seconds of each solver are printed (``-s``)."""
+    sentences, 100 dev): the same held-out scores within :data:`HELD_OUT_GAP` and an equivalent
+    choice of C (:func:`_assert_equivalent_choice`), dev accuracies within 0.002 (issue 58). On
+    these sizes one prediction of a sentence task is 0.005 or more, so its accuracies must be
+    equal; measured: no prediction differs on SST-2, CoLA, MRPC and NER, and POS's dev accuracies
+    are 0.0007 apart on an AVX2 machine (1 thread; 2 of 2,321 words differ at 200 / 150
+    sentences), 0.0013 on an AVX-512 one, where the solvers broke a held-out tie apart. The fit seconds of each solver are printed (``-s``)."""
     from attnlens.evaluation import probing, tasks
 
     data_file("sst2/train.tsv")
@@ -274,7 +302,7 @@ def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_to
             fitted[solver] = LinearBaseline(solver=solver).fit(train_features, train.labels())
             seconds[solver] = time.perf_counter() - started
         reference, ours = fitted["sklearn"], fitted["torch"]
-        assert ours.C == reference.C and ours.held_out == pytest.approx(reference.held_out, abs=HELD_OUT_GAP)
+        _assert_equivalent_choice(ours.held_out, ours.C, reference.held_out, reference.C)
         gap = ours.score(dev_features, dev.labels()) - reference.score(dev_features, dev.labels())
         differ = sum(a != b for a, b in zip(np.ravel(_flat(ours.predict(dev_features))),
                                             np.ravel(_flat(reference.predict(dev_features))), strict=True))
