@@ -361,6 +361,11 @@ def importance(
     the model's checkpoint (:func:`attnlens.core.loading.lm_head_trained` is False, e.g. the default
     all-MiniLM-L6-v2) is refused with :class:`attnlens.evaluation.lm.scorer.UntrainedHead`: pass ``loss=``.
 
+    ``layout``: the inputs' layout (:func:`attnlens.tokenize`); ``None`` is the model's own, on an
+    encoder the PAPA layout (the final [SEP] at position ``max_len - 1``, as the task probes'
+    features have it), on a decoder the padded one. Michel et al. ran ordinary inputs: pass
+    ``layout="padded"`` for theirs (on MiniLM the two layouts' importances differ).
+
     Raises :class:`GatesUnused` when the loss does not depend on the gates (no gradient reaches
     them, or every gradient is 0) instead of returning zeros.
     """

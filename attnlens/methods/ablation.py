@@ -366,7 +366,10 @@ def head_means(
     """Each head's mean output ``z`` (``blocks.{l}.attn.hook_z``) over every real token of
     ``corpus`` (padding excluded), ``[layer, head, d_head]`` float32 on the CPU: the values of
     mean ablation (``hooks(heads, "mean", means=...)``). One pass of
-    :func:`attnlens.engine.passes.run` (summed in float64); ``hooks`` are active during it."""
+    :func:`attnlens.engine.passes.run` (summed in float64); ``hooks`` are active during it.
+    ``layout``: as :func:`attnlens.tokenize`'s, ``None`` the model's own (the PAPA layout on an
+    encoder, the padded one on a decoder); take the means in the layout the ablation will run on
+    (on MiniLM the two layouts' means differ by about a quarter)."""
     require_bridge(model, "ablation.head_means")
     accumulator = HeadMeans(model)
     passes.run(model, corpus, [accumulator], max_len=max_len, layout=layout, batch_size=batch_size,
