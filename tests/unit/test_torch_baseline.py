@@ -314,6 +314,20 @@ def test_the_torch_baseline_scores_as_scikit_learns_on_real_tasks(minilm, one_to
 # -- the grid of C grows until its choice is interior (issue 60) --------------------------------------
 
 
+@pytest.mark.parametrize("solver", ["sklearn", "torch"])
+def test_held_out_ties_go_to_the_smaller_c_past_the_grids_edge_too(solver):
+    """Ties go to the stronger regularisation everywhere: held-out scores all equal (a scorer that
+    cannot tell the Cs apart) put the best C on the grid's lower edge, and a tie one step below
+    it looks further down, to C_LIMITS' lower end. The widening once stopped at the first tie and
+    kept the edge, the larger C (1e-3 here), against the rule its docstring states."""
+    from attnlens.evaluation.probing.baseline import C_GRID, C_LIMITS
+
+    features, labels = _features("sequence", n=60, seed=1)
+    flat = LinearBaseline(solver=solver).fit(features, labels, lambda indices, predicted: 0.5)
+    assert flat.C == C_LIMITS[0] == min(flat.held_out)
+    assert sorted(flat.held_out) == pytest.approx(sorted({*C_GRID, 1e-4, 1e-5, 1e-6, 1e-7}))
+
+
 @pytest.mark.parametrize("grid", [(1e-3, 1e-2, 1e-1), (10.0, 100.0), (1e-7, 1e-6)])
 def test_the_chosen_c_is_interior_to_the_grid_searched(grid):
     """Whatever grid it starts from, the C chosen on the held-out training examples has a tried

@@ -184,7 +184,6 @@ class LinearBaseline(Estimator):
         order = np.random.default_rng(self.seed).permutation(n)
         cut = int(round(n * self.holdout))
         fitted: dict[float, Any] = {}
-        chosen = None  # the best C once a step past the grid's edge gained nothing
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             if len(self._grid) > 1 and cut >= 1 and n - cut >= 2:
@@ -205,18 +204,17 @@ class LinearBaseline(Estimator):
                         judge(C, previous)
                         previous = fitted[C]
                     # widen the grid by a factor of 10 at the edge where the best C lies, until it
-                    # is interior (or at C_LIMITS): a C on the grid's edge may be under-tuned
+                    # is interior (or at C_LIMITS): a C on the grid's edge may be under-tuned. The
+                    # best is always _best's (ties to the smaller C), so a tie past the lower edge
+                    # looks further down, and one past the upper edge leaves the best interior
                     while self.extend:
                         best, tried = _best(self.held_out), sorted(self.held_out)
-                        beyond = best / 10 if best == tried[0] else best * 10 if best == tried[-1] else None
+                        beyond = _decade(best, -1) if best == tried[0] else _decade(best, 1) if best == tried[-1] else None
                         if beyond is None or not C_LIMITS[0] <= beyond <= C_LIMITS[1]:
                             break
                         judge(beyond, fitted[best])
-                        if self.held_out[beyond] <= self.held_out[best]:  # no gain past it: interior now
-                            chosen = best
-                            break
             # the best held-out score; ties go to the stronger regularisation (the smaller C)
-            self.C = chosen if chosen is not None else _best(self.held_out) if self.held_out else self._grid[0]
+            self.C = _best(self.held_out) if self.held_out else self._grid[0]
             if len(np.unique(targets)) < 2:
                 raise InputError("the linear baseline needs at least two labels in the training examples.")
             first = fitted.get(self.C, _last(start.model) if start is not None and start.model is not None else None)
@@ -417,6 +415,12 @@ def _as_logistic(model: Any) -> Logistic | None:
     coef, intercept, classes = (torch.from_numpy(np.asarray(value)) for value in _solution(model))
     return Logistic(mean=torch.zeros(0), scale=torch.ones(0), var=torch.ones(0), classes=classes, C=1.0,
                     coef=coef, intercept=intercept)
+
+
+def _decade(C: float, step: int) -> float:
+    """``C`` times ``10 ** step``, to 12 significant digits (``1e-3 / 10 ** 4`` is
+    ``1.0000000000000002e-07`` in floating point, past which ``C_LIMITS`` would cut the walk)."""
+    return float(f"{C * 10.0 ** step:.12g}")
 
 
 def _best(scores: dict[float, float]) -> float:
