@@ -54,10 +54,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core.checks import whole_number
+from attnlens.core.checks import flag, whole_number
 from attnlens.core.inputs import Words
 from attnlens.core.layouts import word_ids_of
-from attnlens.core.loading import require_bridge
+from attnlens.core.loading import is_causal, require_bridge
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch
 from attnlens.engine.forward import FwdHooks
@@ -113,16 +113,25 @@ def word_presence(word_ids: Int[Tensor, "batch pos"], n_words: int) -> Bool[Tens
 
 
 def predicted_words(
-    words: Float[Tensor, "batch head word word"], present: Bool[Tensor, "batch word"]
+    words: Float[Tensor, "batch head word word"], present: Bool[Tensor, "batch word"], *, causal: bool = False
 ) -> Int[Tensor, "batch head word"]:
     """Each word's most-attended word (Clark et al. 2019, §4.2): the argmax of its
     word-attention row over the other words that have a sub-token. The word itself is excluded
     (as in Clark's code; no word is its own head). The argmax is over the values as they are:
     signed ones (effective attention) count their sign, so a large negative weight is never the
-    prediction. Ties go to the leftmost word."""
+    prediction. Ties go to the leftmost word.
+
+    ``causal`` (a decoder): a word's candidates are the words before it, the only ones its
+    tokens attend to (a later word's 0 would otherwise win the argmax of a row whose earlier
+    words are all 0: the first word always "predicted" the second). A word with no candidate
+    (the first word of a decoder's sentence, or the only word of a sentence) predicts nothing:
+    -1, never a hit."""
     n_words = words.shape[-1]
     blocked = torch.eye(n_words, dtype=torch.bool, device=words.device) | ~present[:, None, None, :]
-    return words.masked_fill(blocked, float("-inf")).argmax(-1)
+    if causal:
+        blocked = blocked | torch.ones(n_words, n_words, dtype=torch.bool, device=words.device).triu(1)
+    predicted = words.masked_fill(blocked, float("-inf")).argmax(-1)
+    return predicted.masked_fill(blocked.all(-1), -1)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,7 +149,8 @@ class DependencyCounts(Accumulator):
     the patterns under its hooks). ``relations``: the
     relations counted (default: those of ``sentences``,
     :func:`attnlens.methods.conllu.relations_of`); arcs of other
-    relations are ignored.
+    relations are ignored. ``causal``: the model is a decoder, whose words attend only to earlier
+    words (:func:`predicted_words`; :func:`dependency_heads` passes the model's).
 
     State (adds up over shards): ``correct`` ``[relation, direction, layer, head]``, ``arcs``
     ``[relation]`` (arcs counted), ``offsets`` ``[relation, direction, offset]`` (correct
@@ -159,8 +169,10 @@ class DependencyCounts(Accumulator):
         *,
         view: Any = "standard",
         relations: Sequence[str] | None = None,
+        causal: bool = False,
     ) -> None:
         self.sentences = list(sentences)
+        self.causal = flag(causal, "causal")
         self.relations = tuple(relations) if relations is not None else relations_of(self.sentences)
         self._view = view if isinstance(view, views.View) else views.get_view(
             view, among=views.names(constants=False), where=" for DependencyCounts")
@@ -239,7 +251,7 @@ class DependencyCounts(Accumulator):
         gold = self._gold
         pattern = self._view.maps(layer)
         words = word_attention(pattern.detach(), gold["word_ids"], gold["width"])
-        by_word = predicted_words(words, gold["present"]).transpose(1, 2)  # [batch, word, head]
+        by_word = predicted_words(words, gold["present"], causal=self.causal).transpose(1, 2)  # [batch, word, head]
         rows, dependents, heads = gold["rows"], gold["dependents"], gold["heads"]
         hits = (
             by_word[rows, dependents] == heads[:, None],  # the dependent's row: its head?
@@ -409,7 +421,7 @@ def dependency_heads(
         )
 
     counts = DependencyCounts(
-        kept, int(model.cfg.n_layers), int(model.cfg.n_heads), view=chosen.view
+        kept, int(model.cfg.n_layers), int(model.cfg.n_heads), view=chosen.view, causal=is_causal(model)
     )
     passes.run(
         model, [Words(s.words) for s in kept], [counts], max_len=max_len, layout=layout,

@@ -277,3 +277,49 @@ def pd_options():
     import pandas as pd
 
     return pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3)
+
+
+#: a sentence whose first word's head is the second: on a decoder the first word sees no other
+#: word, and a later word's 0 once won its row's argmax (every head "found" the nsubj arc)
+FIRST_WORD = """\
+1\tDogs\tdog\tNOUN\tNNS\t_\t2\tnsubj\t_\t_
+2\tbark\tbark\tVERB\tVBP\t_\t0\troot\t_\t_
+3\tloudly\tloudly\tADV\tRB\t_\t2\tadvmod\t_\t_
+4\t.\t.\tPUNCT\t.\t_\t2\tpunct\t_\t_
+
+"""
+
+
+def test_a_decoders_words_predict_only_earlier_words():
+    """On a decoder (tiny GPT-2) every head's counts equal a plain loop over HF-eager word
+    attention (:func:`word_attention_loop`) whose argmax runs over the earlier words only, the
+    first word predicting nothing; the first word's nsubj arc is never a hit (it was, for every
+    head, when a later word's 0 could win the argmax). A word's row holds no weight on later words
+    (causal attention), which the loop checks too."""
+    gpt2 = tiny.gpt2_bridge()
+    text = CONLLU + FIRST_WORD
+    sentences = conllu.read_conllu(text)
+    counts = syntax.DependencyCounts(sentences, gpt2.cfg.n_layers, gpt2.cfg.n_heads, causal=True)
+    corpus = [Words(s.words) for s in sentences]
+    passes.run(gpt2, corpus, [counts], max_len=48, progress=False)
+    batch = attnlens.tokenize(gpt2, corpus, max_len=48)
+    word_ids, width = batch.extra["word_ids"], max(len(s) for s in sentences)
+    expected = torch.zeros_like(counts.correct)
+    for layer in range(gpt2.cfg.n_layers):
+        words = word_attention_loop(pattern_of(gpt2, batch, layer), word_ids, width)
+        for b, sentence in enumerate(sentences):
+            n = len(sentence)
+            assert torch.all(words[b, :, :n, :n].triu(1) == 0)
+            for head in range(gpt2.cfg.n_heads):
+                predicted = [max(range(w), key=lambda j: (float(words[b, head, w, j]), -j)) if w else -1
+                             for w in range(n)]
+                for dependent, parent, relation in sentence.arcs():
+                    r = counts.relations.index(relation)
+                    expected[r, 0, layer, head] += predicted[dependent] == parent
+                    expected[r, 1, layer, head] += predicted[parent] == dependent
+    assert torch.equal(counts.correct, expected)
+    nsubj = counts.relations.index("nsubj")
+    assert int(counts.correct[nsubj, 0].max()) <= 1  # the fox's nsubj arc may be found; the dogs' never
+    table = syntax.dependency_heads(gpt2, text, max_len=48, progress=False)  # the model's causality
+    found = table[(table.direction == "dependent->head") & (table.relation == "nsubj")]
+    assert float(found.accuracy.iloc[0]) * int(found["count"].iloc[0]) == int(counts.correct[nsubj, 0].max())
