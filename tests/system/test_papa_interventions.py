@@ -588,3 +588,31 @@ def test_hooks_refuse_a_model_of_another_kind_or_shape_at_every_call():
     other_shape = papa.fit(tiny.llama_bridge(), tiny.CORPUS[:4], max_len=16, progress=False)
     with pytest.raises(InputError, match="layers x"):
         attnlens.run_with_hooks(gpt, attnlens.tokenize(gpt, tiny.CORPUS[:2], max_len=16), papa.hooks(other_shape))
+
+
+@pytest.mark.parametrize("kind", ["fitted", "toeplitz"])
+def test_maps_of_constants_refuse_a_left_padded_batch(gpt2, kind):
+    """A constant is looked up by position: ``attnlens.maps(model, batch, constants)`` of a
+    left-padded batch (built by hand: attnlens.tokenize pads on the right) read each row's
+    constants at its columns, not at its tokens' positions (up to 0.50 from the constants at the
+    right positions on SmolLM2, with no word), while ``papa.hooks`` refused the same batch. Both
+    now refuse it, by the same check; the right-padded batch's maps are the renormalised constants
+    at their positions (the reference)."""
+    constants = gpt2_constants(gpt2, kind)
+    right = attnlens.tokenize(gpt2, ["the quick brown fox jumps .", "a dog ."], max_len=MAX_LEN)
+    n, width = right.attention_mask.sum(-1), right.input_ids.shape[1]
+    ids, mask = torch.zeros_like(right.input_ids), torch.zeros_like(right.attention_mask)
+    for row in range(2):
+        ids[row, width - n[row]:], mask[row, width - n[row]:] = right.input_ids[row, :n[row]], 1
+    left = attnlens.Batch(ids, mask, torch.zeros_like(ids), 0, "padded", MAX_LEN, token_types=False,
+                          positions_from_mask=True, counts_positions=True)
+    for call in (lambda: attnlens.maps(gpt2, left, constants),
+                 lambda: attnlens.run_with_hooks(gpt2, left, papa.hooks(constants))):
+        with pytest.raises(InputError, match="the inputs are not right-padded .*left padding"):
+            call()
+    maps = attnlens.maps(gpt2, right, constants)
+    short = int(n[1])
+    reference = constants.mean[:, :, :short, :short].double()
+    reference = reference / reference.sum(-1, keepdim=True)
+    # float32 rows of at most 32 entries renormalised: a few units of 6e-8 each; 1e-6 is loose
+    torch.testing.assert_close(maps[:, 1, :, :short, :short].double(), reference, atol=1e-6, rtol=0)

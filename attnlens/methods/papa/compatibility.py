@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from jaxtyping import Bool
+from torch import Tensor
+
 from attnlens.core.loading import is_causal, model_id, weights_fingerprint
 from attnlens.errors import InputError
 
-__all__ = ["check_batch", "check_model", "model_info"]
+__all__ = ["check_batch", "check_model", "check_padding", "model_info"]
 
 
 def model_info(model: Any) -> tuple[str, int, int]:
@@ -73,8 +76,31 @@ def check_batch(constants: Any, batch: Any) -> None:
     padded_papa = constants.layout == "papa" and not getattr(batch, "compact", False)
     if length > constants.max_len or (padded_papa and length != constants.max_len):
         raise InputError(f"{fitted}; the batch has {length} positions.")
+    if not (constants.layout == "papa" and getattr(batch, "compact", False)):  # a compact batch's
+        check_padding(constants, batch.attention_mask.bool().cpu())  # positions: the hooks check them
     pairs = getattr(constants, "pairs", None)
     if pairs is not None and bool(batch.is_pair) != pairs:
         fitted_on = "sentence pairs" if pairs else "single sentences"
         given = "sentence pairs" if batch.is_pair else "single sentences"
         raise InputError(f"constants were fitted on {fitted_on}; the batch holds {given}.")
+
+
+def check_padding(constants: Any, key_mask: Bool[Tensor, "batch key"]) -> None:
+    """Raise unless the real tokens of ``key_mask`` (read: give the host's copy) sit where the
+    constants' layout puts them, since a constant is looked up by position: in the ``"papa"``
+    layout the first and last positions are real tokens (the final separator at ``max_len - 1``);
+    in the ``"padded"`` layout no real token follows padding (a left-padded row's tokens would
+    read the constants of other positions)."""
+    fitted = f"constants were fitted with layout={constants.layout!r}, max_len={constants.max_len}"
+    if constants.layout == "papa":
+        if not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
+            raise InputError(
+                f"{fitted}; the inputs are not in the 'papa' layout (they look like layout='padded': "
+                "the last position is padding). Tokenize with layout='papa'."
+            )
+    elif bool((key_mask[:, 1:] & ~key_mask[:, :-1]).any()):
+        raise InputError(
+            f"{fitted}; the inputs are not right-padded (a real token follows padding: left padding, "
+            "or the 'papa' layout). Tokenize with attnlens.tokenize(model, texts, layout='padded'), "
+            "which pads on the right."
+        )

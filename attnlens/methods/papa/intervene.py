@@ -47,7 +47,7 @@ from attnlens.core.loading import is_causal, require_bridge
 from attnlens.engine.hooks import Hooks
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.baselines import TrainableConstants
-from attnlens.methods.papa.compatibility import check_model
+from attnlens.methods.papa.compatibility import check_model, check_padding
 from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.ranking import resolve_heads
 
@@ -325,19 +325,10 @@ def _check_layout(
                 f"{fitted}; the inputs have length {length}. Tokenize with "
                 f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa').{compact}"
             )
-        if reads and not bool(key_mask[:, 0].all() and key_mask[:, -1].all()):
-            raise InputError(
-                f"{fitted}; the inputs are not in the 'papa' layout (they look like layout='padded': "
-                "the last position is padding). Tokenize with layout='papa'."
-            )
-    else:
-        if length > constants.max_len:
-            raise InputError(f"{fitted}; the inputs have length {length}.")
-        if reads and bool((key_mask[:, 1:] & ~key_mask[:, :-1]).any()):
-            raise InputError(
-                f"{fitted}; the inputs are not right-padded (they look like layout='papa': a real "
-                "token follows padding). Tokenize with layout='padded'."
-            )
+    elif length > constants.max_len:
+        raise InputError(f"{fitted}; the inputs have length {length}.")
+    if reads:
+        check_padding(constants, key_mask)
 
 
 @contextmanager
