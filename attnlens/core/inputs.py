@@ -176,7 +176,10 @@ def tokenize(
     tokenizer, ``"padded"`` for a decoder, which has no [CLS]/[SEP] to fix in place).
     ``layout="papa"`` gives the fixed-position PAPA layout described in this module's docstring;
     ``layout="padded"`` gives ordinary right padding to the longest example, truncated to
-    ``max_len`` (the tokenizer's own special tokens and pair format); a tokenizer without a pad
+    ``max_len`` (the tokenizer's own special tokens and pair format: a decoder's ``<bos> A <bos>
+    B``, whose second start token is the pair's separator; a pair format with nothing between the
+    two sentences, a decoder's that adds no start token, is refused:
+    :func:`attnlens.core.layouts.check_pair_boundary`); a tokenizer without a pad
     token (GPT-2) is padded with its eos token, which the mask hides. The padding goes on the
     right whatever the tokenizer's ``padding_side``: every token then keeps its position
     ``0 .. n-1`` (as when its text runs alone), and PAPA constants, indexed by position, do not

@@ -1,7 +1,8 @@
 """The two layouts of :func:`attnlens.core.inputs.tokenize`, as token ids: the PAPA layout
 (Hassid et al. 2022, Appendix A: fixed positions of the special tokens, :func:`papa`) and
-ordinary right padding (:func:`padded`), for texts, sentence pairs and word lists; and the one
-error for a text with no token (:class:`BlankText`).
+ordinary right padding (:func:`padded`), for texts, sentence pairs and word lists; the error for
+a text with no token (:class:`BlankText`); and the refusal of a pair format with nothing between
+its two sentences (:func:`check_pair_boundary`).
 
 Each returns an :class:`Encoded`, the tensors a :class:`attnlens.core.inputs.Batch` is made of.
 """
@@ -198,12 +199,16 @@ def papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, words:
 
 def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, words: bool) -> Encoded:
     """Right padding to the longest example, truncated to ``max_len``, with the tokenizer's own
-    special tokens and pair format (``words``: word lists, as :func:`papa`)."""
+    special tokens and pair format (``words``: word lists, as :func:`papa`). A pair format must
+    put a token between the two sentences (:func:`check_pair_boundary`): on a decoder, the second
+    sentence's start token (``<bos> A <bos> B``) is the pair's boundary, a separator of
+    :func:`attnlens.methods.stats.token_classes`."""
     if words:
         return padded_words(tokenizer, examples, max_len)
     count = getattr(tokenizer, "num_special_tokens_to_add", None)
     specials = count(pair=is_pair) if count is not None else 0
     if is_pair:
+        check_pair_boundary(tokenizer)
         args = ([a for a, _ in examples], [b for _, b in examples])
         # each sentence of a pair has a token of its own (a blank second sentence is refused)
         parts = [token_ids(tokenizer, sentences) for sentences in args]
@@ -234,6 +239,41 @@ def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, word
             token_type_ids[row, : len(ids)] = torch.tensor(types[row], dtype=torch.long)
     n_truncated = sum(length > max_len for length in lengths)
     return Encoded(input_ids, attention_mask, token_type_ids, int(n_truncated), {})
+
+
+#: :func:`pair_boundary` of each tokenizer seen, found once
+_BOUNDARIES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def pair_boundary(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s own pair format puts a token between the two sentences of a pair:
+    a separator (BERT's ``[CLS] A [SEP] B [SEP]``, RoBERTa's ``<s> A </s></s> B </s>``) or the
+    second sentence's start token (a decoder's ``<bos> A <bos> B``: GPT-2's, Llama's, SmolLM2's),
+    which :func:`attnlens.methods.stats.token_classes` counts as the pair's separator. False
+    where the tokens of the two sentences follow one another (a decoder that adds no start
+    token, Qwen2's): the pair of two one-letter texts holds their tokens side by side. Found once
+    per tokenizer."""
+    if tokenizer not in _BOUNDARIES:
+        first, second = token_ids(tokenizer, ["a", "b"])
+        pair = tokenizer("a", "b", add_special_tokens=True, truncation=False,
+                         split_special_tokens=True)["input_ids"]
+        joined, width = first + second, len(first) + len(second)
+        _BOUNDARIES[tokenizer] = not any(pair[i : i + width] == joined for i in range(len(pair) - width + 1))
+    return _BOUNDARIES[tokenizer]
+
+
+def check_pair_boundary(tokenizer: Any) -> None:
+    """:class:`attnlens.errors.InputError` unless ``tokenizer`` puts a token between the two
+    sentences of a pair (:func:`pair_boundary`): without one, the two sentences' tokens run
+    together into one text that nothing (no segment, no separator statistic) could split again."""
+    if not pair_boundary(tokenizer):
+        raise InputError(
+            f"{type(tokenizer).__name__} puts nothing between the two sentences of a pair: it adds "
+            "no start token (bos_token) and no separator, so their tokens would run together and "
+            "no result could tell the sentences apart. To run pairs, join the two sentences into "
+            "one text yourself (e.g. first + ' ' + second), or give the tokenizer a bos_token that "
+            "it adds before each sentence (as Llama's and SmolLM2's do)."
+        )
 
 
 def padded_words(tokenizer: Any, examples: Sequence[Any], max_len: int) -> Encoded:

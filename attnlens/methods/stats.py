@@ -124,9 +124,14 @@ def token_classes(
 ) -> dict[str, Bool[Tensor, "batch pos"]]:
     """Masks of the start ([CLS] / <s>), separator ([SEP] / </s>) and punctuation positions.
 
-    A tokenizer without [CLS]/[SEP] (GPT-2) has bos and eos instead, often one token
-    (``<|endoftext|>``): then only its first occurrence among each example's real tokens
-    (``valid``; by default position 0) is the start, and the others are separators.
+    A tokenizer without [CLS]/[SEP] (a decoder: GPT-2, the Llama family) has bos and eos
+    instead: only the first bos among each example's real tokens (``valid``; by default position
+    0) is the start, and any later one is a separator (:func:`later_starts`): the boundary of a
+    sentence pair, which a decoder's tokenizer formats as ``<bos> A <bos> B``, as [SEP] is an
+    encoder's; and GPT-2's ``<|endoftext|>``, its bos and its eos in one, away from position 0.
+    A decoder whose tokenizer adds no start token (Qwen2's) has no start position: its
+    ``to_cls`` is 0, and the attention sink on its first token is measured by the ``sink``
+    statistic instead.
     """
     start = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
     sep = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
@@ -134,16 +139,28 @@ def token_classes(
     clipped = input_ids.clamp(max=table.shape[0] - 1)
     none = torch.zeros_like(input_ids, dtype=torch.bool)
     cls = input_ids == start if start is not None else none
-    if start is not None and start == sep:
-        if valid is None:
-            valid = torch.ones_like(input_ids, dtype=torch.bool)
-        first_real = valid & (valid.long().cumsum(-1) == 1)
-        cls = cls & first_real
+    later = none
+    if start is not None and (tokenizer.cls_token_id is None or start == sep):
+        cls, later = later_starts(cls, valid)
     return {
         "cls": cls,
-        "sep": (input_ids == sep) & ~cls if sep is not None else none,
+        "sep": ((input_ids == sep) | later) & ~cls if sep is not None else later,
         "punct": table[clipped],
     }
+
+
+def later_starts(
+    start: Bool[Tensor, "batch pos"], valid: Bool[Tensor, "batch pos"] | None = None
+) -> tuple[Bool[Tensor, "batch pos"], Bool[Tensor, "batch pos"]]:
+    """``(first, later)``: the start tokens (``start``) that are each example's first real token
+    (``valid``; by default position 0), and the others, which a decoder's start token is only
+    as the boundary of a sentence pair (its second sentence's start token) or as GPT-2's shared
+    bos/eos: :func:`token_classes` counts them as separators, and
+    :meth:`attnlens.methods.patterns.Positions.from_tokens` alike."""
+    if valid is None:
+        valid = torch.ones_like(start)
+    first = start & valid & (valid.long().cumsum(-1) == 1)
+    return first, start & ~first
 
 
 #: the statistics that sum a row's attention over a set of keys, in :data:`STATISTICS`' order:

@@ -121,7 +121,8 @@ def _nonzero(scale: Tensor) -> Tensor:
 def segments_of(separators: Sequence[bool], is_pair: bool) -> list[int]:
     """The segment of each token, 0 (first sentence) or 1 (second): for a pair the first segment
     runs up to the first run of separator tokens included (``[CLS] A [SEP]``, RoBERTa's
-    ``<s> A </s></s>``), the second after it; a single text is all 0."""
+    ``<s> A </s></s>``, a decoder's ``<bos> A <bos>``: its second start token is a separator of
+    :func:`attnlens.methods.stats.token_classes`), the second after it; a single text is all 0."""
     flags = [bool(s) for s in separators]
     if not is_pair:
         return [0] * len(flags)

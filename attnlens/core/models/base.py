@@ -51,9 +51,6 @@ class Architecture:
     - ``seam``: see :data:`Seam`;
     - ``layout``: the default input layout of PAPA constants (``"papa"``: fixed [CLS]/[SEP]
       positions; ``"padded"``: left-aligned, right padding, no fixed separator);
-    - ``start_token`` / ``separator_token``: the tokenizer attributes naming the start and
-      separator tokens (``cls_token``/``sep_token`` on BERT, ``bos_token``/``eos_token`` on
-      decoders), used by the PAPA layout and by attention statistics;
     - ``positions_from_mask``: position ids come from the attention mask (decoders), so a
       left-padded text keeps the positions it has alone; else the model's own positions;
     - ``counts_positions``: the model numbers the real tokens itself, skipping padding (RoBERTa
@@ -90,8 +87,6 @@ class Architecture:
     causal: bool
     seam: Seam
     layout: str
-    start_token: str = "cls_token"
-    separator_token: str = "sep_token"
     positions_from_mask: bool = False
     counts_positions: bool = False
     reserved_positions: Callable[[Any], int] = field(default=_no_reserved_positions)

@@ -16,7 +16,8 @@ is transparent instead: every row of a map is split into disjoint template regio
 - ``special``: the special-token columns ([CLS]/[SEP], <s>/</s>, a decoder's BOS);
 - ``diagonal``: the band of offsets −1, 0, +1 from the query, special columns excluded;
 - ``block``: for a sentence pair, the rest of the query's own segment (neither special nor in the
-  band); empty for a single sentence;
+  band); empty for a single sentence. Segments end at separators: an encoder's middle [SEP], a
+  decoder pair's second start token (``<bos> A <bos> B``; :func:`attnlens.methods.stats.token_classes`);
 
 and the map's share of attention in each region, averaged over its valid query rows, is
 corrected for chance, the share uniform attention over the same visible keys would put there
@@ -69,7 +70,7 @@ from attnlens.core.result import Result, frame
 from attnlens.errors import InputError
 from attnlens.methods import views
 from attnlens.methods.patterns.maps_check import check_maps
-from attnlens.methods.stats import batch_classes, token_classes
+from attnlens.methods.stats import batch_classes, later_starts, token_classes
 
 #: Kovaleva et al.'s five types, in the order of :attr:`Classification.scores`' last axis
 TYPES: tuple[str, ...] = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
@@ -86,6 +87,8 @@ BAND: tuple[int, ...] = (-1, 0, 1)
 #: token strings read as special by :meth:`Positions.from_tokens`
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|</?s>|<\|[^|]*\|>|<bos>|<eos>)$")
 _SEPARATORS = frozenset({"[SEP]", "</s>"})
+#: token strings read as an example's start token by :meth:`Positions.from_tokens` when first
+_STARTS = re.compile(r"^(\[CLS\]|<s>|<\|[^|]*\|>|<bos>)$")
 
 
 @dataclass
@@ -95,7 +98,9 @@ class Positions:
     ``key_mask``: ``[batch, key]``, True for real tokens; ``special``: ``[batch, key]``, True for
     special tokens ([CLS]/[SEP], <s>/</s>, BOS); ``segment``: ``[batch, key]``, the segment of
     each position (the number of separators before it, so a pair's second sentence has another
-    segment than its first); ``causal``: a decoder's map (query ``q`` sees keys ``≤ q``).
+    segment than its first: after an encoder's middle [SEP], or after a decoder pair's second
+    start token, ``<bos> A <bos> B``, a separator of :func:`attnlens.methods.stats.token_classes`);
+    ``causal``: a decoder's map (query ``q`` sees keys ``≤ q``).
     """
 
     key_mask: Bool[Tensor, "batch key"]
@@ -114,8 +119,10 @@ class Positions:
                     length: int | None = None) -> Positions:
         """From token strings, one list per example (or one list for one example). Special:
         ``[CLS]``-like (``[A-Z]+`` in brackets), ``<s>``, ``</s>``, ``<|...|>``, ``<bos>``,
-        ``<eos>``; separators: ``[SEP]`` and ``</s>``. Examples shorter than ``length`` (default:
-        the longest) are padded."""
+        ``<eos>``; separators: ``[SEP]``, ``</s>`` and, as in :func:`attnlens.methods.stats.token_classes`,
+        a later occurrence of the example's start token (its first token, when ``[CLS]``, ``<s>``,
+        ``<|...|>`` or ``<bos>``): a decoder pair's second start token (``<bos> A <bos> B``).
+        Examples shorter than ``length`` (default: the longest) are padded."""
         if isinstance(tokens, str) or not isinstance(tokens, Sequence) or not tokens:
             raise InputError(
                 f"tokens must be a list of token strings (one example) or a list of such lists, "
@@ -130,19 +137,24 @@ class Positions:
         mask = torch.zeros(len(examples), width, dtype=torch.bool)
         special = torch.zeros_like(mask)
         separator = torch.zeros_like(mask)
+        start = torch.zeros_like(mask)
         for i, example in enumerate(examples):
             if len(example) > width:
                 raise InputError(f"example {i} has {len(example)} tokens, more than the map's {width} positions.")
             mask[i, : len(example)] = True
             special[i, : len(example)] = torch.tensor([bool(_SPECIAL.match(t)) for t in example])
             separator[i, : len(example)] = torch.tensor([t in _SEPARATORS for t in example])
-        return cls(mask, special, _segments(separator), causal)
+            if example and _STARTS.match(example[0]):
+                start[i, : len(example)] = torch.tensor([t == example[0] for t in example])
+        _, later = later_starts(start, mask)  # a decoder pair's second start token
+        return cls(mask, special, _segments(separator | later), causal)
 
     @classmethod
     def from_batch(cls, batch: Any, tokenizer: Any = None, *, causal: bool | None = None) -> Positions:
         """From a :class:`attnlens.core.inputs.Batch` and its tokenizer, or a
         :class:`attnlens.engine.accumulator.PassBatch` (which knows its model). Special: the start and
-        separator tokens of :func:`attnlens.methods.stats.token_classes`."""
+        separator tokens of :func:`attnlens.methods.stats.token_classes`, whose separators (a
+        decoder pair's second start token among them) end the segments."""
         if causal is not None:
             flag(causal, "causal (whether the maps are a decoder's; None: from the model)")
         model = getattr(batch, "model", None)
