@@ -53,7 +53,7 @@ import attnlens
 from attnlens.engine import effective as engine_effective
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns
-from attnlens.engine.effective import cholesky_inverse_factor
+from attnlens.engine.bases import cholesky_inverse_factor
 from attnlens.engine.forward import run_patterns
 from attnlens.methods.effective import effective_attention, run
 from attnlens.methods.effective.reference import effective_attention_loop

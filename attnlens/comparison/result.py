@@ -207,7 +207,7 @@ class Comparison(Result):
         """CircuitsVis's ``attention_heads`` view of ``view`` for the kept example (``example``:
         ``None`` or :attr:`example_index`), offline (:func:`attnlens.present.export.to_circuitsvis`):
         every head of ``layer``, or of every layer (named ``L{layer}H{head}``). Keys after the
-        query are blanked on a decoder, except for effective attention, which reaches them;
+        query are blanked on a decoder, effective attention's too (causal there);
         signed views get a colour range symmetric about 0. Needs
         ``pip install "attnlens[circuitsvis]"``."""
         patterns, tokens = comparison_maps(self, example, view)

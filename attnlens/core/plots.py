@@ -398,7 +398,8 @@ def side_by_side(
     diverging and centred on 0 for views whose values leave [0, 1] (or as ``diverging`` says,
     e.g. ``{"effective": True}``), sequential otherwise. Hover names the layer, head, view, query
     and key tokens and the value. ``causal=True`` blanks keys after the query (a mapping says it
-    per view: a decoder's effective attention does reach later keys, e.g. ``{"effective": False}``).
+    per view, e.g. ``{"standard": True, "mine": False}`` for a signed map of your own that reaches
+    later keys; a decoder's effective attention is causal).
     """
     go = _plotly()[0]
     if not views:

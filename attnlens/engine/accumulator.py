@@ -40,6 +40,7 @@ from torch import Tensor
 
 from attnlens.core import devices
 from attnlens.core.inputs import Batch
+from attnlens.core.loading import is_causal
 from attnlens.engine.effective import effective_attention
 from attnlens.errors import InputError, InputTypeError, ModelBehaviourError
 
@@ -184,9 +185,11 @@ class LayerPatterns:
                 "on the accumulator that reads LayerPatterns.effective."
             )
 
+        # on a decoder, causal: each row projected onto the values of the keys it reads
+        causal = self.batch.shared("causal", lambda: is_causal(self.batch.model))
         return self.shared("effective", lambda: effective_attention(  # the model's: not checked
             self.pattern, self.values, key_mask=self.key_mask, check=False, shortest=self.batch.shortest,
-            **self.options
+            **{"causal": causal, **self.options}
         ))
 
 

@@ -20,7 +20,7 @@ build ``U``; every head gets the cheapest one that is certified for it:
   ``G = V_validᵀ V_valid = L Lᵀ`` and ``U₁ = V_valid L⁻ᵀ``, then one refinement step
   ``U = U₁ (I − E/2 + 3E²/8)`` with ``E = U₁ᵀU₁ − I``, the second-order expansion of
   ``(I + E)^(-1/2)``, which leaves an orthogonality defect of order ``E³``. ``E`` is about
-  ``eps · κ(V)²``; the head is accepted when ``max |E| ≤`` :data:`REFINE_MAX_DEFECT` (``κ`` up to
+  ``eps · κ(V)²``; the head is accepted when ``max |E| ≤`` :data:`~attnlens.engine.bases.REFINE_MAX_DEFECT` (``κ`` up to
   about 200) and a cheap certificate proves every singular value above the tolerance
   (``σ_min² ≥ 1 / ‖L⁻¹‖_F²`` and ``σ_max² ≤ trace G``). The remaining error is that of the
   subspace, about ``eps · κ``: on MiniLM activations (``κ < 60`` for sequences of 40 keys or more)
@@ -37,7 +37,7 @@ build ``U``; every head gets the cheapest one that is certified for it:
   one read a batch), and only those heads get it, the same arithmetic per head as on the CPU;
   heads up to :data:`NO_READ_WIDTH` wide (none by default) instead get every head's exact
   basis, taken where the refined one is not certified (``torch.where``: no read).
-- QR route (float64 inputs, or any ``rtol`` below :data:`GRAM_MIN_RTOL`): ``V_valid = Q R``,
+- QR route (float64 inputs, or any ``rtol`` below :data:`~attnlens.engine.bases.GRAM_MIN_RTOL`): ``V_valid = Q R``,
   ``R = U_R Σ W_Rᵀ`` (SVD of the small ``R``), ``U = Q U_R[:, kept]``, accurate to float64
   working precision but slower.
 
@@ -68,15 +68,18 @@ computed for it, once every head's values are certified independent
 Llama, Qwen2, Mistral) gives a repeated token the same values at its first layer, and a sequence
 not certified is decomposed like a long one. With an explicit ``rtol`` every sequence is
 decomposed, since a large tolerance can drop directions of a short one too.
+
+Causal models
+-------------
+On a decoder (``causal=True``) each row is projected onto the values of the keys its query reads:
+:mod:`attnlens.engine.effective_causal`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import sys
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +90,11 @@ from torch import Tensor
 from attnlens.core import devices
 from attnlens.core.checks import describe, finite, finite_tensor, flag
 from attnlens.core.seam import key_mask as infer_key_mask
+from attnlens.engine import bases
+from attnlens.engine.bases import GRAM_MIN_RTOL, cholesky_inverse_factor
+from attnlens.engine.effective_causal import causal_effective_attention
 from attnlens.errors import InputError, InputTypeError
 
-#: smallest ``rtol`` the refined and exact routes resolve reliably; below it the QR route is used
-GRAM_MIN_RTOL = 1e-6
 #: widest head whose exact basis the device route computes for every head, with no read of the
 #: device (taken where the refined one is not certified); wider heads take one read of whether
 #: any head needs it, and only those heads get it. 0: every head reads. The exact basis of every
@@ -103,9 +107,6 @@ GRAM_MIN_RTOL = 1e-6
 #: heads, thousands of calls a batch. ``benchmarks/effective.py --device cuda`` times
 #: ``effective.run`` both ways (this at 0 and at ``d_head``), ``compare_cost.py`` ``compare``, for a GPU to choose
 NO_READ_WIDTH = 0
-#: largest orthogonality defect ``max |U₁ᵀU₁ − I|`` of the float32 first pass that the refined route
-#: accepts; beyond it (measured: ``κ(V)`` above about 200) a head goes to the float64 exact route
-REFINE_MAX_DEFECT = 1e-3
 
 
 #: d_head values already warned about by :func:`warn_if_short` (once per process each)
@@ -175,6 +176,7 @@ def effective_attention(
     padded: bool = False,
     check: bool = True,
     shortest: int | None = None,
+    causal: bool = False,
 ) -> Float[Tensor, "batch head query key"]:
     """Effective attention ``A⊥ = A P``: the part of each attention row that reaches the output.
 
@@ -216,6 +218,17 @@ def effective_attention(
     :mod:`attnlens.engine.effective` for the routes and their accuracy. Returns a new tensor of
     ``pattern``'s shape, dtype and device.
 
+    ``causal``: a decoder's pattern (square, query ``q`` at key position ``q``): each row is
+    projected onto the values of the valid keys ``k ≤ q`` only, ``A⊥[q, :q+1] = V_≤q G_q⁺ o_q``
+    with ``G_q = V_≤qᵀ V_≤q`` and ``o_q = (A V)_q``, and ``A⊥[q, k > q] = 0``: lower-triangular,
+    with ``A⊥ V = A V`` row by row from the keys each query reads (see "Causal models" in
+    :mod:`attnlens.engine.effective`). ``rtol`` then applies to each row's ``V_≤q`` (default
+    ``max(n_q, d_head) · eps``); padded keys' columns are 0, and a row's weight on keys after it
+    (a left-padded run's padded query rows, which see no key) is dropped; ``padded=True`` takes
+    every position up to ``q``. :func:`attnlens.methods.effective.run`, ``hooks``, ``statistics``
+    and the passes set it from :func:`attnlens.core.loading.is_causal`. Default False (an
+    encoder: the whole sequence's values, unchanged).
+
     ``shortest``: the fewest valid keys of a sequence of the batch, where the caller knows it
     without reading the device (a pass, from the host's copy of its inputs); above ``d_head`` no
     sequence is short, and off the CPU their certificate is not computed. None: not known.
@@ -243,6 +256,7 @@ def effective_attention(
             )
     flag(padded, "padded")
     flag(check, "check")
+    flag(causal, "causal")
     rtol = check_rtol(rtol)
     if check:
         finite_tensor(v, "v (the values)")
@@ -265,7 +279,7 @@ def effective_attention(
     if padded:
         valid = torch.ones(batch, n_keys, dtype=torch.bool, device=pattern.device)
     elif key_mask is None:
-        valid = infer_key_mask(pattern)
+        valid = infer_key_mask(pattern, causal=causal) if causal else infer_key_mask(pattern)
     else:
         valid = key_mask.to(device=pattern.device, dtype=torch.bool)
     lengths = valid.sum(-1)
@@ -277,6 +291,14 @@ def effective_attention(
     eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
     smallest = rtol if rtol is not None else (d_head + 1) * eps
     use_qr = v.dtype == torch.float64 or smallest < GRAM_MIN_RTOL
+    if causal:
+        if pattern.shape[2] != n_keys:
+            raise InputError(
+                f"causal=True needs a square pattern (query i is key position i), got {pattern.shape[2]} "
+                f"queries and {n_keys} keys; pass causal=False for a pattern of other queries."
+            )
+        return causal_effective_attention(pattern, v, valid, rtol, use_qr,
+                                          every=not devices.reads_are_free(pattern) and v.shape[-1] <= NO_READ_WIDTH)
     if not devices.reads_are_free(pattern):
         return _on_device(pattern, v, valid, lengths, rtol, use_qr, shortest)
     if rtol is None:
@@ -359,8 +381,9 @@ def _independent_values(
     The ``key x key`` Gram matrix ``H = V_valid V_validᵀ`` in float64 (a padded key gets a unit
     row of its own at the scale of the largest valid one, so that it decouples) is factored
     ``H = L Lᵀ``, and every singular value must pass ``tolerance`` (the certificate of
-    :func:`_full_rank_certified`), but never less than :data:`GRAM_MIN_RTOL`: float64 resolves
-    ``H``'s eigenvalues to about ``1e-15 ‖H‖``, so singular values of ``V`` down to about
+    :func:`~attnlens.engine.bases.full_rank_certified`), but never less than
+    :data:`~attnlens.engine.bases.GRAM_MIN_RTOL`: float64 resolves ``H``'s eigenvalues to about
+    ``1e-15 ‖H‖``, so singular values of ``V`` down to about
     ``3e-8 σ_max``, and a factorisation that succeeds on rounding alone passes no smaller
     tolerance. A sequence not certified is decomposed, which finds its rank either way.
 
@@ -382,7 +405,7 @@ def _independent_values(
     diagonal.add_((~valid).repeat_interleave(n_heads, dim=0) * torch.where(largest > 0, largest, 1.0))
     factor_inv, info = cholesky_inverse_factor(gram)
     floor = tolerance.to(device=gram.device, dtype=torch.float64).clamp_min(GRAM_MIN_RTOL)
-    certified = (info == 0) & _full_rank_certified(gram, factor_inv, floor.repeat_interleave(n_heads))
+    certified = (info == 0) & bases.full_rank_certified(gram, factor_inv, floor.repeat_interleave(n_heads))
     return certified.view(batch, n_heads).all(-1).to(device)
 
 
@@ -417,126 +440,23 @@ def _column_space_basis(
     flat = values.reshape(batch * n_heads, n_keys, d_head)
     tolerance = tolerance.to(device=flat.device).repeat_interleave(n_heads)  # one per matrix
     if use_qr:
-        basis = _basis_qr(flat, tolerance)
+        basis = bases.basis_qr(flat, tolerance)
         if padded:  # Householder vectors may leave rounding on the zeroed rows
             basis = basis * valid.repeat_interleave(n_heads, dim=0)[:, :, None].to(basis.dtype)
     else:
         if refined:
-            basis, certified = _basis_refined(flat, tolerance)
+            basis, certified = bases.basis_refined(flat, tolerance)
         else:
             basis = torch.zeros_like(flat)
             certified = torch.zeros(flat.shape[0], dtype=torch.bool, device=flat.device)
         if needed is not None:
             certified = (certified.view(batch, n_heads) | ~needed.to(certified.device)[:, None]).view(-1)
         if not reads and d_head <= NO_READ_WIDTH:  # the exact basis of every head, taken where the fast one fails
-            fallback = _basis_exact(flat.double(), tolerance).to(basis.dtype)
+            fallback = bases.basis_exact(flat.double(), tolerance).to(basis.dtype)
             basis = torch.where(certified[:, None, None], basis, fallback)
         else:  # (off the CPU too: one read, which heads need it; the exact basis of those alone)
             heads = (~certified).nonzero().squeeze(-1)
             if heads.numel():
-                basis[heads] = _basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
+                basis[heads] = bases.basis_exact(flat[heads].double(), tolerance[heads]).to(basis.dtype)
     basis = basis.reshape(batch, n_heads, n_keys, d_head)
     return basis if device.type != "mps" else basis.to(device=device, dtype=torch.float32)
-
-
-@contextlib.contextmanager
-def _single_threaded(device: torch.device) -> Iterator[None]:
-    """Run batched LAPACK calls on many tiny matrices with one CPU thread.
-
-    Torch calls LAPACK once per matrix; with several threads each call may open a parallel region,
-    which costs little on an idle machine but up to a scheduler time slice per matrix on a busy
-    one (measured: a batch of 384 triangular solves 0.8 s with 2 threads vs 4 ms with 1).
-    """
-    threads = torch.get_num_threads()
-    if device.type != "cpu" or threads == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def cholesky_inverse_factor(gram: Tensor) -> tuple[Tensor, Tensor]:
-    """``L⁻¹`` for the Cholesky factor ``gram = L Lᵀ`` of each matrix, and LAPACK's ``info``."""
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device).expand_as(gram)
-    with _single_threaded(gram.device):
-        factor, info = torch.linalg.cholesky_ex(gram)
-        return torch.linalg.solve_triangular(factor, eye, upper=False), info
-
-
-def _full_rank_certified(gram: Tensor, factor_inv: Tensor, tolerance: Tensor) -> Tensor:
-    """Cheap sufficient test that every singular value of ``V`` passes ``tolerance · σ_max``.
-
-    ``σ_min² ≥ 1 / ‖L⁻¹‖_F²`` and ``σ_max² ≤ trace G``, without an eigendecomposition. NaNs
-    (a failed factorisation) give False.
-    """
-    inverse_norm2 = torch.linalg.vector_norm(factor_inv, dim=(-2, -1)) ** 2
-    trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
-    return inverse_norm2 * trace * tolerance.to(gram.dtype) ** 2 < 1.0
-
-
-def _basis_refined(
-    flat: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]
-) -> tuple[Float[Tensor, "matrix key d_head"], Bool[Tensor, "matrix"]]:
-    """float32 Cholesky QR with one refinement step, and which matrices it certifies.
-
-    First pass ``U₁ = V L⁻ᵀ`` from the float32 Gram matrix; its orthogonality defect
-    ``E = U₁ᵀU₁ − I`` (about ``eps · κ(V)²``) is removed by ``U = U₁ (I − E/2 + 3E²/8)``, the
-    second-order expansion of ``(I + E)^(-1/2)`` (residual defect of order ``E³``). Certified:
-    the factorisation succeeded, ``max |E| ≤`` :data:`REFINE_MAX_DEFECT`, and every singular value
-    passes the tolerance. Uncertified matrices' columns are meaningless (possibly NaN).
-    """
-    gram = flat.mT @ flat  # [matrix, d_head, d_head]
-    factor_inv, info = cholesky_inverse_factor(gram)
-    first = flat @ factor_inv.mT
-    defect = first.mT @ first
-    defect.diagonal(dim1=-2, dim2=-1).sub_(1.0)
-    correction = torch.baddbmm(defect, defect, defect, beta=-0.5, alpha=0.375)  # -E/2 + 3E²/8
-    correction.diagonal(dim1=-2, dim2=-1).add_(1.0)
-    basis = first @ correction
-    largest_defect = defect.abs().amax(dim=(-2, -1))
-    certified = (
-        (info == 0)
-        & (largest_defect <= REFINE_MAX_DEFECT)
-        & _full_rank_certified(gram, factor_inv, tolerance)
-    )
-    return basis, certified
-
-
-def _basis_qr(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]) -> Tensor:
-    """float64 QR route: ``V = Q R``, SVD of the small ``R``, kept left singular vectors ``Q U_R``."""
-    with _single_threaded(v64.device):
-        q, r = torch.linalg.qr(v64, mode="reduced")  # q: [.., key, d_head], r: [.., d_head, d_head]
-        u_r, sigma, _ = torch.linalg.svd(r)
-    keep = sigma > tolerance[:, None] * sigma[..., :1]
-    basis = q @ (u_r * keep[..., None, :].to(u_r.dtype))  # [.., key, min(key, d_head)]
-    short = v64.shape[-1] - basis.shape[-1]  # fewer keys than d_head: pad with zero columns
-    return torch.nn.functional.pad(basis, (0, short)) if short else basis
-
-
-def _basis_exact(v64: Float[Tensor, "matrix key d_head"], tolerance: Float[Tensor, "matrix"]) -> Tensor:
-    """float64 exact route: ``U = V Q_r Σ_r⁻¹`` over the eigenpairs of ``G = VᵀV`` kept by
-    ``tolerance`` (the heads the refined route does not certify)."""
-    return _eigen_basis(v64, v64.mT @ v64, tolerance)
-
-
-def _eigh(gram: Tensor) -> tuple[Tensor, Tensor]:
-    """``torch.linalg.eigh(gram)``, without its read of the error codes off the CPU."""
-    if devices.reads_are_free(gram) or not hasattr(torch, "_linalg_eigh"):
-        return torch.linalg.eigh(gram)
-    eigenvalues, vectors = torch._linalg_eigh(gram, "L", True)
-    return eigenvalues, vectors
-
-
-def _eigen_basis(v64: Tensor, gram: Tensor, tolerance: Tensor) -> Tensor:
-    """The exact rule ``U = V Q_r Σ_r⁻¹`` over the eigenpairs of ``G = VᵀV`` kept by ``tolerance``."""
-    with _single_threaded(gram.device):
-        # torch.linalg.eigh reads LAPACK's error codes back (a wait on a GPU); its kernel without
-        # that check gives the same pairs (a symmetric matrix has them; NaN input gives NaN)
-        eigenvalues, vectors = _eigh(gram)
-    eigenvalues = eigenvalues.clamp_min(0.0)
-    keep = eigenvalues > tolerance[:, None] ** 2 * eigenvalues[:, -1:]
-    scale = torch.where(keep, eigenvalues.clamp_min(torch.finfo(torch.float64).tiny).rsqrt(), 0.0)
-    return v64 @ (vectors * scale[:, None, :])

@@ -98,7 +98,12 @@ class View:
     operator instead of one per layer on a GPU): true of maps made example by example from the
     pattern and values alone (``"standard"``, ``"effective"``) and of a view given by
     constants (``"papa"``: :meth:`read` makes a stack's maps with one call of the constants'
-    ``layer_pattern``), not of those that read a layer's own weights (``"norm"``: ``W_O``)."""
+    ``layer_pattern``), not of those that read a layer's own weights (``"norm"``: ``W_O``).
+
+    ``causal``: on a decoder its maps hold no weight on keys after the query (true of every view
+    registered here: a decoder's effective attention projects each row onto the values of the
+    keys its query reads, :mod:`attnlens.engine.effective_causal`), so figures blank those keys;
+    False for a view of your own whose maps may reach them."""
 
     name: str
     description: str
@@ -112,6 +117,7 @@ class View:
     reads: frozenset[str] = frozenset({"pattern"})
     raw: Callable[[Any], Any] | None = None
     stacks: bool = False
+    causal: bool = True
 
     def __post_init__(self) -> None:
         reads = frozenset(self.reads)

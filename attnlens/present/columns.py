@@ -22,6 +22,14 @@ COLUMNS: tuple[str, ...] = (
 )
 
 
+def is_causal_on_decoders(view: str) -> bool:
+    """Whether ``view``'s maps hold no weight after the query on a decoder:
+    :attr:`attnlens.methods.views.View.causal` of the view registered under that name now (a name
+    not registered, from a comparison read from JSON: True, as the registered views)."""
+    view_value = views.REGISTRY.get(view)
+    return view_value is None or view_value.causal
+
+
 def is_signed(view: str) -> bool:
     """Whether ``view``'s maps can leave [0, 1] (drawn on a diverging colour scale, rows that
     need not sum to 1): :attr:`attnlens.methods.views.View.signed` of the view registered under

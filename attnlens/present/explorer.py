@@ -32,6 +32,7 @@ import torch
 from attnlens.core import plots
 from attnlens.present import kept
 from attnlens.present.columns import is_signed
+from attnlens.present.figures import blank_later_keys
 
 # a comparison (attnlens.comparison.result.Comparison) arrives as an argument: the comparison imports the
 # presentation layer, never the other way round
@@ -252,7 +253,7 @@ def data(c: Comparison, grids: list[str]) -> dict[str, Any]:
     return {
         "views": views,
         "signed": {view: view in store.signed for view in views},
-        "blank": {view: bool(c.causal) and not is_signed(view) for view in views},
+        "blank": {view: blank_later_keys(c, view) for view in views},
         "zero": kept.SIGNED_ZERO,
         "n_layers": c.n_layers,
         "n_heads": c.n_heads,

@@ -121,9 +121,9 @@ def to_circuitsvis(
 
     ``pattern``: ``[head, query, key]`` (or one ``[query, key]`` map): row ``q`` is what query
     position ``q`` gives each key position; ``tokens``: one per position. ``causal``: whether
-    keys after the query are blanked (CircuitsVis's ``mask_upper_tri``): True for a decoder's own
-    attention, False for an encoder's and for effective attention, which reaches later keys
-    (Brunner et al. 2020). ``signed``: whether values can be negative (default: whether some
+    keys after the query are blanked (CircuitsVis's ``mask_upper_tri``): True for a decoder's maps
+    (its effective attention included, which is causal: :mod:`attnlens.engine.effective_causal`),
+    False for an encoder's. ``signed``: whether values can be negative (default: whether some
     are); a signed map gets the colour range ``[−m, m]``, ``m = max |a|``, an unsigned one
     ``[0, max(1, max a)]``. ``head_names`` label the heads (default ``Head 0`` ...).
 

@@ -16,7 +16,13 @@ from attnlens.core import plots
 from attnlens.methods import patterns
 from attnlens.methods.patterns.templates import TYPES
 from attnlens.methods.stats import STATISTICS
-from attnlens.present.columns import BROAD_BELOW, COLUMN_DOCS, TARGETS, is_signed
+from attnlens.present.columns import (
+    BROAD_BELOW,
+    COLUMN_DOCS,
+    TARGETS,
+    is_causal_on_decoders,
+    is_signed,
+)
 
 #: the tiled-patterns figures show at most this many tokens of the example (keeps reports small)
 MAX_TILED_TOKENS = 64
@@ -99,6 +105,7 @@ def build_figures(comparison: Any) -> dict[str, Any]:
 
 
 def blank_later_keys(comparison: Any, view: str) -> bool:
-    """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view but
-    effective attention, which reaches later keys (``A⊥ = A P`` mixes all value vectors)."""
-    return comparison.causal and not is_signed(view)
+    """Whether a figure of ``view`` blanks keys after the query: on decoders, for every view whose
+    maps hold nothing there (:func:`attnlens.present.columns.is_causal_on_decoders`: every
+    registered one, effective attention included, which is causal on a decoder)."""
+    return bool(comparison.causal) and is_causal_on_decoders(view)

@@ -259,10 +259,11 @@ def test_to_json_round_trip(comparison):
     assert set(restored.figures) == set(comparison.figures)
 
 
-def test_decoder_patterns_are_masked_above_the_diagonal_except_effective_attention():
+def test_decoder_patterns_are_masked_above_the_diagonal():
     """GPT-2 (no [CLS]/[SEP], no pad token) with every view: PAPA constants come from padded
-    texts; standard and PAPA figures blank later keys, effective attention (which reaches them,
-    A⊥ = A P) shows its values there, as the example patterns hold them."""
+    texts; every view's figures blank later keys, effective attention too (a decoder's rows are
+    projected onto the values of the keys they read: 0 after the query, exactly, as the example
+    patterns hold them)."""
     from tests.tiny import CORPUS, gpt2_tokenizer, tiny_gpt2
 
     model = attnlens.load(tiny_gpt2(), tokenizer=gpt2_tokenizer())
@@ -273,21 +274,21 @@ def test_decoder_patterns_are_masked_above_the_diagonal_except_effective_attenti
     text = "".join(t for t in result.example_tokens if t not in model.tokenizer.all_special_tokens)
     assert text and CORPUS[result.example_index].startswith(text)
     n = len(result.example_tokens)
-    upper = np.triu_indices(n, k=1)
-    for view in ("standard", "papa"):
+    upper, lower = np.triu_indices(n, k=1), np.tril_indices(n)
+    for view in result.views:
         tile = np.asarray(result.figures[f"patterns_{view}"].data[0].z)[:n, :n]
-        assert np.isnan(tile[upper]).all()
-        assert not np.isnan(tile[np.tril_indices(n)]).any()
-    tile = np.asarray(result.figures["patterns_effective"].data[0].z)[:n, :n]
+        assert np.isnan(tile[upper]).all(), view
+        assert not np.isnan(tile[lower]).any(), view
     expected = result.example_patterns["effective"][0, 0]
-    np.testing.assert_allclose(tile[upper], expected[upper], atol=1e-6)
-    assert np.abs(expected[upper]).max() > 1e-3
+    assert np.all(expected[upper] == 0)
+    tile = np.asarray(result.figures["patterns_effective"].data[0].z)[:n, :n]
+    np.testing.assert_allclose(tile[lower], expected[lower], atol=1e-6)
     panels = {trace.name: np.asarray(trace.z) for trace in result.figures["side_by_side"].data}
     layer, head = result.focus
     np.testing.assert_allclose(
-        panels["effective"][upper], result.example_patterns["effective"][layer, head][upper], atol=1e-6
+        panels["effective"][lower], result.example_patterns["effective"][layer, head][lower], atol=1e-6
     )
-    assert np.isnan(panels["standard"][upper]).all()
+    assert np.isnan(panels["standard"][upper]).all() and np.isnan(panels["effective"][upper]).all()
 
 
 def test_long_example_is_cropped_in_the_tiled_figure(comparison):

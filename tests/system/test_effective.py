@@ -13,6 +13,7 @@ import torch
 
 import attnlens
 from attnlens.core import devices
+from attnlens.engine import bases
 from attnlens.engine import effective as core
 from attnlens.methods.effective import effective_attention
 from attnlens.methods.effective.reference import effective_attention_loop
@@ -136,8 +137,8 @@ def test_badly_conditioned_values_take_the_float64_route_and_still_match(activat
     spread = torch.logspace(0, -np.log10(condition), D_HEAD, dtype=torch.float64)
     conditioned = ((left * (sigma[..., :1] * spread)[..., None, :]) @ right).float()
     routed = []
-    original = core._basis_exact
-    monkeypatch.setattr(core, "_basis_exact", lambda v64, tol: routed.append(len(v64)) or original(v64, tol))
+    original = bases.basis_exact
+    monkeypatch.setattr(bases, "basis_exact", lambda v64, tol: routed.append(len(v64)) or original(v64, tol))
     got = effective_attention(pattern, conditioned, key_mask=valid)
     expected = torch.from_numpy(effective_attention_loop(pattern, conditioned, valid))
     error = (got.double() - expected).abs()[valid_block(valid).expand_as(got)]
@@ -152,7 +153,7 @@ def test_real_heads_take_the_float32_route(activations, monkeypatch):
     layers, valid = activations
     roomy = valid.sum(-1) >= 40
     assert roomy.sum() >= 2
-    monkeypatch.setattr(core, "_basis_exact", lambda *args: pytest.fail("a real head needed float64"))
+    monkeypatch.setattr(bases, "basis_exact", lambda *args: pytest.fail("a real head needed float64"))
     for pattern, v in layers:
         effective_attention(pattern[roomy], v[roomy], key_mask=valid[roomy])
 

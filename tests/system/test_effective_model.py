@@ -262,7 +262,7 @@ def test_decoder_hooks_infer_the_mask_of_a_left_padded_run():
     for layer, (pattern, eff, mask) in seen.items():
         assert torch.equal(mask, valid)
         v = einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d")
-        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid))
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid, causal=True))
         block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(eff)
         assert (eff.double() - expected).abs()[block].max() <= 1e-5
 
@@ -282,7 +282,7 @@ def test_left_padded_decoder_uses_the_batch_mask():
     block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(result.effective[0])
     for layer in range(model.cfg.n_layers):
         v = einops.rearrange(cache[f"blocks.{layer}.attn.hook_v"], "b k h d -> b h k d")
-        expected = effective_attention_loop(result.standard[layer], v, valid)
+        expected = effective_attention_loop(result.standard[layer], v, valid, causal=True)
         assert (result.effective[layer].double() - torch.from_numpy(expected)).abs()[block].max() <= 1e-5
         assert torch.all(result.effective[layer].transpose(1, 3)[~valid] == 0)
 
@@ -359,11 +359,12 @@ def test_a_short_text_with_a_repeated_token_on_a_rope_decoder():
         v = einops.rearrange(cache[names[layer]], "b k h d -> b h k d")
         v = v.repeat_interleave(model.cfg.n_heads // v.shape[1], dim=1)
         pattern, got = result.standard[layer], result.effective[layer]
-        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid))
+        expected = torch.from_numpy(effective_attention_loop(pattern, v, valid, causal=True))
         block = (valid[:, None, :, None] & valid[:, None, None, :]).expand_as(got)
         assert (got.double() - expected).abs()[block].max() <= 1e-5, layer
         torch.testing.assert_close(got @ v, pattern @ v, atol=1e-5, rtol=1e-5)
-    assert (result.effective[0, 0] - result.standard[0, 0]).abs().max() > 0.05  # the repeats' null space
+    # the repeats' null space (within each row's visible keys: smaller than over the whole text)
+    assert (result.effective[0, 0] - result.standard[0, 0]).abs().max() > 1e-3
 
 
 def test_a_pass_certifies_short_sequences_only_where_it_has_them(minilm, wikitext_paragraphs, monkeypatch):

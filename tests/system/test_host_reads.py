@@ -450,12 +450,13 @@ def test_effective_device_route_reads_once_unless_every_head_gets_the_exact_basi
     """By default (NO_READ_WIDTH 0) the device route reads once whether any head needs the exact
     basis, and computes it for none of the heads that do not; heads up to NO_READ_WIDTH wide
     read nothing (every head's exact basis computed, taken by ``torch.where``)."""
+    from attnlens.engine import bases
     from attnlens.engine import effective as engine
 
     generator = torch.Generator().manual_seed(2)
     exact = []
-    original = engine._basis_exact
-    monkeypatch.setattr(engine, "_basis_exact", lambda v64, tolerance: exact.append(len(v64)) or original(v64, tolerance))
+    original = bases.basis_exact
+    monkeypatch.setattr(bases, "basis_exact", lambda v64, tolerance: exact.append(len(v64)) or original(v64, tolerance))
     for no_read_width, d_head, reads in ((0, 32, 1), (32, 32, 0), (32, 40, 1)):
         monkeypatch.setattr(engine, "NO_READ_WIDTH", no_read_width)
         exact.clear()

@@ -9,6 +9,7 @@ by a probe script that counts the coloured pixels of every canvas the widget dre
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -22,6 +23,7 @@ import pytest
 import torch
 
 import attnlens
+from attnlens.methods import views
 from attnlens.present import export
 from tests import tiny
 from tests.conftest import required
@@ -97,10 +99,16 @@ def test_comparison_views_carry_the_maps_the_mask_and_a_symmetric_range(
                                atol=5.1e-5, rtol=0)
 
 
-def test_a_decoder_blanks_later_keys_except_for_effective_attention(decoder_comparison, circuitsvis):
+def test_a_decoder_blanks_later_keys_of_its_causal_views(decoder_comparison, circuitsvis, monkeypatch):
+    """Every registered view is causal on a decoder (its effective attention too: each row is
+    projected onto the values of the keys its query reads); a view registered as reaching later
+    keys (``View.causal`` False) is shown in full."""
     c = decoder_comparison
     assert c.causal
-    assert props(c.to_circuitsvis(view="standard"))["maskUpperTri"] is True
+    for view in ("standard", "effective"):
+        assert props(c.to_circuitsvis(view=view))["maskUpperTri"] is True, view
+    reaching = dataclasses.replace(views.REGISTRY["effective"], causal=False)
+    monkeypatch.setitem(views.REGISTRY, "effective", reaching)
     assert props(c.to_circuitsvis(view="effective"))["maskUpperTri"] is False
 
 

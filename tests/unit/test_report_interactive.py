@@ -401,18 +401,20 @@ def test_default_report_of_a_tiny_model_is_within_its_budget(model, tmp_path):
     assert size <= budget, f"{size / 1e6:.2f} MB > {budget / 1e6:.2f} MB"
 
 
-def test_explorer_of_a_decoder_blanks_later_keys_except_effective_attention():
+def test_explorer_of_a_decoder_blanks_later_keys_of_every_view():
     from tests.tiny import gpt2_tokenizer, tiny_gpt2
 
     decoder = attnlens.load(tiny_gpt2(), tokenizer=gpt2_tokenizer())
     result = attnlens.compare(decoder, corpus=CORPUS[:4], max_len=16, batch_size=2, progress=False)
     data = explorer_payload(result.to_html())
-    assert data["blank"] == {"standard": True, "papa": True, "effective": False, "norm": True}
-    # the kept codes hold effective attention above the diagonal, and zeros for standard
-    maps = result.patterns_of(2, "effective")
-    upper = np.triu_indices(maps.shape[-1], k=1)
-    assert np.abs(maps[..., upper[0], upper[1]]).max() > 1e-3
-    assert np.abs(result.patterns_of(2, "standard")[..., upper[0], upper[1]]).max() == 0
+    assert data["blank"] == {"standard": True, "papa": True, "effective": True, "norm": True}
+    # the kept codes hold zeros above the diagonal for every view, effective attention included
+    # (a decoder's rows are projected onto the values of the keys they read), and not below it
+    for view in ("standard", "effective"):
+        maps = result.patterns_of(2, view)
+        upper, lower = np.triu_indices(maps.shape[-1], k=1), np.tril_indices(maps.shape[-1])
+        assert np.abs(maps[..., upper[0], upper[1]]).max() == 0, view
+        assert np.abs(maps[..., lower[0], lower[1]]).max() > 1e-3, view
 
 
 def test_standard_alone_embeds_plotly_before_the_explorer(model):

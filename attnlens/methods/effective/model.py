@@ -12,9 +12,11 @@ hook then computes :func:`~attnlens.engine.effective.effective_attention` on the
 - :func:`statistics`: per-head mean attention to [CLS], [SEP] and punctuation (and the other
   :data:`attnlens.methods.stats.STATISTICS`) for standard and effective attention, streamed over a corpus.
 
-Works on every model :func:`attnlens.load` supports (BERT, RoBERTa, GPT-2). On a causal decoder
-the projector spans all of a sequence's value vectors, so ``A⊥`` is in general not causal: it can
-put (positive or negative) weight on later tokens, while ``A⊥ V = A V`` still holds.
+Works on every model :func:`attnlens.load` supports (BERT, RoBERTa, GPT-2, the Llama family). On a
+causal decoder (:func:`attnlens.core.loading.is_causal`) every function here computes the causal
+form (``effective_attention(..., causal=True)``): row ``q`` is projected onto the values of the
+keys ``k ≤ q`` it reads, the causal extension of Brunner et al. 2020 / Sun & Marasović 2021's
+projection, so ``A⊥`` is lower-triangular like the pattern and ``A⊥ V = A V`` row by row.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from torch import Tensor
 from attnlens.core import devices, models, seam
 from attnlens.core.checks import describe, finite_tensor, flag, index, items, whole_number
 from attnlens.core.inputs import Batch, as_max_len, tokenize
-from attnlens.core.loading import require_bridge
+from attnlens.core.loading import is_causal, require_bridge
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine import forward, passes
@@ -196,9 +198,10 @@ def pattern_hooks(
     _require_bridge(model)
     rtol = check_rtol(rtol)
     flag(padded, "padded")
+    causal = is_causal(model)
 
     def on_hook(layer: int, pattern: Tensor, v: Tensor | None, valid: Tensor) -> Tensor | None:
-        effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded)
+        effective = effective_attention(pattern, v, key_mask=valid, rtol=rtol, padded=padded, causal=causal)
         return on_pattern(layer, pattern, effective, valid)
 
     return forward.pattern_hooks(model, on_hook, layers=_layers(model, layers))
@@ -232,7 +235,8 @@ def hooks(
     every head's output ``z = (A - A⊥) V`` is then ~0.
 
     ``layers``: which layers to hook (default all). ``rtol``/``padded``: as in
-    :func:`~attnlens.engine.effective.effective_attention`. Use with
+    :func:`~attnlens.engine.effective.effective_attention`; on a decoder ``causal=True`` (its
+    :meth:`~EffectiveHooks.key` then ends in ``:causal``). Use with
     ``model.run_with_hooks(..., fwd_hooks=hooks(model))`` or the :func:`hooked` context manager.
     """
     if mode not in MODES:
@@ -252,7 +256,7 @@ def hooks(
     chosen = "all" if layers is None else _layers(model, layers)
     return EffectiveHooks(
         pattern_hooks(model, replace, layers=layers, rtol=rtol, padded=padded),
-        f"effective:{mode}:layers={chosen}:rtol={rtol}:padded={padded}",
+        f"effective:{mode}:layers={chosen}:rtol={rtol}:padded={padded}" + (":causal" if is_causal(model) else ""),
     )
 
 
@@ -296,7 +300,8 @@ def run(
     ``tokens``: a :class:`attnlens.Batch`, an ``input_ids`` tensor ``[batch, pos]`` (no padding),
     or text(s) tokenized with ``max_len``/``layout``. The forward itself is unchanged (hooks only
     read). Patterns are ``[layer, batch, head, query, key]``; effective attention as in
-    :func:`~attnlens.engine.effective.effective_attention` (``rtol``, ``padded``).
+    :func:`~attnlens.engine.effective.effective_attention` (``rtol``, ``padded``; ``causal`` on a
+    decoder).
     """
     _require_bridge(model)
     flag(padded, "padded")
@@ -327,7 +332,7 @@ def run(
         # the model's own patterns and values, not checked (as in a pass: a check reads the device)
         effective = effective_attention(
             standard[0].flatten(0, 1), torch.cat(values), key_mask=masks[0].repeat(n_layers, 1), rtol=rtol,
-            padded=padded, check=False, shortest=shortest,
+            padded=padded, check=False, shortest=shortest, causal=is_causal(model),
         ).unflatten(0, (n_layers, -1))
     return EffectiveRun(
         standard=standard[0],

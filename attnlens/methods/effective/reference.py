@@ -5,6 +5,10 @@ and the benchmark only; use :func:`attnlens.effective_attention` for real work. 
 and head: restrict ``V`` to the valid keys, ``U, S, Wt = svd(V_valid)``, keep the left singular
 vectors with ``S > tol · S.max()``, ``P = U_r U_rᵀ`` and ``A⊥ = A_valid P`` on the valid
 (query, key) block. Entries outside that block are 0 (the reference has no padding).
+
+``causal=True`` (a decoder): row by row, ``V_≤q`` is ``V`` on the valid keys ``k ≤ q``,
+``U, S, Wt = svd(V_≤q)`` with the same rule (``max(n_q, d_head) · eps``, ``n_q`` the keys row ``q``
+reads), and ``A⊥[q, :q+1] = a_q U_r U_rᵀ`` on those keys, 0 after ``q``.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ def effective_attention_loop(
     *,
     rtol: float | None = None,
     eps: float = float(np.finfo(np.float32).eps),
+    causal: bool = False,
 ) -> Float[np.ndarray, "batch head query key"]:
-    """``A⊥`` on each sequence's valid block, one NumPy float64 SVD per (example, head).
+    """``A⊥`` on each sequence's valid block, one NumPy float64 SVD per (example, head), or per
+    (example, head, query) with ``causal=True``.
 
     ``rtol`` default: ``max(n_valid, d_head) · eps`` (NumPy's ``matrix_rank`` rule), with ``eps``
     the machine epsilon of the dtype the activations were computed in (float32 by default).
@@ -31,6 +37,8 @@ def effective_attention_loop(
     values = v.detach().cpu().double().numpy()
     valid = key_mask.detach().cpu().numpy().astype(bool)
     out = np.zeros_like(attention)
+    if causal:
+        return _causal_loop(attention, values, valid, out, rtol, eps)
     for example in range(attention.shape[0]):
         keys = np.flatnonzero(valid[example])
         if keys.size == 0:  # an all-padding example: nothing is valid, A⊥ is 0
@@ -43,4 +51,21 @@ def effective_attention_loop(
             u_r = u[:, s > tol]
             projector = u_r @ u_r.T
             out[example, head][block] = attention[example, head][block] @ projector
+    return out
+
+
+def _causal_loop(
+    attention: np.ndarray, values: np.ndarray, valid: np.ndarray, out: np.ndarray, rtol: float | None, eps: float
+) -> np.ndarray:
+    """The causal reference: each valid query row ``q`` projected onto the column space of the
+    values of the valid keys ``k ≤ q`` (one SVD per example, head and query)."""
+    for example in range(attention.shape[0]):
+        for query in np.flatnonzero(valid[example]):
+            keys = np.flatnonzero(valid[example, : query + 1])
+            for head in range(attention.shape[1]):
+                v_seen = values[example, head][keys]
+                u, s, _ = np.linalg.svd(v_seen, full_matrices=False)
+                tol = (max(v_seen.shape) * eps if rtol is None else rtol) * s.max()
+                u_r = u[:, s > tol]
+                out[example, head, query, keys] = attention[example, head, query, keys] @ u_r @ u_r.T
     return out

@@ -1,0 +1,216 @@
+"""Effective attention of a decoder (``causal=True`` of
+:func:`attnlens.engine.effective.effective_attention`): each row projected onto the values of the
+keys its query reads.
+
+On a decoder (``causal=True``; the model-level functions pass
+:func:`attnlens.core.loading.is_causal`) query ``q`` reads only the keys ``k ≤ q``, so its row is
+projected onto the column space of ``V_≤q``, the values of the valid keys up to ``q``: the causal
+extension of Brunner et al. 2020 / Sun & Marasović 2021's projection to the keys a query can read,
+the minimum-norm row among those the query could use that gives the same output,
+
+``A⊥[q, :q+1] = V_≤q G_q⁺ o_q``, ``G_q = V_≤qᵀ V_≤q = Σ_{valid k ≤ q} v_k v_kᵀ``, ``o_q = (A V)_q``,
+
+and ``A⊥[q, k] = 0`` for ``k > q``. Then ``A⊥`` is lower-triangular and ``A⊥ V = A V`` row by row
+from the keys each query reads; a row does not depend on later tokens (the map of a text is the
+leading block of the map of any longer text that starts with it). Projecting onto all of a
+sequence's values instead (``causal=False`` on a decoder) puts weight, up to 0.3 to 0.4 absolute,
+on keys after the query. ``G_q⁺`` keeps a direction when its singular value exceeds
+``rtol · σ_max`` of that row's ``V_≤q`` (default ``max(n_q, d_head) · eps``, ``n_q`` the valid
+keys up to ``q``). Routes, each row taking the first certified for it:
+
+- rows that read at most ``d_head`` keys whose values are certified independent keep their row
+  exactly (:func:`_prefixes_independent`: one float64 Cholesky factorisation of the ``key x key``
+  Gram matrix of a sequence's first ``d_head`` valid keys certifies every prefix; the keys before
+  a repeated value are certified on their own);
+- longer rows: float64 cumulative Gram matrices (:data:`CAUSAL_CHUNK_BYTES` of them at a time)
+  and a batched Cholesky solve, certified when every singular value passes the tolerance
+  (``σ_min(V_≤q)² ≥ 1 / ‖L⁻¹‖_F²`` of the first row of the chunk, since ``G_q`` only grows with
+  ``q``, and ``σ_max² ≤ trace G_q``; at least :data:`GRAM_MIN_RTOL`, :data:`CAUSAL_QR_CERTIFY`
+  for the QR route's inputs);
+- the others (rank-deficient or badly conditioned prefixes): the exact rule on the row's own
+  ``V_≤q``, the float64 eigendecomposition of ``G_q`` (the QR route's QR and SVD for float64
+  inputs or a tiny ``rtol``); on the CPU, or off it for heads wider than :data:`attnlens.engine.effective.NO_READ_WIDTH`,
+  after one read of which rows need it (one a call, as the other routes), for those rows alone,
+  else for every row, taken where needed (``torch.where``, no read).
+
+The cost is ``d_head³`` a row instead of a head: on SmolLM2-sized heads (``d_head = 64``) about
+25x the non-causal call on a CPU. ``padded=True`` takes every position up to ``q``, padding
+included.
+"""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from attnlens.core import devices
+from attnlens.engine import bases
+from attnlens.engine.bases import GRAM_MIN_RTOL, cholesky_inverse_factor, single_threaded
+
+#: bytes of float64 ``d_head x d_head`` matrices the causal route (``causal=True``) forms at once,
+#: on the CPU and off it: its query rows are taken that many at a time
+CAUSAL_CHUNK_BYTES = (2**27, 2**30)
+#: tolerance below which the causal route's float64 Cholesky solve is not trusted for float64
+#: inputs (or ``rtol`` below :data:`GRAM_MIN_RTOL`): a row whose values are worse conditioned
+#: (about ``1 / CAUSAL_QR_CERTIFY``) takes the QR route instead, so its error stays near 1e-10
+CAUSAL_QR_CERTIFY = 1e-3
+
+
+def causal_effective_attention(
+    pattern: Float[Tensor, "batch head query key"],
+    v: Float[Tensor, "batch head key d_head"],
+    valid: Bool[Tensor, "batch key"],
+    rtol: float | None,
+    use_qr: bool,
+    *,
+    every: bool = False,
+) -> Float[Tensor, "batch head query key"]:
+    """:func:`attnlens.engine.effective.effective_attention` with ``causal=True``: row ``q`` projected onto the column space
+    of ``V_≤q``, the values of the valid keys ``k ≤ q`` (see "Causal models" in the module docstring).
+
+    Short rows (at most ``d_head`` visible keys) certified independent by
+    :func:`_prefixes_independent` keep their row; the others are solved from their float64
+    Gram matrix ``G_q = V_≤qᵀ V_≤q`` (cumulative over the keys), ``A⊥[q, :q+1] = V_≤q G_q⁻¹ o_q``
+    with ``o_q = a_q V``, where a Cholesky factorisation certifies every singular value above
+    the tolerance; the rest (rank-deficient or badly conditioned prefixes) get the exact rule,
+    :func:`_causal_exact`. On the CPU, or off it without ``every``, one
+    read says which rows need that rule (only those get it); with ``every`` (off the CPU, heads up
+    to :data:`attnlens.engine.effective.NO_READ_WIDTH` wide) every row's is computed and taken
+    where needed (``torch.where``: no read)."""
+    device = pattern.device
+    if device.type == "mps":  # no float64 on MPS: on the CPU
+        return causal_effective_attention(pattern.cpu(), v.cpu(), valid.cpu(), rtol, use_qr, every=every).to(device)
+    batch, n_heads, n_keys, d_head = v.shape
+    free = devices.reads_are_free(pattern)
+    eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
+    visible = valid[:, None, :] & torch.ones(n_keys, n_keys, dtype=torch.bool, device=device).tril()
+    counts = visible.sum(-1)  # [batch, query]: the keys row q reads
+    if rtol is None:  # NumPy's rule on each row's V_≤q: max(n_q, d_head) · eps
+        tolerance = counts.clamp_min(d_head).to(torch.float64) * eps
+    else:
+        tolerance = torch.full(counts.shape, float(rtol), dtype=torch.float64, device=device)
+    kept = pattern.masked_fill(~visible[:, None], 0)  # each row on the keys it reads
+    rows64 = kept.double()
+    v64 = v.double() * valid[:, None, :, None]
+    short = counts <= d_head
+    short_rtol = d_head * eps if rtol is None else float(rtol)
+    keep = short[:, None] & _prefixes_independent(v64, valid, counts, short_rtol)  # [batch, head, query]
+    # a certified Cholesky solve: errors of about eps64 · κ(V)², trusted to κ ~ 1e6 (1e3 for the
+    # QR route's inputs: float64 values, a tiny rtol)
+    floor = CAUSAL_QR_CERTIFY if use_qr else GRAM_MIN_RTOL
+    solved = torch.zeros_like(keep)
+    out = kept.clone()
+    per_row = batch * n_heads * d_head * max(d_head, n_keys if every else 0) * 8
+    step = max(1, CAUSAL_CHUNK_BYTES[0 if free else 1] // max(per_row, 1))
+    start = 0 if every else min(d_head, n_keys)  # a row before d_head reads at most d_head keys
+    base = v64[:, :, :start].mT @ v64[:, :, :start]  # G of the keys before the first row solved
+    for first in range(start, n_keys, step):
+        last = min(n_keys, first + step)
+        new = v64[:, :, first:last]
+        gram = (new[..., :, None] * new[..., None, :]).cumsum_(2).add_(base[:, :, None])  # [b, h, rows, d, d]
+        base = gram[:, :, -1]
+        outputs = rows64[:, :, first:last] @ v64  # o_q = a_q V
+        with single_threaded(gram.device):
+            factor, info = torch.linalg.cholesky_ex(gram)
+            solution = torch.cholesky_solve(outputs[..., None], factor).squeeze(-1)  # G_q⁻¹ o_q
+        # certified from the chunk's first row: G_q ⪰ G_first, so σ_min(V_≤q)² ≥ 1 / ‖L_first⁻¹‖_F²
+        first_inv, first_info = cholesky_inverse_factor(gram[:, :, 0])
+        inverse_norm2 = torch.linalg.vector_norm(first_inv, dim=(-2, -1))[:, :, None] ** 2
+        trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+        bound = tolerance[:, None, first:last].clamp_min(floor) ** 2
+        certified = (info == 0) & (first_info == 0)[:, :, None] & (inverse_norm2 * trace * bound < 1.0)
+        certified &= ~short[:, None, first:last]
+        result = (solution @ v64.mT) * visible[:, None, first:last]
+        chunk = torch.where(certified[..., None], result.to(pattern.dtype), out[:, :, first:last])
+        if every:
+            exact = _causal_exact(
+                rows64[:, :, first:last], v64[:, :, None].expand(-1, -1, last - first, -1, -1),
+                visible[:, None, first:last].expand(-1, n_heads, -1, -1),
+                tolerance[:, None, first:last].expand(-1, n_heads, -1), use_qr,
+            )
+            needed = ~(certified | keep[:, :, first:last])
+            chunk = torch.where(needed[..., None], exact.to(pattern.dtype), chunk)
+        out[:, :, first:last] = chunk
+        solved[:, :, first:last] = certified
+    if every:
+        return out
+    needed = (~(keep | solved)).nonzero()  # the one read: rows for the exact rule
+    per_row = n_keys * d_head * 8 * 4
+    step = max(1, CAUSAL_CHUNK_BYTES[0 if free else 1] // per_row)
+    for first in range(0, needed.shape[0], step):
+        examples, heads, queries = needed[first:first + step].unbind(-1)
+        exact = _causal_exact(
+            rows64[examples, heads, queries], v64[examples, heads], visible[examples, queries],
+            tolerance[examples, queries], use_qr,
+        )
+        out[examples, heads, queries] = exact.to(pattern.dtype)
+    return out
+
+
+def _prefixes_independent(
+    v64: Float[Tensor, "batch head key d_head"],
+    valid: Bool[Tensor, "batch key"],
+    counts: Tensor,
+    rtol: float,
+) -> Bool[Tensor, "batch head query"]:
+    """Whether the values of the first ``counts[b, q]`` valid keys (row ``q``'s, when it reads at
+    most ``d_head``) are certified linearly independent (True for a row that reads none).
+
+    The ``key x key`` Gram matrix ``H`` of each sequence's first ``d_head`` valid keys in float64
+    is factored ``H = L Lᵀ``; the leading ``m x m`` block of ``L`` factors that of ``H``, so one
+    factorisation certifies every prefix: ``σ_min² ≥ 1 / ‖L_m⁻¹‖_F²`` (the first ``m`` rows of
+    ``L⁻¹``) and ``σ_max² ≤ trace H_m``, every singular value above ``rtol`` (at least
+    :data:`~attnlens.engine.bases.GRAM_MIN_RTOL`, as :func:`attnlens.engine.effective`'s certificate of short sequences). A factorisation stops at the
+    first prefix that is not positive definite (LAPACK's ``info``); the keys before it are
+    factored again on their own (the rest decoupled by unit rows), so the rows before a repeated
+    value still keep their row."""
+    batch, n_heads, n_keys, d_head = v64.shape
+    width = min(d_head, n_keys)
+    first = torch.sort(valid.to(torch.uint8), dim=-1, descending=True, stable=True).indices[:, :width]
+    values = v64.gather(2, first[:, None, :, None].expand(batch, n_heads, width, d_head))
+    slots = valid.gather(1, first)[:, None, :].expand(batch, n_heads, width)
+    gram = values @ values.mT  # [batch, head, width, width]; invalid slots' rows are 0
+    diagonal = gram.diagonal(dim1=-2, dim2=-1)
+    largest = diagonal.amax(-1, keepdim=True)
+    scale = torch.where(largest > 0, largest, 1.0)
+
+    def decoupled(kept: Tensor) -> Tensor:
+        """``gram`` on the ``kept`` slots, a unit row of its own (at the scale of the largest)
+        for each other one."""
+        out = gram * (kept[..., :, None] & kept[..., None, :])
+        out.diagonal(dim1=-2, dim2=-1).add_(~kept * scale)
+        return out
+
+    with single_threaded(gram.device):
+        _, info = torch.linalg.cholesky_ex(decoupled(slots))
+    order = torch.arange(width, device=gram.device)
+    proven = order < torch.where(info > 0, info - 1, width)[..., None]  # the prefix factored
+    factor_inv, info = cholesky_inverse_factor(decoupled(slots & proven))
+    inverse_norm2 = (factor_inv**2).sum(-1).cumsum(-1)  # ‖L_m⁻¹‖_F², m = 1 … width
+    trace = diagonal.cumsum(-1)
+    bound = max(rtol, GRAM_MIN_RTOL) ** 2
+    certified = (info == 0)[..., None] & proven & (inverse_norm2 * trace * bound < 1.0)
+    index = (counts - 1).clamp(0, width - 1)[:, None, :].expand(batch, n_heads, n_keys)
+    return certified.gather(2, index) | (counts == 0)[:, None, :]
+
+
+def _causal_exact(
+    rows: Float[Tensor, "*row key"],
+    v64: Float[Tensor, "*row key d_head"],
+    visible: Bool[Tensor, "*row key"],
+    tolerance: Float[Tensor, "*row"],
+    use_qr: bool,
+) -> Float[Tensor, "*row key"]:
+    """Rows of the causal route by the exact rule, each projected onto the column space of its
+    own visible values: the eigendecomposition of the float64 Gram matrix (as the exact route),
+    or float64 QR and an SVD of ``R`` (as the QR route) for float64 inputs or a tiny ``rtol``."""
+    shape, n_keys, d_head = rows.shape, v64.shape[-2], v64.shape[-1]
+    values = (v64 * visible[..., None]).reshape(-1, n_keys, d_head)
+    tolerance = tolerance.reshape(-1)
+    if use_qr:
+        basis = bases.basis_qr(values, tolerance) * visible.reshape(-1, n_keys, 1)
+    else:
+        basis = bases.eigen_basis(values, values.mT @ values, tolerance)
+    projected = (rows.reshape(-1, 1, n_keys) @ basis) @ basis.mT
+    return projected.reshape(shape)

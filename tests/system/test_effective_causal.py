@@ -1,0 +1,294 @@
+"""Effective attention on causal decoders: each query row projected onto the values of the keys it
+reads (``causal=True``, threaded from :func:`attnlens.core.loading.is_causal`), on tiny GPT-2,
+tiny Llama (grouped key-value heads) and SmolLM2-135M.
+
+Tolerances: 1e-5 absolute against the float64 per-row SVD loop
+(:func:`attnlens.methods.effective.reference.effective_attention_loop` with ``causal=True``) for
+float32 activations (observed ~1e-8), the tolerance the module's own tests allow; A⊥ V = A V per
+row, with A⊥ cut to the keys the query reads, 1e-5 absolute and relative (float32 products over
+at most 64 keys); a text alone, in a padded batch and as a prefix of a longer text 1e-5 absolute;
+logits with every pattern replaced 1e-4 absolute (as ``test_effective_model.py``). Keys after
+the query are exactly 0.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import einops
+import pytest
+import torch
+
+import attnlens
+from attnlens.core.loading import is_causal
+from attnlens.engine import passes
+from attnlens.engine.accumulator import Accumulator
+from attnlens.methods import effective
+from attnlens.methods.effective import effective_attention
+from attnlens.methods.effective.reference import effective_attention_loop
+from tests import tiny
+
+ATOL = 1e-5
+
+pytestmark = pytest.mark.usefixtures("single_blas_thread")
+
+#: tiny texts of 13 to 39 GPT-2 tokens (d_head = 8): every row past the eighth has a null space
+TEXTS = [" ".join(tiny.CORPUS[:3]), tiny.CORPUS[0], " ".join(tiny.CORPUS[1:3])]
+DECODERS = {"gpt2": tiny.gpt2_bridge, "llama": tiny.llama_bridge}
+
+
+@pytest.fixture(scope="module", params=sorted(DECODERS))
+def decoder(request):
+    model = DECODERS[request.param]()
+    assert is_causal(model) and int(model.cfg.d_head) == 8
+    return model
+
+
+def values_of(model, batch) -> list[torch.Tensor]:
+    """Every layer's values per query head ``[batch, head, key, d_head]`` (grouped key-value
+    heads repeated for their query heads)."""
+    names = [f"blocks.{layer}.attn.hook_v" for layer in range(model.cfg.n_layers)]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs(), names_filter=names)
+    out = []
+    for name in names:
+        v = einops.rearrange(cache[name], "b k h d -> b h k d")
+        out.append(v.repeat_interleave(model.cfg.n_heads // v.shape[1], dim=1))
+    return out
+
+
+def valid_block(valid: torch.Tensor) -> torch.Tensor:
+    return valid[:, None, :, None] & valid[:, None, None, :]
+
+
+def padded_gpt2():
+    """Tiny GPT-2 with a pad token (a copy: the cached tokenizer stays without one)."""
+    tokenizer = copy.deepcopy(tiny.gpt2_tokenizer())
+    tokenizer.pad_token = tokenizer.eos_token
+    return attnlens.load(tiny.tiny_gpt2(), tokenizer=tokenizer)
+
+
+def left_padded(batch: attnlens.Batch) -> attnlens.Batch:
+    """The same texts with the padding moved before them (``tokenize`` pads on the right)."""
+    shifts = (~batch.attention_mask.bool()).sum(-1).tolist()
+    ids = torch.stack([torch.roll(x, s, dims=-1) for x, s in zip(batch.input_ids, shifts, strict=True)])
+    mask = torch.stack([torch.roll(x, s, dims=-1) for x, s in zip(batch.attention_mask, shifts, strict=True)])
+    return attnlens.Batch(ids, mask, torch.zeros_like(ids), 0, "padded", batch.max_len,
+                          token_types=False, positions_from_mask=True)
+
+
+def test_matches_the_per_row_svd_loop(decoder):
+    """(1) ``effective.run`` on a right-padded batch, every layer, against the float64 loop: for
+    each row q, the SVD of V_≤q (the valid keys up to q) with the same tolerance, a_q projected
+    on it; within ATOL on the valid block, and far from the old, non-causal projection."""
+    batch = attnlens.tokenize(decoder, TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    assert not bool(valid.all()) and int(valid.sum(-1).max()) > 4 * decoder.cfg.d_head
+    run = effective.run(decoder, batch)
+    for layer, v in enumerate(values_of(decoder, batch)):
+        expected = torch.from_numpy(effective_attention_loop(run.standard[layer], v, valid, causal=True))
+        got = run.effective[layer].double()
+        block = valid_block(valid).expand_as(got)
+        assert (got - expected).abs()[block].max() <= ATOL, layer
+        assert bool((got.permute(0, 3, 1, 2)[~valid] == 0).all())  # padded keys' columns
+        whole = effective_attention(run.standard[layer], v, key_mask=valid)  # the non-causal projection
+        assert (whole.double() - expected).abs()[block].max() > 0.05, layer
+
+
+def test_keys_after_the_query_get_exactly_zero(decoder):
+    """(2) A⊥[q, k > q] == 0 exactly, from ``effective.run``, from the hooks
+    (``effective.pattern_hooks``) and from a pass's shared maps (``LayerPatterns.effective``,
+    which the statistics, ``compare`` and the effective view read); and the three agree."""
+
+    class Keep(Accumulator):
+        name = "keep"
+        needs_values = True
+
+        def __init__(self) -> None:
+            self.maps: dict[int, torch.Tensor] = {}
+
+        def update(self, layer) -> None:
+            self.maps[layer.layer] = layer.effective.clone()
+
+        def state_dict(self) -> dict:
+            return {}
+
+        def result(self) -> dict:
+            return self.maps
+
+    batch = attnlens.tokenize(decoder, TEXTS, max_len=64, layout="padded")
+    run = effective.run(decoder, batch)
+    hooked: dict[int, torch.Tensor] = {}
+
+    def record(layer, pattern, eff, valid) -> None:
+        hooked[layer] = eff.clone()
+
+    with torch.no_grad():
+        attnlens.run_with_hooks(decoder, batch, effective.pattern_hooks(decoder, record))
+    keep = Keep()
+    passes.run(decoder, TEXTS, [keep], max_len=64, layout="padded", batch_size=len(TEXTS), progress=False,
+               by_length=False)
+    upper = torch.ones(batch.input_ids.shape[1], batch.input_ids.shape[1], dtype=torch.bool).triu(1)
+    for layer in range(decoder.cfg.n_layers):
+        for maps in (run.effective[layer], hooked[layer], keep.maps[layer]):
+            assert maps.shape == run.standard[layer].shape
+            assert bool((maps[..., upper] == 0).all()), layer
+        torch.testing.assert_close(hooked[layer], run.effective[layer], atol=ATOL, rtol=0)
+        torch.testing.assert_close(keep.maps[layer], run.effective[layer], atol=ATOL, rtol=0)
+    assert (run.effective - run.standard).abs().max() > 0.05  # effective attention does differ
+
+
+def test_each_row_reproduces_its_output_from_the_keys_it_reads(decoder):
+    """(3) (A⊥ cut to k ≤ q) V = A V, row by row: the output of each query comes from the keys
+    it reads. (The non-causal projection also gives A⊥ V = A V, but only with later keys' values.)"""
+    batch = attnlens.tokenize(decoder, TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    run = effective.run(decoder, batch)
+    causal = torch.ones(valid.shape[1], valid.shape[1], dtype=torch.bool).tril()
+    rows = valid[:, None, :, None]
+    for layer, v in enumerate(values_of(decoder, batch)):
+        seen = run.effective[layer] * causal
+        got, expected = seen @ v, run.standard[layer] @ v
+        torch.testing.assert_close(got * rows, expected * rows, atol=ATOL, rtol=ATOL)
+
+
+def test_a_text_alone_padded_and_as_a_prefix_gives_the_same_map():
+    """(4) A text's map on its valid part is the same alone, in a batch with longer texts (right
+    padding and left padding) and as the leading block of a longer text that starts with it: a
+    row reads no later key, so what follows the text changes nothing. (The non-causal projection
+    fails the last: its rows depend on the later tokens' values.)"""
+    model = padded_gpt2()
+    text, longer = tiny.CORPUS[0], " ".join(tiny.CORPUS[:3])
+    assert longer.startswith(text)
+    alone = effective.run(model, attnlens.tokenize(model, [text], max_len=64, layout="padded"))
+    n = alone.effective.shape[-1]
+    assert n > model.cfg.d_head
+    right = attnlens.tokenize(model, [text, longer], max_len=64, layout="padded")
+    assert int(right.attention_mask[0].sum()) == n < right.input_ids.shape[1]
+    together = effective.run(model, right)
+    torch.testing.assert_close(together.effective[:, 0, :, :n, :n], alone.effective[:, 0], atol=ATOL, rtol=0)
+    # the longer text starts with the same tokens: its leading block is the text's map
+    assert torch.equal(right.input_ids[1, :n], right.input_ids[0, :n])
+    torch.testing.assert_close(together.effective[:, 1, :, :n, :n], alone.effective[:, 0], atol=ATOL, rtol=0)
+    left = left_padded(right)
+    assert not bool(left.attention_mask[0, 0])
+    shifted = effective.run(model, left)
+    torch.testing.assert_close(shifted.effective[:, 0, :, -n:, -n:], alone.effective[:, 0], atol=ATOL, rtol=0)
+    assert bool((shifted.effective[:, 0, :, :, :-n] == 0).all())  # padded keys' columns
+
+
+def test_repeated_values_on_a_rope_decoders_first_layer():
+    """(5) Rank-deficient prefixes: a RoPE decoder's first layer gives a repeated token the same
+    values, so even a row that reads fewer than d_head keys has a null space. Tiny Llama on
+    "fox fox fox fox ...", every layer, against the causal loop; rows before the first repeat
+    keep their row exactly."""
+    model = tiny.llama_bridge()
+    texts = ["fox fox fox fox the quick brown fox fox", "the quick brown fox"]
+    batch = attnlens.tokenize(model, texts, max_len=32, layout="padded")
+    valid = batch.attention_mask.bool()
+    run = effective.run(model, batch)
+    for layer, v in enumerate(values_of(model, batch)):
+        expected = torch.from_numpy(effective_attention_loop(run.standard[layer], v, valid, causal=True))
+        got = run.effective[layer]
+        assert (got.double() - expected).abs()[valid_block(valid).expand_as(got)].max() <= ATOL, layer
+    ids = batch.input_ids[0].tolist()
+    repeat = next(q for q in range(len(ids)) if ids[q] in ids[:q])
+    earlier = ids.index(ids[repeat])
+    first, pattern = run.effective[0, 0], run.standard[0, 0]
+    assert torch.equal(first[:, :repeat], pattern[:, :repeat])  # independent prefixes: A itself
+    # a row that reads both copies: their equal values make the difference of their weights a
+    # null-space direction, which A⊥ removes (A does not)
+    rows = slice(repeat, model.cfg.d_head)
+    assert (first[:, rows, earlier] - first[:, rows, repeat]).abs().max() <= ATOL
+    assert (pattern[:, rows, earlier] - pattern[:, rows, repeat]).abs().max() > 1e-4
+
+
+def test_smollm2_on_a_repeated_word(smollm2):
+    """(5) SmolLM2-135M's first layer on "no, no, no, no, I said no.": 13 tokens (d_head = 64)
+    whose values are of rank 7; layers 0 and 1 against the causal loop."""
+    batch = attnlens.tokenize(smollm2, ["no, no, no, no, I said no."], max_len=32, layout="padded")
+    valid = batch.attention_mask.bool()
+    run = effective.run(smollm2, batch)
+    values = values_of(smollm2, batch)
+    for layer in (0, 1):
+        expected = torch.from_numpy(effective_attention_loop(run.standard[layer], values[layer], valid, causal=True))
+        assert (run.effective[layer].double() - expected).abs().max() <= ATOL, layer
+    assert (run.effective[0] - run.standard[0]).abs().max() > 0.1  # the repeats' null space
+    assert bool((run.effective.triu(1) == 0).all())
+
+
+def test_hooks_leave_a_decoders_logits_unchanged(decoder):
+    """(6) Replacing every pattern by its effective attention (``effective.hooks``) leaves the
+    logits unchanged, and so does cutting the replaced patterns after the query (they put nothing
+    there); the patterns the model then runs with are lower-triangular."""
+    batch = attnlens.tokenize(decoder, TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    used: dict[str, torch.Tensor] = {}
+
+    def cut(pattern, hook):
+        used[hook.name] = pattern.clone()
+        return pattern.tril()
+
+    with torch.no_grad():
+        plain = attnlens.run_with_hooks(decoder, batch)
+        replaced = attnlens.run_with_hooks(decoder, batch, effective.hooks(decoder))
+        cut_after = attnlens.run_with_hooks(
+            decoder, batch, [*effective.hooks(decoder), (lambda name: name.endswith("hook_pattern"), cut)])
+    torch.testing.assert_close(replaced[valid], plain[valid], atol=1e-4, rtol=0)
+    torch.testing.assert_close(cut_after[valid], plain[valid], atol=1e-4, rtol=0)
+    assert len(used) == decoder.cfg.n_layers
+    for pattern in used.values():
+        assert bool((pattern.triu(1) == 0).all())
+    assert "causal" in effective.hooks(decoder).key()
+
+
+def test_encoders_are_unchanged(minilm):
+    """(7) On an encoder nothing is causal: ``effective.run`` and a pass give exactly what
+    ``effective_attention`` gives with ``causal=False`` (the default), bit for bit, and the
+    causal rule differs there (rows read later keys)."""
+    assert not is_causal(minilm)
+    texts = [" ".join(["word"] * 50), "a short text ."]
+    batch = attnlens.tokenize(minilm, texts, max_len=64)
+    valid = batch.attention_mask.bool()
+    run = effective.run(minilm, batch)
+    values = values_of(minilm, batch)
+    stacked = effective_attention(run.standard.flatten(0, 1), torch.cat(values),
+                                  key_mask=valid.repeat(minilm.cfg.n_layers, 1), check=False, causal=False)
+    assert torch.equal(run.effective.flatten(0, 1), stacked)  # effective.run's one call
+    maps = {}
+
+    class Keep(Accumulator):
+        name = "keep"
+        needs_values = True
+
+        def update(self, layer) -> None:
+            maps[layer.layer] = (layer.pattern.clone(), layer.values.clone(), layer.key_mask.clone(),
+                                 layer.effective.clone())
+
+        def state_dict(self) -> dict:
+            return {}
+
+    passes.run(minilm, texts, [Keep()], max_len=64, batch_size=len(texts), progress=False, by_length=False)
+    for layer, v in enumerate(values):
+        plain = effective_attention(run.standard[layer], v, key_mask=valid)
+        assert torch.equal(effective_attention(run.standard[layer], v, key_mask=valid, causal=False), plain)
+        pattern, seen, mask, shared = maps[layer]  # a pass's shared maps (of its own batch)
+        assert torch.equal(shared, effective_attention(pattern, seen, key_mask=mask, check=False))
+        assert (effective_attention(run.standard[layer], v, key_mask=valid, causal=True) - plain).abs().max() > 1e-3
+    assert "causal" not in effective.hooks(minilm).key()
+
+
+def test_padded_semantics_and_shapes_on_a_decoder():
+    """``padded=True`` on a decoder: V_≤q over every position up to q, padding included (the
+    causal form of Sun & Marasović's padded length), against the loop given an all-True mask;
+    a pattern that is not square is refused with causal=True."""
+    model = padded_gpt2()
+    batch = attnlens.tokenize(model, TEXTS, max_len=64, layout="padded")
+    everything = torch.ones_like(batch.attention_mask, dtype=torch.bool)
+    run = effective.run(model, batch, padded=True)
+    for layer, v in enumerate(values_of(model, batch)):
+        expected = torch.from_numpy(effective_attention_loop(run.standard[layer], v, everything, causal=True))
+        assert (run.effective[layer].double() - expected).abs().max() <= ATOL, layer
+    pattern, v = run.standard[0], values_of(model, batch)[0]
+    with pytest.raises(ValueError, match="square"):
+        effective_attention(pattern[:, :, :-1], v, causal=True)
