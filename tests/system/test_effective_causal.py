@@ -292,3 +292,40 @@ def test_padded_semantics_and_shapes_on_a_decoder():
     pattern, v = run.standard[0], values_of(model, batch)[0]
     with pytest.raises(ValueError, match="square"):
         effective_attention(pattern[:, :, :-1], v, causal=True)
+
+
+@pytest.mark.parametrize("condition", [10.0, 1e3, 1e5, 1e7])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_badly_conditioned_and_repeated_values_match_the_loop(condition, dtype):
+    """Values of a given condition number (their singular values spread from 1 to 1 / condition),
+    over three blocks of rows solved from one factorisation each (``CAUSAL_BLOCK`` rows), with a
+    repeated value at the first row past ``d_head`` (a rank-deficient start: those rows' prefixes
+    are rank-deficient or nearly so, and take the exact rule) and right padding: every row within
+    ATOL of the per-row float64 SVD loop (float32 values; 1e-9 for float64 ones), exactly 0 after
+    the query and on padded keys."""
+    from attnlens.engine import effective_causal
+
+    generator = torch.Generator().manual_seed(int(condition))
+    batch, heads, d_head = 2, 3, 16
+    n_keys = d_head + 2 * effective_causal.CAUSAL_BLOCK + 5
+    left, _, right = torch.linalg.svd(torch.randn(batch, heads, n_keys, d_head, generator=generator,
+                                                  dtype=torch.float64), full_matrices=False)
+    spread = torch.logspace(0, -float(torch.tensor(condition).log10()), d_head, dtype=torch.float64)
+    v = (left * spread) @ right
+    v[0, :, d_head] = v[0, :, d_head - 1]  # a repeated value where the first block starts
+    v = v.to(dtype)
+    scores = torch.randn(batch, heads, n_keys, n_keys, generator=generator, dtype=torch.float64)
+    later = torch.ones(n_keys, n_keys, dtype=torch.bool).triu(1)
+    valid = torch.ones(batch, n_keys, dtype=torch.bool)
+    valid[1, -7:] = False  # right padding
+    scores = scores.masked_fill(later | ~valid[:, None, None, :], float("-inf"))
+    pattern = scores.softmax(-1).nan_to_num(0.0).to(dtype)
+    got = effective_attention(pattern, v, key_mask=valid, causal=True)
+    eps = torch.finfo(dtype).eps  # the tolerance's epsilon: v's dtype, at least float32
+    expected = torch.from_numpy(effective_attention_loop(pattern, v, valid, causal=True, eps=eps))
+    block = valid_block(valid).expand_as(got)
+    # float64: the exact rule's QR and SVD, about eps64 · κ (measured 6e-11 at κ = 1e7)
+    atol = ATOL if dtype == torch.float32 else 1e-9
+    assert (got.double() - expected).abs()[block].max() <= atol
+    assert torch.all(got.masked_select(later) == 0)
+    assert torch.all(got[1][..., -7:] == 0)
