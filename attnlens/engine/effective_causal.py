@@ -36,10 +36,10 @@ keys up to ``q``). Routes, each row taking the first certified for it:
   else for every row, taken where needed (``torch.where``, no read).
 
 The cost is a few ``d_head²`` products a row and one factorisation a block, against one
-decomposition a head without ``causal``: on a CPU (1 thread) 3.6x the non-causal call on
-SmolLM2-sized heads (``[8, 9, 96, 96]``, ``d_head = 64``: 43 ms against 12 ms), 4.9x on
-MiniLM-sized ones (``d_head = 32``); ``effective.run`` of SmolLM2-135M on 8 texts of 128 tokens
-8.0 s, 2.4x its forward (a Cholesky solve a row took 26 s). ``padded=True`` takes every
+decomposition a head without ``causal``: on a CPU (1 thread, ``benchmarks/effective_causal.py``)
+3.3x the non-causal call on SmolLM2-sized heads (``[8, 9, 128, 128]``, ``d_head = 64``: 49 ms
+against 15 ms), 4.8x on MiniLM-sized ones (``d_head = 32``); ``effective.run`` of SmolLM2-135M
+on 8 texts of 128 tokens 2.45x its full forward (8.6 s; a Cholesky factorisation a row took 26 s). ``padded=True`` takes every
 position up to ``q``, padding included.
 """
 
