@@ -13,8 +13,9 @@ def add(commands: Any) -> None:
     parser = commands.add_parser(
         "table", help="PAPA's Table 1: original, average constants and data-free matrices per task",
         description="Probe tasks with the original attention, PAPA's average constants in every "
-        "head and the data-free identity, Toeplitz, zeros and uniform matrices in every head "
-        "(Hassid et al. 2022, Table 1); write the table (CSV, Markdown) and its figure (HTML).",
+        "head, the data-free identity, Toeplitz, zeros and uniform matrices and the two trained with "
+        "the task's labels (toeplitz_init, average_init) in every head (Hassid et al. 2022, Table 1; "
+        "--baselines chooses them); write the table (CSV, Markdown) and its figure (HTML).",
     )
     options.model_options(parser)
     parser.add_argument("--constants", required=True, help="PAPA constants from 'attnlens fit-papa'")
