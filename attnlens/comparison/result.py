@@ -76,7 +76,9 @@ class Comparison(Result):
     """
 
     COLUMNS: ClassVar[dict[str, str]] = {name: COLUMN_DOCS[name] for name in COLUMNS}
-    FORMAT: ClassVar[str] = "attnlens.Comparison/1"
+    #: /2 since 2026-12-01: a decoder's effective maps are causal (a /1 file of a decoder holds
+    #: maps with weight after the query, which the figures would now blank: refused, not misread)
+    FORMAT: ClassVar[str] = "attnlens.Comparison/2"
     WRITTEN_BY: ClassVar[str] = "attnlens compare --json (or Comparison.to_json)"
 
     table: pd.DataFrame

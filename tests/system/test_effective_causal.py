@@ -329,3 +329,20 @@ def test_badly_conditioned_and_repeated_values_match_the_loop(condition, dtype):
     assert (got.double() - expected).abs()[block].max() <= atol
     assert torch.all(got.masked_select(later) == 0)
     assert torch.all(got[1][..., -7:] == 0)
+
+
+def test_a_comparison_written_before_causal_effective_attention_is_refused():
+    """A decoder's Comparison JSON of format /1 holds effective maps with weight after the query,
+    which the figures now blank: reading it is refused by its format, naming it, not misread."""
+    import json
+
+    from attnlens.comparison.result import Comparison
+    from attnlens.errors import FileFormatError
+
+    comparison = attnlens.compare(tiny.gpt2_bridge(), "effective", corpus=TEXTS, max_len=48, progress=False)
+    data = json.loads(comparison.to_json())
+    assert data["format"] == "attnlens.Comparison/2"
+    assert Comparison.from_json(json.dumps(data)).causal
+    data["format"] = "attnlens.Comparison/1"
+    with pytest.raises(FileFormatError, match="its format is 'attnlens.Comparison/1', not 'attnlens.Comparison/2'"):
+        Comparison.from_json(json.dumps(data))
