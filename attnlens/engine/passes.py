@@ -44,7 +44,7 @@ from attnlens.core import devices, memory
 from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
-from attnlens.core.loading import model_id, require_bridge, weights_fingerprint
+from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
 from attnlens.core.modes import eval_mode
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, PassSummary
 from attnlens.engine.batches import (
@@ -291,7 +291,10 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
         "world_size": plan.current.size,
         "rank": plan.current.rank,
         "settings": json.loads(json.dumps(dict(settings or {}), sort_keys=True, default=str)),
-        "effective": json.loads(json.dumps(dict(effective or {}), sort_keys=True, default=str)),
+        # a decoder's effective maps are causal (since 2026-12-01): recorded, so that a checkpoint
+        # of the former rule (every row onto the whole sequence's values) is not resumed into them
+        "effective": json.loads(json.dumps({**dict(effective or {}), **({"causal": True} if is_causal(model) else {})},
+                                           sort_keys=True, default=str)),
     }
     if plan.current.distributed:
         check_same_settings(

@@ -346,3 +346,45 @@ def test_a_comparison_written_before_causal_effective_attention_is_refused():
     data["format"] = "attnlens.Comparison/1"
     with pytest.raises(FileFormatError, match="its format is 'attnlens.Comparison/1', not 'attnlens.Comparison/2'"):
         Comparison.from_json(json.dumps(data))
+
+
+def test_a_decoder_checkpoint_of_the_former_rule_is_not_resumed(tmp_path, monkeypatch):
+    """A pass over a decoder records that its effective maps are causal (``effective`` in the
+    checkpoint's header); a checkpoint written without it (by the former rule, every row onto
+    the whole sequence's values) is refused, naming the setting, not resumed into causal maps.
+    An encoder's header is unchanged."""
+    from attnlens.errors import InputError
+
+    class Mass(Accumulator):
+        name = "mass"
+        needs_values = True
+
+        def __init__(self) -> None:
+            self.total = torch.zeros((), dtype=torch.float64)
+
+        def update(self, layer) -> None:
+            self.total += layer.effective.double().abs().sum().to(self.total.device)
+
+        def state_dict(self) -> dict:
+            return {"total": self.total}
+
+    gpt2, path = tiny.gpt2_bridge(), tmp_path / "mass.safetensors"
+    real = passes._header
+    headers = []
+
+    def former(*args):
+        header = real(*args)
+        headers.append(dict(header["effective"]))
+        header["effective"] = {key: value for key, value in header["effective"].items() if key != "causal"}
+        return header
+
+    monkeypatch.setattr(passes, "_header", former)
+    passes.run(gpt2, TEXTS, [Mass()], max_len=48, progress=False, checkpoint=path)
+    assert headers == [{"causal": True}]
+    monkeypatch.setattr(passes, "_header", real)
+    with pytest.raises(InputError, match=r"written by another run: effective \{\} \(now \{'causal': True\}\)"):
+        passes.run(gpt2, TEXTS, [Mass()], max_len=48, progress=False, checkpoint=path)
+    bert = tiny.bert_bridge()
+    monkeypatch.setattr(passes, "_header", former)
+    passes.run(bert, TEXTS, [Mass()], max_len=48, progress=False)
+    assert headers[-1] == {}
