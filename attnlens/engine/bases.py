@@ -11,7 +11,8 @@ batch) and works on their device:
   eigendecomposition, over the eigenpairs the tolerance keeps;
 - :func:`basis_qr`: float64 QR and an SVD of ``R``, for float64 inputs or a tolerance below
   :data:`GRAM_MIN_RTOL`;
-- :func:`cholesky_inverse_factor`: ``L⁻¹`` of each Gram matrix's Cholesky factor;
+- :func:`cholesky_inverse_factor` / :func:`inverse_factor`: ``L⁻¹`` of each Gram matrix's
+  Cholesky factor (from the matrix, or from the factor);
 - :func:`single_threaded`: batched LAPACK calls on many tiny matrices with one CPU thread.
 """
 
@@ -54,10 +55,16 @@ def single_threaded(device: torch.device) -> Iterator[None]:
 
 def cholesky_inverse_factor(gram: Tensor) -> tuple[Tensor, Tensor]:
     """``L⁻¹`` for the Cholesky factor ``gram = L Lᵀ`` of each matrix, and LAPACK's ``info``."""
-    eye = torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device).expand_as(gram)
     with single_threaded(gram.device):
         factor, info = torch.linalg.cholesky_ex(gram)
-        return torch.linalg.solve_triangular(factor, eye, upper=False), info
+        return inverse_factor(factor), info
+
+
+def inverse_factor(factor: Tensor) -> Tensor:
+    """``L⁻¹`` of each lower-triangular Cholesky factor ``L`` (a triangular solve of ``I``)."""
+    eye = torch.eye(factor.shape[-1], dtype=factor.dtype, device=factor.device).expand_as(factor)
+    with single_threaded(factor.device):
+        return torch.linalg.solve_triangular(factor, eye, upper=False)
 
 
 def full_rank_certified(gram: Tensor, factor_inv: Tensor, tolerance: Tensor) -> Tensor:

@@ -51,7 +51,12 @@ from torch import Tensor
 
 from attnlens.core import devices
 from attnlens.engine import bases
-from attnlens.engine.bases import GRAM_MIN_RTOL, cholesky_inverse_factor, single_threaded
+from attnlens.engine.bases import (
+    GRAM_MIN_RTOL,
+    cholesky_inverse_factor,
+    inverse_factor,
+    single_threaded,
+)
 
 #: query rows the causal route solves from one Cholesky factorisation (:func:`_block`)
 CAUSAL_BLOCK = 32
@@ -76,11 +81,11 @@ def causal_effective_attention(
     of ``V_≤q``, the values of the valid keys ``k ≤ q`` (see "Causal models" in the module docstring).
 
     Short rows (at most ``d_head`` visible keys) certified independent by
-    :func:`_prefixes_independent` keep their row; the others are solved from their float64
-    Gram matrix ``G_q = V_≤qᵀ V_≤q`` (cumulative over the keys), ``A⊥[q, :q+1] = V_≤q G_q⁻¹ o_q``
-    with ``o_q = a_q V``, where a Cholesky factorisation certifies every singular value above
-    the tolerance; the rest (rank-deficient or badly conditioned prefixes) get the exact rule,
-    :func:`_causal_exact`. On the CPU, or off it without ``every``, one
+    :func:`_prefixes_independent` keep their row; the others, :data:`CAUSAL_BLOCK` at a time, are
+    solved in float64, ``A⊥[q, :q+1] = V_≤q G_q⁻¹ o_q`` with ``G_q = V_≤qᵀ V_≤q`` and
+    ``o_q = a_q V``, from one Cholesky factorisation a block that certifies every singular value
+    above the tolerance (:func:`_block`); the rest (rank-deficient or badly conditioned
+    prefixes) get the exact rule, :func:`_causal_exact`. On the CPU, or off it without ``every``, one
     read says which rows need that rule (only those get it); with ``every`` (off the CPU, heads up
     to :data:`attnlens.engine.effective.NO_READ_WIDTH` wide) every row's is computed and taken
     where needed (``torch.where``: no read)."""
@@ -168,8 +173,7 @@ def _block(
         factor, info = torch.linalg.cholesky_ex(gram)
         z = torch.cholesky_solve(outputs.mT, factor)  # G_f⁻¹ o_q: [batch, head, d_head, rows]
         y = torch.cholesky_solve(after.mT, factor)  # G_f⁻¹ Uᵀ: [batch, head, d_head, m]
-        inverse = torch.linalg.solve_triangular(
-            factor, torch.eye(gram.shape[-1], dtype=gram.dtype, device=gram.device).expand_as(gram), upper=False)
+        inverse = inverse_factor(factor)  # L_f⁻¹, for the certificate
         correction = after @ y
         correction.diagonal(dim1=-2, dim2=-1).add_(1.0)  # M = I + U Y: [batch, head, m, m]
         small, small_info = torch.linalg.cholesky_ex(correction)

@@ -291,10 +291,11 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
         "world_size": plan.current.size,
         "rank": plan.current.rank,
         "settings": json.loads(json.dumps(dict(settings or {}), sort_keys=True, default=str)),
-        # a decoder's effective maps are causal (since 2026-12-01): recorded, so that a checkpoint
-        # of the former rule (every row onto the whole sequence's values) is not resumed into them
-        "effective": json.loads(json.dumps({**dict(effective or {}), **({"causal": True} if is_causal(model) else {})},
-                                           sort_keys=True, default=str)),
+        # a decoder's effective maps are causal (since 2026-12-01): recorded for a pass that reads
+        # values (effective attention needs them), so that a checkpoint of the former rule (every
+        # row onto the whole sequence's values) is not resumed into them
+        "effective": json.loads(json.dumps({**dict(effective or {}), **({"causal": True} if is_causal(model) and any(
+            accumulator.needs_values for accumulator in accumulators) else {})}, sort_keys=True, default=str)),
     }
     if plan.current.distributed:
         check_same_settings(

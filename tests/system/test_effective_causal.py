@@ -352,7 +352,7 @@ def test_a_decoder_checkpoint_of_the_former_rule_is_not_resumed(tmp_path, monkey
     """A pass over a decoder records that its effective maps are causal (``effective`` in the
     checkpoint's header); a checkpoint written without it (by the former rule, every row onto
     the whole sequence's values) is refused, naming the setting, not resumed into causal maps.
-    An encoder's header is unchanged."""
+    An encoder's header is unchanged, and so is a decoder's pass that reads no values."""
     from attnlens.errors import InputError
 
     class Mass(Accumulator):
@@ -387,4 +387,13 @@ def test_a_decoder_checkpoint_of_the_former_rule_is_not_resumed(tmp_path, monkey
     bert = tiny.bert_bridge()
     monkeypatch.setattr(passes, "_header", former)
     passes.run(bert, TEXTS, [Mass()], max_len=48, progress=False)
+    assert headers[-1] == {}
+
+    class Patterns(Mass):  # a decoder's pass that reads no values (papa.fit's kind): nothing recorded
+        needs_values = False
+
+        def update(self, layer) -> None:
+            self.total += layer.pattern.double().sum().to(self.total.device)
+
+    passes.run(gpt2, TEXTS, [Patterns()], max_len=48, progress=False)
     assert headers[-1] == {}
