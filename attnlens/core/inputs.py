@@ -443,8 +443,11 @@ def _as_examples(texts_or_pairs: Any) -> list:
     for index, example in enumerate(examples):
         if example_kind(example) not in ("text", "pair"):
             raise InputTypeError(f"Expected a string or a (str, str) pair, got {describe(example)} (text {index}).")
-        if any(not part.strip() for part in (example if isinstance(example, tuple) else (example,))):
-            raise BlankText(index, "is blank (empty or only whitespace); remove blank texts from the corpus")
+        parts = example if isinstance(example, tuple) else (example,)
+        for sentence, part in enumerate(parts):
+            if not part.strip():
+                which = f"(its {layouts.SENTENCES[sentence]} sentence) " if len(parts) == 2 else ""
+                raise BlankText(index, f"{which}is blank (empty or only whitespace); remove blank texts from the corpus")
     return examples
 
 

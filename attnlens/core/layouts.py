@@ -45,14 +45,20 @@ class BlankText(InputError):
         return BlankText(index, self.problem)
 
 
-def check_tokens(pieces: list[list[int]], *, offset: int = 0) -> None:
-    """:class:`BlankText` for the first text whose tokens (without special tokens) are none."""
+SENTENCES = ("first", "second")
+"""The names of a pair's two sentences, as an error names the one at fault."""
+
+
+def check_tokens(pieces: list[list[int]], *, offset: int = 0, sentence: int | None = None) -> None:
+    """:class:`BlankText` for the first text whose tokens (without special tokens) are none;
+    ``sentence`` (0 or 1): ``pieces`` are that sentence of each pair, and the error names it."""
+    which = "" if sentence is None else f"(its {SENTENCES[sentence]} sentence) "
     for index, ids in enumerate(pieces):
         if len(ids) <= offset:
             raise BlankText(
                 index,
-                "has no token: it is made only of characters the tokenizer drops (control or "
-                "format characters); remove it from the corpus",
+                f"{which}has no token: it is made only of characters the tokenizer drops (control "
+                "or format characters); remove it from the corpus",
             )
 
 
@@ -170,8 +176,8 @@ def papa(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, words:
         token_type_ids[:, middle + 1 :] = 1
         firsts = token_ids(tokenizer, [a for a, _ in examples])
         seconds = token_ids(tokenizer, [b for _, b in examples])
-        check_tokens(firsts)
-        check_tokens(seconds)
+        check_tokens(firsts, sentence=0)
+        check_tokens(seconds, sentence=1)
         spans = [(1, middle - 1, firsts), (middle + 1, max_len - middle - 2, seconds)]
     elif words:
         encoded, word_ids = word_ids_of(tokenizer, examples, add_special_tokens=False, truncation=False)
@@ -212,8 +218,8 @@ def padded(tokenizer: Any, examples: Sequence, max_len: int, is_pair: bool, word
         args = ([a for a, _ in examples], [b for _, b in examples])
         # each sentence of a pair has a token of its own (a blank second sentence is refused)
         parts = [token_ids(tokenizer, sentences) for sentences in args]
-        for part in parts:
-            check_tokens(part)
+        for sentence, part in enumerate(parts):
+            check_tokens(part, sentence=sentence)
         lengths = [len(first) + len(second) + specials for first, second in zip(*parts, strict=True)]
     else:
         args = (list(examples),)

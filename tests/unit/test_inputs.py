@@ -244,6 +244,21 @@ def test_one_text_or_pair_given_alone_is_checked_as_in_a_list():
     for layout in ("papa", "padded"):
         with pytest.raises(BlankText, match="has no token"):
             attnlens.tokenize(tokenizer, [("hello", "\u200b")], max_len=16, layout=layout)
+
+
+def test_a_pair_s_blank_sentence_is_named():
+    """The error named the pair (``text 1 is blank``) but not which of its sentences was blank."""
+    tokenizer = tiny.bert_tokenizer()
+    for layout in ("papa", "padded"):
+        for sentence, pair in enumerate([("", "hello"), ("hello", "  ")]):
+            which = ("first", "second")[sentence]
+            with pytest.raises(BlankText, match=rf"^text 1 \(its {which} sentence\) is blank"):
+                attnlens.tokenize(tokenizer, [("a", "b"), pair], max_len=16, layout=layout)
+            dropped = tuple("\u200b" if part.strip() == "" else part for part in pair)
+            with pytest.raises(BlankText, match=rf"^text 1 \(its {which} sentence\) has no token"):
+                attnlens.tokenize(tokenizer, [("a", "b"), dropped], max_len=16, layout=layout)
+    with pytest.raises(BlankText, match=r"^text 0 is blank"):  # a single text names no sentence
+        attnlens.tokenize(tokenizer, ["  "], max_len=16)
     assert attnlens.tokenize(tokenizer, ("a b", "c"), max_len=16, layout="padded").input_ids.shape[0] == 1
     assert attnlens.tokenize(tokenizer, ["a b", "c"], max_len=16, layout="padded").input_ids.shape[0] == 2
 
