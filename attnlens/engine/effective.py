@@ -291,12 +291,19 @@ def effective_attention(
     eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
     smallest = rtol if rtol is not None else (d_head + 1) * eps
     use_qr = v.dtype == torch.float64 or smallest < GRAM_MIN_RTOL
+    if causal and pattern.shape[2] != n_keys:
+        raise InputError(
+            f"causal=True needs a square pattern (query i is key position i), got {pattern.shape[2]} "
+            f"queries and {n_keys} keys; pass causal=False for a pattern of other queries."
+        )
     if causal:
-        if pattern.shape[2] != n_keys:
-            raise InputError(
-                f"causal=True needs a square pattern (query i is key position i), got {pattern.shape[2]} "
-                f"queries and {n_keys} keys; pass causal=False for a pattern of other queries."
-            )
+        step = max(1, bases.CAUSAL_CPU_BYTES // (n_heads * n_keys * n_keys * 8))
+        if devices.reads_are_free(pattern) and batch > step:  # a few sequences at a time (the same numbers)
+            return torch.cat([
+                effective_attention(pattern[first:first + step], v[first:first + step], key_mask=valid[first:first + step],
+                                    rtol=rtol, padded=padded, check=False, causal=True)
+                for first in range(0, batch, step)
+            ])
         return causal_effective_attention(pattern, v, valid, rtol, use_qr,
                                           every=not devices.reads_are_free(pattern) and v.shape[-1] <= NO_READ_WIDTH)
     if not devices.reads_are_free(pattern):

@@ -47,7 +47,7 @@ decomposition a head without ``causal``: on a CPU (1 thread, ``benchmarks/effect
 against 14 ms), 5.8x on MiniLM-sized ones (``d_head = 32``), random values (no copies: finding
 none costs 6-14% of the call); ``effective.run`` of SmolLM2-135M on 8 texts of 128 tokens 1.56x
 its full forward (3.36x, measured the same day, before copies were averaged and before the CPU
-took :data:`CAUSAL_CPU_BYTES` of rows at a time). ``padded=True`` takes every
+took :data:`attnlens.engine.bases.CAUSAL_CPU_BYTES` of rows at a time). ``padded=True`` takes every
 position up to ``q``, padding included.
 """
 
@@ -68,10 +68,6 @@ from attnlens.engine.bases import (
 
 #: query rows the causal route solves from one Cholesky factorisation (:func:`_block`)
 CAUSAL_BLOCK = 32
-#: bytes of float64 rows (``head x query x key``) the causal route takes at once on the CPU: a
-#: longer batch runs a few sequences at a time, 1.5x faster than all at once on SmolLM2's 30
-#: layers stacked (``effective.run``), the same numbers
-CAUSAL_CPU_BYTES = 2**24
 #: bytes of float64 matrices the causal route's exact rule forms at once, on the CPU and off it
 CAUSAL_CHUNK_BYTES = (2**27, 2**30)
 #: tolerance below which the causal route's float64 Cholesky solve is not trusted for float64
@@ -107,11 +103,6 @@ def causal_effective_attention(
         return causal_effective_attention(pattern.cpu(), v.cpu(), valid.cpu(), rtol, use_qr, every=every).to(device)
     batch, n_heads, n_keys, d_head = v.shape
     free = devices.reads_are_free(pattern)
-    step = max(1, CAUSAL_CPU_BYTES // (n_heads * n_keys * n_keys * 8))
-    if free and batch > step:  # on the CPU a few sequences at a time: their float64 rows stay in cache
-        return torch.cat([causal_effective_attention(pattern[first:first + step], v[first:first + step],
-                                                     valid[first:first + step], rtol, use_qr, every=every)
-                          for first in range(0, batch, step)])
     eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
     visible = valid[:, None, :] & torch.ones(n_keys, n_keys, dtype=torch.bool, device=device).tril()
     counts = visible.sum(-1)  # [batch, query]: the keys row q reads

@@ -474,3 +474,16 @@ def test_values_of_equal_hash_that_are_not_copies_are_not_grouped():
     expected = torch.from_numpy(effective_attention_loop(pattern, v, valid, causal=True,
                                                          eps=torch.finfo(torch.float64).eps))
     assert (got - expected).abs().max() <= 1e-9
+
+
+def test_the_cpu_s_chunks_of_sequences_give_the_same_numbers(decoder, monkeypatch):
+    """On the CPU a decoder's effective attention takes CAUSAL_CPU_BYTES of rows at a time
+    (``effective.run`` stacks every layer along the batch axis): one sequence at a time and all
+    at once give the same maps, bit for bit (each sequence's arithmetic is its own)."""
+    from attnlens.engine import bases
+
+    batch = attnlens.tokenize(decoder, TEXTS, max_len=64, layout="padded")
+    monkeypatch.setattr(bases, "CAUSAL_CPU_BYTES", 2**40)
+    whole = effective.run(decoder, batch).effective
+    monkeypatch.setattr(bases, "CAUSAL_CPU_BYTES", 1)
+    assert torch.equal(effective.run(decoder, batch).effective, whole)
