@@ -487,3 +487,27 @@ def test_the_cpu_s_chunks_of_sequences_give_the_same_numbers(decoder, monkeypatc
     whole = effective.run(decoder, batch).effective
     monkeypatch.setattr(bases, "CAUSAL_CPU_BYTES", 1)
     assert torch.equal(effective.run(decoder, batch).effective, whole)
+
+
+@pytest.mark.parametrize("no_read_width", [0, 64])
+def test_the_device_routes_average_copies_as_the_cpu_does(monkeypatch, no_read_width):
+    """Off the CPU (``reads_are_free`` patched False) copies are found and averaged with no read,
+    and the exact rule is taken after the one read a call (``NO_READ_WIDTH`` 0) or for every row
+    by ``torch.where`` (64): both give the CPU route's maps bit for bit, on values with exact copies,
+    near copies and right padding."""
+    from attnlens.core import devices
+    from attnlens.engine import effective as engine
+
+    generator = torch.Generator().manual_seed(7)
+    d_head, n_keys = 8, 3 * 8 + 5
+    pool = torch.randn(3, 2, 5, d_head, generator=generator)
+    v = pool[:, :, torch.randint(0, 5, (n_keys,), generator=generator)].clone()
+    v[1, :, 10:, 0] = torch.nextafter(v[1, :, 10:, 0], torch.tensor(float("inf")))  # near copies
+    v[2] = torch.randn(2, n_keys, d_head, generator=generator)  # no copies
+    pattern, valid = _causal_case(v, seed=2)
+    valid[0, -6:] = False
+    pattern = (pattern * valid[:, None, None, :]).contiguous()
+    cpu = effective_attention(pattern, v, key_mask=valid, causal=True)
+    monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
+    monkeypatch.setattr(engine, "NO_READ_WIDTH", no_read_width)
+    assert torch.equal(effective_attention(pattern, v, key_mask=valid, causal=True, check=False), cpu)
