@@ -230,9 +230,9 @@ def _repeats(
     """Each key's first copy: the index of the first valid key with exactly the same value
     vector (the key itself when none before it has; an invalid key its own), and whether each
     key's value equals that copy's exactly. Candidates are the keys of equal hashes, an integer
-    sum of the values' bits (32 at a time, each times a fixed random weight,
-    :func:`hash_weights`: exact, so equal values always hash equal, whatever the order of
-    summation), found by one stable sort of the hashes; each key is then compared entry by entry
+    sum of the values' bits (32 at a time, each times a fixed weight, :func:`hash_weights`:
+    exact, so equal values always hash equal, whatever the order of summation), found by one
+    stable sort of the hashes; each key is then compared entry by entry
     with its candidate, so a key is grouped only with exact copies (a candidate that is not one
     is flagged, and the rows that read it take another route)."""
     batch, n_heads, n_keys, d_head = v.shape
