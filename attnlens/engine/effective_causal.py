@@ -41,13 +41,18 @@ keys up to ``q``). Routes, each row taking the first certified for it:
   after one read of which rows need it (one a call, as the other routes), for those rows alone,
   else for every row, taken where needed (``torch.where``, no read).
 
+Every certificate and factorisation depends on the values alone, so with grouped key-value
+heads (``v`` of ``[batch, kv_head, key, d_head]``) each is made once per key-value head, for the
+query heads that read it (a group axis in the products).
+
 The cost is a few ``d_head²`` products a row and one factorisation a block, against one
-decomposition a head without ``causal``: on a CPU (1 thread, ``benchmarks/effective_causal.py``)
-3.4x the non-causal call on SmolLM2-sized heads (``[8, 9, 128, 128]``, ``d_head = 64``: 46 ms
-against 14 ms), 5.8x on MiniLM-sized ones (``d_head = 32``), random values (no copies: finding
-none costs 6-14% of the call); ``effective.run`` of SmolLM2-135M on 8 texts of 128 tokens 1.56x
-its full forward (3.36x, measured the same day, before copies were averaged and before the CPU
-took :data:`attnlens.engine.bases.CAUSAL_CPU_BYTES` of rows at a time). ``padded=True`` takes every
+decomposition a head without ``causal``: on a CPU (1 thread, ``benchmarks/effective_causal.py``,
+random values: no copies, whose search costs 6-14% of a call) 3.3x the non-causal call on
+SmolLM2-sized heads with 9 value heads (``[8, 9, 128, 128]``, ``d_head = 64``: 39 ms against 12
+ms), 2.1x with SmolLM2's 3 key-value heads (24 ms), 5.6x on MiniLM-sized ones (``d_head = 32``);
+``effective.run`` of SmolLM2-135M on 8 texts of 128 tokens 1.35x its full forward (3.36x measured
+the same day before copies were averaged, the CPU took
+:data:`attnlens.engine.bases.CAUSAL_CPU_BYTES` of rows at a time and key-value heads were shared). ``padded=True`` takes every
 position up to ``q``, padding included.
 """
 
@@ -78,7 +83,7 @@ CAUSAL_QR_CERTIFY = 1e-3
 
 def causal_effective_attention(
     pattern: Float[Tensor, "batch head query key"],
-    v: Float[Tensor, "batch head key d_head"],
+    v: Float[Tensor, "batch kv_head key d_head"],
     valid: Bool[Tensor, "batch key"],
     rtol: float | None,
     use_qr: bool,
@@ -101,7 +106,9 @@ def causal_effective_attention(
     device = pattern.device
     if device.type == "mps":  # no float64 on MPS: on the CPU
         return causal_effective_attention(pattern.cpu(), v.cpu(), valid.cpu(), rtol, use_qr, every=every).to(device)
-    batch, n_heads, n_keys, d_head = v.shape
+    batch, n_kv, n_keys, d_head = v.shape
+    n_heads = pattern.shape[1]
+    group = n_heads // n_kv  # query heads a key-value head serves (HF's repeat_kv order)
     free = devices.reads_are_free(pattern)
     eps = torch.finfo(torch.promote_types(v.dtype, torch.float32)).eps
     visible = valid[:, None, :] & torch.ones(n_keys, n_keys, dtype=torch.bool, device=device).tril()
@@ -110,7 +117,9 @@ def causal_effective_attention(
         tolerance = counts.clamp_min(d_head).to(torch.float64) * eps
     else:
         tolerance = torch.full(counts.shape, float(rtol), dtype=torch.float64, device=device)
-    kept = pattern.masked_fill(~visible[:, None], 0)  # each row on the keys it reads
+    # [batch, kv_head, group, query, key]: each row on the keys it reads; every certificate
+    # depends on the values alone, so it is made once for the query heads of a key-value head
+    kept = pattern.masked_fill(~visible[:, None], 0).unflatten(1, (n_kv, group))
     rows64 = kept.double()
     v64 = v.double() * valid[:, None, :, None]
     short = counts <= d_head
@@ -119,7 +128,7 @@ def causal_effective_attention(
     copy, exact = _repeats(v, valid)
     order = torch.arange(n_keys, device=device)
     distinct = valid[:, None, :] & (copy == order)
-    n_distinct = distinct.cumsum(-1)  # [batch, head, query]: the distinct values row q reads
+    n_distinct = distinct.cumsum(-1)  # [batch, kv_head, query]: the distinct values row q reads
     inexact = (~exact).cumsum(-1) > 0  # a row reads a key grouped with a copy that is not exact
     trace = (v64.square().sum(-1)).cumsum(-1)  # trace G_q (padded keys' values are 0)
     bound = tolerance.clamp_min(GRAM_MIN_RTOL) ** 2
@@ -132,9 +141,9 @@ def causal_effective_attention(
         out = kept.clone()
         repeated = (~distinct & valid[:, None, :]).any(-1).any(-1).nonzero().squeeze(-1)
         if len(repeated):
-            out[repeated] = _grouped(rows64[repeated], copy[repeated], visible[repeated]).to(pattern.dtype)
+            out[repeated] = _grouped(rows64[repeated], copy[repeated, :, None], visible[repeated, None, None]).to(pattern.dtype)
     else:
-        out = _grouped(rows64, copy, visible).to(pattern.dtype)
+        out = _grouped(rows64, copy[:, :, None], visible[:, None, None]).to(pattern.dtype)
     start = 0 if every else min(d_head, n_keys)  # a row before d_head reads at most d_head keys
     base = v64[:, :, :start].mT @ v64[:, :, :start]  # G of the keys before the first row solved
     for first in range(start, n_keys, CAUSAL_BLOCK):
@@ -142,41 +151,42 @@ def causal_effective_attention(
         result, certified, base = _block(rows64, v64, base, first, last,
                                          tolerance[:, None, first:last].clamp_min(floor) ** 2)
         certified &= ~(short[:, None, first:last] | keep[:, :, first:last])
-        result = result * visible[:, None, first:last]
-        chunk = torch.where(certified[..., None], result.to(pattern.dtype), out[:, :, first:last])
+        result = result * visible[:, None, None, first:last]
+        chunk = torch.where(certified[:, :, None, :, None], result.to(pattern.dtype), out[..., first:last, :])
         if every:
             exact = _causal_exact(
-                rows64[:, :, first:last], v64[:, :, None].expand(-1, -1, last - first, -1, -1),
-                visible[:, None, first:last].expand(-1, n_heads, -1, -1),
-                tolerance[:, None, first:last].expand(-1, n_heads, -1), use_qr,
-            )
+                rows64[..., first:last, :].transpose(2, 3), v64[:, :, None].expand(-1, -1, last - first, -1, -1),
+                visible[:, None, first:last].expand(-1, n_kv, -1, -1),
+                tolerance[:, None, first:last].expand(-1, n_kv, -1), use_qr,
+            ).transpose(2, 3)
             needed = ~(certified | keep[:, :, first:last])
-            chunk = torch.where(needed[..., None], exact.to(pattern.dtype), chunk)
-        out[:, :, first:last] = chunk
+            chunk = torch.where(needed[:, :, None, :, None], exact.to(pattern.dtype), chunk)
+        out[..., first:last, :] = chunk
         solved[:, :, first:last] = certified
     if every:
-        return out
+        return out.flatten(1, 2)
     needed = (~(keep | solved)).nonzero()  # the one read: rows for the exact rule
     per_row = n_keys * d_head * 8 * 4
     step = max(1, CAUSAL_CHUNK_BYTES[0 if free else 1] // per_row)
     for first in range(0, needed.shape[0], step):
         examples, heads, queries = needed[first:first + step].unbind(-1)
         exact = _causal_exact(
-            rows64[examples, heads, queries], v64[examples, heads], visible[examples, queries],
+            rows64[examples, heads, :, queries], v64[examples, heads], visible[examples, queries],
             tolerance[examples, queries], use_qr,
         )
-        out[examples, heads, queries] = exact.to(pattern.dtype)
-    return out
+        out[examples, heads, :, queries] = exact.to(pattern.dtype)
+    return out.flatten(1, 2)
 
 
 def _block(
-    rows64: Float[Tensor, "batch head query key"],
-    v64: Float[Tensor, "batch head key d_head"],
-    base: Float[Tensor, "batch head d_head d_head"],
+    rows64: Float[Tensor, "batch kv_head group query key"],
+    v64: Float[Tensor, "batch kv_head key d_head"],
+    base: Float[Tensor, "batch kv_head d_head d_head"],
     first: int,
     last: int,
-    bound: Float[Tensor, "batch #head row"],
-) -> tuple[Float[Tensor, "batch head row key"], Bool[Tensor, "batch head row"], Float[Tensor, "batch head d_head d_head"]]:
+    bound: Float[Tensor, "batch #kv_head row"],
+) -> tuple[Float[Tensor, "batch kv_head group row key"], Bool[Tensor, "batch kv_head row"],
+           Float[Tensor, "batch kv_head d_head d_head"]]:
     """Rows ``first .. last - 1`` solved from one Cholesky factorisation: ``V_≤q G_q⁻¹ o_q`` for
     each, with ``G_q = G_f + U_jᵀ U_j`` (``G_f`` the Gram matrix of row ``first``'s keys, ``U_j``
     the values of the ``j`` keys after it up to ``q``) by the Woodbury identity,
@@ -189,23 +199,23 @@ def _block(
     is the Gram matrix of the keys up to ``last - 1``, the next block's ``base``."""
     head = v64[:, :, first]
     gram = base + head[..., :, None] * head[..., None, :]  # G_f
-    after = v64[:, :, first + 1:last]  # U: [batch, head, m, d_head], m = rows - 1
-    outputs = rows64[:, :, first:last] @ v64  # o_q = a_q V: [batch, head, rows, d_head]
+    after = v64[:, :, first + 1:last]  # U: [batch, kv_head, m, d_head], m = rows - 1
+    outputs = rows64[..., first:last, :] @ v64[:, :, None]  # o_q = a_q V: [batch, kv_head, group, rows, d_head]
     m, width = after.shape[2], last - first
     with single_threaded(gram.device):
         factor, info = torch.linalg.cholesky_ex(gram)
-        z = torch.cholesky_solve(outputs.mT, factor)  # G_f⁻¹ o_q: [batch, head, d_head, rows]
-        y = torch.cholesky_solve(after.mT, factor)  # G_f⁻¹ Uᵀ: [batch, head, d_head, m]
+        z = torch.cholesky_solve(outputs.mT, factor[:, :, None])  # G_f⁻¹ o_q: [.., group, d_head, rows]
+        y = torch.cholesky_solve(after.mT, factor)  # G_f⁻¹ Uᵀ: [batch, kv_head, d_head, m]
         inverse = inverse_factor(factor)  # L_f⁻¹, for the certificate
         correction = after @ y
-        correction.diagonal(dim1=-2, dim2=-1).add_(1.0)  # M = I + U Y: [batch, head, m, m]
+        correction.diagonal(dim1=-2, dim2=-1).add_(1.0)  # M = I + U Y: [batch, kv_head, m, m]
         small, small_info = torch.linalg.cholesky_ex(correction)
         # row j (0 .. rows - 1) uses the first j keys after row first: U_j z_j, solved with M_j
         reads = torch.arange(m, device=gram.device)[:, None] < torch.arange(width, device=gram.device)[None, :]
-        forward = torch.linalg.solve_triangular(small, (after @ z) * reads, upper=False) * reads
-        solved = torch.linalg.solve_triangular(small.mT, forward, upper=True)  # M_j⁻¹ U_j z_j
-    coefficients = z - y @ solved  # G_q⁻¹ o_q: [batch, head, d_head, rows]
-    result = (v64 @ coefficients).mT  # [batch, head, rows, key]; cut to the visible keys by the caller
+        forward = torch.linalg.solve_triangular(small[:, :, None], (after[:, :, None] @ z) * reads, upper=False) * reads
+        solved = torch.linalg.solve_triangular(small.mT[:, :, None], forward, upper=True)  # M_j⁻¹ U_j z_j
+    coefficients = z - y[:, :, None] @ solved  # G_q⁻¹ o_q: [batch, kv_head, group, d_head, rows]
+    result = (v64[:, :, None] @ coefficients).mT  # [.., group, rows, key]; cut to the visible keys by the caller
     norms = after.square().sum(-1)  # each later key's contribution to the trace
     trace = gram.diagonal(dim1=-2, dim2=-1).sum(-1)[..., None] + torch.nn.functional.pad(norms.cumsum(-1), (1, 0))
     inverse_norm2 = inverse.square().sum(dim=(-2, -1))[..., None]
@@ -258,19 +268,20 @@ def _repeats(
 
 
 def _grouped(
-    rows64: Float[Tensor, "batch head query key"],
-    copy: Tensor,
-    visible: Bool[Tensor, "batch query key"],
-) -> Float[Tensor, "batch head query key"]:
+    rows64: Float[Tensor, "*head query key"],
+    copy: Int[Tensor, "*#head key"],
+    visible: Bool[Tensor, "*#head query key"],
+) -> Float[Tensor, "*head query key"]:
     """Each row's weights averaged over the copies of a value among the keys it reads:
     ``A⊥[q, k] = mean of a_q over the keys j ≤ q whose value is k's``, the projection of ``a_q``
     onto the vectors constant on each set of copies, which is ``a_q``'s projection onto the column
     space of ``V_≤q`` when the distinct values are linearly independent (then that column space
-    is exactly those vectors). A row with no repeated value keeps its weights exactly."""
-    index = copy[:, :, None, :].expand_as(rows64)
+    is exactly those vectors). A row with no repeated value keeps its weights exactly.
+    ``copy`` (each key's first copy, :func:`_repeats`) and ``visible`` broadcast to the rows."""
+    index = copy[..., None, :].expand_as(rows64)
     sums = torch.zeros_like(rows64).scatter_add_(-1, index, rows64)  # [.., query, first copy]
-    counts = torch.zeros_like(rows64).scatter_add_(-1, index, visible[:, None].to(rows64.dtype).expand_as(rows64))
-    return (sums.gather(-1, index) / counts.gather(-1, index).clamp_min(1.0)) * visible[:, None]
+    counts = torch.zeros_like(rows64).scatter_add_(-1, index, visible.to(rows64.dtype).expand_as(rows64))
+    return (sums.gather(-1, index) / counts.gather(-1, index).clamp_min(1.0)) * visible
 
 
 def _distinct_prefixes_independent(
@@ -323,15 +334,16 @@ def _distinct_prefixes_independent(
 
 
 def _causal_exact(
-    rows: Float[Tensor, "*row key"],
+    rows: Float[Tensor, "*row group key"],
     v64: Float[Tensor, "*row key d_head"],
     visible: Bool[Tensor, "*row key"],
     tolerance: Float[Tensor, "*row"],
     use_qr: bool,
-) -> Float[Tensor, "*row key"]:
+) -> Float[Tensor, "*row group key"]:
     """Rows of the causal route by the exact rule, each projected onto the column space of its
-    own visible values: the eigendecomposition of the float64 Gram matrix (as the exact route),
-    or float64 QR and an SVD of ``R`` (as the QR route) for float64 inputs or a tiny ``rtol``."""
+    own visible values (one basis for the ``group`` query heads of a key-value head): the
+    eigendecomposition of the float64 Gram matrix (as the exact route), or float64 QR and an SVD
+    of ``R`` (as the QR route) for float64 inputs or a tiny ``rtol``."""
     shape, n_keys, d_head = rows.shape, v64.shape[-2], v64.shape[-1]
     values = (v64 * visible[..., None]).reshape(-1, n_keys, d_head)
     tolerance = tolerance.reshape(-1)
@@ -339,5 +351,5 @@ def _causal_exact(
         basis = bases.basis_qr(values, tolerance) * visible.reshape(-1, n_keys, 1)
     else:
         basis = bases.eigen_basis(values, values.mT @ values, tolerance)
-    projected = (rows.reshape(-1, 1, n_keys) @ basis) @ basis.mT
+    projected = (rows.reshape(-1, shape[-2], n_keys) @ basis) @ basis.mT
     return projected.reshape(shape)

@@ -2,7 +2,7 @@
 runs a :class:`attnlens.Batch` (its mask and positions never dropped).
 
 - :func:`run_with_hooks` / :func:`model_inputs`: a batch's forward, as ``model.run_with_hooks``;
-- :func:`pattern_hooks`: ``fwd_hooks`` handing each layer's pattern (and values per query head)
+- :func:`pattern_hooks`: ``fwd_hooks`` handing each layer's pattern (and values per key-value head)
   to a callback; :func:`run_patterns`: a forward stopped after the last layer's pattern;
 - :func:`check_hooks`, :func:`check_token_ids`: what the engine checks of a batch on the host.
 """
@@ -43,12 +43,16 @@ class _Stop(Exception):
     """Raised after the last layer's pattern hook: the rest of the forward is not needed."""
 
 
-def values_per_query_head(
+def values_per_kv_head(
     model: Any, v: Tensor
-) -> Float[Tensor, "batch head key d_head"]:
+) -> Float[Tensor, "batch kv_head key d_head"]:
     """``hook_v``'s values (``[batch, key, kv_head, d_head]`` or ``[batch, key, kv_head*d_head]``)
-    as one ``[key, d_head]`` matrix per query head: with grouped key-value heads, query head ``h``
-    reads key-value head ``h // (n_heads / n_kv_heads)``, as Hugging Face's ``repeat_kv``."""
+    as one ``[key, d_head]`` matrix per key-value head: with grouped key-value heads, query head
+    ``h`` reads key-value head ``h // (n_heads / n_kv_heads)``, as Hugging Face's ``repeat_kv``
+    (``kv_head`` is ``head`` without grouped heads). Not repeated for each query head: what reads
+    them (:func:`attnlens.engine.effective.effective_attention`,
+    :func:`attnlens.methods.norm.norm_attention`) takes key-value heads, and a decoder's effective
+    attention makes its certificates once for the query heads that share them."""
     n_heads = int(model.cfg.n_heads)
     architecture = models.find(model)
     n_kv = architecture.kv_heads(model.original_model.config) if architecture else n_heads
@@ -56,10 +60,8 @@ def values_per_query_head(
         v = einops.rearrange(v, "b k (h d) -> b h k d", h=n_kv)
     else:
         v = einops.rearrange(v, "b k h d -> b h k d")
-    if v.shape[1] != n_heads:
-        if n_heads % v.shape[1]:
-            raise InputError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
-        v = v.repeat_interleave(n_heads // v.shape[1], dim=1)
+    if n_heads % v.shape[1]:
+        raise InputError(f"{n_heads} query heads cannot share {v.shape[1]} key-value heads evenly.")
     return v
 
 
@@ -210,7 +212,8 @@ def pattern_hooks(
     values: bool = True,
 ) -> list[tuple[str, Callable]]:
     """``fwd_hooks`` calling ``on_pattern(layer, A, V, valid)`` at each layer's
-    ``hook_pattern``, with ``V`` the layer's values per query head (stashed at its value hook,
+    ``hook_pattern``, with ``V`` the layer's values per key-value head (:func:`values_per_kv_head`,
+    ``[batch, kv_head, key, d_head]``; stashed at its value hook,
     which fires first; ``None`` with ``values=False``) and ``valid`` the ``[batch, key]`` mask of
     real tokens (:func:`attnlens.core.seam.key_mask`). Whatever ``on_pattern`` returns replaces the
     pattern (``None`` leaves it)."""
@@ -232,7 +235,7 @@ def pattern_hooks(
             if values:
                 if layer not in stash:
                     raise ModelBehaviourError(f"the value hook of layer {layer} did not fire before its hook_pattern.")
-                v = values_per_query_head(model, stash.pop(layer))
+                v = values_per_kv_head(model, stash.pop(layer))
             return on_pattern(layer, pattern, v, seam.key_mask(pattern, causal=causal))
 
         fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", on_hook))

@@ -57,7 +57,7 @@ class _Kept:
 
 
 class Recording:
-    """Each batch's patterns (and, with ``values=True``, values per query head) of one pass, for
+    """Each batch's patterns (and, with ``values=True``, values per key-value head) of one pass, for
     a later pass over the same batches (see the module docstring).
 
     ``values``: keep the values too (what effective attention and norm-based attention read); the

@@ -122,7 +122,7 @@ def _compute(layer: LayerPatterns) -> NormMaps:
             "norm-based attention needs the layer's value vectors: the accumulator that reads the "
             "'norm' view must copy View.needs_values (the engine then captures them)."
         )
-    # the engine hands the values per query head ([batch, head, key, d_head]): as key-value heads
+    # the engine hands the values per key-value head ([batch, kv_head, key, d_head])
     values = layer.values.transpose(1, 2)
     return norm_attention(layer.pattern, values, layer.output_weights, layer.key_mask)
 

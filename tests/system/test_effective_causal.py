@@ -511,3 +511,46 @@ def test_the_device_routes_average_copies_as_the_cpu_does(monkeypatch, no_read_w
     monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
     monkeypatch.setattr(engine, "NO_READ_WIDTH", no_read_width)
     assert torch.equal(effective_attention(pattern, v, key_mask=valid, causal=True, check=False), cpu)
+
+
+def test_grouped_key_value_heads_are_taken_as_they_are():
+    """A grouped-query model's values are handed per key-value head (``LayerPatterns.values``,
+    ``[batch, kv_head, key, d_head]``: tiny Llama's 6 query heads read 2), and
+    ``effective_attention`` takes them so: the same maps as the values repeated for each query
+    head (``repeat_interleave``, Hugging Face's ``repeat_kv``), within float32 rounding for the
+    causal rule (its certificates made once per key-value head, its products batched otherwise:
+    observed ~1e-9) and bit for bit for the encoder's rule (which repeats them itself); 4 query
+    heads cannot share 3 value heads, and are refused."""
+    model = tiny.llama_bridge()
+    batch = attnlens.tokenize(model, TEXTS, max_len=64, layout="padded")
+    valid = batch.attention_mask.bool()
+    seen = {}
+
+    class Keep(Accumulator):
+        name = "keep"
+        needs_values = True
+
+        def update(self, layer) -> None:
+            seen[layer.layer] = (layer.pattern.clone(), layer.values.clone(), layer.effective.clone())
+
+        def state_dict(self) -> dict:
+            return {}
+
+    passes.run(model, TEXTS, [Keep()], max_len=64, batch_size=len(TEXTS), progress=False, by_length=False)
+    run = effective.run(model, batch)
+    for layer, v in enumerate(values_of(model, batch)):
+        pattern, kv, shared = seen[layer]
+        assert kv.shape[1] == 2 and pattern.shape[1] == 6
+        repeated = kv.repeat_interleave(3, dim=1)
+        for causal in (True, False):
+            grouped = effective_attention(pattern, kv, key_mask=valid, causal=causal)
+            each = effective_attention(pattern, repeated, key_mask=valid, causal=causal)
+            if causal:
+                torch.testing.assert_close(grouped, each, atol=1e-6, rtol=0)
+                torch.testing.assert_close(shared, each, atol=1e-6, rtol=0)
+            else:
+                assert torch.equal(grouped, each)
+        torch.testing.assert_close(run.effective[layer], effective_attention(run.standard[layer], v, key_mask=valid,
+                                                                             causal=True), atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="sharing kv_head key-value heads evenly"):
+        effective_attention(pattern[:, :4], kv.repeat_interleave(3, dim=1)[:, :3], key_mask=valid, causal=True)

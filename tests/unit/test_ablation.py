@@ -23,7 +23,7 @@ import torch
 import attnlens
 from attnlens import ablation, papa
 from attnlens.core.heads import HeadSet
-from attnlens.engine.forward import run_with_hooks, value_hook, values_per_query_head
+from attnlens.engine.forward import run_with_hooks, value_hook, values_per_kv_head
 from attnlens.evaluation import probing, tasks
 from attnlens.evaluation.lm.masks import mlm_masks
 from attnlens.evaluation.lm.scorer import UntrainedHead
@@ -132,7 +132,7 @@ def test_uniform_mode_on_an_encoder(bert):
     assert torch.equal(pattern[:, 2], expected)  # exactly 1 / n_valid on every valid key, 0 on padding
     assert torch.equal(pattern[:, [0, 1, 3]], before["blocks.0.attn.hook_pattern"][:, [0, 1, 3]])
     # the edit reaches the computation: the head's output is the mean of its values over real keys
-    v = values_per_query_head(bert, after[names[2]])[:, 2]  # [batch, key, d_head]
+    v = values_per_kv_head(bert, after[names[2]])[:, 2]  # [batch, key, d_head]
     mean_v = (v * valid[..., None]).sum(1) / valid.sum(1)[:, None]
     z = after["blocks.0.attn.hook_z"][:, :, 2]
     torch.testing.assert_close(z, mean_v[:, None].expand_as(z), rtol=1e-5, atol=1e-6)

@@ -10,7 +10,7 @@ import attnlens
 from attnlens import papa
 from attnlens.core.inputs import tokenize
 from attnlens.engine import passes
-from attnlens.engine.forward import value_hook, values_per_query_head
+from attnlens.engine.forward import value_hook, values_per_kv_head
 from attnlens.methods import clustering, patterns
 from attnlens.methods.patterns.counts import COLUMNS
 from attnlens.methods.patterns.templates import BAND, Positions
@@ -294,7 +294,7 @@ def classify_by_hand(model, texts, view="standard"):
         for layer in range(n_layers):
             pattern = cache[f"blocks.{layer}.attn.hook_pattern"]
             if view == "effective":
-                values = values_per_query_head(model, cache[value_hook(model, layer)])
+                values = values_per_kv_head(model, cache[value_hook(model, layer)])
                 pattern = effective_attention(pattern, values, key_mask=batch.attention_mask.bool())
             labels = patterns.classify(pattern, tokens=tokens, view=view).labels[0]
             counts[layer, torch.arange(n_heads), labels] += 1
