@@ -119,7 +119,7 @@ def test_api_pages_show_jaxtyping_shapes_as_written(site):
     signature = re.search(r"effective_attention\(\s*pattern:.*?\)\s*->\s*[^\n]+", effective, re.S)
     assert signature, "no effective_attention signature on api/effective.html"
     assert 'pattern: Float[Tensor, "batch head query key"]' in signature.group(0)
-    assert 'v: Float[Tensor, "batch head key d_head"]' in signature.group(0)
+    assert 'v: Float[Tensor, "batch kv_head key d_head"]' in signature.group(0)
     assert 'Bool[Tensor, "batch key"] | None' in signature.group(0)
     stats = text_of(site / "api" / "stats.html")
     assert re.search(r"""punctuation_table\(tokenizer: Any, device: .*?\)\s*->\s*Bool\[Tensor, ["']vocab["']\]""", stats)
