@@ -552,5 +552,7 @@ def test_grouped_key_value_heads_are_taken_as_they_are():
                 assert torch.equal(grouped, each)
         torch.testing.assert_close(run.effective[layer], effective_attention(run.standard[layer], v, key_mask=valid,
                                                                              causal=True), atol=1e-6, rtol=0)
+        loop = effective_attention_loop(pattern, kv, valid, causal=True)  # the reference takes them too
+        assert (shared.double() - torch.from_numpy(loop)).abs()[valid_block(valid).expand_as(shared)].max() <= ATOL
     with pytest.raises(ValueError, match="sharing kv_head key-value heads evenly"):
         effective_attention(pattern[:, :4], kv.repeat_interleave(3, dim=1)[:, :3], key_mask=valid, causal=True)

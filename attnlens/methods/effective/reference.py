@@ -20,7 +20,7 @@ from torch import Tensor
 
 def effective_attention_loop(
     pattern: Float[Tensor, "batch head query key"],
-    v: Float[Tensor, "batch head key d_head"],
+    v: Float[Tensor, "batch kv_head key d_head"],
     key_mask: Bool[Tensor, "batch key"],
     *,
     rtol: float | None = None,
@@ -28,13 +28,16 @@ def effective_attention_loop(
     causal: bool = False,
 ) -> Float[np.ndarray, "batch head query key"]:
     """``A⊥`` on each sequence's valid block, one NumPy float64 SVD per (example, head), or per
-    (example, head, query) with ``causal=True``.
+    (example, head, query) with ``causal=True``. ``v`` per head, or per key-value head with
+    grouped heads (query head ``h`` reads ``h // (head / kv_head)``, as
+    :func:`attnlens.engine.effective.effective_attention`).
 
     ``rtol`` default: ``max(n_valid, d_head) · eps`` (NumPy's ``matrix_rank`` rule), with ``eps``
     the machine epsilon of the dtype the activations were computed in (float32 by default).
     """
     attention = pattern.detach().cpu().double().numpy()
     values = v.detach().cpu().double().numpy()
+    values = np.repeat(values, attention.shape[1] // values.shape[1], axis=1)  # each query head's
     valid = key_mask.detach().cpu().numpy().astype(bool)
     out = np.zeros_like(attention)
     if causal:
