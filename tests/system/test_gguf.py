@@ -296,3 +296,25 @@ def test_smollm2_folder_loads_as_llama(smollm2_folder, smollm2_path):
     with torch.no_grad():
         logits = model(ids).logits
     assert logits.shape == (1, ids.shape[1], config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_the_conversion_bar_follows_transformers_switch(capfd):
+    """transformers' GGUF reader draws a tqdm bar of its own, which
+    ``transformers.utils.logging.disable_progress_bar()`` (what ``--quiet`` sets) does not reach:
+    during a conversion with the bars off it draws nothing; with them on, as before."""
+    pytest.importorskip("gguf")
+    from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    try:
+        for enabled in (False, True):
+            (hf_logging.enable_progress_bar if enabled else hf_logging.disable_progress_bar)()
+            capfd.readouterr()
+            with gguf._bar_as_transformers_says():
+                for _ in reader.tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):
+                    pass
+            drawn = "Converting and de-quantizing" in capfd.readouterr().err
+            assert drawn == enabled
+    finally:
+        (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()

@@ -20,6 +20,8 @@ a result; its leftovers are removed by a later run.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import importlib.util
 import json
@@ -28,6 +30,7 @@ import re
 import shutil
 import socket
 import time
+import unittest.mock
 import uuid
 from pathlib import Path
 
@@ -249,6 +252,20 @@ def _check_architecture(path: Path) -> None:
         raise _unsupported(path, architecture, supported)
 
 
+def _bar_as_transformers_says() -> contextlib.AbstractContextManager:
+    """Hide the conversion's progress bar while transformers' progress bars are off
+    (``transformers.utils.logging.disable_progress_bar()``, as ``attnlens ... --quiet`` sets):
+    transformers' GGUF reader draws a ``tqdm`` bar of its own that the switch does not reach, so
+    for the call its ``tqdm`` is one that draws nothing (``disable=True``); with the bars on, or
+    a transformers whose reader has no ``tqdm`` of its own, nothing changes."""
+    from transformers import modeling_gguf_pytorch_utils as reader
+    from transformers.utils import logging as hf_logging
+
+    if hf_logging.is_progress_bar_enabled() or not callable(getattr(reader, "tqdm", None)):
+        return contextlib.nullcontext()
+    return unittest.mock.patch.object(reader, "tqdm", functools.partial(reader.tqdm, disable=True))
+
+
 def _convert_into(path: Path, folder: Path) -> None:
     """Read ``path`` with transformers, de-quantise to float32 and save model and tokenizer into
     ``folder``, :data:`MARKER` last."""
@@ -258,9 +275,10 @@ def _convert_into(path: Path, folder: Path) -> None:
 
     started = time.perf_counter()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path.parent, gguf_file=path.name, dtype=torch.float32
-        )
+        with _bar_as_transformers_says():
+            model = AutoModelForCausalLM.from_pretrained(
+                path.parent, gguf_file=path.name, dtype=torch.float32
+            )
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (ValueError, NotImplementedError, KeyError, RuntimeError) as error:
         # an architecture or quantisation transformers cannot read, or an incomplete file
