@@ -234,9 +234,9 @@ def hash_weights(d_head: int, device: torch.device | str = "cpu") -> Int[Tensor,
 
 
 def _repeats(
-    v: Float[Tensor, "batch head key d_head"],
+    v: Float[Tensor, "batch kv_head key d_head"],
     valid: Bool[Tensor, "batch key"],
-) -> tuple[Int[Tensor, "batch head key"], Bool[Tensor, "batch head key"]]:
+) -> tuple[Int[Tensor, "batch kv_head key"], Bool[Tensor, "batch kv_head key"]]:
     """Each key's first copy: the index of the first valid key with exactly the same value
     vector (the key itself when none before it has; an invalid key its own), and whether each
     key's value equals that copy's exactly. Candidates are the keys of equal hashes, an integer
@@ -285,12 +285,12 @@ def _grouped(
 
 
 def _distinct_prefixes_independent(
-    v64: Float[Tensor, "batch head key d_head"],
-    distinct: Bool[Tensor, "batch head key"],
-    n_distinct: Int[Tensor, "batch head query"],
-    trace: Float[Tensor, "batch head query"],
+    v64: Float[Tensor, "batch kv_head key d_head"],
+    distinct: Bool[Tensor, "batch kv_head key"],
+    n_distinct: Int[Tensor, "batch kv_head query"],
+    trace: Float[Tensor, "batch kv_head query"],
     bound: Float[Tensor, "batch query"],
-) -> Bool[Tensor, "batch head query"]:
+) -> Bool[Tensor, "batch kv_head query"]:
     """Whether the first ``n_distinct[b, h, q]`` (at most ``d_head``) distinct values of a row are
     certified linearly independent with every singular value of ``V_≤q`` above the row's
     tolerance (True for a row that reads none; ``bound`` its squared tolerance, ``trace`` the
