@@ -48,6 +48,32 @@ def test_a_probe_refuses_features_of_another_kind_or_width(ner_probe):
         ner_probe.predict(word_features(d_model=16))
 
 
+def test_a_probe_refuses_another_models_features_of_the_same_width(tmp_path, monkeypatch):
+    """Features record the model that computed them (name and weights fingerprint; saved, read
+    back, kept by subset and to), and a probe fitted on them refuses features of another model,
+    here tiny BERT with other weights: the same width, so nothing else would tell them apart (it
+    scored them without a word)."""
+    from attnlens.evaluation.probing import features as module
+    from attnlens.evaluation.probing.features import Features
+    from attnlens.evaluation.probing.probe import PapaProbe
+
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
+    options = dict(max_len=16, layout="papa", progress=False)
+    one, other = tiny.bert_bridge(), tiny.bert_bridge(seed=1)
+    mine = module.extract(one, tiny.CORPUS[:4], **options)
+    theirs = module.extract(other, tiny.CORPUS[:4], **options)
+    assert mine.model == module.model_identity(one) and mine.model != theirs.model
+    assert mine.d_model == theirs.d_model
+    assert Features.load(mine.save(tmp_path / "f.safetensors")).model == mine.model
+    assert mine.subset([1, 0]).model == mine.to("cpu").model == mine.model
+    assert module.extract(one, tiny.CORPUS[:4], **options).model == mine.model  # read from the cache
+    probe = PapaProbe(epochs=1).fit(mine, [0, 1, 0, 1])
+    probe = PapaProbe.load(probe.save(tmp_path / "p.safetensors"))
+    assert len(probe.predict(mine)) == 4
+    with pytest.raises(MismatchError, match="fitted on model .*; the features given have model"):
+        probe.predict(theirs)
+
+
 def test_an_unfitted_probe_says_so():
     from attnlens.evaluation.probing.probe import PapaProbe
 

@@ -379,7 +379,7 @@ def _indexed_on_host(features: Features) -> Features:
     if all(value.device.type == "cpu" for value in index):
         return features
     return Features(features.vectors, *(value.cpu() for value in index), features.kind, features.max_len,
-                    features.key)
+                    features.key, features.model)
 
 
 def _take(values: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray | torch.Tensor:

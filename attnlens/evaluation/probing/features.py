@@ -33,6 +33,7 @@ so with them nothing is cached unless ``cache_key=`` names them.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -79,7 +80,10 @@ class Features:
     word's index (token examples) or, for masked-LM features, the original token id at a masked
     position. ``kind``: ``"sequence"``, ``"words"`` or ``"masked"``.
     ``n_words``: ``[example]`` words per example (token examples; their words cut by ``max_len``
-    have no vector); empty otherwise.
+    have no vector); empty otherwise. ``model``: the model that computed them,
+    ``"<name>@<weights fingerprint>"`` (:func:`model_identity`; ``""`` for features made by
+    hand), which a probe fitted on them records and checks (another model's features of the
+    same width are refused, not scored).
 
     ``vectors`` live on the device that computes with them (:meth:`to`; :func:`extract` returns
     them on the model's); ``lengths``, ``positions`` and ``n_words`` are index metadata that a
@@ -93,6 +97,7 @@ class Features:
     kind: str
     max_len: int
     key: str = ""
+    model: str = ""
 
     def __len__(self) -> int:
         return int(self.lengths.numel())
@@ -126,8 +131,7 @@ class Features:
         device = torch.device(device)
         if self.vectors.device == device:
             return self
-        return Features(self.vectors.to(device), self.lengths, self.positions, self.n_words, self.kind,
-                        self.max_len, self.key)
+        return dataclasses.replace(self, vectors=self.vectors.to(device))
 
     def subset(self, indices: Sequence[int] | Tensor) -> Features:
         """The features of the examples at ``indices`` (in that order)."""
@@ -138,7 +142,7 @@ class Features:
         return Features(
             self.vectors[rows.to(self.vectors.device)], self.lengths[indices], self.positions[rows],
             self.n_words[indices] if self.n_words.numel() else self.n_words,
-            self.kind, self.max_len, "",
+            self.kind, self.max_len, "", self.model,
         )
 
     def __repr__(self) -> str:
@@ -153,7 +157,7 @@ class Features:
         """Write to one safetensors file atomically, with a checksum of the tensors."""
         tensors = self._tensors()
         metadata = {"format": FORMAT, "kind": self.kind, "max_len": str(self.max_len),
-                    "key": self.key}  # safetensors_bytes adds the checksum
+                    "key": self.key, "model": self.model}  # safetensors_bytes adds the checksum
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     def _tensors(self) -> dict[str, Tensor]:
@@ -168,7 +172,8 @@ class Features:
         if set(tensors) != {"vectors", "lengths", "positions", "n_words"}:
             raise InputError(f"features file {path} is damaged: it lacks tensors; delete it.")
         features = cls(tensors["vectors"], tensors["lengths"], tensors["positions"], tensors["n_words"],
-                       metadata["kind"], int(metadata["max_len"]), metadata.get("key", ""))
+                       metadata["kind"], int(metadata["max_len"]), metadata.get("key", ""),
+                       metadata.get("model", ""))
         problem = _inconsistent(features)
         if problem:
             raise InputError(f"features file {path} is damaged: {problem}; delete it.")
@@ -277,6 +282,12 @@ class HiddenStates(Accumulator):
         shard, and :func:`extract` writes it to a file (one per rank)."""
 
 
+def model_identity(model: Any) -> str:
+    """``"<name>@<weights fingerprint>"`` (:func:`attnlens.core.loading.model_id`,
+    :func:`attnlens.core.loading.weights_fingerprint`): what :attr:`Features.model` records."""
+    return f"{model_id(model)}@{weights_fingerprint(model)}"
+
+
 def cache_dir() -> Path:
     """Where cached features live: ``$ATTNLENS_CACHE/features``, else
     ``~/.cache/attnlens/features``. Delete the folder (or call :func:`clear_cache`) to clear it."""
@@ -362,7 +373,9 @@ def extract(
     """
     features = _extract_or_read(model, list(corpus_iterator(examples, name="examples")), hooks, cache, cache_key, max_len, layout, batch_size,
                                 progress, description, states, variant, compact)
-    return features.to(device_of(model))  # read from the cache or computed: on the model's device
+    # read from the cache (whose key holds the model: a file of another format may not say it)
+    # or computed; on the model's device
+    return dataclasses.replace(features.to(device_of(model)), model=model_identity(model))
 
 
 def _extract_or_read(model: Any, examples: list, hooks: Any, cache: bool, cache_key: str | None, max_len: int,
@@ -457,7 +470,7 @@ def _gather_shards(features: Features, path: Path | None, current: Any) -> Featu
     whole = Features(
         torch.cat([part.vectors for part in parts]), torch.cat([part.lengths for part in parts]),
         torch.cat([part.positions for part in parts]), torch.cat([part.n_words for part in parts]),
-        features.kind, features.max_len, path.stem,
+        features.kind, features.max_len, path.stem, features.model,
     )
     dist.barrier()
     if current.rank == 0:

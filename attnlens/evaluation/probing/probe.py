@@ -475,13 +475,15 @@ def made_for_record(features: Features, task: str | None, label_names: Sequence[
     """What a probe fitted on ``features`` was made for (recorded in its file)."""
     return {"task": None if task is None else str(task),
             "label_names": None if label_names is None else [str(name) for name in label_names],
-            "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model}
+            "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model,
+            "model": features.model or None}
 
 
 def _check_made_for(made_for: dict[str, Any], features: Features, task: str | None) -> None:
     """:class:`~attnlens.errors.MismatchError` naming the first fact of ``features`` (or the
     ``task`` they are for) that differs from what the probe was fitted on."""
-    found = {"task": task, "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model}
+    found = {"task": task, "kind": features.kind, "n_layers": features.n_layers, "d_model": features.d_model,
+             "model": features.model or None}
     for fact, value in found.items():
         recorded = made_for.get(fact)
         if recorded is not None and value is not None and recorded != value:
