@@ -50,7 +50,8 @@ def test_a_probe_refuses_features_of_another_kind_or_width(ner_probe):
 
 def test_a_probe_refuses_another_models_features_of_the_same_width(tmp_path, monkeypatch):
     """Features record the model that computed them (name and weights fingerprint; saved, read
-    back, kept by subset and to), and a probe fitted on them refuses features of another model,
+    back, kept by subset and to), and a probe or a linear baseline fitted on them refuses
+    features of another model,
     here tiny BERT with other weights: the same width, so nothing else would tell them apart (it
     scored them without a word)."""
     from attnlens.evaluation.probing import features as module
@@ -72,6 +73,11 @@ def test_a_probe_refuses_another_models_features_of_the_same_width(tmp_path, mon
     assert len(probe.predict(mine)) == 4
     with pytest.raises(MismatchError, match="fitted on model .*; the features given have model"):
         probe.predict(theirs)
+    baseline = probing.LinearBaseline(grid=(0.1,)).fit(mine, [0, 1, 0, 1])
+    baseline = probing.LinearBaseline.load(baseline.save(tmp_path / "b.safetensors"))
+    assert len(baseline.predict(mine)) == 4
+    with pytest.raises(MismatchError, match="fitted on features of model .*; these are of model"):
+        baseline.predict(theirs)
 
 
 def test_an_unfitted_probe_says_so():

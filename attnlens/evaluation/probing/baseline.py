@@ -129,6 +129,8 @@ class LinearBaseline(Estimator):
         self.held_out: dict[float, float] = {}
         self.model: Any = None
         self.solver_: str | None = None
+        #: the model whose features it was fitted on (:attr:`Features.model`; "" when unknown)
+        self.fitted_on_ = ""
 
     def _after_set_params(self, fresh: Estimator) -> None:
         self._grid = fresh._grid
@@ -220,6 +222,7 @@ class LinearBaseline(Estimator):
             first = fitted.get(self.C, _last(start.model) if start is not None and start.model is not None else None)
             self.model = self._fit(rows, fit_targets, self.C, first)
         self.solver_ = solver
+        self.fitted_on_ = features.model
         self._words = features.kind != "sequence"
         self.fallback = int(np.bincount(targets).argmax())
         return self
@@ -229,6 +232,10 @@ class LinearBaseline(Estimator):
         vector get the most frequent training label), as :meth:`PapaProbe.predict`."""
         if self.model is None:
             raise NotFittedError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
+        if self.fitted_on_ and features.model and features.model != self.fitted_on_:
+            raise MismatchError(
+                f"this baseline was fitted on features of model {self.fitted_on_!r}; these are of model "
+                f"{features.model!r}. Fit a baseline on features of that model.")
         features = _indexed_on_host(features.check_finite())
         kind = "word" if self._words else "sequence"
         rows = design(features, tensor=isinstance(self.model, Logistic))
@@ -300,7 +307,8 @@ class LinearBaseline(Estimator):
         metadata = {"format": FORMAT, "params": json.dumps(self.get_params()), "C": repr(float(self.C)),
                     "held_out": json.dumps([[float(c), score] for c, score in self.held_out.items()]),
                     "fallback": str(self.fallback), "words": str(self._words),
-                    "n_samples_seen": str(int(seen)), "n_iter": json.dumps(n_iter), "solver": solver}
+                    "n_samples_seen": str(int(seen)), "n_iter": json.dumps(n_iter), "solver": solver,
+                    "fitted_on": self.fitted_on_}
         return tensors, metadata
 
     @classmethod
@@ -312,6 +320,7 @@ class LinearBaseline(Estimator):
         baseline.C = float(metadata["C"])
         baseline.held_out = {float(c): float(score) for c, score in json.loads(metadata["held_out"])}
         baseline.fallback, baseline._words = int(metadata["fallback"]), metadata["words"] == "True"
+        baseline.fitted_on_ = metadata.get("fitted_on", "")  # older files: not recorded
         solver = metadata.get("solver", "sklearn")
         if solver not in SOLVERS:
             raise ValueError(f"unknown solver {solver!r}")
