@@ -80,6 +80,24 @@ def test_a_probe_refuses_another_models_features_of_the_same_width(tmp_path, mon
         baseline.predict(theirs)
 
 
+def test_an_mlm_head_refuses_another_models_features(tmp_path):
+    """A fitted MLM head records the model of its masked-token features (in its file too) and
+    refuses features of another model of the same width; features of no recorded model (made
+    by hand, or older files) are not checked."""
+    import dataclasses
+
+    from attnlens.evaluation.probing.mlm import MLMHead
+
+    masked = dataclasses.replace(word_features(kind="sequence"), kind="masked", model="tiny@00aa")
+    head = MLMHead(epochs=1).fit(masked, vocab_size=3)
+    head = MLMHead.load(head.save(tmp_path / "h.safetensors"))
+    assert head.fitted_on_ == "tiny@00aa"
+    assert head.log_likelihood(masked).shape == (masked.vectors.shape[0],)
+    assert head.log_likelihood(dataclasses.replace(masked, model="")).shape == (masked.vectors.shape[0],)
+    with pytest.raises(MismatchError, match="fitted on features of model 'tiny@00aa'; these are of model 'tiny@11bb'"):
+        head.score(dataclasses.replace(masked, model="tiny@11bb"))
+
+
 def test_an_unfitted_probe_says_so():
     from attnlens.evaluation.probing.probe import PapaProbe
 

@@ -24,7 +24,7 @@ from attnlens.core.loading import fingerprints_kept, model_id, require_bridge
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.batches import progress_bar
 from attnlens.engine.forward import FwdHooks
-from attnlens.errors import InputError, InputTypeError, NotFittedError
+from attnlens.errors import InputError, InputTypeError, MismatchError, NotFittedError
 from attnlens.evaluation.lm.masks import check_rate, mlm_masks
 from attnlens.evaluation.lm.result import LMScore
 from attnlens.evaluation.probing.features import Features, HiddenStates, extract
@@ -88,6 +88,8 @@ class MLMHead(Estimator):
         self.epochs, self.batch_size, self.lr, self.seed = epochs, batch_size, lr, seed
         self.progress = progress
         self.network: torch.nn.Sequential | None = None
+        #: the model whose features it was fitted on (:attr:`Features.model`; "" when unknown)
+        self.fitted_on_ = ""
 
     def fit(self, features: Features, vocab_size: int) -> MLMHead:
         """Train on masked-token ``features`` (their :attr:`~Features.positions` are the
@@ -125,6 +127,7 @@ class MLMHead(Estimator):
                         bar.update(len(rows))
             finally:
                 bar.close()
+        self.fitted_on_ = features.model
         return self
 
     def log_likelihood(self, features: Features) -> Float[Tensor, " token"]:
@@ -136,6 +139,10 @@ class MLMHead(Estimator):
         if features.kind != "masked" or features.vectors.shape[1:].numel() != width:
             raise InputError(f"an MLM head scores masked-token features of {width} values a row (as it was "
                              f"fitted on), got {features.kind!r} ones of {features.vectors.shape[1:].numel()}.")
+        if self.fitted_on_ and features.model and features.model != self.fitted_on_:
+            raise MismatchError(
+                f"this MLM head was fitted on features of model {self.fitted_on_!r}; these are of model "
+                f"{features.model!r}. Fit a head on features of that model.")
         features.check_finite()
         out = []
         with torch.no_grad():
@@ -157,7 +164,8 @@ class MLMHead(Estimator):
         tensors = {name: value.detach().contiguous() for name, value in self.network.state_dict().items()}
         settings = {"epochs": self.epochs, "batch_size": self.batch_size, "lr": self.lr, "seed": self.seed}
         # safetensors_bytes adds the checksum
-        metadata = {"format": HEAD_FORMAT, "settings": json.dumps(settings, sort_keys=True)}
+        metadata = {"format": HEAD_FORMAT, "settings": json.dumps(settings, sort_keys=True),
+                    "fitted_on": self.fitted_on_}
         return write_atomic(path, safetensors_bytes(tensors, metadata))
 
     @classmethod
@@ -173,6 +181,7 @@ class MLMHead(Estimator):
         head.network = nn.Sequential(nn.Linear(width, hidden), nn.GELU(),
                                      nn.Linear(hidden, tensors["2.weight"].shape[0]))
         head.network.load_state_dict(tensors)
+        head.fitted_on_ = metadata.get("fitted_on", "")  # older files: not recorded
         return head
 
 
