@@ -21,6 +21,7 @@ Its features are the probe's (:class:`attnlens.evaluation.probing.Features`), re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -232,11 +233,7 @@ class LinearBaseline(Estimator):
         vector get the most frequent training label), as :meth:`PapaProbe.predict`."""
         if self.model is None:
             raise NotFittedError("this LinearBaseline is not fitted yet; call fit(features, labels) first.")
-        if self.fitted_on_ and features.model and features.model != self.fitted_on_:
-            raise MismatchError(
-                f"this baseline was fitted on features of model {self.fitted_on_!r}; these are of model "
-                f"{features.model!r}. Fit a baseline on features of that model.")
-        features = _indexed_on_host(features.check_finite())
+        features = _indexed_on_host(features.check_model(self.fitted_on_, "baseline").check_finite())
         kind = "word" if self._words else "sequence"
         rows = design(features, tensor=isinstance(self.model, Logistic))
         width = _solution(_last(self.model))[0].shape[1]
@@ -387,8 +384,8 @@ def _indexed_on_host(features: Features) -> Features:
     index = (features.lengths, features.positions, features.n_words)
     if all(value.device.type == "cpu" for value in index):
         return features
-    return Features(features.vectors, *(value.cpu() for value in index), features.kind, features.max_len,
-                    features.key, features.model)
+    lengths, positions, n_words = (value.cpu() for value in index)
+    return dataclasses.replace(features, lengths=lengths, positions=positions, n_words=n_words)
 
 
 def _take(values: np.ndarray | torch.Tensor, mask: np.ndarray) -> np.ndarray | torch.Tensor:

@@ -116,6 +116,16 @@ class Features:
         """``offsets[i] : offsets[i + 1]`` are example ``i``'s rows of :attr:`vectors`."""
         return torch.cat([torch.zeros(1, dtype=torch.long), self.lengths.cumsum(0)])
 
+    def check_model(self, fitted_on: str, learner: str) -> Features:
+        """``self``, or :class:`~attnlens.errors.MismatchError` when ``learner`` (``"baseline"``,
+        ``"MLM head"``) was fitted on features of another model (:attr:`model`; ``""`` on either
+        side, features made by hand or an older file: not checked)."""
+        if fitted_on and self.model and self.model != fitted_on:
+            raise MismatchError(
+                f"this {learner} was fitted on features of model {fitted_on!r}; these are of model "
+                f"{self.model!r}. Fit a {learner} on features of that model.")
+        return self
+
     def check_finite(self) -> Features:
         """``self``, or :class:`~attnlens.errors.InputError` when a vector holds NaN or an
         infinity (a learner would train to NaN weights, or predict from them, without a word):

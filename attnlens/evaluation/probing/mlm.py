@@ -24,7 +24,7 @@ from attnlens.core.loading import fingerprints_kept, model_id, require_bridge
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.batches import progress_bar
 from attnlens.engine.forward import FwdHooks
-from attnlens.errors import InputError, InputTypeError, MismatchError, NotFittedError
+from attnlens.errors import InputError, InputTypeError, NotFittedError
 from attnlens.evaluation.lm.masks import check_rate, mlm_masks
 from attnlens.evaluation.lm.result import LMScore
 from attnlens.evaluation.probing.features import Features, HiddenStates, extract
@@ -139,11 +139,7 @@ class MLMHead(Estimator):
         if features.kind != "masked" or features.vectors.shape[1:].numel() != width:
             raise InputError(f"an MLM head scores masked-token features of {width} values a row (as it was "
                              f"fitted on), got {features.kind!r} ones of {features.vectors.shape[1:].numel()}.")
-        if self.fitted_on_ and features.model and features.model != self.fitted_on_:
-            raise MismatchError(
-                f"this MLM head was fitted on features of model {self.fitted_on_!r}; these are of model "
-                f"{features.model!r}. Fit a head on features of that model.")
-        features.check_finite()
+        features.check_model(self.fitted_on_, "MLM head").check_finite()
         out = []
         with torch.no_grad():
             for start in range(0, features.vectors.shape[0], 1024):
