@@ -50,7 +50,7 @@ from realdata import wikitext_paragraphs
 
 import attnlens
 from attnlens import papa
-from attnlens.core import devices, seam
+from attnlens.core import devices, fast_heads
 
 FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
@@ -89,15 +89,15 @@ def main() -> None:
 
     def under(heads: float, fast: bool, assembled: bool = True):
         def forward() -> None:
-            seam.ASSEMBLED_OFF_THE_CPU = assembled
+            fast_heads.ASSEMBLED_OFF_THE_CPU = assembled
             try:
                 with torch.inference_mode(), papa.intervention(model, constants, heads=heads, fast=fast):
                     encoder(batch.input_ids, **kwargs)
             finally:
-                seam.ASSEMBLED_OFF_THE_CPU = True
+                fast_heads.ASSEMBLED_OFF_THE_CPU = True
         return forward
 
-    # off the CPU, a layer of both kinds of heads also weighs each group apart (seam.ASSEMBLED_OFF_THE_CPU
+    # off the CPU, a layer of both kinds of heads also weighs each group apart (fast_heads.ASSEMBLED_OFF_THE_CPU
     # off): fewer bytes, more launches; which is faster is the device's to say
     by_group = not devices.reads_are_free(torch.device(device))
 

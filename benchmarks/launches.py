@@ -11,7 +11,7 @@ are CPU work on any device), with the device routes forced
 and prints the operators per extra batch, beside a plain TransformerLens forward's (the
 cheapest a user writes: the texts by length, each batch padded to its longest), and the attnlens
 functions that launch the most. The fast constant heads are counted on both routes of a layer
-with both kinds of heads (:data:`attnlens.core.seam.ASSEMBLED_OFF_THE_CPU`).
+with both kinds of heads (:data:`attnlens.core.fast_heads.ASSEMBLED_OFF_THE_CPU`).
 
 The limit is the forward's count (a pass cannot launch fewer than the forward it observes);
 the ratio is what launch-bound GPU time scales with. A composite operator is counted as its
@@ -54,7 +54,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import attnlens
 from attnlens import papa
 from attnlens.comparison.accumulator import ReportRows, row_tokens
-from attnlens.core import devices, seam
+from attnlens.core import devices, fast_heads
 from attnlens.core.corpus import default_corpus
 from attnlens.core.inputs import by_length, tokenize
 from attnlens.engine.accumulator import on_host_copy
@@ -226,10 +226,10 @@ def main() -> None:
     def encoder_launches(fraction: float | None, assembled: bool = True) -> tuple[float, float]:
         """The launches and bytes of a forward after the first (inside the intervention, entered
         once, as a pass does: what it makes once, e.g. the constants' means, left out);
-        ``assembled``: :data:`attnlens.core.seam.ASSEMBLED_OFF_THE_CPU`."""
+        ``assembled``: :data:`attnlens.core.fast_heads.ASSEMBLED_OFF_THE_CPU`."""
         with contextlib.ExitStack() as stack, torch.inference_mode():
-            stack.callback(setattr, seam, "ASSEMBLED_OFF_THE_CPU", seam.ASSEMBLED_OFF_THE_CPU)
-            seam.ASSEMBLED_OFF_THE_CPU = assembled
+            stack.callback(setattr, fast_heads, "ASSEMBLED_OFF_THE_CPU", fast_heads.ASSEMBLED_OFF_THE_CPU)
+            fast_heads.ASSEMBLED_OFF_THE_CPU = assembled
             if fraction is not None:
                 stack.enter_context(papa.intervention(model, constants, heads=fraction, fast=True))
             encoder(batch.input_ids, **kwargs)

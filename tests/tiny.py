@@ -113,6 +113,13 @@ def bert_bridge(seed: int = 0):
     return attnlens.load(tiny_bert(seed), tokenizer=bert_tokenizer())
 
 
+def roberta_bridge(seed: int = 0):
+    """A fresh tiny RoBERTa as an attnlens bridge (attnlens.load with its tokenizer)."""
+    import attnlens
+
+    return attnlens.load(tiny_roberta(seed), tokenizer=roberta_tokenizer())
+
+
 def gpt2_bridge(seed: int = 0):
     """A fresh tiny GPT-2 as an attnlens bridge (attnlens.load with its tokenizer)."""
     import attnlens

@@ -10,7 +10,6 @@ runs a :class:`attnlens.Batch` (its mask and positions never dropped).
 from __future__ import annotations
 
 import contextlib
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
@@ -129,32 +128,6 @@ def forward_batch(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: b
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 
-#: whether :func:`warn_if_scores_hooked` has warned in this process
-_SCORES_WARNED: list[bool] = []
-
-
-def warn_if_scores_hooked(model: Any, hooks: FwdHooks) -> None:
-    """Warn once per process when a hook is on ``hook_attn_scores`` of an encoder behind the seam
-    (BERT, RoBERTa): TransformerLens 4.3 fires that point after the attention module returns,
-    with the softmaxed pattern it returned, so a hook there sees the pattern, not the scores,
-    and its edits reach nothing. Decoders (GPT-2, Llama) fire it with the scores."""
-    if _SCORES_WARNED:
-        return
-    names = [item[0] for item in hooks if isinstance(item, tuple | list) and len(item) == 2]
-    if not any(isinstance(name, str) and name.endswith("hook_attn_scores") for name in names):
-        return
-    architecture = models.find(model)
-    if architecture is None or architecture.seam != "attnlens":
-        return
-    _SCORES_WARNED.append(True)
-    warnings.warn(
-        f"hook_attn_scores on {architecture.name} holds the softmaxed attention pattern (TransformerLens "
-        "fires it with what the attention module returns), not the scores, and an edit there changes "
-        "nothing; read the scores from hook_q and hook_k, edit the attention at hook_pattern.",
-        UserWarning, stacklevel=3,
-    )
-
-
 def check_token_ids(model: Any, batch: Batch) -> None:
     """:class:`~attnlens.errors.InputError` when a token id of ``batch`` is negative or beyond
     the model's vocabulary (a batch not made by :func:`attnlens.tokenize` for this model)."""
@@ -194,14 +167,12 @@ def check_hooks(hooks: FwdHooks, batch: Batch) -> None:
 
 def check_hooks_model(model: Any, hooks: FwdHooks) -> None:
     """What each hook checks of the model it runs on (its ``check_model``, e.g. PAPA's: a
-    decoder's constants refused on an encoder), and the warning of :func:`warn_if_scores_hooked`:
-    once a call or a pass, on the host."""
+    decoder's constants refused on an encoder): once a call or a pass, on the host."""
     for item in hooks:
         function = item[1] if isinstance(item, tuple | list) and len(item) == 2 else None
         check = getattr(function, "check_model", None)
         if check is not None:
             check(model)
-    warn_if_scores_hooked(model, hooks)
 
 
 def pattern_hooks(

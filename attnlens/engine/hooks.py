@@ -18,7 +18,7 @@ What a :class:`Hooks` adds to the list:
   exit, like TransformerLens's ``HookedRootModule.hooks()``;
 - :meth:`Hooks.patched`: the part of the intervention that patches the model itself rather than
   running as a hook (none for plain hooks; a :class:`attnlens.papa.PapaHooks` made with
-  ``fast=True`` skips the replaced heads' work, :func:`attnlens.core.seam.constant_heads`), yielding
+  ``fast=True`` skips the replaced heads' work, :func:`attnlens.core.fast_heads.constant_heads`), yielding
   the pairs still to pass as ``fwd_hooks``. The pass engine (:func:`attnlens.engine.passes.run`) and
   :func:`attnlens.engine.forward.run_with_hooks` run inside it; a caller who hands the list straight to
   ``run_with_hooks`` gets the hook path, the same intervention, at its usual cost.

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from attnlens.core import seam
+from attnlens.core import fast_heads
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
 from attnlens.core.heads import n_selected
@@ -343,9 +343,9 @@ def curve(
     and the features of the model itself, which ``strategy="lambda"`` reads too, come from the
     feature cache after their first extraction. Features run in compact PAPA batches
     (:func:`attnlens.core.inputs.compact_batch`). ``fast``: the replaced heads skip their query, key,
-    ``QKᵀ`` and softmax (``papa.hooks(..., fast=True)``, :func:`attnlens.core.seam.constant_heads`);
+    ``QKᵀ`` and softmax (``papa.hooks(..., fast=True)``, :func:`attnlens.core.fast_heads.constant_heads`);
     the same features up to float32 rounding (the same cache entries). ``None`` (default):
-    wherever the model allows it (:func:`attnlens.core.seam.skips_constant_heads`: encoders loaded
+    wherever the model allows it (:func:`attnlens.core.fast_heads.skips_constant_heads`: encoders loaded
     by :func:`attnlens.load`); ``True`` refuses a model that does not.
 
     ``checkpoint``: a folder where every finished point of a task is written, atomically
@@ -392,10 +392,10 @@ def curve(
     if strategy not in STRATEGIES:
         raise InputError(f"Unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}.")
     if fast is None:
-        fast = seam.skips_constant_heads(model)
+        fast = fast_heads.skips_constant_heads(model)
     elif not isinstance(fast, bool):
         raise InputTypeError(f"fast must be True, False or None, not {fast!r}.")
-    elif fast and not seam.skips_constant_heads(model):
+    elif fast and not fast_heads.skips_constant_heads(model):
         raise InputError("fast=True: this model's heads cannot skip their work (a decoder, or a model "
                          "not loaded with attnlens.load()); pass fast=False or leave it None.")
     if checkpoint is not None and os.path.exists(checkpoint) and not os.path.isdir(checkpoint):

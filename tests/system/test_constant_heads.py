@@ -1,5 +1,5 @@
 """``papa.intervention(..., fast=True)``: replaced heads skip Q, K, QKᵀ and softmax
-(:func:`attnlens.core.seam.constant_heads`), and give what the hook path gives.
+(:func:`attnlens.core.fast_heads.constant_heads`), and give what the hook path gives.
 
 Reference: the hook path (:func:`attnlens.papa.hooks`: the full softmax computed, then the
 selected heads' patterns replaced in ``hook_pattern``), on the same batch in the PAPA layout.
@@ -19,7 +19,7 @@ import torch
 
 import attnlens
 from attnlens import papa
-from attnlens.core import seam
+from attnlens.core import fast_heads
 from tests import tiny
 from tests.precision import float32_sum_error
 
@@ -99,7 +99,7 @@ def test_fast_path_is_for_full_replacement_only(setup):
 def test_fast_path_refuses_a_decoder():
     model = tiny.gpt2_bridge()
     with pytest.raises(ValueError, match="encoders"):
-        with seam.constant_heads(model, {}, lambda valid, dtype: {}):
+        with fast_heads.constant_heads(model, {}, lambda valid, dtype: {}):
             pass
 
 
@@ -128,15 +128,15 @@ def test_fast_path_on_a_compact_batch_equals_the_hook_path_on_the_padded_one(set
 
 def count_split_forwards(monkeypatch) -> list[int]:
     """Count the fast path's forwards that weigh the constant heads' values without assembling
-    the pattern (:func:`attnlens.core.seam._weigh`), recording each constant's leading axis."""
+    the pattern (:func:`attnlens.core.fast_heads._weigh`), recording each constant's leading axis."""
     calls: list[int] = []
-    weigh = seam._weigh
+    weigh = fast_heads._weigh
 
     def counted(pattern, value):
         calls.append(pattern.shape[0])
         return weigh(pattern, value)
 
-    monkeypatch.setattr(seam, "_weigh", counted)
+    monkeypatch.setattr(fast_heads, "_weigh", counted)
     return calls
 
 
@@ -159,12 +159,54 @@ def test_without_a_pattern_hook_the_pattern_is_not_assembled(setup, heads, monke
     torch.testing.assert_close(fast, hooked, atol=tolerance(model, hooked), rtol=0)
 
 
+@pytest.mark.parametrize("hooked_pattern", [False, True], ids=["no_pattern_hook", "pattern_hook"])
+@pytest.mark.parametrize("heads", ["half", "all"])
+def test_a_hook_on_the_scores_sees_every_heads_scores(setup, heads, hooked_pattern, monkeypatch):
+    """A hook on ``hook_attn_scores`` under the fast path sees every head's scores, as on the
+    hook path (the layer computes them all), and its edits reach the computed heads alone (a
+    replaced head's pattern is its constant): the scores it sees, the patterns ``hook_pattern``
+    sees and the logits are the hook path's. Scores and patterns come from the same products
+    and functions on both paths (bit for bit); the logits within :func:`tolerance`."""
+    model, constants, batch = setup
+    seen: dict[tuple[bool, str], torch.Tensor] = {}
+
+    def edit(scores, hook):
+        seen[fast, hook.name] = scores.clone()
+        edited = scores.clone()
+        edited[:, :, :, 1] += 2.0  # every head's, the replaced ones' too
+        return edited
+
+    def keep(pattern, hook):
+        seen[fast, hook.name] = pattern.clone()
+
+    hooks = [(lambda name: name.endswith("hook_attn_scores"), edit)]
+    if hooked_pattern:
+        hooks.append((is_pattern, keep))
+    logits = {}
+    for fast in (False, True):
+        calls = count_split_forwards(monkeypatch)
+        with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=fast):
+            logits[fast] = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=hooks)
+        assert not calls  # every layer computed its scores: none weighed its constant heads apart
+    names = {name for _, name in seen}
+    assert len(names) == int(model.cfg.n_layers) * (1 + hooked_pattern)
+    for name in names:
+        assert torch.equal(seen[True, name], seen[False, name]), name
+    torch.testing.assert_close(logits[True], logits[False], atol=tolerance(model, logits[False]), rtol=0)
+    with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=False):
+        unedited = model(batch.input_ids, **batch.model_kwargs())
+    if heads == "all":  # every pattern constant: an edit of the scores reaches nothing
+        torch.testing.assert_close(logits[False], unedited, atol=0, rtol=0)
+    else:
+        assert float((logits[False] - unedited).abs().max()) > 1e-3
+
+
 @pytest.mark.parametrize("assembled", [True, False], ids=["assembled", "by_group"])
 @pytest.mark.parametrize("heads", ["half", "all"])
 def test_off_the_cpu_a_layer_of_both_kinds_weighs_its_assembled_pattern(setup, heads, assembled, monkeypatch):
     """The routes of a GPU (forced here): a layer with constant and computed heads assembles
     their pattern and weighs the values in one product (fewer kernels than a product per group
-    and its writes), or with ``seam.ASSEMBLED_OFF_THE_CPU`` off weighs each group apart, as on
+    and its writes), or with ``fast_heads.ASSEMBLED_OFF_THE_CPU`` off weighs each group apart, as on
     the CPU; a layer of constant heads alone weighs their shared pattern either way. The logits
     are the hook path's."""
     from attnlens.core import devices
@@ -172,7 +214,7 @@ def test_off_the_cpu_a_layer_of_both_kinds_weighs_its_assembled_pattern(setup, h
     model, constants, batch = setup
     hooked, _, mask = run(model, batch, constants, HEAD_SETS[heads], fast=False)
     monkeypatch.setattr(devices, "reads_are_free", lambda where: False)
-    monkeypatch.setattr(seam, "ASSEMBLED_OFF_THE_CPU", assembled)
+    monkeypatch.setattr(fast_heads, "ASSEMBLED_OFF_THE_CPU", assembled)
     calls = count_split_forwards(monkeypatch)
     with torch.no_grad(), papa.intervention(model, constants, heads=HEAD_SETS[heads], fast=True):
         fast = model(batch.input_ids, **batch.model_kwargs())
@@ -345,13 +387,13 @@ def test_the_curve_runs_its_points_fast_where_the_model_allows(setup, monkeypatc
 
     model, constants, _ = setup
     entered = []
-    original = seam.constant_heads
+    original = fast_heads.constant_heads
 
     def counted(bridge, replaced, constant):
         entered.append(sorted(replaced))
         return original(bridge, replaced, constant)
 
-    monkeypatch.setattr(seam, "constant_heads", counted)
+    monkeypatch.setattr(fast_heads, "constant_heads", counted)
     train = tasks.load("sst2", "train", data_dir=DATA, limit=32, seed=0)
     tables = {}
     for fast in (None, False):

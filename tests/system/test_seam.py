@@ -15,9 +15,10 @@ from transformers.masking_utils import (
 )
 
 import attnlens
-from attnlens.core import seam
+from attnlens.core import models, seam
 from attnlens.core.seam import key_mask
 from tests import tiny
+from tests.precision import float32_sum_error
 
 ATOL = 1e-5  # identity hooks vs HF eager, float32
 
@@ -154,21 +155,79 @@ def test_pytorchs_own_hooks_on_hook_pattern_edit_too(minilm, sst2_batch):
     torch.testing.assert_close(every, edited, atol=0, rtol=0)
 
 
-def test_a_hook_on_the_scores_of_an_encoder_warns_what_it_sees(minilm, sst2_batch, monkeypatch):
-    """On BERT TransformerLens fires hook_attn_scores with the pattern the attention returns:
-    a hook there is warned about once (it reads no scores and edits nothing); not on GPT-2."""
-    from attnlens.engine import forward
+def is_scores(name: str) -> bool:
+    return name.endswith("hook_attn_scores")
 
-    monkeypatch.setattr(forward, "_SCORES_WARNED", [])
-    hooks = [("blocks.0.attn.hook_attn_scores", lambda scores, hook: scores)]
-    with pytest.warns(UserWarning, match="hook_attn_scores on bert holds the softmaxed attention pattern"):
-        attnlens.run_with_hooks(minilm, sst2_batch, hooks)
-    gpt2 = tiny.gpt2_bridge()
-    assert attnlens.tokenize(gpt2, ["a text"], max_len=8).layout == "padded"  # a decoder's default
-    monkeypatch.setattr(forward, "_SCORES_WARNED", [])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        attnlens.run_with_hooks(gpt2, attnlens.tokenize(gpt2, ["a text"], max_len=8, layout="padded"), hooks)
+
+@pytest.mark.parametrize("bridge", ["minilm", "tiny_roberta", "tiny_gpt2", "tiny_llama"])
+def test_hook_attn_scores_holds_the_scores_before_the_softmax(bridge, minilm, sst2_sentences):
+    """``hook_attn_scores`` holds each layer's scaled scores with the additive mask (what
+    TransformerLens's decoders and ``HookedTransformer`` give; on BERT and RoBERTa TransformerLens
+    4.3 fired it with the softmaxed pattern): fired once a layer, before ``hook_pattern``, and
+    the pattern is the softmax of exactly those scores (the same tensor: bit for bit).
+
+    Reference: ``q·kᵀ / sqrt(d_head)`` from the layer's ``hook_q`` and ``hook_k`` (``hook_rot_q``
+    and ``hook_rot_k`` with RoPE), a product of
+    ``d_head`` terms whose order may differ from the attention's, so within
+    ``γ_{d_head} · Σ|q k| / sqrt(d_head)``; padded keys (an encoder's) score below -1e38."""
+    model = minilm if bridge == "minilm" else getattr(tiny, f"{bridge.removeprefix('tiny_')}_bridge")()
+    batch = attnlens.tokenize(model, [*sst2_sentences[:3], "it rained ."], max_len=24, layout="padded")
+    assert not bool(batch.attention_mask.bool().all()), "the batch must hold padding"
+    calls: list[str] = []
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs())
+        model.run_with_hooks(batch.input_ids, **batch.model_kwargs(),
+                             fwd_hooks=[(lambda name: is_scores(name) or is_pattern(name),
+                                         lambda tensor, hook: calls.append(hook.name))])
+    n_layers = int(model.cfg.n_layers)
+    assert calls == [f"blocks.{layer}.attn.{point}" for layer in range(n_layers)
+                     for point in ("hook_attn_scores", "hook_pattern")]
+    real = batch.attention_mask.bool()
+    for layer in range(n_layers):
+        scores, pattern = cache[f"blocks.{layer}.attn.hook_attn_scores"], cache[f"blocks.{layer}.attn.hook_pattern"]
+        assert torch.equal(torch.softmax(scores, dim=-1), pattern), layer
+        rotated = "rot_" if f"blocks.{layer}.attn.hook_rot_q" in cache else ""  # RoPE: after the rotation
+        q, k = (cache[f"blocks.{layer}.attn.hook_{rotated}{name}"] for name in "qk")
+        k = k.repeat_interleave(q.shape[2] // k.shape[2], dim=2)  # grouped key-value heads
+        d_head = q.shape[-1]
+        expected = torch.einsum("bqhd,bkhd->bhqk", q, k) / d_head**0.5
+        bound = float32_sum_error(d_head) * torch.einsum("bqhd,bkhd->bhqk", q.abs(), k.abs()) / d_head**0.5
+        compared = real[:, None, None, :]
+        if models.of(model).causal:
+            compared = compared & torch.ones(scores.shape[-2:], dtype=torch.bool).tril()
+        compared = compared.expand_as(scores)
+        assert bool(((scores - expected).abs() <= bound)[compared].all()), layer
+        if not models.of(model).causal:  # a decoder's masked scores are TransformerLens's to choose
+            assert bool((scores[~compared] < -1e38).all()), layer
+
+
+@pytest.mark.parametrize("model_name", ["minilm", "tiny_roberta"])
+def test_an_edit_of_an_encoders_scores_reaches_the_output(model_name, minilm, sst2_batch, sst2_sentences):
+    """A hook on one layer's ``hook_attn_scores`` that adds to some scores changes the logits
+    exactly as a ``hook_pattern`` there that replaces the pattern by the softmax of the edited
+    scores does (the reference: the layer's inputs are the plain run's, so the same tensors
+    through the same softmax, bit for bit), and TransformerLens warns of no discarded edit."""
+    model = minilm if model_name == "minilm" else tiny.roberta_bridge()
+    batch = sst2_batch if model_name == "minilm" else attnlens.tokenize(model, sst2_sentences[:8], max_len=48)
+    layer = int(model.cfg.n_layers) - 2
+
+    def edit(scores):
+        edited = scores.clone()
+        edited[:, 1, :, 1] += 4.0  # head 1 looks at the first word
+        return edited
+
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.input_ids, **batch.model_kwargs())
+        plain = model(batch.input_ids, **batch.model_kwargs())
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            edited = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=[
+                (f"blocks.{layer}.attn.hook_attn_scores", lambda scores, hook: edit(scores))])
+        reference = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=[
+            (f"blocks.{layer}.attn.hook_pattern",
+             lambda pattern, hook: torch.softmax(edit(cache[f"blocks.{layer}.attn.hook_attn_scores"]), dim=-1))])
+    torch.testing.assert_close(edited, reference, atol=0, rtol=0)
+    assert float((edited - plain).abs().max()) > 1e-3  # the edit was not discarded
 
 
 def test_each_pattern_hook_runs_once_per_layer(minilm, sst2_batch):

@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from attnlens.core import devices, seam
+from attnlens.core import devices, fast_heads, seam
 from attnlens.core.checks import describe, finite_tensor, flag, shape
 from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet
@@ -98,14 +98,14 @@ class PapaHooks(Hooks):
     @contextmanager
     def patched(self, model: Any) -> Iterator[list]:
         """With ``fast``: for the block, the replaced heads of ``model`` skip their work
-        (:func:`attnlens.core.seam.constant_heads`) and no pair is left to pass as ``fwd_hooks``;
+        (:func:`attnlens.core.fast_heads.constant_heads`) and no pair is left to pass as ``fwd_hooks``;
         without it, every pair (the hook path). :class:`~attnlens.errors.InputError` for a model
         whose heads cannot skip their work (a decoder, or a model not prepared by
         :func:`attnlens.load`)."""
         if not self.fast:
             yield list(self)
             return
-        with seam.constant_heads(model, *_constant_layers(self)):
+        with fast_heads.constant_heads(model, *_constant_layers(self)):
             yield []
 
     @property
@@ -348,7 +348,7 @@ def intervention(
     patterns are causal is taken from ``model`` (:func:`attnlens.core.loading.is_causal`). Yields the
     :class:`PapaHooks` (e.g. to train ``h.theta``).
 
-    ``fast=True``: the replaced heads skip their work (:func:`attnlens.core.seam.constant_heads`): no
+    ``fast=True``: the replaced heads skip their work (:func:`attnlens.core.fast_heads.constant_heads`): no
     query or key projection, no ``QKᵀ``, no softmax; their pattern is the constant, exactly as
     the hooks make it (the same :meth:`~PapaConstants.layer_pattern` and input checks), made for
     the replaced heads only (once per layer when every example shares it), and ``hook_pattern``
@@ -369,10 +369,10 @@ def intervention(
         yield installed
 
 
-def _constant_layers(installed: PapaHooks) -> tuple[dict[int, Tensor], seam.ConstantFn]:
+def _constant_layers(installed: PapaHooks) -> tuple[dict[int, Tensor], fast_heads.ConstantFn]:
     """The replaced heads of ``installed`` by layer, and their constant patterns for a batch, every
     layer's in one call (:meth:`attnlens.methods.papa.replace.ConstantPatterns.heads_pattern`),
-    for :func:`attnlens.core.seam.constant_heads` (replace mode only: :class:`PapaHooks` refuses
+    for :func:`attnlens.core.fast_heads.constant_heads` (replace mode only: :class:`PapaHooks` refuses
     ``fast`` with a blend)."""
     if installed.causal:
         raise InputError("fast=True is for encoders (BERT, RoBERTa); this model is causal")
