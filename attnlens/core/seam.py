@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -326,7 +325,7 @@ def install(bridge: Any) -> Any:
         block.attn.original_component.accepts_pattern_fn = True
         # a tuple: held, not registered as a submodule (the bridge's hook point stays its own)
         self_attention(block.attn.original_component).attnlens_scores = (block.attn.hook_attn_scores,)
-        block.attn._fire_post_hoc_hook = types.MethodType(_post_hoc, block.attn)
+        block.attn._fire_post_hoc_hook = functools.partial(_post_hoc, block.attn)
     return bridge
 
 

@@ -230,6 +230,27 @@ def test_an_edit_of_an_encoders_scores_reaches_the_output(model_name, minilm, ss
     assert float((edited - plain).abs().max()) > 1e-3  # the edit was not discarded
 
 
+def test_a_deep_copy_keeps_the_seam():
+    """``copy.deepcopy`` of a prepared encoder is prepared too: its hook points are its own
+    (an edit of the copy's scores changes the copy alone), its scores are scores."""
+    model = tiny.bert_bridge()
+    twin = copy.deepcopy(model)
+    assert seam.is_installed(twin)
+    batch = attnlens.tokenize(model, ["it rained all day .", "a b"], max_len=12)
+    to_first_word = torch.zeros(12)
+    to_first_word[1] = 20.0  # every query looks at the first word
+    hooks = [("blocks.0.attn.hook_attn_scores", lambda scores, hook: scores + to_first_word[: scores.shape[-1]])]
+    with torch.no_grad():
+        plain = model(batch.input_ids, **batch.model_kwargs())
+        _, cache = twin.run_with_cache(batch.input_ids, **batch.model_kwargs())
+        twin.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=hooks)
+        edited = twin.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=hooks)
+        after = model(batch.input_ids, **batch.model_kwargs())
+    assert not torch.equal(cache["blocks.0.attn.hook_attn_scores"], cache["blocks.0.attn.hook_pattern"])
+    assert float((edited - plain).abs().max()) > 1e-4
+    torch.testing.assert_close(after, plain, atol=0, rtol=0)
+
+
 def test_each_pattern_hook_runs_once_per_layer(minilm, sst2_batch):
     calls: list[str] = []
 
