@@ -59,17 +59,17 @@ def constant_heads(
     read by the others (on a GPU one launch per operator for all the layers). For those heads the layer runs no query or key projection, no ``QKᵀ`` and no
     softmax: their output is the constant pattern times their values (PAPA, Hassid et al. 2022:
     a constant head is ``C·V``). The other heads' query and key projections use only their rows
-    of the weights (through ``F.linear``, so the ``hook_q`` / ``hook_k`` hooks of such a layer do
-    not run; ``hook_v`` and ``hook_pattern`` do). Dropout (training mode only) applies to the
-    computed heads alone. Layers not in ``replaced`` are untouched.
+    of the weights (through ``F.linear``). Dropout (training mode only) applies to the computed
+    heads alone. Layers not in ``replaced`` are untouched.
 
     The full ``[batch, head, query, key]`` pattern (constant heads and computed heads together)
     is assembled only when something would read it: a hook on the layer's ``hook_pattern``, a
     forward hook on the self-attention module or the attention module around it, or a global
     module hook. ``hook_pattern`` then sees it and its edits reach the output, as on the hook
-    path. A hook on the layer's ``hook_attn_scores`` reads every head's scores: the layer then
-    computes them all, as on the hook path (its edits of a replaced head's scores change nothing,
-    its pattern being the constant's). Otherwise each head group's output is written straight into the
+    path. A hook that reads the layer's queries, keys or scores (on ``hook_q``, ``hook_k``,
+    ``hook_attn_scores`` or the query and key projections) sees every head's: the layer then
+    computes them all, as on the hook path (an edit of a replaced head's changes nothing, its
+    pattern being the constant's). Otherwise each head group's output is written straight into the
     attention output and the module returns no pattern, as with ``attn_implementation="sdpa"``:
     a Hugging Face output's ``attentions`` (``output_attentions=True``) then lacks the patched
     layers; read patterns through ``hook_pattern`` (``run_with_cache``) instead.
@@ -204,8 +204,8 @@ def _constant_forward(
     or the layer runs off the CPU with heads of both kinds (one product of the assembled pattern
     is then fewer kernels).
     """
-    if seam.hooked(seam.scores_point(module)):  # every head's scores are read, as on the hook path: computed
-        # (hook_q, hook_k, hook_attn_scores run), the replaced heads' patterns then set
+    if _reads_query_key(module):  # every head's queries, keys or scores are read, as on the hook
+        # path: computed (hook_q, hook_k, hook_attn_scores run), the replaced heads' patterns then set
         fixing = functools.partial(_fixed_then, heads, made, pattern_fn)
         return type(module).forward(module, hidden_states, attention_mask, *args, pattern_fn=fixing, **kwargs)
     batch, n = hidden_states.shape[:2]
@@ -237,6 +237,16 @@ def _constant_forward(
         own_values = value.index_select(2, computed).transpose(1, 2)
         output[:, :, computed] = torch.matmul(own.to(value.dtype), own_values).transpose(1, 2)
     return output.reshape(batch, n, n_heads * d_head), None
+
+
+def _reads_query_key(module: nn.Module) -> bool:
+    """Whether a hook would see the queries, keys or scores of the self-attention ``module``: on
+    its query or key projection (the module, or its TransformerLens hook points ``hook_in`` and
+    ``hook_out``: ``hook_q``, ``hook_k``) or on its bridge's ``hook_attn_scores``."""
+    projections = (module.query, module.key)
+    points = [getattr(linear, name, None) for linear in projections for name in ("hook_in", "hook_out")]
+    return any(seam.runs_hooks(linear) for linear in projections) or any(
+        seam.hooked(point) for point in (*points, seam.scores_point(module)) if point is not None)
 
 
 def _fixed_then(

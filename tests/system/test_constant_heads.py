@@ -70,6 +70,8 @@ def test_fast_path_equals_the_hook_path(setup, heads):
 
 
 def test_the_fast_path_skips_the_query_and_key_of_replaced_heads(setup):
+    """With no hook reading them, a fully replaced layer runs no query projection (its weights'
+    own module, inside TransformerLens's bridge, is never called)."""
     model, constants, batch = setup
     width = {}
 
@@ -78,7 +80,8 @@ def test_the_fast_path_skips_the_query_and_key_of_replaced_heads(setup):
             width[name] = output.shape[-1]
         return hook
 
-    handles = [model.blocks[0].attn.original_component.self.query.register_forward_hook(record("query"))]
+    query = model.blocks[0].attn.original_component.self.query
+    handles = [getattr(query, "original_component", query).register_forward_hook(record("query"))]
     try:
         with torch.no_grad(), papa.intervention(model, constants, heads=1.0, fast=True):
             model(batch.input_ids, **batch.model_kwargs())
@@ -201,6 +204,44 @@ def test_a_hook_on_the_scores_sees_every_heads_scores(setup, heads, hooked_patte
         assert float((logits[False] - unedited).abs().max()) > 1e-3
 
 
+@pytest.mark.parametrize("point", ["hook_q", "hook_k", "q.hook_in", "module"])
+def test_a_hook_on_the_queries_or_keys_sees_every_heads(setup, point):
+    """A hook on a patched layer's queries or keys (``hook_q``, ``hook_k``, the projection's
+    ``hook_in`` or a forward hook on the projection's bridge) runs under the fast path as on the
+    hook path, with every head's, and its edit reaches the output as there (bit for bit the
+    same queries; the logits within :func:`tolerance`)."""
+    model, constants, batch = setup
+    seen: dict[bool, torch.Tensor] = {}
+    with papa.intervention(model, constants, heads=0.5) as installed:
+        replaced = installed.heads.mask.sum(dim=1)
+    layer = int(torch.where(replaced < replaced.max(), replaced, -1).argmax())  # heads of both kinds
+    assert 0 < int(replaced[layer]) < int(model.cfg.n_heads)
+    attention = model.blocks[layer].attn
+
+    def edit(tensor):
+        seen[fast] = tensor.clone()
+        return tensor * 10.0  # every score ten times larger: sharper patterns (a tiny random BERT's are flat)
+
+    logits = {}
+    for fast in (False, True):
+        with torch.no_grad(), papa.intervention(model, constants, heads=0.5, fast=fast):
+            if point == "module":
+                handle = attention.original_component.self.query.register_forward_hook(
+                    lambda module, inputs, output: edit(output))
+                try:
+                    logits[fast] = model(batch.input_ids, **batch.model_kwargs())
+                finally:
+                    handle.remove()
+            else:
+                logits[fast] = model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=[
+                    (f"blocks.{layer}.attn.{point}", lambda tensor, hook: edit(tensor))])
+    assert torch.equal(seen[True], seen[False])
+    torch.testing.assert_close(logits[True], logits[False], atol=tolerance(model, logits[False]), rtol=0)
+    with torch.no_grad(), papa.intervention(model, constants, heads=0.5, fast=True):
+        unedited = model(batch.input_ids, **batch.model_kwargs())
+    assert float((logits[True] - unedited).abs().max()) > 10 * tolerance(model, unedited)
+
+
 @pytest.mark.parametrize("assembled", [True, False], ids=["assembled", "by_group"])
 @pytest.mark.parametrize("heads", ["half", "all"])
 def test_off_the_cpu_a_layer_of_both_kinds_weighs_its_assembled_pattern(setup, heads, assembled, monkeypatch):
@@ -310,7 +351,8 @@ def count_query_runs(model, layer: int):
     """A forward hook counting the runs of ``layer``'s query projection (the fast path skips it
     in a layer whose heads are all replaced). Returns ``(runs, handle)``."""
     runs = []
-    query = model.blocks[layer].attn.original_component.self.query
+    query = model.blocks[layer].attn.original_component.self.query  # the weights' own module: a
+    query = getattr(query, "original_component", query)  # hook on its bridge would make it run
     return runs, query.register_forward_hook(lambda module, inputs, output: runs.append(1))
 
 

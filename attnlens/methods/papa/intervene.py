@@ -355,8 +355,9 @@ def intervention(
     still sees it whenever a hook is attached there (without one, no full pattern is assembled). Only for full replacement (``mode="replace"``: a blend
     ``λ·A + (1 − λ)·C`` needs ``A``) of an encoder with the attnlens seam (BERT, RoBERTa);
     ``ValueError`` otherwise. The yielded hooks are then not installed (the list is the same
-    as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); in a layer with replaced
-    heads, ``hook_q`` / ``hook_k`` do not run.
+    as without ``fast``, for :meth:`PapaHooks.key` and ``h.heads``); a hook on a layer's
+    ``hook_q``, ``hook_k`` or ``hook_attn_scores`` makes that layer compute every head's, as the
+    hooks do.
     """
     require_bridge(model, "papa.intervention")
     constants.check_compatible(model)
