@@ -42,7 +42,8 @@ ConstantFn = Callable[[Tensor, torch.dtype], dict[int, Tensor]]
 
 def skips_constant_heads(bridge: Any) -> bool:
     """True when :func:`constant_heads` can run on ``bridge``: an encoder whose seam is
-    ``"attnlens"`` (BERT, RoBERTa; its architecture file), prepared by :func:`install`."""
+    ``"attnlens"`` (BERT, RoBERTa; its architecture file), prepared by
+    :func:`attnlens.core.seam.install`."""
     return models.of(bridge).seam == "attnlens" and seam.is_installed(bridge)
 
 
