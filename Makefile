@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_PIN := torch==2.13.0
 
-.PHONY: install demo test test-fast lint bench bench-device bench-host bench-curve docs clean
+.PHONY: install demo test test-fast lint bench bench-device bench-host bench-curve gpu-pack docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +98,16 @@ bench-curve: $(SETUP)
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/curve.py --device $(DEVICE)
 	$(PY) docs/tables.py
 	$(PY) benchmarks/table.py
+
+# The checkout packed into .gpu/ for a GPU machine lent without network (docs/performance.md, "On a
+# GPU machine"): every data folder the default curve reads, compressed (the pack is about 53 MiB,
+# under the 64 MiB a call carries). ../shared/tools/gpu-pack copies conllu from the venv, a package
+# attnlens no longer uses (it reads CoNLL-U itself): installed here so that the tool finds it.
+gpu-pack: install
+	$(PY) -m pip install --quiet conllu
+	GPU_PACK_DATA="sst2 cola mrpc conll2003 ud_english_ewt wikitext2" ../shared/tools/gpu-pack
+	tar cJf .gpu/data.tar.xz -C .gpu data && rm -rf .gpu/data
+	du -sh .gpu
 
 clean:
 	rm -rf $(VENV) .pytest_cache build dist site *.egg-info

@@ -3,11 +3,10 @@
 # (default 570: under the device tool's 10 minutes a command; give the call timeout_s 600), the
 # issue's goals first, the default curve (never measured on a GPU) before the rest
 # (docs/performance.md, "On a GPU machine"). Here, once, pack the checkout with every data
-# folder the default curve reads, compressed (17 MB of text in 2.6 MB; the pack is about 54 MiB,
+# folder the default curve reads, compressed (17 MB of text in 2.6 MB; the pack is about 53 MiB,
 # under the 64 MiB a call carries):
 #
-#   GPU_PACK_DATA="sst2 cola mrpc conll2003 ud_english_ewt wikitext2" ../shared/tools/gpu-pack
-#   tar cJf .gpu/data.tar.xz -C .gpu data && rm -rf .gpu/data
+#   make gpu-pack     # ../shared/tools/gpu-pack with the data folders, then the data compressed
 #
 # There, carrying .gpu:   source .gpu/env.sh && bash benchmarks/gpu.sh
 #
