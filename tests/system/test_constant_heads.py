@@ -73,22 +73,13 @@ def test_the_fast_path_skips_the_query_and_key_of_replaced_heads(setup):
     """With no hook reading them, a fully replaced layer runs no query projection (its weights'
     own module, inside TransformerLens's bridge, is never called)."""
     model, constants, batch = setup
-    width = {}
-
-    def record(name):
-        def hook(module, inputs, output):
-            width[name] = output.shape[-1]
-        return hook
-
-    query = model.blocks[0].attn.original_component.self.query
-    handles = [getattr(query, "original_component", query).register_forward_hook(record("query"))]
+    runs, handle = count_query_runs(model, 0)
     try:
         with torch.no_grad(), papa.intervention(model, constants, heads=1.0, fast=True):
             model(batch.input_ids, **batch.model_kwargs())
     finally:
-        for handle in handles:
-            handle.remove()
-    assert "query" not in width  # the query projection of a fully replaced layer never ran
+        handle.remove()
+    assert not runs  # the query projection of a fully replaced layer never ran
     assert "forward" not in vars(model.blocks[0].attn.original_component.self)  # restored
 
 
