@@ -207,6 +207,12 @@ def pattern_hooks(
                 if layer not in stash:
                     raise ModelBehaviourError(f"the value hook of layer {layer} did not fire before its hook_pattern.")
                 v = values_per_kv_head(model, stash.pop(layer))
+                if v.shape[-2] != pattern.shape[-1] and pattern.shape[-2] < pattern.shape[-1]:
+                    raise InputError(
+                        f"layer {layer}'s pattern is a step of decoding with a KV cache ({pattern.shape[-2]} "
+                        f"queries over {pattern.shape[-1]} keys, as in model.generate): its value hook holds "
+                        "the new tokens' values alone, and this needs every key's. Decode without the cache "
+                        "(model.generate(..., use_past_kv_cache=False)).")
             return on_pattern(layer, pattern, v, seam.key_mask(pattern, causal=causal))
 
         fwd_hooks.append((f"blocks.{layer}.attn.hook_pattern", on_hook))

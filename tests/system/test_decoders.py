@@ -13,9 +13,12 @@ import torch
 
 import attnlens
 from attnlens import papa
+from attnlens.core.heads import HeadSet
 from attnlens.engine.distributed import world
 from attnlens.engine.effective import effective_attention
-from attnlens.methods import effective
+from attnlens.errors import InputError
+from attnlens.methods import ablation, effective, interventions
+from tests import tiny
 
 ATOL = 1e-5  # identity hooks vs HF eager, float32 (in practice the difference is 0)
 
@@ -232,8 +235,6 @@ def test_cached_decoding_is_the_full_forward(make):
     0.2 on the tiny Llama, 0.13 on the tiny GPT-2; pyproject.toml pins transformers below it).
     Tolerance 1e-5: float32 sums of at most 96 terms below 1 in magnitude (``γ_96 ≈ 6e-6``),
     the same products in another order (observed 1.5e-7)."""
-    from tests import tiny
-
     bridge = getattr(tiny, make)()
     torch.manual_seed(1)
     ids = torch.randint(3, 200, (1, 12))
@@ -257,3 +258,42 @@ def test_smollm2_generates_the_same_text_with_and_without_its_cache(smollm2):
     uncached = smollm2.generate(prompt, max_new_tokens=8, do_sample=False, verbose=False, use_past_kv_cache=False)
     assert cached == uncached
     assert cached.startswith(prompt + " Paris.")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", ["llama_bridge", "gpt2_bridge"])
+def test_every_intervention_in_a_cached_step_is_the_full_forwards_or_refused(make):
+    """Under each registered intervention (half the heads, lam 0.3 for the blend), a step with
+    the KV cache (``generate``'s) gives the last token the logits of the full forward under the
+    same hooks: its pattern is ``[batch, head, 1, key]``, the last row of the full forward's,
+    and a constant or uniform pattern is that row too (before: PAPA's hooks returned the whole
+    square constant, and the step failed deep inside the attention, "mat1 and mat2 shapes cannot
+    be multiplied"). Effective attention needs every key's values, which the step's value hook
+    does not hold: refused, naming the fix. Tolerance as in
+    :func:`test_cached_decoding_is_the_full_forward`."""
+    bridge = getattr(tiny, make)()
+    options = {
+        "constants": papa.fit(bridge, tiny.CORPUS, max_len=32, progress=False),
+        "means": ablation.head_means(bridge, tiny.CORPUS, max_len=32, progress=False),
+    }
+    n_layers, n_heads = int(bridge.cfg.n_layers), int(bridge.cfg.n_heads)
+    heads = HeadSet(torch.arange(n_layers * n_heads).reshape(n_layers, n_heads) % 2 == 0)
+    torch.manual_seed(1)
+    ids = torch.randint(3, 200, (1, 12))
+    refused = set()
+    for name, intervention in interventions.REGISTRY.items():
+        given = {need: options[need] for need in intervention.needs}
+        if name == "papa.blend":
+            given["lam"] = 0.3
+        with intervention(bridge, heads, **given).apply(bridge), torch.no_grad():
+            full = bridge(ids, return_type="logits")
+            try:
+                _, cache = bridge(ids[:, :-1], return_type="logits_and_cache", use_cache=True)
+                step = bridge(ids[:, -1:], return_type="logits", past_key_values=cache,
+                              attention_mask=torch.ones(1, 12, dtype=torch.long), position_ids=torch.tensor([[11]]))
+            except InputError as error:
+                assert "use_past_kv_cache=False" in str(error), name
+                refused.add(name)
+                continue
+        torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=0, msg=name)
+    assert refused == {"effective", "effective.null"}

@@ -237,6 +237,11 @@ def _layer_hook(
         constant = constants.layer_pattern(
             layer, valid, dtype=pattern.dtype, causal=is_causal, positions=positions
         )
+        n_queries = pattern.shape[-2]
+        if n_queries < constant.shape[-2]:
+            # a decoder's step with its KV cache (``generate``): the queries are the last
+            # ``n_queries`` positions, whose rows are those of the full forward
+            constant = constant[..., -n_queries:, :]
         if mode == "blend":
             lam = torch.sigmoid(theta[layer]).to(device=pattern.device, dtype=pattern.dtype)
             lam = lam[None, :, None, None]
