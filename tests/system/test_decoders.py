@@ -297,3 +297,7 @@ def test_every_intervention_in_a_cached_step_is_the_full_forwards_or_refused(mak
                 continue
         torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=0, msg=name)
     assert refused == {"effective", "effective.null"}
+    # several prompts: generate pads them on the left, which constants fitted on the right refuse
+    with interventions.build("papa", bridge, heads, constants=options["constants"]).apply(bridge), \
+            pytest.raises(InputError, match="one prompt at a time"):
+        bridge.generate(["the film is", "it rained all day and the"], max_new_tokens=2, do_sample=False, verbose=False)

@@ -102,5 +102,6 @@ def check_padding(constants: Any, key_mask: Bool[Tensor, "batch key"]) -> None:
         raise InputError(
             f"{fitted}; the inputs are not right-padded (a real token follows padding: left padding, "
             "or the 'papa' layout). Tokenize with attnlens.tokenize(model, texts, layout='padded'), "
-            "which pads on the right."
+            "which pads on the right (model.generate of several prompts pads them on the left: "
+            "generate one prompt at a time)."
         )
