@@ -301,3 +301,7 @@ def test_every_intervention_in_a_cached_step_is_the_full_forwards_or_refused(mak
     with interventions.build("papa", bridge, heads, constants=options["constants"]).apply(bridge), \
             pytest.raises(InputError, match="one prompt at a time"):
         bridge.generate(["the film is", "it rained all day and the"], max_new_tokens=2, do_sample=False, verbose=False)
+    # past the constants' max_len of 32: refused, naming both fixes
+    with interventions.build("papa", bridge, heads, constants=options["constants"]).apply(bridge), \
+            pytest.raises(InputError, match="prompt and its new tokens together"):
+        bridge.generate(ids, max_new_tokens=25, do_sample=False, verbose=False)

@@ -331,7 +331,10 @@ def _check_layout(
                 f"attnlens.tokenize(model, texts, max_len={constants.max_len}, layout='papa').{compact}"
             )
     elif length > constants.max_len:
-        raise InputError(f"{fitted}; the inputs have length {length}.")
+        raise InputError(
+            f"{fitted}; the inputs have length {length}. Fit constants with max_len >= {length} "
+            "(papa.fit(model, texts, max_len=...)) or use shorter inputs (with model.generate: the "
+            "prompt and its new tokens together).")
     if reads:
         check_padding(constants, key_mask)
 
