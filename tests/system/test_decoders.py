@@ -226,6 +226,16 @@ def test_llama_family_with_grouped_kv_heads_is_exact_to_hf_eager(family):
         torch.testing.assert_close(a_eff @ vv, a @ vv, atol=1e-4, rtol=0)
 
 
+def _cached_step(bridge, ids):
+    """The logits of the last of ``ids`` ``[1, pos]`` decoded as ``generate`` does: the others
+    run first into the bridge's KV cache, then the last alone with it (its mask over every
+    position, its position id)."""
+    n = ids.shape[1]
+    _, cache = bridge(ids[:, :-1], return_type="logits_and_cache", use_cache=True)
+    return bridge(ids[:, -1:], return_type="logits", past_key_values=cache,
+                  attention_mask=torch.ones(1, n, dtype=torch.long), position_ids=torch.tensor([[n - 1]]))
+
+
 @pytest.mark.parametrize("make", ["llama_bridge", "gpt2_bridge"])
 def test_cached_decoding_is_the_full_forward(make):
     """A bridge's KV cache (what ``generate`` uses by default) gives the last token the logits of
@@ -240,9 +250,7 @@ def test_cached_decoding_is_the_full_forward(make):
     ids = torch.randint(3, 200, (1, 12))
     with torch.no_grad():
         full = bridge(ids, return_type="logits")
-        _, cache = bridge(ids[:, :-1], return_type="logits_and_cache", use_cache=True)
-        step = bridge(ids[:, -1:], return_type="logits", past_key_values=cache,
-                      attention_mask=torch.ones(1, 12, dtype=torch.long), position_ids=torch.tensor([[11]]))
+        step = _cached_step(bridge, ids)
     torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=0)
     cached = bridge.generate(ids, max_new_tokens=6, do_sample=False, verbose=False, use_past_kv_cache=True)
     uncached = bridge.generate(ids, max_new_tokens=6, do_sample=False, verbose=False, use_past_kv_cache=False)
@@ -288,9 +296,7 @@ def test_every_intervention_in_a_cached_step_is_the_full_forwards_or_refused(mak
         with intervention(bridge, heads, **given).apply(bridge), torch.no_grad():
             full = bridge(ids, return_type="logits")
             try:
-                _, cache = bridge(ids[:, :-1], return_type="logits_and_cache", use_cache=True)
-                step = bridge(ids[:, -1:], return_type="logits", past_key_values=cache,
-                              attention_mask=torch.ones(1, 12, dtype=torch.long), position_ids=torch.tensor([[11]]))
+                step = _cached_step(bridge, ids)
             except InputError as error:
                 assert "use_past_kv_cache=False" in str(error), name
                 refused.add(name)
