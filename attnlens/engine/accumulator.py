@@ -38,7 +38,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from attnlens.core import devices
+from attnlens.core import devices, processing
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal
 from attnlens.engine.effective import effective_attention
@@ -174,10 +174,13 @@ class LayerPatterns:
     def output_weights(self) -> Float[Tensor, "head d_head d_model"]:
         """The layer's output projection, one ``[d_head, d_model]`` matrix per query head
         (``model.blocks[layer].attn.W_O``): what a view that reads ``"output_weights"``
-        (:attr:`attnlens.methods.views.View.reads`) takes. The model's weight, not a copy."""
+        (:attr:`attnlens.methods.views.View.reads`) takes. The model's weight, not a copy; refused
+        (:func:`attnlens.core.processing.check`, host attributes alone) where TransformerLens's
+        weight processing centred it."""
         if self.layers:
             raise ModelBehaviourError(f"a stack of layers {list(self.layers)} has no one output projection: "
                                       "read each layer's maps on its own (View.stacks is False).")
+        processing.check(self.batch.model, ("output_weights",), "reading a layer's output weights W_O (the norm-based view)")
         return self.batch.model.blocks[self.layer].attn.W_O
 
     @property

@@ -18,7 +18,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.core import devices, models, seam
+from attnlens.core import devices, models, processing, seam
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, require_bridge
 from attnlens.engine.hooks import Hooks, as_hooks
@@ -188,6 +188,8 @@ def pattern_hooks(
     which fires first; ``None`` with ``values=False``) and ``valid`` the ``[batch, key]`` mask of
     real tokens (:func:`attnlens.core.seam.key_mask`). Whatever ``on_pattern`` returns replaces the
     pattern (``None`` leaves it)."""
+    if values:
+        processing.check(model, ("values",), "reading a layer's value vectors (effective attention, the norm-based view)")
     n_layers = int(model.cfg.n_layers)
     chosen = range(n_layers) if layers is None else sorted({int(layer) for layer in layers})
     causal = is_causal(model)

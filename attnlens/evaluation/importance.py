@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from attnlens.core import checks, devices
+from attnlens.core import checks, devices, processing
 from attnlens.core.inputs import default_layout
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
 from attnlens.engine import passes
@@ -370,6 +370,7 @@ def importance(
     them, or every gradient is 0) instead of returning zeros.
     """
     require_bridge(model, "ablation.importance")
+    processing.check(model, ("values",), "head importance (Michel et al. 2019's gates on each head's output z)")
 
     train_limit = checks.optional_count(train_limit, "train_limit", " of training examples (or None for all)")
     limit = checks.optional_count(limit, "limit", " of examples (or None for all)")

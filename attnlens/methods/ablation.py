@@ -8,6 +8,7 @@ these names with head importance's (:mod:`attnlens.evaluation.importance`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, SupportsIndex
@@ -16,7 +17,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from attnlens.core import checks, devices, models, seam
+from attnlens.core import checks, devices, models, processing, seam
 from attnlens.core.files import tensor_checksum
 from attnlens.core.heads import HeadSet, as_headset, n_selected
 from attnlens.core.loading import is_causal, model_id, require_bridge
@@ -201,6 +202,8 @@ def hooks(
     known: list[tuple[str, tuple[int, int]]] = []
     if model is not None:
         require_bridge(model, "ablation.hooks")
+        if mode == "zero":
+            processing.check(model, ZERO_READS, ZERO_WHAT)
         known.append((f"the model {model_id(model)}", model_shape(model)))
     if mode == "mean":
         if means is None:
@@ -261,11 +264,18 @@ def hooks(
     return AblationHooks(items, heads=heads, mode=mode, means=means, causal=causal)
 
 
+#: what the zero ablation reads of the model (:func:`attnlens.core.processing.check`): a head's
+#: output ``z = A V`` is the model's only with its value biases in ``V``; the mean ablation
+#: replaces ``z`` by its mean, which the folded bias shifts as it does ``z``, the output the same
+ZERO_READS, ZERO_WHAT = ("values",), "the zero ablation (each head's output z set to 0)"
+
+
 def _zero_hook(heads: HeadSet, selected: Tensor) -> Callable:
     def zero(z: Float[Tensor, "batch pos head d_head"], hook: Any) -> Tensor:
         _check_heads_in(z.shape[2], heads, "hook_z")
         return z.masked_fill(selected.to(z.device)[None, None, :, None], 0.0)
 
+    zero.check_model = functools.partial(processing.check, reads=ZERO_READS, what=ZERO_WHAT)  # type: ignore[attr-defined]
     return zero
 
 

@@ -72,6 +72,10 @@ class Architecture:
       matrix), needed in the checkpoint only when the config does not tie it to the input
       embedding (``tie_word_embeddings=False``; GPT-2 and Llama: ``lm_head.weight``).
       :meth:`lm_head_prefixes` combines the two for a config;
+    - ``post_norm``: each block normalizes the residual stream it hands on (BERT, RoBERTa:
+      LayerNorm after each sub-layer), so a block's output keeps no mean over ``d_model`` that
+      centring the writing weights could remove (:mod:`attnlens.core.processing`); False: a
+      pre-norm model (GPT-2, Llama), whose residual stream is the sum of what wrote to it;
     - ``refused_settings``: ``(config attribute, value, why)`` of configurations TransformerLens's
       bridge does not run as Hugging Face does, refused at load (:func:`attnlens.load`);
     - ``window(config)``: how many keys (its own included) a query may reach when some layer
@@ -97,6 +101,7 @@ class Architecture:
     lm_head_keys: tuple[str, ...] = ()
     output_embedding_keys: tuple[str, ...] = ()
     refused_settings: tuple[tuple[str, Any, str], ...] = ()
+    post_norm: bool = False
     window: Callable[[Any], int | None] = field(default=_no_window)
 
     def lm_head_prefixes(self, config: Any) -> tuple[str, ...]:

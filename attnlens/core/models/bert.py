@@ -10,6 +10,7 @@ ARCHITECTURE = Architecture(
     refused_settings=(ENCODER_AS_DECODER,),
     seam="attnlens",
     layout="papa",
+    post_norm=True,
     lm_head_keys=("cls.predictions.transform.",),
     output_embedding_keys=("cls.predictions.decoder.weight",),
 )

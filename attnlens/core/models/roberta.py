@@ -19,6 +19,7 @@ ARCHITECTURE = Architecture(
     refused_settings=(ENCODER_AS_DECODER,),
     seam="attnlens",
     layout="papa",
+    post_norm=True,
     counts_positions=True,
     reserved_positions=reserved_positions,
     lm_head_keys=("lm_head.dense.", "lm_head.layer_norm."),

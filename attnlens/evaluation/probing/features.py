@@ -50,6 +50,7 @@ from torch import Tensor
 
 from attnlens.core import (
     devices,
+    processing,
     version,  # read at each call: the version now (tests set it)
 )
 from attnlens.core.checks import all_finite
@@ -381,6 +382,7 @@ def extract(
     wait for it and read it (e.g. NER and POS, which read the same sentences, in two processes of
     :func:`attnlens.papa.curve`). Under ``torch.distributed`` the ranks share the pass instead.
     """
+    processing.check(model, ("residual",), "probe features (the residual stream)")
     features = _extract_or_read(model, list(corpus_iterator(examples, name="examples")), hooks, cache, cache_key, max_len, layout, batch_size,
                                 progress, description, states, variant, compact)
     # read from the cache (whose key holds the model: a file of another format may not say it)
