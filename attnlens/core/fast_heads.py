@@ -24,6 +24,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import devices, models, seam
+from attnlens.core.modes import version
 from attnlens.errors import InputError
 
 #: off the CPU, whether a layer of constant and computed heads (:func:`constant_heads`) weighs its
@@ -143,16 +144,16 @@ class _HeadIndices:
         weight (and in-place version of them) where no gradient is recorded, else every time
         (the rows of a weight being trained follow it)."""
         inner = [getattr(linear, "original_component", linear) for linear in (module.query, module.key)]
-        version = tuple((layer.weight._version, None if layer.bias is None else layer.bias._version) for layer in inner)
+        versions = tuple((version(layer.weight), None if layer.bias is None else version(layer.bias)) for layer in inner)
         kept = self._weights.get(id(inner[0].weight))
-        if torch.is_grad_enabled() or kept is None or kept[0] != version:
+        if torch.is_grad_enabled() or kept is None or kept[0] != versions:
             rows = self.computed_rows
             weight = torch.cat([layer.weight.index_select(0, rows) for layer in inner])
             biases = [layer.bias for layer in inner]
             bias = None if any(b is None for b in biases) else torch.cat([b.index_select(0, rows) for b in biases])
             if torch.is_grad_enabled():
                 return weight, bias
-            kept = self._weights[id(inner[0].weight)] = (version, (weight, bias))
+            kept = self._weights[id(inner[0].weight)] = (versions, (weight, bias))
         return kept[1]
 
     @classmethod

@@ -45,7 +45,7 @@ from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
 from attnlens.core.loading import is_causal, model_id, require_bridge, weights_fingerprint
-from attnlens.core.modes import eval_mode
+from attnlens.core.modes import eval_mode, gradients
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, PassSummary
 from attnlens.engine.batches import (
     Staged,
@@ -445,7 +445,7 @@ class _Pass:
         recorded = None if self.replay is None else self.replay.find(self.header, start, on_host)
         if self.record is not None:
             self.record.start_batch(start, on_host)
-        grad = torch.enable_grad() if self.needs_grad else torch.inference_mode()
+        grad = gradients() if self.needs_grad else torch.inference_mode()
         with grad:
             if recorded is not None:  # the batch's layers as an earlier pass's forward made them
                 with batch_context(inputs):

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnlens.core.modes import version
 from attnlens.engine.accumulator import Accumulator
 from attnlens.engine.batches import Staged
 from attnlens.errors import ModelBehaviourError
@@ -68,7 +69,7 @@ class Split:
         """Each state tensor's version; an inference tensor (state made under
         ``torch.inference_mode``) keeps none, so it gets a new object each time: always changed,
         always copied."""
-        return [[object() if value.is_inference() else value._version for value in a.state_dict().values()]
+        return [[version(value) for value in a.state_dict().values()]
                 for a in self.accumulators]
 
     def _attempt(self, host: Staged, start: int, one: Callable[[Staged, int, Callable[[], None]], None]) -> bool:

@@ -24,6 +24,7 @@ from torch import Tensor
 from attnlens.core import checks, devices, processing
 from attnlens.core.inputs import default_layout
 from attnlens.core.loading import is_causal, lm_head_trained, model_id, require_bridge
+from attnlens.core.modes import gradients
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
 from attnlens.engine.forward import FwdHooks
@@ -320,6 +321,7 @@ def task_loss(
     return examples, ProbeLoss(model, probe, held.labels(), examples)
 
 
+@gradients()  # the gates' gradients, whatever the caller's mode (its state made with them)
 def importance(
     model: Any,
     corpus: Any,

@@ -204,3 +204,42 @@ def test_features_a_learner_was_not_fitted_on_are_refused():
     head = MLMHead(epochs=1).fit(masked, 50)
     with pytest.raises(InputError, match="masked-token features"):
         head.log_likelihood(features)
+
+
+def _fit_and_predict(learner):
+    """A fresh ``learner`` fitted on small inputs of its kind and what it then predicts (made
+    where this is called: inside or outside an autograd mode)."""
+    import torch
+
+    from attnlens.evaluation.probing import LinearBaseline, PapaProbe
+    from attnlens.evaluation.probing.features import Features
+    from attnlens.evaluation.probing.mlm import MLMHead
+    from attnlens.methods.patterns import PatternCNN
+    from attnlens.methods.patterns.synthetic import synthetic
+
+    if learner is PatternCNN:
+        train = synthetic("all", 8, 16, seed=0)
+        return torch.as_tensor(PatternCNN(epochs=1, size=16).fit(train.maps, train.labels).predict_proba(train.maps))
+    features, labels = _sequence_features(n_classes=2)
+    if learner is MLMHead:
+        masked = Features(features.vectors, torch.ones(len(features.positions), dtype=torch.long),
+                          torch.randint(0, 50, (len(features.positions),), generator=torch.Generator().manual_seed(0)),
+                          torch.zeros(0, dtype=torch.long), "masked", features.max_len)
+        return torch.as_tensor(MLMHead(epochs=1).fit(masked, 50).log_likelihood(masked))
+    made = PapaProbe(hidden=8, epochs=2) if learner is PapaProbe else LinearBaseline(grid=(0.01, 1.0))
+    return torch.as_tensor(made.fit(features, labels).predict(features))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+@pytest.mark.parametrize("learner", sorted(CASES, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_a_learner_fits_inside_an_autograd_mode_as_outside(learner, mode):
+    """A notebook often runs under ``torch.no_grad()`` or ``torch.inference_mode()``. There the
+    PAPA probe's fit failed deep inside ("element 0 of tensors does not require grad"); each
+    learner now fits as it does outside (its training under ``attnlens.core.modes.gradients``),
+    on inputs made inside the mode: the same predictions, exactly (the same arithmetic)."""
+    import torch
+
+    reference = _fit_and_predict(learner)
+    with getattr(torch, mode)():
+        inside = _fit_and_predict(learner)
+    assert torch.equal(inside, reference)

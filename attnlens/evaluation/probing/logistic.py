@@ -40,6 +40,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.nn import functional
 
+from attnlens.core.modes import gradients
+
 #: the gradient tolerance, max |∇f| (scikit-learn's ``LogisticRegression(tol=1e-4)``)
 TOL = 1e-4
 #: L-BFGS iterations at most (attnlens's ``LinearBaseline(max_iter=1000)``)
@@ -73,6 +75,7 @@ def standardise(rows: Float[Tensor, "row feature"]
     return mean, scale, var
 
 
+@gradients()  # autograd on, whatever the caller's mode
 def fit(rows: Float[Tensor, "row feature"], targets: Int[Tensor, " row"], C: float,
         start: Logistic | None = None, *, tol: float = TOL, max_iter: int = MAX_ITER) -> Logistic:
     """Standardise ``rows`` and minimise ``f`` with inverse regularisation ``C`` (the module

@@ -21,6 +21,7 @@ from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import fingerprints_kept, model_id, require_bridge
+from attnlens.core.modes import gradients
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.batches import progress_bar
 from attnlens.engine.forward import FwdHooks
@@ -91,6 +92,7 @@ class MLMHead(Estimator):
         #: the model whose features it was fitted on (:attr:`Features.model`; "" when unknown)
         self.fitted_on_ = ""
 
+    @gradients()  # autograd on, whatever the caller's mode
     def fit(self, features: Features, vocab_size: int) -> MLMHead:
         """Train on masked-token ``features`` (their :attr:`~Features.positions` are the
         targets) over a vocabulary of ``vocab_size`` tokens; returns ``self``."""

@@ -62,6 +62,7 @@ from attnlens.core import devices, memory
 from attnlens.core.checks import all_finite, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.core.modes import gradients
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation import tasks
@@ -196,6 +197,7 @@ class PapaProbe(Estimator):
 
     # ---- training ----------------------------------------------------------------------------
 
+    @gradients()  # autograd on, whatever the caller's mode
     def fit(self, features: Features, labels: list, *, task: str | None = None,
             label_names: Sequence[str] | None = None,
             scorer: Callable[[np.ndarray, list], float] | None = None) -> PapaProbe:

@@ -46,6 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import devices, memory
+from attnlens.core.modes import gradients
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation.probing.features import Features
@@ -202,6 +203,7 @@ class _Member:
     final: dict[str, Tensor] | None = None
 
 
+@gradients()  # autograd on, whatever the caller's mode
 def fit_many(probes: Sequence[PapaProbe], features: Features | Sequence[Features], labels: list, *,
              task: str | None = None, label_names: Sequence[str] | None = None,
              scorer: Callable[[np.ndarray, list], float] | None = None) -> list[PapaProbe]:

@@ -152,7 +152,8 @@ class TrainableConstants(nn.Module, ConstantPatterns):
         finite_tensor(logits, "logits")
         if logits.ndim != 4 or logits.shape[-2:] != (max_len, max_len):
             raise InputError(f"logits must be [layer, head, {max_len}, {max_len}], got {tuple(logits.shape)}.")
-        self.logits = nn.Parameter(logits.detach().clone().float())
+        with torch.inference_mode(False):  # an ordinary tensor, trainable, even made under inference mode
+            self.logits = nn.Parameter(logits.detach().clone().float())
         self.model_id, self.layout, self.max_len = model_id, layout, int(max_len)
         self.init, self.pairs = init, pairs
         self.causal, self.fingerprint = causal, fingerprint

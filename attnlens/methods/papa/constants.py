@@ -38,6 +38,7 @@ from attnlens.core.files import (
 )
 from attnlens.core.inputs import LAYOUTS
 from attnlens.core.loading import is_causal, weights_fingerprint
+from attnlens.core.modes import version
 from attnlens.core.notebook import constants_html
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
 from attnlens.methods.papa.compatibility import check_batch, check_model, model_info
@@ -180,7 +181,7 @@ class PapaConstants(ConstantPatterns):
                 f"{self.kind!r} with {self.n_tokens} tokens seen."
             )
         tensors = (self.sums, self.squares, self.pair_counts)
-        source = (*tensors, *(t._version for t in tensors), self.n_tokens)
+        source = (*tensors, *(version(t) for t in tensors), self.n_tokens)
         cached = self._cache.get("input_dependence")
         if cached is None or not _same_source(cached[0], source):  # cached: heads=k selects by it
             seen = self.pair_counts > 0
@@ -240,7 +241,7 @@ class PapaConstants(ConstantPatterns):
         if selected is not None and any(not 0 <= h < self.n_heads for h in selected):
             raise InputError(f"heads {list(selected)} must be head indices in 0 .. {self.n_heads - 1}.")
         key = (layer, dtype, str(device), selected)
-        source = (self.sums, self.pair_counts, self.sums._version, self.pair_counts._version)
+        source = (self.sums, self.pair_counts, version(self.sums), version(self.pair_counts))
         cached = self._cache.get(key)
         if cached is None or not _same_source(cached[0], source):
             mean = self.mean[layer]

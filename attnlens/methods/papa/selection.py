@@ -32,6 +32,7 @@ from attnlens.core import seam
 from attnlens.core.checks import finite, finite_tensor, tensor, whole_number
 from attnlens.core.heads import HeadSet, n_selected  # HeadSet's old home: re-exported
 from attnlens.core.loading import require_bridge
+from attnlens.core.modes import gradients
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError
 from attnlens.methods.papa.intervene import intervention
@@ -106,6 +107,7 @@ def select_heads(
     return ranked(strategy, count, n_layers, n_heads, scores=scores, seed=seed)
 
 
+@gradients()  # autograd on, whatever the caller's mode
 def learn_lambda(
     model: Any,
     constants: Any,

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from attnlens.core import seam
 from attnlens.core.checks import finite, whole_number
+from attnlens.core.modes import gradients
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, InputTypeError
 from attnlens.methods.papa.baselines import TrainableConstants
@@ -29,6 +30,7 @@ from attnlens.methods.papa.constants import PapaConstants
 from attnlens.methods.papa.intervene import intervention
 
 
+@gradients()  # autograd on, whatever the caller's mode
 def train_constants(
     model: Any,
     constants: TrainableConstants,

@@ -57,6 +57,7 @@ from torch import Tensor, nn
 from attnlens.core.checks import all_finite, describe, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import check_sealed, read_checked, safetensors_bytes, write_atomic
+from attnlens.core.modes import gradients
 from attnlens.errors import (
     FileFormatError,
     InputError,
@@ -255,6 +256,7 @@ class PatternCNN(Estimator):
                 )
         return torch.tensor([index[label] for label in labels], dtype=torch.long)
 
+    @gradients()  # autograd on, whatever the caller's mode
     def fit(self, maps: Maps, labels: Sequence[str] | np.ndarray) -> PatternCNN:
         """Train on ``maps`` (``[n, query, key]``, or a list of square maps of any lengths;
         standard, PAPA or signed effective attention) and their type names; returns ``self``.
