@@ -75,7 +75,8 @@ def check(model: Any, reads: Iterable[str], what: str) -> None:
     :data:`CHANGES`), on a bridge whose weight processing changed one of them
     (:class:`ProcessedWeights`, naming what changed and the fix). Host attributes only: once a
     call or a pass."""
-    hit = [name for name in CHANGES if name in set(reads) & changed(model)]
+    found = changed(model).intersection(reads)
+    hit = [name for name in CHANGES if name in found]  # in CHANGES' order
     if hit:
         raise ProcessedWeights(
             f"{what} needs the model's weights as they are, but TransformerLens has processed this "

@@ -66,9 +66,8 @@ class Split:
                 pending.insert(0, part)
 
     def _versions(self) -> list[list[Any]]:
-        """Each state tensor's version; an inference tensor (state made under
-        ``torch.inference_mode``) keeps none, so it gets a new object each time: always changed,
-        always copied."""
+        """Each state tensor's version (:func:`attnlens.core.modes.version`: a state made under
+        ``torch.inference_mode`` is always changed, always copied)."""
         return [[version(value) for value in a.state_dict().values()]
                 for a in self.accumulators]
 

@@ -85,8 +85,8 @@ def analysis(bridge, name):
         return ablation.importance(bridge, TEXTS, loss=first_logit, max_len=MAX_LEN, progress=False).raw
     if name == "features":
         return features.extract(bridge, TEXTS, cache=False, max_len=MAX_LEN, progress=False).vectors.float()
-    heads = HeadSet(torch.arange(4 * 2).reshape(2, 4) % 3 == 0) if bridge.cfg.n_heads == 4 else \
-        HeadSet(torch.arange(6 * 2).reshape(2, 6) % 3 == 0)
+    n_layers, n_heads = int(bridge.cfg.n_layers), int(bridge.cfg.n_heads)
+    heads = HeadSet(torch.arange(n_layers * n_heads).reshape(n_layers, n_heads) % 3 == 0)
     if name == "intervention.effective":
         hooks = interventions.build("effective", bridge, heads)
     else:
