@@ -48,6 +48,17 @@ def skips_constant_heads(bridge: Any) -> bool:
     return models.of(bridge).seam == "attnlens" and seam.is_installed(bridge)
 
 
+def patched_layers(bridge: Any) -> list[int]:
+    """The layers whose self-attention :func:`constant_heads` patches now (their module has an
+    instance ``forward``): a model inside ``papa.intervention(..., fast=True)`` or a fast
+    :class:`attnlens.papa.PapaHooks`'s ``apply``. Empty where constant heads cannot run."""
+    architecture = models.find(bridge)
+    if architecture is None or architecture.seam != "attnlens" or not seam.is_installed(bridge):
+        return []
+    return [layer for layer, block in enumerate(bridge.blocks)
+            if "forward" in vars(seam.self_attention(block.attn.original_component))]
+
+
 @contextlib.contextmanager
 def constant_heads(
     bridge: Any, replaced: dict[int, Bool[Tensor, "head"]], constant: ConstantFn

@@ -168,7 +168,7 @@ def _restore(
         warnings.warn(
             f"checkpoint {path} was written under hooks attnlens cannot identify ({saved['hooks']}): "
             "resuming assumes they are the same functions as now. Give hooks a key (attnlens.engine.hooks.Hooks"
-            "(pairs, key=...)) to have it checked.",
+            "(pairs, key=...)), and pass those on the model as hooks=, to have it checked.",
             UserWarning, stacklevel=4,
         )
     for accumulator in accumulators:

@@ -22,6 +22,12 @@ What a :class:`Hooks` adds to the list:
   the pairs still to pass as ``fwd_hooks``. The pass engine (:func:`attnlens.engine.passes.run`) and
   :func:`attnlens.engine.forward.run_with_hooks` run inside it; a caller who hands the list straight to
   ``run_with_hooks`` gets the hook path, the same intervention, at its usual cost.
+
+A model may also carry hooks of its own when attnlens is called: ``model.add_hook(...)``, the
+block of TransformerLens's ``model.hooks(...)``, :meth:`Hooks.apply`, ``papa.intervention(...)``,
+``effective.hooked(...)``. Every forward runs them, so what attnlens computes is the hooked
+model's; but no key names them. :func:`on_model` lists them, for what keys results by their
+interventions (the features cache, checkpoints, curve points).
 """
 
 from __future__ import annotations
@@ -29,6 +35,14 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from attnlens.core import fast_heads
+
+#: how TransformerLens's own permanent hooks show in ``list_hooks()``: a bridge wires each
+#: placeholder's ``hook_in``/``hook_out`` (BERT's ``blocks.{i}.hook_mlp_in``) to the hook points
+#: of its ``in``/``out`` parts (``_wire_symbolic_hooks`` in TransformerLens 4.3's
+#: ``model_bridge/component_setup.py``); they pass activations through unchanged
+TRANSFORMERLENS_WIRING = "_wire_symbolic_hooks."
 
 
 class Hooks(list):
@@ -104,3 +118,22 @@ def _key_of(hooks: Any) -> str | None:
         return "none"
     key = getattr(hooks, "key", None)
     return key() if callable(key) else None
+
+
+def on_model(model: Any) -> list[str]:
+    """What ``model`` carries now that changes or reads its forward, besides the hooks a call is
+    given: the hook points with TransformerLens hooks on them (``add_hook``, permanent or not, and
+    those of an open ``model.hooks(...)`` block; its own wiring, :data:`TRANSFORMERLENS_WIRING`,
+    left out), each by its shortest alias, and the layers whose attention constant heads patch
+    (:func:`attnlens.core.fast_heads.patched_layers`). Empty for a model as loaded. Host
+    attributes only, once a call."""
+    names: dict[int, str] = {}  # one name per hook, the shortest of its hook point's aliases
+    list_hooks = getattr(model, "list_hooks", None)
+    for name, handles in (list_hooks() if callable(list_hooks) else {}).items():
+        for handle in handles:
+            wiring = getattr(handle.user_hook, "__qualname__", "").startswith(TRANSFORMERLENS_WIRING)
+            if not (handle.is_permanent and wiring):
+                known = names.get(id(handle))
+                names[id(handle)] = name if known is None or len(name) < len(known) else known
+    found = sorted(set(names.values()))
+    return found + [f"blocks.{layer}.attn (constant heads patched in)" for layer in fast_heads.patched_layers(model)]

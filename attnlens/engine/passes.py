@@ -83,7 +83,7 @@ from attnlens.engine.forward import (
     pattern_hooks,
     run_patterns,
 )
-from attnlens.engine.hooks import as_hooks
+from attnlens.engine.hooks import as_hooks, on_model
 from attnlens.engine.recording import Recording
 from attnlens.engine.split import Split
 from attnlens.errors import InputError, ModelBehaviourError
@@ -271,11 +271,13 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
     ``torch.distributed``, checked to be the same on every rank (the corpus too). The
     interventions are recorded by their key (:meth:`attnlens.engine.hooks.Hooks.key`); hooks
     without one (a function of the user's) by their hook points alone, which a resume cannot
-    check further (:data:`UNKNOWN_HOOKS`: it warns); each accumulator with its
+    check further (:data:`UNKNOWN_HOOKS`: it warns), and so are hooks the model carries
+    (:func:`attnlens.engine.hooks.on_model`); each accumulator with its
     :meth:`~attnlens.engine.accumulator.Accumulator.settings` (e.g. the PAPA constants it reads);
     compact or padded batches."""
     given = as_hooks(hooks)
-    key = given.key()
+    carried = on_model(model)
+    key = given.key() if not carried else None
     header = {
         "model": model_id(model),
         "fingerprint": weights_fingerprint(model),
@@ -285,7 +287,7 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
         "accumulators": sorted(plan.names),
         "accumulator_settings": {accumulator.name: json.loads(json.dumps(accumulator.settings(), sort_keys=True))
                                  for accumulator in accumulators},
-        "hooks": key if key is not None else f"{UNKNOWN_HOOKS} at {', '.join(given.hook_names)}",
+        "hooks": key if key is not None else f"{UNKNOWN_HOOKS} at {', '.join([*given.hook_names, *(f'{name} (on the model)' for name in carried)])}",
         "compact": plan.compact,
         "order": "corpus" if order.window is None else f"by length, {order.window} examples at a time",
         "world_size": plan.current.size,

@@ -15,7 +15,8 @@ back exactly; on the probes trained again in a smaller stack, see
 
 A point's file is named by its :func:`key`, a hash of everything its numbers depend on:
 attnlens's version, the model (name and weights fingerprint), the task's training and
-evaluation examples and labels, the hooks' key, the probe's and the baseline's settings and, for
+evaluation examples and labels, the hooks' key (and the names of hooks the model carries,
+:func:`attnlens.engine.hooks.on_model`), the probe's and the baseline's settings and, for
 a later point, its first point's key. A point of other settings is simply not found (and
 computed); a damaged file is refused with one error naming it.
 """
@@ -35,6 +36,7 @@ from attnlens.core import version  # read at each call: the version now (tests s
 from attnlens.core.files import read_checked, safetensors_bytes, tensor_checksum, write_atomic
 from attnlens.core.inputs import Words
 from attnlens.core.loading import model_id, weights_fingerprint
+from attnlens.engine.hooks import on_model
 from attnlens.errors import FileFormatError
 from attnlens.evaluation import conventions
 from attnlens.evaluation.probing import LinearBaseline, ProbeResult, paired
@@ -60,6 +62,9 @@ def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mappin
     header = {"attnlens": version.__version__, "format": FORMAT, "model": model_id(model),
               "weights": weights_fingerprint(model), "task": train.name, "split": evaluation.split,
               "hooks": hooks, "settings": settings, "first": first}
+    carried = on_model(model)
+    if carried:  # hooks the model carries (by name alone: no key names their functions)
+        header["on_model"] = carried
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for examples in (train, evaluation):
         for value in (examples.inputs(), examples.labels()):
@@ -78,6 +83,9 @@ def labelled_path(folder: str | os.PathLike, model: Any, train: Any, init: str, 
     header = {"attnlens": version.__version__, "model": model_id(model), "weights": weights_fingerprint(model),
               "task": train.name, "init": init, "settings": settings,
               "start": tensor_checksum({name: getattr(start, name) for name in ("sums", "squares", "pair_counts")})}
+    carried = on_model(model)
+    if carried:
+        header["on_model"] = carried
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for value in (train.inputs(), train.labels()):
         digest.update(json.dumps(_ready(value), ensure_ascii=False, default=str).encode() + b"\n")

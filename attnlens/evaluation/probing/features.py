@@ -63,8 +63,8 @@ from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
 from attnlens.engine.distributed import world
 from attnlens.engine.forward import device_of
-from attnlens.engine.hooks import as_hooks
-from attnlens.errors import InputError, InputTypeError, MismatchError
+from attnlens.engine.hooks import as_hooks, on_model
+from attnlens.errors import AttnlensWarning, InputError, InputTypeError, MismatchError
 
 #: The file format of cached features (in their key: another format is never read).
 FORMAT = "attnlens.Features/1"
@@ -299,6 +299,11 @@ def model_identity(model: Any) -> str:
     return f"{model_id(model)}@{weights_fingerprint(model)}"
 
 
+class HooksOnModel(AttnlensWarning):
+    """Features of a model that carries hooks of its own (:func:`attnlens.engine.hooks.on_model`),
+    computed under them and not cached: the cache key names only the hooks given as ``hooks=``."""
+
+
 def cache_dir() -> Path:
     """Where cached features live: ``$ATTNLENS_CACHE/features``, else
     ``~/.cache/attnlens/features``. Delete the folder (or call :func:`clear_cache`) to clear it."""
@@ -369,7 +374,9 @@ def extract(
 
     One pass of the engine (:func:`attnlens.engine.passes.run`), stopped after the last layer. ``cache``:
     read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
-    string that changes when they do). ``states``: the accumulator that keeps the vectors (a
+    string that changes when they do), and hooks the model carries (:func:`attnlens.engine.hooks.on_model`:
+    ``add_hook``, a ``model.hooks(...)`` or ``papa.intervention(...)`` block), whose features are
+    otherwise computed under them but not cached (:class:`HooksOnModel`), since no key names them. ``states``: the accumulator that keeps the vectors (a
     :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
     naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
     of their longest real text (:func:`attnlens.engine.passes.run`; the same features up to float32
@@ -397,7 +404,17 @@ def _extract_or_read(model: Any, examples: list, hooks: Any, cache: bool, cache_
     layout = default_layout(model) if layout is None else layout
     described = cache_key if cache_key is not None else hooks_key(hooks)
     path = None
-    if cache and described is None:
+    carried = on_model(model) if cache and cache_key is None else []
+    if carried:
+        shown = ", ".join(carried[:3]) + (f" and {len(carried) - 3} more" if len(carried) > 3 else "")
+        warnings.warn(
+            f"the model carries hooks of its own ({shown}): the features are computed under them but "
+            "not cached, since the cache key cannot name them. Pass the intervention as hooks= "
+            "(papa.hooks(...) and the other interventions have a key), or cache_key='...' naming "
+            "what the model carries, to cache them; cache=False computes them without this warning.",
+            HooksOnModel, stacklevel=3,
+        )
+    elif cache and described is None:
         warnings.warn(
             "these hooks have no key(), so their features cannot be told apart from others' and "
             "are not cached; pass cache_key='...' naming the intervention to cache them.",

@@ -1,0 +1,191 @@
+"""Hooks a model carries when attnlens is called (:func:`attnlens.engine.hooks.on_model`).
+
+A TransformerLens user puts hooks on the model itself: ``model.add_hook(...)``, the block of
+``model.hooks(...)``, attnlens's own ``Hooks.apply``, ``papa.intervention(...)``. Every forward runs
+them, so attnlens computes the hooked model's numbers; but the keys that name what a result was
+computed under (the features cache, a pass's checkpoint, a curve's points) named only the hooks
+given as ``hooks=``. Before, probe features extracted inside ``papa.intervention(model, constants,
+heads="all")`` came back from the cache as the unhooked model's, identical to them, so a probe
+scored the unmodified model and PAPA cost nothing; and a checkpoint of an unhooked pass resumed
+under hooks, mixing both.
+
+The reference is the same extraction with ``cache=False`` (computed, never read back): features
+from the cache must equal it exactly, and differ from the unhooked model's, so that a cache
+read of the wrong entry fails. A model as loaded carries nothing (TransformerLens's own wiring
+of BERT's ``hook_mlp_in`` is not a user's hook), and its features are cached as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import warnings
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from attnlens import papa
+from attnlens.engine.hooks import Hooks, on_model
+from attnlens.errors import InputError
+from attnlens.evaluation import points
+from attnlens.evaluation.probing import features
+from attnlens.evaluation.probing.features import HooksOnModel
+from tests import tiny
+
+MAX_LEN = 32
+TEXTS = tiny.CORPUS[:6]
+
+
+def _uniform(pattern, hook):
+    """A user's edit: every row of every head uniform over all keys."""
+    return torch.full_like(pattern, 1.0 / pattern.shape[-1])
+
+
+@pytest.fixture
+def cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
+    return tmp_path / "features"
+
+
+@pytest.fixture(scope="module")
+def bert():
+    return tiny.bert_bridge()
+
+
+@pytest.fixture(scope="module")
+def constants(bert):
+    return papa.fit(bert, TEXTS, max_len=MAX_LEN, progress=False)
+
+
+def _extract(model, **kwargs):
+    return features.extract(model, TEXTS, max_len=MAX_LEN, progress=False, **kwargs).vectors
+
+
+def _carrying(model, how, constants):
+    """A context inside which ``model`` carries hooks in one of the ways a user puts them there."""
+    @contextlib.contextmanager
+    def added(**options):
+        model.add_hook("blocks.0.attn.hook_pattern", _uniform, **options)
+        try:
+            yield
+        finally:
+            model.reset_hooks(including_permanent=False)
+            model.blocks[0].attn.hook_pattern.remove_hooks(including_permanent=True)
+
+    return {
+        "add_hook": lambda: added(),
+        "add_hook permanent": lambda: added(is_permanent=True),
+        "model.hooks": lambda: model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", _uniform)]),
+        "Hooks.apply": lambda: Hooks([("blocks.1.attn.hook_pattern", _uniform)]).apply(model),
+        "papa.intervention": lambda: papa.intervention(model, constants, heads="all"),
+        "papa.intervention fast": lambda: papa.intervention(model, constants, heads="all", fast=True),
+    }[how]()
+
+
+WAYS = ["add_hook", "add_hook permanent", "model.hooks", "Hooks.apply", "papa.intervention",
+        "papa.intervention fast"]
+
+
+@pytest.mark.parametrize("how", WAYS)
+def test_features_under_hooks_on_the_model_are_the_hooked_models(bert, constants, cache_folder, how):
+    """The features cached for the model as loaded are not read back for the model carrying hooks:
+    they equal the uncached extraction under the same hooks, exactly, and differ from the
+    unhooked ones; one :class:`HooksOnModel` warning names a hook point; nothing is written."""
+    plain = _extract(bert)
+    assert len(list(cache_folder.glob("*.safetensors"))) == 1  # the unhooked features, cached
+    with _carrying(bert, how, constants):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            hooked = _extract(bert)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            reference = _extract(bert, cache=False)
+    assert torch.equal(hooked, reference)
+    assert not torch.equal(hooked, plain)  # a cache read of the unhooked entry: equal, bit for bit
+    told = [str(w.message) for w in caught if issubclass(w.category, HooksOnModel)]
+    assert len(told) == 1 and re.search(r"carries hooks of its own \(blocks\.[01]\.attn", told[0]), told
+    assert len(list(cache_folder.glob("*.safetensors"))) == 1
+    assert on_model(bert) == []
+    assert torch.equal(_extract(bert), plain)  # hooks gone: the cached entry again
+
+
+def test_a_cache_key_names_what_the_model_carries(bert, cache_folder):
+    """``cache_key=`` names the hooks on the model too: cached under it, read back under it, and
+    another key's entry (the model as loaded, ``"none"``) is not."""
+    plain = _extract(bert)
+    with bert.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", _uniform)]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            first = _extract(bert, cache_key="uniform layer 0")
+            again = _extract(bert, cache_key="uniform layer 0")
+        reference = _extract(bert, cache=False)
+    assert torch.equal(first, reference) and torch.equal(again, reference)
+    assert not torch.equal(first, plain)
+    assert len(list(cache_folder.glob("*.safetensors"))) == 2
+
+
+@pytest.mark.parametrize("make", [tiny.bert_bridge, tiny.roberta_bridge, tiny.gpt2_bridge, tiny.llama_bridge],
+                         ids=["bert", "roberta", "gpt2", "llama"])
+def test_a_model_as_loaded_carries_nothing(make, cache_folder):
+    """No false alarm: BERT's and RoBERTa's bridges carry TransformerLens's permanent wiring of
+    ``hook_mlp_in``/``hook_mlp_out`` (seen in ``list_hooks()``), which is not a user's hook; after
+    a forward and after attnlens's own hooks leave, still nothing; features are cached, silently."""
+    model = make()
+    assert on_model(model) == []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", HooksOnModel)
+        first = _extract(model)
+        assert on_model(model) == []
+        assert torch.equal(_extract(model), first)
+    assert len(list(cache_folder.glob("*.safetensors"))) == 1
+
+
+def test_the_wiring_is_what_list_hooks_shows_on_bert():
+    """The exclusion is not vacuous: TransformerLens's ``list_hooks()`` does list permanent hooks on
+    a BERT bridge as loaded, all of them its wiring; a permanent hook of a user's on one of those
+    hook points is listed by :func:`on_model`, by the shortest of the point's names."""
+    model = tiny.bert_bridge()  # its own: a permanent hook stays
+    listed = model.list_hooks()
+    assert listed and all(handle.is_permanent for handles in listed.values() for handle in handles)
+    model.add_hook("blocks.0.mlp.in.hook_in", lambda tensor, hook: tensor, is_permanent=True)
+    assert on_model(model) == ["blocks.0.hook_mlp_in"]
+
+
+def test_a_checkpoint_of_the_unhooked_pass_is_not_resumed_under_hooks(bert, tmp_path):
+    """A pass's checkpoint records the hooks the model carries: the unhooked ``papa.fit``'s
+    checkpoint is refused by one under hooks on the model (before, it resumed on the longer corpus:
+    the constants would have summed the patterns of both models), and a checkpoint written under
+    them resumes with the warning that their functions cannot be checked, to the uninterrupted
+    fit's constants."""
+    checkpoint = tmp_path / "fit.safetensors"
+
+    def fit(texts):
+        return papa.fit(bert, texts, max_len=MAX_LEN, batch_size=2, checkpoint=checkpoint, progress=False)
+
+    fit(TEXTS[:2])
+    with bert.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", _uniform)]):
+        with pytest.raises(InputError, match=r"written by another run: hooks 'none' \(now 'hooks without a key at "
+                                             r"blocks\.0\.attn\.hook_pattern \(on the model\)'\)"):
+            fit(TEXTS)
+        checkpoint.unlink()
+        fit(TEXTS[:2])
+        with pytest.warns(UserWarning, match="cannot identify"):
+            resumed = fit(TEXTS)
+        whole = papa.fit(bert, TEXTS, max_len=MAX_LEN, batch_size=2, progress=False)
+    assert torch.equal(resumed.sums, whole.sums)
+
+
+def test_a_curve_points_key_names_the_hooks_on_the_model(bert):
+    """A curve's finished point is not found again for the model carrying hooks (its key holds
+    their names), and is once they are gone."""
+    train = SimpleNamespace(name="sst2", inputs=lambda: ["a film", "a dull film"], labels=lambda: [1, 0])
+    evaluation = SimpleNamespace(split="dev", inputs=lambda: ["a fine film"], labels=lambda: [1])
+
+    def key():
+        return points.key(bert, train, evaluation, hooks="none", settings={}, first=None)
+
+    plain = key()
+    with bert.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", _uniform)]):
+        hooked = key()
+    assert hooked != plain and key() == plain
