@@ -131,7 +131,7 @@ def on_model(model: Any) -> list[str]:
     list_hooks = getattr(model, "list_hooks", None)
     for name, handles in (list_hooks() if callable(list_hooks) else {}).items():
         for handle in handles:
-            wiring = getattr(handle.user_hook, "__qualname__", "").startswith(TRANSFORMERLENS_WIRING)
+            wiring = getattr(getattr(handle, "user_hook", None), "__qualname__", "").startswith(TRANSFORMERLENS_WIRING)
             if not (handle.is_permanent and wiring):
                 known = names.get(id(handle))
                 names[id(handle)] = name if known is None or len(name) < len(known) else known
