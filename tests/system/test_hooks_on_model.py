@@ -189,3 +189,22 @@ def test_a_curve_points_key_names_the_hooks_on_the_model(bert):
     with bert.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", _uniform)]):
         hooked = key()
     assert hooked != plain and key() == plain
+
+
+@pytest.mark.filterwarnings("ignore:the probe's accuracy")  # 16 training examples: the score is not the point
+def test_a_probe_result_records_the_hooks_on_the_model(bert):
+    """``probing.run`` under hooks on the model says so in its result's settings (``on_model``,
+    kept by its JSON), beside ``hooks`` (the key of those given, here none); a run without them has
+    no such entry."""
+    from attnlens.evaluation import probing
+    from tests.conftest import DATA, data_file
+
+    data_file("sst2/train.tsv")
+    options = dict(data_dir=DATA, train_limit=16, eval_limit=8, max_len=MAX_LEN, cache=False,
+                   progress=False, baseline=False, select_epochs=False, resamples=10,
+                   probe={"epochs": 1})
+    assert "on_model" not in probing.run(bert, "sst2", **options).settings
+    with bert.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", _uniform)]):
+        hooked = probing.run(bert, "sst2", **options)
+    assert hooked.settings["hooks"] == "none" and hooked.settings["on_model"] == ["blocks.0.attn.hook_pattern"]
+    assert probing.ProbeResult.from_dict(hooked.to_dict()).settings["on_model"] == ["blocks.0.attn.hook_pattern"]

@@ -15,6 +15,7 @@ from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.inputs import default_layout
 from attnlens.core.loading import fingerprints_kept
 from attnlens.engine.forward import device_of
+from attnlens.engine.hooks import on_model
 from attnlens.errors import InputError
 from attnlens.evaluation import tasks
 from attnlens.evaluation.probing.baseline import LinearBaseline
@@ -172,6 +173,7 @@ def run_many(
     given = {**row.probe_settings(), "progress": progress, **(probe or {})} if not isinstance(probe, PapaProbe) else {}
     names = train.label_names
     labels = train.labels()
+    carried = on_model(model)  # recorded in each result's settings: its features ran under them
 
     def held_out_score(indices: Any, predicted: list) -> float:
         return train.select(indices.tolist()).score(predicted)
@@ -213,6 +215,7 @@ def run_many(
                 chosen[one], seconds[one], fit_seconds, baseline=baseline, baseline_C=baseline_C,
                 baseline_start=baseline_start, held_out_score=held_out_score,
                 settings={"hooks": hooks_key(interventions[one]) if cache_keys[one] is None else cache_keys[one],
+                          **({"on_model": carried} if carried else {}),
                           "train_limit": train_limit, "eval_limit": eval_limit, "seed": seed,
                           "seeds": chosen_seeds, "max_len": max_len, "layout": layout, "resamples": resamples}))
             warn_if_below(results[-1], stacklevel=stacklevel)
@@ -264,7 +267,8 @@ def _result(train: Any, evaluation: Any, features: tuple[Features, Features], fi
                 "epochs_chosen": chosen[0], "validation_scores": chosen[1]}
     settings = {key: settings[key] for key in ("hooks", "train_limit", "eval_limit", "seed", "seeds", "max_len",
                                                "layout", "probe", "baseline_C", "resamples", "epochs_chosen",
-                                               "validation_scores")}
+                                               "validation_scores")} | (
+        {"on_model": settings["on_model"]} if "on_model" in settings else {})
     return ProbeResult(
         task=train.name, split=evaluation.split, metric=evaluation.metric,
         score=float(sum(scores) / len(scores)), majority=float(evaluation.majority_score(train)),
