@@ -52,8 +52,7 @@ def patched_layers(bridge: Any) -> list[int]:
     """The layers whose self-attention :func:`constant_heads` patches now (their module has an
     instance ``forward``): a model inside ``papa.intervention(..., fast=True)`` or a fast
     :class:`attnlens.papa.PapaHooks`'s ``apply``. Empty where constant heads cannot run."""
-    architecture = models.find(bridge)
-    if architecture is None or architecture.seam != "attnlens" or not seam.is_installed(bridge):
+    if models.find(bridge) is None or not skips_constant_heads(bridge):
         return []
     return [layer for layer, block in enumerate(bridge.blocks)
             if "forward" in vars(seam.self_attention(block.attn.original_component))]

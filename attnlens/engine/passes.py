@@ -276,7 +276,7 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
     :meth:`~attnlens.engine.accumulator.Accumulator.settings` (e.g. the PAPA constants it reads);
     compact or padded batches."""
     given = as_hooks(hooks)
-    carried = on_model(model)
+    carried = [f"{name} (on the model)" for name in on_model(model)]
     key = given.key() if not carried else None
     header = {
         "model": model_id(model),
@@ -287,7 +287,7 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
         "accumulators": sorted(plan.names),
         "accumulator_settings": {accumulator.name: json.loads(json.dumps(accumulator.settings(), sort_keys=True))
                                  for accumulator in accumulators},
-        "hooks": key if key is not None else f"{UNKNOWN_HOOKS} at {', '.join([*given.hook_names, *(f'{name} (on the model)' for name in carried)])}",
+        "hooks": key if key is not None else f"{UNKNOWN_HOOKS} at {', '.join([*given.hook_names, *carried])}",
         "compact": plan.compact,
         "order": "corpus" if order.window is None else f"by length, {order.window} examples at a time",
         "world_size": plan.current.size,

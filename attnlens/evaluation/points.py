@@ -61,15 +61,19 @@ def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mappin
     digest = hashlib.sha256()
     header = {"attnlens": version.__version__, "format": FORMAT, "model": model_id(model),
               "weights": weights_fingerprint(model), "task": train.name, "split": evaluation.split,
-              "hooks": hooks, "settings": settings, "first": first}
-    carried = on_model(model)
-    if carried:  # hooks the model carries (by name alone: no key names their functions)
-        header["on_model"] = carried
+              "hooks": hooks, "settings": settings, "first": first, **_on_model(model)}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for examples in (train, evaluation):
         for value in (examples.inputs(), examples.labels()):
             digest.update(json.dumps(_ready(value), ensure_ascii=False, default=str).encode() + b"\n")
     return digest.hexdigest()[:32]
+
+
+def _on_model(model: Any) -> dict[str, list[str]]:
+    """The hooks ``model`` carries (:func:`attnlens.engine.hooks.on_model`), by name alone (no key
+    names their functions), as a key's entry; none (so every key as before) without them."""
+    carried = on_model(model)
+    return {"on_model": carried} if carried else {}
 
 
 def labelled_path(folder: str | os.PathLike, model: Any, train: Any, init: str, start: Any,
@@ -82,10 +86,8 @@ def labelled_path(folder: str | os.PathLike, model: Any, train: Any, init: str, 
     digest = hashlib.sha256()
     header = {"attnlens": version.__version__, "model": model_id(model), "weights": weights_fingerprint(model),
               "task": train.name, "init": init, "settings": settings,
-              "start": tensor_checksum({name: getattr(start, name) for name in ("sums", "squares", "pair_counts")})}
-    carried = on_model(model)
-    if carried:
-        header["on_model"] = carried
+              "start": tensor_checksum({name: getattr(start, name) for name in ("sums", "squares", "pair_counts")}),
+              **_on_model(model)}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for value in (train.inputs(), train.labels()):
         digest.update(json.dumps(_ready(value), ensure_ascii=False, default=str).encode() + b"\n")

@@ -28,10 +28,11 @@ import torch
 from attnlens import papa
 from attnlens.engine.hooks import Hooks, on_model
 from attnlens.errors import InputError
-from attnlens.evaluation import points
+from attnlens.evaluation import points, probing
 from attnlens.evaluation.probing import features
 from attnlens.evaluation.probing.features import HooksOnModel
 from tests import tiny
+from tests.conftest import DATA, data_file
 
 MAX_LEN = 32
 TEXTS = tiny.CORPUS[:6]
@@ -196,9 +197,6 @@ def test_a_probe_result_records_the_hooks_on_the_model(bert):
     """``probing.run`` under hooks on the model says so in its result's settings (``on_model``,
     kept by its JSON), beside ``hooks`` (the key of those given, here none); a run without them has
     no such entry."""
-    from attnlens.evaluation import probing
-    from tests.conftest import DATA, data_file
-
     data_file("sst2/train.tsv")
     options = dict(data_dir=DATA, train_limit=16, eval_limit=8, max_len=MAX_LEN, cache=False,
                    progress=False, baseline=False, select_epochs=False, resamples=10,
