@@ -25,7 +25,7 @@ What a :class:`Hooks` adds to the list:
 
 A model may also carry hooks of its own when attnlens is called: ``model.add_hook(...)``, the
 block of TransformerLens's ``model.hooks(...)``, :meth:`Hooks.apply`, ``papa.intervention(...)``,
-``effective.hooked(...)``. Every forward runs them, so what attnlens computes is the hooked
+``effective.hooked(...)``, a user's plain PyTorch hook on a module (:func:`pytorch_hooks`). Every forward runs them, so what attnlens computes is the hooked
 model's; but no key names them. :func:`on_model` lists them, for what keys results by their
 interventions (the features cache, checkpoints, curve points).
 """
@@ -33,8 +33,12 @@ interventions (the features cache, checkpoints, curve points).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from torch import nn
+from torch.nn.modules import module as torch_module
 
 from attnlens.core import fast_heads
 
@@ -43,6 +47,18 @@ from attnlens.core import fast_heads
 #: of its ``in``/``out`` parts (``_wire_symbolic_hooks`` in TransformerLens 4.3's
 #: ``model_bridge/component_setup.py``); they pass activations through unchanged
 TRANSFORMERLENS_WIRING = "_wire_symbolic_hooks."
+
+#: the packages whose own PyTorch module hooks a model carries for itself (transformers'
+#: ``output_capturing_hook`` behind ``output_attentions``, TransformerLens's hook points and its
+#: blocks' capture of the normalized inputs, torch's weight norm): they record or belong to the
+#: model's definition; a hook from anywhere else (a notebook, a script) is the user's
+HOOKING_LIBRARIES = ("torch", "transformers", "transformer_lens", "accelerate", "attnlens")
+
+#: PyTorch's hook tables: a module's own (``register_forward_hook``, ...) and those every module
+#: runs (``torch.nn.modules.module.register_module_forward_hook``, ...), with the words for each
+MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
+                "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
+GLOBAL_HOOKS = {f"_global{table}": kind for table, kind in MODULE_HOOKS.items()}
 
 
 class Hooks(list):
@@ -124,9 +140,9 @@ def on_model(model: Any) -> list[str]:
     """What ``model`` carries now that changes or reads its forward, besides the hooks a call is
     given: the hook points with TransformerLens hooks on them (``add_hook``, permanent or not, and
     those of an open ``model.hooks(...)`` block; its own wiring, :data:`TRANSFORMERLENS_WIRING`,
-    left out), each by its shortest alias, and the layers whose attention constant heads patch
-    (:func:`attnlens.core.fast_heads.patched_layers`). Empty for a model as loaded. Host
-    attributes only, once a call."""
+    left out), each by its shortest alias; the layers whose attention constant heads patch
+    (:func:`attnlens.core.fast_heads.patched_layers`); and the modules with a user's plain PyTorch
+    hook (:func:`pytorch_hooks`). Empty for a model as loaded. Host attributes only, once a call."""
     names: dict[int, str] = {}  # one name per hook, the shortest of its hook point's aliases
     list_hooks = getattr(model, "list_hooks", None)
     for name, handles in (list_hooks() if callable(list_hooks) else {}).items():
@@ -136,4 +152,42 @@ def on_model(model: Any) -> list[str]:
                 known = names.get(id(handle))
                 names[id(handle)] = name if known is None or len(name) < len(known) else known
     found = sorted(set(names.values()))
-    return found + [f"blocks.{layer}.attn (constant heads patched in)" for layer in fast_heads.patched_layers(model)]
+    patched = [f"blocks.{layer}.attn (constant heads patched in)" for layer in fast_heads.patched_layers(model)]
+    return found + patched + pytorch_hooks(model)
+
+
+def pytorch_hooks(model: Any) -> list[str]:
+    """The plain PyTorch hooks of a user's that ``model`` (an ``nn.Module``) runs: forward and
+    backward hooks and pre-hooks registered on one of its modules (``register_forward_hook``, ...;
+    named by the module's shortest path, e.g. ``"blocks.0.mlp (a PyTorch forward hook)"``) or on
+    every module (``register_module_forward_hook``, ...: ``"every module (a PyTorch global forward
+    hook)"``). The hooks of :data:`HOOKING_LIBRARIES` (by the package that defines the function)
+    are the model's own and left out, TransformerLens's hook points among them (their hooks are
+    :func:`on_model`'s hook points). Host attributes only."""
+    if not isinstance(model, nn.Module):
+        return []
+    hooked: dict[int, list[str]] = {}  # the module's id: the kinds of users' hooks it holds
+    for module in model.modules():
+        kinds = [kind for table, kind in MODULE_HOOKS.items() if any(map(_users, getattr(module, table, {}).values()))]
+        if kinds:
+            hooked[id(module)] = kinds
+    found: dict[int, str] = {}
+    if hooked:  # a module's shortest path among its aliases (a bridge holds each Hugging Face module twice)
+        for path, module in model.named_modules(remove_duplicate=False):
+            known = found.get(id(module))
+            if id(module) in hooked and (known is None or (len(path), path) < (len(known), known)):
+                found[id(module)] = path
+    listed = [f"{found[key] or 'the model'} (a PyTorch {' and '.join(kinds)})" for key, kinds in hooked.items()]
+    every = [kind for table, kind in GLOBAL_HOOKS.items() if any(map(_users, getattr(torch_module, table).values()))]
+    return sorted(listed) + ([f"every module (a PyTorch global {' and '.join(every)})"] if every else [])
+
+
+def _users(hook: Any) -> bool:
+    """Whether a PyTorch hook's function comes from outside :data:`HOOKING_LIBRARIES` (through
+    ``functools.partial``, bound methods and callable objects to the code that runs)."""
+    function = hook
+    while isinstance(function, functools.partial):
+        function = function.func
+    function = getattr(function, "__func__", function)  # a bound method
+    package = getattr(function, "__module__", None) or type(function).__module__
+    return str(package).split(".")[0] not in HOOKING_LIBRARIES

@@ -74,6 +74,16 @@ def _carrying(model, how, constants):
             model.reset_hooks(including_permanent=False)
             model.blocks[0].attn.hook_pattern.remove_hooks(including_permanent=True)
 
+    @contextlib.contextmanager
+    def registered(register, hook):
+        """A plain PyTorch hook (``register_forward_hook`` and the like), removed on exit."""
+        handle = register(hook)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    point = model.blocks[0].attn.hook_pattern
     return {
         "add_hook": lambda: added(),
         "add_hook permanent": lambda: added(is_permanent=True),
@@ -81,11 +91,21 @@ def _carrying(model, how, constants):
         "Hooks.apply": lambda: Hooks([("blocks.1.attn.hook_pattern", _uniform)]).apply(model),
         "papa.intervention": lambda: papa.intervention(model, constants, heads="all"),
         "papa.intervention fast": lambda: papa.intervention(model, constants, heads="all", fast=True),
+        # PyTorch's own hooks: on a module (the first block's output halved), on a hook point
+        # bypassing TransformerLens, on every module (only the hook point's call edits)
+        "register_forward_hook": lambda: registered(
+            model.blocks[0].register_forward_hook, lambda module, args, output: output * 0.5),
+        "register_forward_pre_hook": lambda: registered(
+            point.register_forward_pre_hook, lambda module, args: (_uniform(args[0], None),)),
+        "register_module_forward_hook": lambda: registered(
+            torch.nn.modules.module.register_module_forward_hook,
+            lambda module, args, output: _uniform(output, None) if module is point else None),
     }[how]()
 
 
 WAYS = ["add_hook", "add_hook permanent", "model.hooks", "Hooks.apply", "papa.intervention",
-        "papa.intervention fast"]
+        "papa.intervention fast", "register_forward_hook", "register_forward_pre_hook",
+        "register_module_forward_hook"]
 
 
 @pytest.mark.parametrize("how", WAYS)
@@ -105,7 +125,8 @@ def test_features_under_hooks_on_the_model_are_the_hooked_models(bert, constants
     assert torch.equal(hooked, reference)
     assert not torch.equal(hooked, plain)  # a cache read of the unhooked entry: equal, bit for bit
     told = [str(w.message) for w in caught if issubclass(w.category, HooksOnModel)]
-    assert len(told) == 1 and re.search(r"carries hooks of its own \(blocks\.[01]\.attn", told[0]), told
+    assert len(told) == 1 and re.search(r"carries hooks of its own \((blocks\.[01]|every module)",
+                                        told[0]), told
     assert len(list(cache_folder.glob("*.safetensors"))) == 1
     assert on_model(bert) == []
     assert torch.equal(_extract(bert), plain)  # hooks gone: the cached entry again
@@ -151,6 +172,28 @@ def test_the_wiring_is_what_list_hooks_shows_on_bert():
     assert listed and all(handle.is_permanent for handles in listed.values() for handle in handles)
     model.add_hook("blocks.0.mlp.in.hook_in", lambda tensor, hook: tensor, is_permanent=True)
     assert on_model(model) == ["blocks.0.hook_mlp_in"]
+
+
+@pytest.mark.parametrize("which", ["minilm", "tiny bert"])
+def test_the_libraries_own_pytorch_hooks_are_not_a_users(which, minilm):
+    """The exclusion is not vacuous either: after a forward, the modules of a BERT bridge hold
+    PyTorch hooks of TransformerLens's (its hook points, its blocks' capture of normalized
+    inputs) and, on MiniLM as attnlens loads it, of transformers' (``output_capturing_hook``),
+    none of them listed; a user's on the same module is, by the module's shortest path among its
+    aliases, and is gone once removed."""
+    model = minilm if which == "minilm" else tiny.bert_bridge()
+    model(TEXTS[0])
+    tables = ("_forward_hooks", "_forward_pre_hooks")
+    owners = {hook.__module__.split(".")[0] for module in model.modules() for table in tables
+              for hook in getattr(module, table).values()}
+    assert owners == ({"transformers", "transformer_lens"} if which == "minilm" else {"transformer_lens"})
+    assert on_model(model) == []
+    handle = model.blocks[1].attn.register_forward_hook(lambda module, args, output: None)
+    try:
+        assert on_model(model) == ["blocks.1.attn (a PyTorch forward hook)"]
+    finally:
+        handle.remove()
+    assert on_model(model) == []
 
 
 def test_a_checkpoint_of_the_unhooked_pass_is_not_resumed_under_hooks(bert, tmp_path):

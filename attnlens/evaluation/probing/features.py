@@ -376,7 +376,7 @@ def extract(
     read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
     string that changes when they do), and hooks the model carries
     (:func:`attnlens.engine.hooks.on_model`: ``add_hook``, a ``model.hooks(...)`` or
-    ``papa.intervention(...)`` block), whose features are otherwise computed under them but not
+    ``papa.intervention(...)`` block, a user's ``register_forward_hook``), whose features are otherwise computed under them but not
     cached (:class:`HooksOnModel`), since no key names them. ``states``: the accumulator that keeps the vectors (a
     :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
     naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
