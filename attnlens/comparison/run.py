@@ -30,8 +30,9 @@ from attnlens.comparison.accumulator import ViewsAccumulator
 from attnlens.comparison.result import Comparison, check_count, check_example
 from attnlens.core.checks import describe, optional_count, whole_number
 from attnlens.core.corpus import corpus_iterator, resolve_corpus
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.inputs import as_max_len, tokenize
-from attnlens.core.loading import fingerprints_kept, is_causal, load
+from attnlens.core.loading import is_causal, load
 from attnlens.core.modes import eval_mode
 from attnlens.engine import passes
 from attnlens.engine.effective import warn_if_short

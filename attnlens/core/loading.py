@@ -3,27 +3,23 @@
 (:mod:`attnlens.core.norms`: the same outputs, 117 fewer kernels in a MiniLM forward).
 
 Also what attnlens records about a model to tell models apart: :func:`model_id` (its name, a
-local folder as an absolute path), :func:`weights_fingerprint` (a short hash of some of its
-weights) and :func:`is_causal` (decoder or encoder).
+local folder as an absolute path) and :func:`is_causal` (decoder or encoder); its weights'
+fingerprint is :mod:`attnlens.core.fingerprints`'.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import hashlib
 import json
 import os
 import pickle
 import warnings
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from attnlens.core import devices, models, norms, seam
+from attnlens.core import models, norms, seam
 from attnlens.core.models import gguf
 from attnlens.errors import (
     FileFormatError,
@@ -211,70 +207,6 @@ def model_id(bridge: Any) -> str:
     """The name attnlens records for a model (in saved constants and reports): the hub name, or
     the absolute path of a local folder (however it was given to :func:`load`)."""
     return str(bridge.cfg.model_name)
-
-
-#: elements of each parameter tensor hashed by :func:`weights_fingerprint`
-FINGERPRINT_ELEMENTS = 1024
-
-
-#: inside :func:`fingerprints_kept`: each model's fingerprint by ``id``, computed once
-_FINGERPRINTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("fingerprints", default=None)
-
-
-@contextlib.contextmanager
-def fingerprints_kept() -> Iterator[None]:
-    """Inside the block, :func:`weights_fingerprint` computes each model's fingerprint once: for
-    a job that does not change the weights it runs with (``compare``: its fit's pass and its
-    comparison's, the constants' checks; ``papa.fit``; a curve or a table: every point's feature
-    extractions, their cache keys and their passes' headers; a probing run; an extraction),
-    where each pass's header and each check would sample and hash every parameter again (on a
-    GPU, a wait for the device each). A block inside another keeps the outer one's fingerprints."""
-    if _FINGERPRINTS.get() is not None:
-        yield
-        return
-    token = _FINGERPRINTS.set({})
-    try:
-        yield
-    finally:
-        _FINGERPRINTS.reset(token)
-
-
-def weights_fingerprint(bridge: Any) -> str:
-    """A short hash (16 hex digits) of the weights attention depends on, to tell apart two
-    models that share a name (e.g. two in-memory models of one architecture, or a model and its
-    fine-tuned copy).
-
-    Every parameter of the Hugging Face base model (the encoder or decoder stack: not the LM
-    head, which attention does not depend on and which is randomly initialised when a checkpoint
-    has none) contributes its name, shape and :data:`FINGERPRINT_ELEMENTS` evenly spaced elements,
-    rounded to float16 (so a model loaded in float16 has the fingerprint of its float32 weights).
-    It reads a few hundred kilobytes, not the whole model. Inside :func:`fingerprints_kept`,
-    once per model.
-    """
-    kept = _FINGERPRINTS.get()
-    if kept is None:
-        return _fingerprint(bridge)
-    if id(bridge) not in kept:
-        kept[id(bridge)] = _fingerprint(bridge)
-    return kept[id(bridge)]
-
-
-def _fingerprint(bridge: Any) -> str:
-    """:func:`weights_fingerprint`, computed."""
-    hf_model = getattr(bridge, "original_model", bridge)
-    hf_model = getattr(hf_model, "base_model", hf_model)
-    named = list(hf_model.named_parameters())
-    samples = []
-    for _, param in named:
-        flat = param.detach().reshape(-1)
-        step = max(1, flat.numel() // FINGERPRINT_ELEMENTS)
-        samples.append(flat[::step][:FINGERPRINT_ELEMENTS].to(torch.float16))
-    digest = hashlib.sha256()
-    # the samples read in one copy (a model on a GPU: one wait for the device, not one a parameter)
-    for (name, param), sample in zip(named, devices.to_host(samples), strict=True):
-        digest.update(f"{name}{tuple(param.shape)}".encode())
-        digest.update(sample.tobytes())
-    return digest.hexdigest()[:16]
 
 
 def is_causal(model: Any) -> bool:

@@ -28,8 +28,8 @@ import pandas as pd
 from attnlens.core import fast_heads
 from attnlens.core.checks import finite, optional_count, whole_number
 from attnlens.core.files import write_atomic
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.heads import n_selected
-from attnlens.core.loading import fingerprints_kept
 from attnlens.core.notebook import curve_html
 from attnlens.core.plots import papa_curve
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain

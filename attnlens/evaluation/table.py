@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from attnlens.core.loading import fingerprints_kept
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.plots import papa_table
 from attnlens.core.result import Result, frame_from_json, frame_to_json, plain
 from attnlens.errors import InputError

@@ -16,7 +16,7 @@ from typing import Any
 import pandas as pd
 
 from attnlens.core.corpus import corpus_iterator
-from attnlens.core.loading import fingerprints_kept
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
 from attnlens.methods import interventions

@@ -496,7 +496,7 @@ def test_the_weights_fingerprint_reads_the_device_once(minilm, counter, device_r
     """The fingerprint of a model's weights (checked by every pass and by PAPA constants at each
     use) samples every parameter on its device and reads the samples in one copy, not one a
     parameter; the same digest as the CPU route's."""
-    from attnlens.core.loading import weights_fingerprint
+    from attnlens.core.fingerprints import weights_fingerprint
 
     fingerprint, sites = counter.count(lambda: weights_fingerprint(minilm))
     assert sum(sites.values()) <= 2, sites  # one packed copy: its .cpu() and .numpy()

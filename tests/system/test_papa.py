@@ -333,7 +333,7 @@ def test_constants_of_a_model_with_other_weights_are_refused(tiny_berts, tmp_pat
     first, second = tiny_berts
     assert attnlens.core.loading.model_id(first) == attnlens.core.loading.model_id(second)
     constants = papa.fit(first, tiny.CORPUS, max_len=16, progress=False)
-    assert constants.fingerprint == attnlens.core.loading.weights_fingerprint(first)
+    assert constants.fingerprint == attnlens.core.fingerprints.weights_fingerprint(first)
     refusal = r"other weights than this model's .* papa\.fit\(model, corpus\).* constants\.fingerprint = None"
     constants.check_compatible(first)
     with pytest.raises(ValueError, match=refusal):
@@ -442,7 +442,7 @@ def test_constants_follow_the_weights_across_folders_and_are_saved_readable(tmp_
     first, copy = (attnlens.load(str(tmp_path / folder)) for folder in ("a", "b"))
     assert attnlens.core.loading.model_id(first) != attnlens.core.loading.model_id(copy)
     path = papa.fit(first, tiny.CORPUS, max_len=16, progress=False).save(tmp_path / "c.safetensors")
-    assert papa.load(path, copy).fingerprint == attnlens.core.loading.weights_fingerprint(copy)
+    assert papa.load(path, copy).fingerprint == attnlens.core.fingerprints.weights_fingerprint(copy)
     mask = os.umask(0o022)
     os.umask(mask)
     assert (path.stat().st_mode & 0o777) == 0o666 & ~mask

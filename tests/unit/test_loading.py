@@ -12,7 +12,7 @@ import torch
 import attnlens
 from attnlens import papa
 from attnlens.core import seam
-from attnlens.core.loading import is_causal, model_id, weights_fingerprint
+from attnlens.core.loading import is_causal, model_id
 from attnlens.errors import InputError
 from tests import tiny
 
@@ -97,79 +97,6 @@ def test_local_folder_by_relative_path_has_the_id_of_its_absolute_path(tmp_path,
     # so constants fitted on one are accepted for the other (same id, same weights)
     constants = papa.fit(relative[0], tiny.CORPUS[:4], max_len=16, progress=False)
     constants.check_compatible(absolute)
-
-
-def test_weights_fingerprint_tells_weights_apart_but_not_dtypes_or_lm_heads():
-    def bridge(hf_model):
-        return attnlens.load(hf_model, tokenizer=tiny.bert_tokenizer())
-
-    reference = weights_fingerprint(bridge(tiny.tiny_bert(0)))
-    assert len(reference) == 16 and int(reference, 16) >= 0
-    assert weights_fingerprint(bridge(tiny.tiny_bert(0))) == reference, "same weights, same hash"
-    assert weights_fingerprint(bridge(tiny.tiny_bert(1))) != reference, "another initialisation"
-    # float16 weights are the float32 ones rounded: the same fingerprint
-    assert weights_fingerprint(attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer(),
-                                             dtype=torch.float16)) == reference
-    # one attention weight changed (element 0 is always sampled): another fingerprint
-    changed = tiny.tiny_bert(0)
-    with torch.no_grad():
-        changed.bert.encoder.layer[1].attention.self.query.weight[0, 0] += 0.5
-    assert weights_fingerprint(bridge(changed)) != reference
-    # the LM head does not shape attention (and is random when a checkpoint has none)
-    head = tiny.tiny_bert(0)
-    with torch.no_grad():
-        head.cls.predictions.transform.dense.weight.normal_()
-    assert weights_fingerprint(bridge(head)) == reference
-
-
-def test_compare_and_fit_fingerprint_their_model_once_and_a_later_call_sees_new_weights(monkeypatch):
-    """Inside ``fingerprints_kept`` (``compare``: two passes' headers and the constants' checks;
-    ``papa.fit``: the constants' start and its pass's header) each model's weights are sampled
-    and hashed once; outside it every call computes again, so
-    weights changed between two jobs give another fingerprint."""
-    from attnlens.core import loading
-
-    computed = []
-    compute = loading._fingerprint
-    monkeypatch.setattr(loading, "_fingerprint", lambda bridge: computed.append(1) or compute(bridge))
-    model = tiny.bert_bridge()
-    texts = ["a short text", "another short one here", "a third"]
-    attnlens.compare(model, "papa", "effective", corpus=texts, batch_size=2, progress=False)
-    assert len(computed) == 1, computed
-    papa.fit(model, texts, batch_size=2, progress=False)  # its constants' start and its pass's header
-    assert len(computed) == 2, computed
-    before = weights_fingerprint(model)
-    with torch.no_grad():
-        model.original_model.bert.encoder.layer[0].attention.self.query.weight[0, 0] += 0.5
-    assert weights_fingerprint(model) != before and len(computed) == 4
-    with loading.fingerprints_kept(), loading.fingerprints_kept():  # nested: the outer block's
-        assert weights_fingerprint(model) == weights_fingerprint(model)
-    assert len(computed) == 5
-
-
-def test_a_curve_and_a_probing_run_fingerprint_their_model_once(monkeypatch, tmp_path):
-    """``papa.curve`` (a probing run per point: two feature extractions each, their cache keys and
-    their passes' headers), ``probing.run`` and ``probing.extract`` sample and hash the weights
-    once a call, not once an extraction (this curve: 14 computations without the blocks)."""
-    from attnlens.core import loading
-    from attnlens.evaluation import probing
-    from tests.conftest import DATA, data_file
-
-    data_file("sst2/train.tsv")
-    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
-    model = tiny.bert_bridge()
-    constants = papa.fit(model, tiny.CORPUS, max_len=16, progress=False)
-    computed = []
-    compute = loading._fingerprint
-    monkeypatch.setattr(loading, "_fingerprint", lambda bridge: computed.append(1) or compute(bridge))
-    options = dict(data_dir=DATA, train_limit=24, eval_limit=12, seeds=1, baseline=False,
-                   probe=dict(epochs=1), progress=False)
-    papa.curve(model, constants, ["sst2"], fractions=(0, 1), baselines=("zeros",), **options)
-    assert len(computed) == 1, computed
-    probing.run(model, "sst2", max_len=16, cache=False, **options)
-    assert len(computed) == 2, computed
-    probing.extract(model, ["a short text", "another one"], max_len=16, progress=False)
-    assert len(computed) == 3, computed
 
 
 def test_is_causal():

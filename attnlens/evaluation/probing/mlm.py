@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from attnlens.core import checks, devices
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.inputs import Batch
-from attnlens.core.loading import fingerprints_kept, model_id, require_bridge
+from attnlens.core.loading import model_id, require_bridge
 from attnlens.core.modes import gradients
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.batches import progress_bar

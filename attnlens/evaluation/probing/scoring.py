@@ -12,8 +12,8 @@ from typing import Any
 
 from attnlens.core import devices
 from attnlens.core.checks import finite, optional_count, whole_number
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.inputs import default_layout
-from attnlens.core.loading import fingerprints_kept
 from attnlens.engine.forward import device_of
 from attnlens.engine.hooks import on_model
 from attnlens.errors import InputError

@@ -2,7 +2,7 @@
 heads, decoder or encoder and weights) and :func:`check_batch` (the layout, ``max_len`` and kind
 of inputs), and what constants record of a model (:func:`model_info`; whether it is a decoder and
 its weights' fingerprint: :func:`attnlens.core.loading.is_causal` and
-:func:`~attnlens.core.loading.weights_fingerprint`). :meth:`attnlens.methods.papa.PapaConstants.check_compatible` and
+:func:`~attnlens.core.fingerprints.weights_fingerprint`). :meth:`attnlens.methods.papa.PapaConstants.check_compatible` and
 the data-free constants call them; they read a constants object's attributes only."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 from jaxtyping import Bool
 from torch import Tensor
 
-from attnlens.core.loading import is_causal, model_id, weights_fingerprint
+from attnlens.core.fingerprints import weights_fingerprint
+from attnlens.core.loading import is_causal, model_id
 from attnlens.errors import InputError
 
 __all__ = ["check_batch", "check_model", "check_padding", "model_info"]

@@ -36,8 +36,9 @@ from attnlens.core.files import (
     verify_checksum,
     write_atomic,
 )
+from attnlens.core.fingerprints import weights_fingerprint
 from attnlens.core.inputs import LAYOUTS
-from attnlens.core.loading import is_causal, weights_fingerprint
+from attnlens.core.loading import is_causal
 from attnlens.core.modes import version
 from attnlens.core.notebook import constants_html
 from attnlens.errors import DamagedFileError, FileFormatError, InputError, InputTypeError
@@ -78,7 +79,7 @@ class PapaConstants(ConstantPatterns):
     pairs, False on single sentences, None for data-free constants), ``causal`` (True for a
     decoder: replacement then keeps keys after the query at 0; None when unknown, as in files
     saved before it was recorded) and ``fingerprint`` (the fitted model's
-    :func:`attnlens.core.loading.weights_fingerprint`; None for data-free constants and older files,
+    :func:`attnlens.core.fingerprints.weights_fingerprint`; None for data-free constants and older files,
     which are then not checked against the model's weights).
     """
 

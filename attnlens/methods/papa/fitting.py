@@ -28,8 +28,9 @@ from jaxtyping import Float
 from torch import Tensor
 
 from attnlens.core.corpus import corpus_iterator
+from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.inputs import LAYOUTS, check_max_len, default_layout
-from attnlens.core.loading import fingerprints_kept, require_bridge
+from attnlens.core.loading import require_bridge
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, add_at
 from attnlens.engine.checkpoints import checkpoint_path

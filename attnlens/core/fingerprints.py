@@ -1,0 +1,151 @@
+"""What tells two models' weights apart: :func:`weights_fingerprint`, a short hash of every weight
+attention depends on, exact to float16 and the same on every device and thread count;
+:func:`weights_dtype`, the dtypes the model computes in; :func:`fingerprints_kept`, a block that
+computes each model's fingerprint once.
+
+A fingerprint is what a cache or a checkpoint keys a model's results by (probe features, curve
+points, a pass's checkpoint) and what PAPA constants check the model they are used on against. It
+must change with any weight: before (2026-12-03) it hashed 1,024 evenly spaced elements of each
+parameter, and a head ablated by hand (the 32 columns of MiniLM's layer-0 ``W_O`` that head 2
+writes through, set to zero) touched none of them, so that the ablated model's probe features
+came back from the cache as the intact model's. Now every element counts, through a checksum
+computed on the model's device in integers (exact, so independent of the order of the sum) and
+read in one copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import hashlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from jaxtyping import Int64
+from torch import Tensor
+
+from attnlens.core import devices
+
+#: the checksums' modulus (the largest prime below 2**31), the width of the rows each level of
+#: :func:`checksum` sums (2**14: a level's sums stay below 2**45, exact in float64, and below
+#: 2**60 in int64) and the elements widened at once (2**24: a copy of 128 MiB at most)
+MODULUS = 2**31 - 1
+ROW = 2**14
+BLOCK = 2**24
+
+
+#: inside :func:`fingerprints_kept`: each model's fingerprint by ``id``, computed once
+_FINGERPRINTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("fingerprints", default=None)
+
+
+@contextlib.contextmanager
+def fingerprints_kept() -> Iterator[None]:
+    """Inside the block, :func:`weights_fingerprint` computes each model's fingerprint once: for
+    a job that does not change the weights it runs with (``compare``: its fit's pass and its
+    comparison's, the constants' checks; ``papa.fit``; a curve or a table: every point's feature
+    extractions, their cache keys and their passes' headers; a probing run; an extraction),
+    where each pass's header and each check would read every parameter again (on a GPU, a wait
+    for the device each). A block inside another keeps the outer one's fingerprints."""
+    if _FINGERPRINTS.get() is not None:
+        yield
+        return
+    token = _FINGERPRINTS.set({})
+    try:
+        yield
+    finally:
+        _FINGERPRINTS.reset(token)
+
+
+def weights_fingerprint(bridge: Any) -> str:
+    """A short hash (16 hex digits) of the weights attention depends on, to tell apart two
+    models that share a name (two in-memory models of one architecture, a model and its
+    fine-tuned copy, a model with a head ablated by hand).
+
+    Every parameter of the Hugging Face base model (the encoder or decoder stack: not the LM
+    head, which attention does not depend on and which is randomly initialised when a checkpoint
+    has none) contributes its name, shape and :func:`checksum`, of every element rounded to
+    float16 (so a model loaded in float16 has the fingerprint of its float32 weights; an edit
+    smaller than float16's rounding, a relative 2**-11, is not told apart). The checksums are
+    computed on the model's device and read in one copy. Inside :func:`fingerprints_kept`, once
+    per model."""
+    kept = _FINGERPRINTS.get()
+    if kept is None:
+        return _fingerprint(bridge)
+    if id(bridge) not in kept:
+        kept[id(bridge)] = _fingerprint(bridge)
+    return kept[id(bridge)]
+
+
+def weights_dtype(bridge: Any) -> str:
+    """The dtypes of the base model's floating-point parameters, sorted and joined by ``+``
+    (``"float32"``; ``"float16"`` for a model loaded in float16, which :func:`weights_fingerprint`
+    does not tell from its float32 weights): what else keys a result the model computes."""
+    dtypes = {str(param.dtype).removeprefix("torch.") for _, param in _parameters(bridge) if param.is_floating_point()}
+    return "+".join(sorted(dtypes))
+
+
+def checksum(values: Tensor) -> Int64[Tensor, "1"]:
+    """An integer in ``[0, MODULUS)`` of every element of ``values`` (any shape), rounded to
+    float16, and of its place. Its definition: the elements' float16 bit patterns ``b_i`` (as
+    signed 16-bit integers) in rows of :data:`ROW`, the last one short; each row's dot product
+    with :func:`row_weights` ``w``, ``s_r = sum_i b_(r ROW + i) w_i mod MODULUS``; then the
+    ``s_r`` in rows the same way, until one is left. Every partial sum of the first level is an
+    integer below 2**45 and is exact in float64 (what the first level runs in, a matrix-vector
+    product, where the device has it; int64 on MPS), and the later levels run in int64; so the
+    value is the same on every device, in every order of summation, at every thread count. Two
+    inputs that differ collide with a chance of about 1 in 2**31 (per parameter; the
+    fingerprint hashes them all)."""
+    flat = values.detach().reshape(-1)
+    if flat.numel() == 0:
+        return torch.zeros(1, dtype=torch.int64, device=flat.device)
+    # at most BLOCK elements widened at once (a multiple of ROW: the same rows as all at once)
+    rows = torch.cat([_first_level(flat[start:start + BLOCK]) for start in range(0, flat.numel(), BLOCK)])
+    while rows.numel() > 1:
+        padded = torch.nn.functional.pad(rows, (0, -rows.numel() % ROW))
+        rows = (padded.view(-1, ROW) * row_weights(rows.device)).sum(1) % MODULUS
+    return rows
+
+
+@functools.cache
+def row_weights(device: torch.device) -> Int64[Tensor, " row"]:
+    """The :data:`ROW` weights of a row's places, distinct, in ``[1, 32749]``:
+    ``w_i = (40503 i + 12345) mod 32749 + 1`` (32749 is prime and above ROW), on ``device``
+    (made outside any inference mode: an ordinary tensor, kept)."""
+    with torch.inference_mode(False):
+        places = torch.arange(ROW, dtype=torch.int64)
+        return ((places * 40503 + 12345) % 32749 + 1).to(device)
+
+
+def _first_level(block: Tensor) -> Int64[Tensor, " rows"]:
+    """:func:`checksum`'s first level: the ``s_r`` of ``block``'s rows (the last one short)."""
+    bits = block.to(torch.float16).view(torch.int16)
+    exact = torch.int64 if bits.device.type == "mps" else torch.float64  # MPS has no float64
+    weights = row_weights(bits.device).to(exact)
+    full = bits.numel() // ROW * ROW
+
+    def dot(rows: Tensor, row: Tensor) -> Tensor:
+        return rows @ row if exact == torch.float64 else (rows * row).sum(-1)
+
+    sums = [dot(bits[:full].to(exact).view(-1, ROW), weights)] if full else []
+    if full < bits.numel():
+        sums.append(dot(bits[full:].to(exact), weights[: bits.numel() - full]).reshape(1))
+    return torch.cat(sums).to(torch.int64) % MODULUS
+
+
+def _parameters(bridge: Any) -> list[tuple[str, Tensor]]:
+    """The base model's named parameters (the encoder or decoder stack, not the LM head)."""
+    hf_model = getattr(bridge, "original_model", bridge)
+    hf_model = getattr(hf_model, "base_model", hf_model)
+    return list(hf_model.named_parameters())
+
+
+def _fingerprint(bridge: Any) -> str:
+    """:func:`weights_fingerprint`, computed."""
+    named = _parameters(bridge)
+    sums = devices.to_host([checksum(param) for _, param in named])  # one copy from the device
+    digest = hashlib.sha256()
+    for (name, param), value in zip(named, sums, strict=True):
+        digest.update(f"{name}{tuple(param.shape)}{int(value[0])}".encode())
+    return digest.hexdigest()[:16]
