@@ -1,7 +1,9 @@
-"""What tells two models' weights apart: :func:`weights_fingerprint`, a short hash of every weight
+"""What tells two models apart, :func:`identity` (what caches and checkpoints key a model's
+results by): its name (:func:`attnlens.core.loading.model_id`), :func:`weights_fingerprint`, a short hash of every weight
 attention depends on, exact to float16 and the same on every device and thread count;
-:func:`weights_dtype`, the dtypes the model computes in; :func:`fingerprints_kept`, a block that
-computes each model's fingerprint once.
+:func:`weights_dtype`, the dtypes the model computes in; :func:`tokenizer_fingerprint`, what turns
+its texts into token ids; :func:`fingerprints_kept`, a block that computes each model's
+fingerprints once.
 
 A fingerprint is what a cache or a checkpoint keys a model's results by (probe features, curve
 points, a pass's checkpoint) and what PAPA constants check the model they are used on against. It
@@ -19,6 +21,7 @@ import contextlib
 import contextvars
 import functools
 import hashlib
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +30,7 @@ from jaxtyping import Int64
 from torch import Tensor
 
 from attnlens.core import devices
+from attnlens.core.loading import model_id
 
 #: the checksums' modulus (the largest prime below 2**31), the width of the rows each level of
 #: :func:`checksum` sums (2**14: a level's sums stay below 2**45, exact in float64, and below
@@ -36,8 +40,8 @@ ROW = 2**14
 BLOCK = 2**24
 
 
-#: inside :func:`fingerprints_kept`: each model's fingerprint by ``id``, computed once
-_FINGERPRINTS: contextvars.ContextVar[dict[int, str] | None] = contextvars.ContextVar("fingerprints", default=None)
+#: inside :func:`fingerprints_kept`: each model's fingerprints by what and ``id``, computed once
+_FINGERPRINTS: contextvars.ContextVar[dict[tuple[str, int], str] | None] = contextvars.ContextVar("fingerprints", default=None)
 
 
 @contextlib.contextmanager
@@ -58,6 +62,16 @@ def fingerprints_kept() -> Iterator[None]:
         _FINGERPRINTS.reset(token)
 
 
+def identity(bridge: Any) -> dict[str, str]:
+    """What a key of the model's results holds of the model: ``model`` (its name), ``weights``
+    (:func:`weights_fingerprint`), ``dtype`` (:func:`weights_dtype`) and ``tokenizer``
+    (:func:`tokenizer_fingerprint`). The features cache, a pass's checkpoint, a curve's points
+    and its labelled constants are keyed by it, so that an edit of any of them (a head ablated in
+    place, the model loaded in float16, another tokenizer) is not served another's results."""
+    return {"model": model_id(bridge), "weights": weights_fingerprint(bridge), "dtype": weights_dtype(bridge),
+            "tokenizer": tokenizer_fingerprint(bridge)}
+
+
 def weights_fingerprint(bridge: Any) -> str:
     """A short hash (16 hex digits) of the weights attention depends on, to tell apart two
     models that share a name (two in-memory models of one architecture, a model and its
@@ -70,12 +84,27 @@ def weights_fingerprint(bridge: Any) -> str:
     smaller than float16's rounding, a relative 2**-11, is not told apart). The checksums are
     computed on the model's device and read in one copy. Inside :func:`fingerprints_kept`, once
     per model."""
+    return _kept("weights", bridge, _fingerprint)
+
+
+def tokenizer_fingerprint(bridge: Any) -> str:
+    """A short hash (16 hex digits) of ``bridge``'s tokenizer, which turns texts into the token
+    ids the model runs on: of a fast tokenizer, its serialized pipeline (``to_str()``: the
+    vocabulary and added tokens, the normalizer with its lower-casing, the pre-tokenizer, the
+    post-processor's special tokens) less the truncation and padding that each call sets; of
+    another, its class, vocabulary and special tokens; ``"none"`` without one. Inside
+    :func:`fingerprints_kept`, once per model."""
+    return _kept("tokenizer", bridge, _tokenizer_fingerprint)
+
+
+def _kept(what: str, bridge: Any, compute: Any) -> str:
+    """``compute(bridge)``, once per model inside :func:`fingerprints_kept`."""
     kept = _FINGERPRINTS.get()
     if kept is None:
-        return _fingerprint(bridge)
-    if id(bridge) not in kept:
-        kept[id(bridge)] = _fingerprint(bridge)
-    return kept[id(bridge)]
+        return compute(bridge)
+    if (what, id(bridge)) not in kept:
+        kept[what, id(bridge)] = compute(bridge)
+    return kept[what, id(bridge)]
 
 
 def weights_dtype(bridge: Any) -> str:
@@ -149,3 +178,18 @@ def _fingerprint(bridge: Any) -> str:
     for (name, param), value in zip(named, sums, strict=True):
         digest.update(f"{name}{tuple(param.shape)}{int(value[0])}".encode())
     return digest.hexdigest()[:16]
+
+
+def _tokenizer_fingerprint(bridge: Any) -> str:
+    """:func:`tokenizer_fingerprint`, computed."""
+    tokenizer = getattr(bridge, "tokenizer", None)
+    if tokenizer is None:
+        return "none"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        pipeline = {key: value for key, value in json.loads(backend.to_str()).items()
+                    if key not in ("truncation", "padding")}
+    else:
+        pipeline = {"class": type(tokenizer).__name__, "vocabulary": sorted(tokenizer.get_vocab().items()),
+                    "special": tokenizer.special_tokens_map}
+    return hashlib.sha256(json.dumps(pipeline, sort_keys=True, default=str).encode()).hexdigest()[:16]

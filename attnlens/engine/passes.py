@@ -43,9 +43,9 @@ from torch import Tensor
 from attnlens.core import devices, memory
 from attnlens.core.checks import flag, whole_number
 from attnlens.core.corpus import corpus_iterator
-from attnlens.core.fingerprints import weights_dtype, weights_fingerprint
+from attnlens.core.fingerprints import identity
 from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
-from attnlens.core.loading import is_causal, model_id, require_bridge
+from attnlens.core.loading import is_causal, require_bridge
 from attnlens.core.modes import eval_mode, gradients
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, PassSummary
 from attnlens.engine.batches import (
@@ -280,9 +280,7 @@ def _header(model: Any, plan: _Plan, order: _Order, settings: Mapping[str, Any] 
     carried = [f"{name} (on the model)" for name in on_model(model)]
     key = given.key() if not carried else None
     header = {
-        "model": model_id(model),
-        "fingerprint": weights_fingerprint(model),
-        "dtype": weights_dtype(model),
+        **identity(model),
         "layout": plan.layout,
         "max_len": plan.max_len,
         "batch_size": plan.batch_size,

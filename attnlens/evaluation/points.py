@@ -34,9 +34,8 @@ import numpy as np
 
 from attnlens.core import version  # read at each call: the version now (tests set it)
 from attnlens.core.files import read_checked, safetensors_bytes, tensor_checksum, write_atomic
-from attnlens.core.fingerprints import weights_dtype, weights_fingerprint
+from attnlens.core.fingerprints import identity
 from attnlens.core.inputs import Words
-from attnlens.core.loading import model_id
 from attnlens.engine.hooks import on_model
 from attnlens.errors import FileFormatError
 from attnlens.evaluation import conventions
@@ -60,8 +59,7 @@ def key(model: Any, train: Any, evaluation: Any, *, hooks: str, settings: Mappin
     point; ``None`` for the first point itself)."""
 
     digest = hashlib.sha256()
-    header = {"attnlens": version.__version__, "format": FORMAT, "model": model_id(model),
-              "weights": weights_fingerprint(model), "dtype": weights_dtype(model), "task": train.name,
+    header = {"attnlens": version.__version__, "format": FORMAT, **identity(model), "task": train.name,
               "split": evaluation.split,
               "hooks": hooks, "settings": settings, "first": first, **_on_model(model)}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
@@ -86,8 +84,7 @@ def labelled_path(folder: str | os.PathLike, model: Any, train: Any, init: str, 
     start (``init`` and the constants ``start`` it trains from) and the recipe's ``settings``. A
     resumed curve reads them instead of training them again, and so finds its points."""
     digest = hashlib.sha256()
-    header = {"attnlens": version.__version__, "model": model_id(model), "weights": weights_fingerprint(model),
-              "dtype": weights_dtype(model), "task": train.name, "init": init, "settings": settings,
+    header = {"attnlens": version.__version__, **identity(model), "task": train.name, "init": init, "settings": settings,
               "start": tensor_checksum({name: getattr(start, name) for name in ("sums", "squares", "pair_counts")}),
               **_on_model(model)}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())

@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 import attnlens
 from attnlens import papa
 from attnlens.core import fingerprints
-from attnlens.core.fingerprints import MODULUS, ROW, checksum, weights_dtype, weights_fingerprint
+from attnlens.core.fingerprints import (
+    MODULUS,
+    ROW,
+    checksum,
+    tokenizer_fingerprint,
+    weights_dtype,
+    weights_fingerprint,
+)
+from attnlens.core.loading import default_model_path
 from attnlens.evaluation import probing
 from attnlens.evaluation.probing import features
 from tests import tiny
@@ -183,3 +192,22 @@ def test_a_curve_and_a_probing_run_fingerprint_their_model_once(monkeypatch, tmp
     assert len(computed) == 2, computed
     probing.extract(model, ["a short text", "another one"], max_len=16, progress=False)
     assert len(computed) == 3, computed
+
+
+def test_another_tokenizer_gets_its_own_features(tmp_path, monkeypatch):
+    """The same weights with another tokenizer (MiniLM's, cased: ``do_lower_case=False``) run on
+    other token ids: their features of a capitalised text are computed (equal to an uncached
+    extraction), not the uncased tokenizer's read back. A tokenizer called with another padding
+    and truncation (which each call sets on a fast tokenizer) keeps its fingerprint."""
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
+    texts = ["The Quick Brown Fox jumps over Paris .", "A Film by Agnes Varda ."]
+    uncased = attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer())
+    cased = attnlens.load(tiny.tiny_bert(0), tokenizer=AutoTokenizer.from_pretrained(
+        str(default_model_path()), do_lower_case=False))
+    before = tokenizer_fingerprint(uncased)
+    uncased.tokenizer(["a b c", "d"], padding="max_length", truncation=True, max_length=7)
+    assert tokenizer_fingerprint(uncased) == before != tokenizer_fingerprint(cased)
+    first = features.extract(uncased, texts, max_len=32, progress=False).vectors
+    second = features.extract(cased, texts, max_len=32, progress=False).vectors
+    assert torch.equal(second, features.extract(cased, texts, max_len=32, progress=False, cache=False).vectors)
+    assert second.shape != first.shape or not torch.equal(second, first)

@@ -57,7 +57,7 @@ from attnlens.core.checks import all_finite
 from attnlens.core.checks import indices as checked
 from attnlens.core.corpus import corpus_iterator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
-from attnlens.core.fingerprints import fingerprints_kept, weights_dtype, weights_fingerprint
+from attnlens.core.fingerprints import fingerprints_kept, identity, weights_fingerprint
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id
 from attnlens.engine import passes
@@ -338,13 +338,12 @@ def hooks_key(hooks: Any) -> str | None:
 
 def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, layout: str,
                  variant: str = "") -> str:
-    """The hash naming a features file: attnlens's version, the format, the model (name, weights
-    fingerprint and dtype), the hooks' key, the examples, ``max_len``, the layout and ``variant``
+    """The hash naming a features file: attnlens's version, the format, the model (:func:`attnlens.core.fingerprints.identity`: its
+    name, weights, dtype and tokenizer), the hooks' key, the examples, ``max_len``, the layout and ``variant``
     (what else changes them: e.g. the masks of MLM-probe features)."""
 
     digest = hashlib.sha256()
-    header = {"attnlens": version.__version__, "format": FORMAT, "model": model_id(model),
-              "weights": weights_fingerprint(model), "dtype": weights_dtype(model), "hooks": hooks, "max_len": max_len,
+    header = {"attnlens": version.__version__, "format": FORMAT, **identity(model), "hooks": hooks, "max_len": max_len,
               "layout": layout, "n": len(examples), "variant": variant}
     digest.update(json.dumps(header, sort_keys=True).encode())
     for example in examples:
