@@ -1,9 +1,9 @@
-"""What tells two models apart, :func:`identity` (what caches and checkpoints key a model's
-results by): its name (:func:`attnlens.core.loading.model_id`), :func:`weights_fingerprint`, a short hash of every weight
-attention depends on, exact to float16 and the same on every device and thread count;
-:func:`weights_dtype`, the dtypes the model computes in; :func:`tokenizer_fingerprint`, what turns
-its texts into token ids; :func:`fingerprints_kept`, a block that computes each model's
-fingerprints once.
+"""What tells two models apart: :func:`identity`, what caches and checkpoints key a model's
+results by: its name (:func:`attnlens.core.loading.model_id`); :func:`weights_fingerprint`, a
+short hash of every weight attention depends on, exact to float16 and the same on every device
+and thread count; :func:`weights_dtype`, the dtypes the model computes in;
+:func:`tokenizer_fingerprint`, what turns its texts into token ids. :func:`fingerprints_kept` is
+a block that computes each model's fingerprints once.
 
 A fingerprint is what a cache or a checkpoint keys a model's results by (probe features, curve
 points, a pass's checkpoint) and what PAPA constants check the model they are used on against. It
@@ -22,7 +22,7 @@ import contextvars
 import functools
 import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -46,12 +46,13 @@ _FINGERPRINTS: contextvars.ContextVar[dict[tuple[str, int], str] | None] = conte
 
 @contextlib.contextmanager
 def fingerprints_kept() -> Iterator[None]:
-    """Inside the block, :func:`weights_fingerprint` computes each model's fingerprint once: for
-    a job that does not change the weights it runs with (``compare``: its fit's pass and its
-    comparison's, the constants' checks; ``papa.fit``; a curve or a table: every point's feature
-    extractions, their cache keys and their passes' headers; a probing run; an extraction),
-    where each pass's header and each check would read every parameter again (on a GPU, a wait
-    for the device each). A block inside another keeps the outer one's fingerprints."""
+    """Inside the block, :func:`weights_fingerprint` and :func:`tokenizer_fingerprint` compute
+    each model's fingerprint once: for a job that does not change the model it runs with
+    (``compare``: its fit's pass and its comparison's, the constants' checks; ``papa.fit``; a
+    curve or a table: every point's feature extractions, their cache keys and their passes'
+    headers; a probing run; an extraction), where each pass's header and each check would read
+    every parameter again (on a GPU, a wait for the device each). A block inside another keeps
+    the outer one's fingerprints."""
     if _FINGERPRINTS.get() is not None:
         yield
         return
@@ -97,7 +98,7 @@ def tokenizer_fingerprint(bridge: Any) -> str:
     return _kept("tokenizer", bridge, _tokenizer_fingerprint)
 
 
-def _kept(what: str, bridge: Any, compute: Any) -> str:
+def _kept(what: str, bridge: Any, compute: Callable[[Any], str]) -> str:
     """``compute(bridge)``, once per model inside :func:`fingerprints_kept`."""
     kept = _FINGERPRINTS.get()
     if kept is None:
