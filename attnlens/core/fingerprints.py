@@ -148,10 +148,12 @@ def row_weights(device: torch.device) -> Int64[Tensor, " row"]:
         return ((places * 40503 + 12345) % 32749 + 1).to(device)
 
 
-def _first_level(block: Tensor) -> Int64[Tensor, " rows"]:
-    """:func:`checksum`'s first level: the ``s_r`` of ``block``'s rows (the last one short)."""
+def _first_level(block: Tensor, exact: torch.dtype | None = None) -> Int64[Tensor, " rows"]:
+    """:func:`checksum`'s first level: the ``s_r`` of ``block``'s rows (the last one short), in
+    ``exact`` (default float64, int64 on MPS, which has no float64: the same integers)."""
     bits = block.to(torch.float16).view(torch.int16)
-    exact = torch.int64 if bits.device.type == "mps" else torch.float64  # MPS has no float64
+    if exact is None:
+        exact = torch.int64 if bits.device.type == "mps" else torch.float64
     weights = row_weights(bits.device).to(exact)
     full = bits.numel() // ROW * ROW
 

@@ -56,8 +56,8 @@ def test_the_checksum_is_its_definition(size):
 
 def test_the_checksum_does_not_depend_on_blocks_threads_or_dtype(monkeypatch):
     """A parameter widened in blocks has the checksum of it widened at once (the rows are the
-    same), at 1 thread as at 4, and float16 values have the checksum of their float32 originals
-    (the fingerprint rounds to float16)."""
+    same), at 1 thread as at 4; float16 values have the checksum of their float32 originals
+    (the fingerprint rounds to float16); the first level in int64 (MPS) equals it in float64."""
     values = torch.randn(5 * ROW + 3, generator=torch.Generator().manual_seed(1))
     whole = checksum(values)
     monkeypatch.setattr(fingerprints, "BLOCK", 2 * ROW)
@@ -70,6 +70,8 @@ def test_the_checksum_does_not_depend_on_blocks_threads_or_dtype(monkeypatch):
         torch.set_num_threads(threads)
     assert torch.equal(checksum(values.half()), whole)
     assert whole.tolist() == [_definition(values)]
+    # MPS's route (no float64 there): the first level in int64, the same integers
+    assert torch.equal(fingerprints._first_level(values, torch.int64), fingerprints._first_level(values))
 
 
 def test_every_weight_counts_a_head_ablated_by_hand_among_them():
