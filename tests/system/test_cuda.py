@@ -23,6 +23,7 @@ import torch
 
 import attnlens
 from attnlens import papa
+from attnlens.core.fingerprints import checksum, weights_fingerprint
 from attnlens.evaluation.probing import LinearBaseline
 from attnlens.evaluation.probing.baseline import design
 from attnlens.evaluation.probing.features import Features
@@ -196,3 +197,13 @@ def test_features_on_a_gpu_are_fitted_there_by_default():
     on_cpu = LinearBaseline(grid=[0.01, 0.1, 1.0], solver="torch").fit(features, labels)
     assert baseline.C == on_cpu.C
     assert baseline.predict(on_gpu) == on_cpu.predict(features) == baseline.predict(features)
+
+
+def test_the_weights_fingerprint_is_the_same_on_cuda(minilm, cuda_minilm):
+    """The fingerprint is exact integer arithmetic (:func:`attnlens.core.fingerprints.checksum`):
+    the same digest on both devices, so constants fitted on one are accepted on the other and
+    the features cache is shared; every parameter's checksum too, equal to the CPU's."""
+    assert weights_fingerprint(cuda_minilm) == weights_fingerprint(minilm)
+    for (name, cpu), (_, gpu) in zip(minilm.original_model.named_parameters(),
+                                     cuda_minilm.original_model.named_parameters(), strict=True):
+        assert checksum(gpu).cpu().tolist() == checksum(cpu).tolist(), name
