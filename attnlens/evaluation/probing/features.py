@@ -71,6 +71,14 @@ from attnlens.errors import AttnlensWarning, InputError, InputTypeError, Mismatc
 FORMAT = "attnlens.Features/1"
 
 
+#: what a refusal of another model's features adds: a model is its name and a fingerprint of
+#: every weight (:func:`attnlens.core.fingerprints.identity`), so a model edited in place is another
+EDITED_WEIGHTS = ("(A model is known by its name and a fingerprint of every weight: this one may "
+                  "have had weights edited since. To score an intervention with a learner fitted "
+                  "on the unmodified model, pass it as hooks= (attnlens.ablation.hooks, "
+                  "papa.hooks) instead of editing the weights.)")
+
+
 @dataclass
 class Features:
     """Hidden vectors of a corpus's kept tokens (see the module docstring).
@@ -125,7 +133,7 @@ class Features:
         if fitted_on and self.model and self.model != fitted_on:
             raise MismatchError(
                 f"this {learner} was fitted on features of model {fitted_on!r}; these are of model "
-                f"{self.model!r}. Fit a {learner} on features of that model.")
+                f"{self.model!r}. Fit a {learner} on features of that model. {EDITED_WEIGHTS}")
         return self
 
     def check_finite(self) -> Features:

@@ -66,7 +66,7 @@ from attnlens.core.modes import gradients
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation import tasks
-from attnlens.evaluation.probing.features import Features
+from attnlens.evaluation.probing.features import EDITED_WEIGHTS, Features
 
 #: File format of a saved probe.
 FORMAT = "attnlens.PapaProbe/1"
@@ -492,6 +492,7 @@ def _check_made_for(made_for: dict[str, Any], features: Features, task: str | No
             raise MismatchError(
                 f"this probe was fitted on {fact} {recorded!r}; the features given have {fact} "
                 f"{value!r}. Fit a probe on features of {fact} {value!r}, or give features like its own."
+                + (f" {EDITED_WEIGHTS}" if fact == "model" else "")
             )
 
 
