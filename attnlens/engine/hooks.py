@@ -54,6 +54,11 @@ TRANSFORMERLENS_WIRING = "_wire_symbolic_hooks."
 #: model's definition; a hook from anywhere else (a notebook, a script) is the user's
 HOOKING_LIBRARIES = ("torch", "transformers", "transformer_lens", "accelerate", "attnlens")
 
+#: the modules of those packages whose hooks edit a model as a user's do: torch's pruning
+#: (``torch.nn.utils.prune``: a pre-hook multiplies a weight by a mask, a buffer that the
+#: weights' fingerprint does not read)
+EDITING_TOOLS = ("torch.nn.utils.prune",)
+
 #: PyTorch's hook tables: a module's own (``register_forward_hook``, ...) and those every module
 #: runs (``torch.nn.modules.module.register_module_forward_hook``, ...), with the words for each
 MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
@@ -183,11 +188,12 @@ def pytorch_hooks(model: Any) -> list[str]:
 
 
 def _users(hook: Any) -> bool:
-    """Whether a PyTorch hook's function comes from outside :data:`HOOKING_LIBRARIES` (through
-    ``functools.partial``, bound methods and callable objects to the code that runs)."""
+    """Whether a PyTorch hook's function comes from outside :data:`HOOKING_LIBRARIES` or from
+    :data:`EDITING_TOOLS` (through ``functools.partial``, bound methods and callable objects to
+    the code that runs)."""
     function = hook
     while isinstance(function, functools.partial):
         function = function.func
     function = getattr(function, "__func__", function)  # a bound method
-    package = getattr(function, "__module__", None) or type(function).__module__
-    return str(package).split(".")[0] not in HOOKING_LIBRARIES
+    package = str(getattr(function, "__module__", None) or type(function).__module__)
+    return package.split(".")[0] not in HOOKING_LIBRARIES or package.startswith(EDITING_TOOLS)

@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torch.nn.utils import prune
 
 from attnlens import papa
 from attnlens.engine.hooks import Hooks, on_model
@@ -83,6 +84,20 @@ def _carrying(model, how, constants):
         finally:
             handle.remove()
 
+    @contextlib.contextmanager
+    def pruned():
+        """torch's pruning of half the first layer's query weights (a pre-hook applying a mask
+        buffer), then the weights as they were."""
+        linear = model.blocks[0].attn.q._original_component
+        kept = linear.weight.detach().clone()
+        prune.l1_unstructured(linear, "weight", amount=0.5)
+        try:
+            yield
+        finally:
+            prune.remove(linear, "weight")
+            with torch.no_grad():
+                linear.weight.copy_(kept)
+
     point = model.blocks[0].attn.hook_pattern
     return {
         "add_hook": lambda: added(),
@@ -100,12 +115,13 @@ def _carrying(model, how, constants):
         "register_module_forward_hook": lambda: registered(
             torch.nn.modules.module.register_module_forward_hook,
             lambda module, args, output: _uniform(output, None) if module is point else None),
+        "torch.nn.utils.prune": pruned,
     }[how]()
 
 
 WAYS = ["add_hook", "add_hook permanent", "model.hooks", "Hooks.apply", "papa.intervention",
         "papa.intervention fast", "register_forward_hook", "register_forward_pre_hook",
-        "register_module_forward_hook"]
+        "register_module_forward_hook", "torch.nn.utils.prune"]
 
 
 @pytest.mark.parametrize("how", WAYS)
