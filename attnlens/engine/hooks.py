@@ -168,7 +168,8 @@ def pytorch_hooks(model: Any) -> list[str]:
     every module (``register_module_forward_hook``, ...: ``"every module (a PyTorch global forward
     hook)"``). The hooks of :data:`HOOKING_LIBRARIES` (by the package that defines the function)
     are the model's own and left out, TransformerLens's hook points among them (their hooks are
-    :func:`on_model`'s hook points). Host attributes only."""
+    :func:`on_model`'s hook points), but for those of :data:`EDITING_TOOLS`. Host attributes
+    only."""
     if not isinstance(model, nn.Module):
         return []
     hooked: dict[int, list[str]] = {}  # the module's id: the kinds of users' hooks it holds
