@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
+from torch.nn.modules import module as torch_module
 
 from attnlens.core import models
 from attnlens.errors import InputError
@@ -239,19 +240,21 @@ def key_mask(
     return attended.any(dim=1).any(dim=1)
 
 
+#: PyTorch's hook tables: a module's own (``register_forward_hook``, ``register_forward_pre_hook``,
+#: the backward ones) and those of ``torch.nn.modules.module`` that every module runs
+#: (``register_module_forward_hook``, ...)
+MODULE_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+GLOBAL_HOOKS = tuple(f"_global{table}" for table in MODULE_HOOKS)
+
+
 def runs_hooks(module: Any) -> bool:
     """True when calling ``module`` (a ``HookPoint`` or any ``nn.Module``) may run a hook: its own
     forward or backward hooks, or a global module hook."""
     if not isinstance(module, nn.Module):
         return module is not None  # a plain callable: assume it reads the pattern
-    from torch.nn.modules import module as torch_module
-
-    own = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-    if any(getattr(module, name, None) for name in own):
+    if any(getattr(module, name, None) for name in MODULE_HOOKS):
         return True
-    glob = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
-            "_global_backward_pre_hooks")
-    return any(getattr(torch_module, name, None) for name in glob)
+    return any(getattr(torch_module, name, None) for name in GLOBAL_HOOKS)
 
 
 def self_attention(attention: nn.Module) -> nn.Module:

@@ -25,8 +25,8 @@ What a :class:`Hooks` adds to the list:
 
 A model may also carry hooks of its own when attnlens is called: ``model.add_hook(...)``, the
 block of TransformerLens's ``model.hooks(...)``, :meth:`Hooks.apply`, ``papa.intervention(...)``,
-``effective.hooked(...)``, a user's plain PyTorch hook on a module (:func:`pytorch_hooks`). Every forward runs them, so what attnlens computes is the hooked
-model's; but no key names them. :func:`on_model` lists them, for what keys results by their
+``effective.hooked(...)``, a user's plain PyTorch hook on a module (:func:`pytorch_hooks`).
+Every forward runs them, so what attnlens computes is the hooked model's; but no key names them. :func:`on_model` lists them, for what keys results by their
 interventions (the features cache, checkpoints, curve points).
 """
 
@@ -40,7 +40,7 @@ from typing import Any
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-from attnlens.core import fast_heads
+from attnlens.core import fast_heads, seam
 
 #: how TransformerLens's own permanent hooks show in ``list_hooks()``: a bridge wires each
 #: placeholder's ``hook_in``/``hook_out`` (BERT's ``blocks.{i}.hook_mlp_in``) to the hook points
@@ -59,11 +59,6 @@ HOOKING_LIBRARIES = ("torch", "transformers", "transformer_lens", "accelerate", 
 #: weights' fingerprint does not read)
 EDITING_TOOLS = ("torch.nn.utils.prune",)
 
-#: PyTorch's hook tables: a module's own (``register_forward_hook``, ...) and those every module
-#: runs (``torch.nn.modules.module.register_module_forward_hook``, ...), with the words for each
-MODULE_HOOKS = {"_forward_pre_hooks": "forward pre-hook", "_forward_hooks": "forward hook",
-                "_backward_pre_hooks": "backward pre-hook", "_backward_hooks": "backward hook"}
-GLOBAL_HOOKS = {f"_global{table}": kind for table, kind in MODULE_HOOKS.items()}
 
 
 class Hooks(list):
@@ -174,7 +169,7 @@ def pytorch_hooks(model: Any) -> list[str]:
         return []
     hooked: dict[int, list[str]] = {}  # the module's id: the kinds of users' hooks it holds
     for module in model.modules():
-        kinds = [kind for table, kind in MODULE_HOOKS.items() if any(map(_users, getattr(module, table, {}).values()))]
+        kinds = [_kind(table) for table in seam.MODULE_HOOKS if any(map(_users, getattr(module, table, {}).values()))]
         if kinds:
             hooked[id(module)] = kinds
     found: dict[int, str] = {}
@@ -184,8 +179,15 @@ def pytorch_hooks(model: Any) -> list[str]:
             if id(module) in hooked and (known is None or (len(path), path) < (len(known), known)):
                 found[id(module)] = path
     listed = [f"{found[key] or 'the model'} (a PyTorch {' and '.join(kinds)})" for key, kinds in hooked.items()]
-    every = [kind for table, kind in GLOBAL_HOOKS.items() if any(map(_users, getattr(torch_module, table).values()))]
+    every = [_kind(table) for table in seam.GLOBAL_HOOKS if any(map(_users, getattr(torch_module, table).values()))]
     return sorted(listed) + ([f"every module (a PyTorch global {' and '.join(every)})"] if every else [])
+
+
+def _kind(table: str) -> str:
+    """The words for the hooks of a PyTorch hook table: ``"_forward_pre_hooks"``, ``"forward
+    pre-hook"``."""
+    direction, *pre = table.removeprefix("_global").strip("_").removesuffix("_hooks").split("_")
+    return f"{direction} {'pre-hook' if pre else 'hook'}"
 
 
 def _users(hook: Any) -> bool:

@@ -346,9 +346,10 @@ def hooks_key(hooks: Any) -> str | None:
 
 def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, layout: str,
                  variant: str = "") -> str:
-    """The hash naming a features file: attnlens's version, the format, the model (:func:`attnlens.core.fingerprints.identity`: its
-    name, weights, dtype and tokenizer), the hooks' key, the examples, ``max_len``, the layout and ``variant``
-    (what else changes them: e.g. the masks of MLM-probe features)."""
+    """The hash naming a features file: attnlens's version, the format, the model
+    (:func:`attnlens.core.fingerprints.identity`: its name, weights, dtype and tokenizer), the
+    hooks' key, the examples, ``max_len``, the layout and ``variant`` (what else changes them:
+    e.g. the masks of MLM-probe features)."""
 
     digest = hashlib.sha256()
     header = {"attnlens": version.__version__, "format": FORMAT, **identity(model), "hooks": hooks, "max_len": max_len,
@@ -384,10 +385,11 @@ def extract(
     read and write :func:`cache_dir`. ``cache_key``: names hooks that have no ``key()`` (any
     string that changes when they do), and hooks the model carries
     (:func:`attnlens.engine.hooks.on_model`: ``add_hook``, a ``model.hooks(...)`` or
-    ``papa.intervention(...)`` block, a user's ``register_forward_hook``), whose features are otherwise computed under them but not
-    cached (:class:`HooksOnModel`), since no key names them. ``states``: the accumulator that keeps the vectors (a
-    :class:`HiddenStates` subclass choosing other tokens, e.g. masked ones), with ``variant``
-    naming what it changes in the cache key. ``compact``: run PAPA-layout batches at the length
+    ``papa.intervention(...)`` block, a user's ``register_forward_hook``), whose features are
+    otherwise computed under them but not cached (:class:`HooksOnModel`), since no key names
+    them. ``states``: the accumulator that keeps the vectors (a :class:`HiddenStates` subclass
+    choosing other tokens, e.g. masked ones), with ``variant`` naming what it changes in the
+    cache key. ``compact``: run PAPA-layout batches at the length
     of their longest real text (:func:`attnlens.engine.passes.run`; the same features up to float32
     rounding, so one cache entry serves both), the examples run from the shortest to the longest
     (:func:`by_length`; the features come back in the examples' order). Returns :class:`Features`
