@@ -102,7 +102,12 @@ def constant_heads(
             attention = bridge.blocks[layer].attn
             module = seam.self_attention(attention.original_component)
             if "forward" in vars(module):
-                raise InputError(f"layer {layer}'s attention is already patched (nested constant_heads?)")
+                nested = getattr(vars(module)["forward"], "func", None) is _constant_forward
+                raise InputError(
+                    f"layer {layer}'s attention is already patched (nested constant_heads?)" if nested else
+                    f"layer {layer}'s self-attention has a forward of a user's (assigned to the module), which "
+                    "the constant heads' patch would replace and then delete: remove it, or pass fast=False"
+                )
             readers = (module, attention.original_component)
             heads = _HeadIndices.of(layer, mask, int(module.attention_head_size), next(module.parameters()).device)
             module.forward = functools.partial(_constant_forward, module, heads, made, readers)

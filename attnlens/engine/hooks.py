@@ -25,7 +25,7 @@ What a :class:`Hooks` adds to the list:
 
 A model may also carry hooks of its own when attnlens is called: ``model.add_hook(...)``, the
 block of TransformerLens's ``model.hooks(...)``, :meth:`Hooks.apply`, ``papa.intervention(...)``,
-``effective.hooked(...)``, a user's plain PyTorch hook on a module (:func:`pytorch_hooks`).
+``effective.hooked(...)``, a user's plain PyTorch hook on a module or a forward replaced (:func:`pytorch_edits`).
 Every forward runs them, so what attnlens computes is the hooked model's; but no key names them. :func:`on_model` lists them, for what keys results by their
 interventions (the features cache, checkpoints, curve points).
 """
@@ -142,7 +142,7 @@ def on_model(model: Any) -> list[str]:
     those of an open ``model.hooks(...)`` block; its own wiring, :data:`TRANSFORMERLENS_WIRING`,
     left out), each by its shortest alias; the layers whose attention constant heads patch
     (:func:`attnlens.core.fast_heads.patched_layers`); and the modules with a user's plain PyTorch
-    hook (:func:`pytorch_hooks`). Empty for a model as loaded. Host attributes only, once a call."""
+    hook or replaced forward (:func:`pytorch_edits`). Empty for a model as loaded. Host attributes only, once a call."""
     names: dict[int, str] = {}  # one name per hook, the shortest of its hook point's aliases
     list_hooks = getattr(model, "list_hooks", None)
     for name, handles in (list_hooks() if callable(list_hooks) else {}).items():
@@ -153,32 +153,44 @@ def on_model(model: Any) -> list[str]:
                 names[id(handle)] = name if known is None or len(name) < len(known) else known
     found = sorted(set(names.values()))
     patched = [f"blocks.{layer}.attn (constant heads patched in)" for layer in fast_heads.patched_layers(model)]
-    return found + patched + pytorch_hooks(model)
+    return found + patched + pytorch_edits(model)
 
 
-def pytorch_hooks(model: Any) -> list[str]:
-    """The plain PyTorch hooks of a user's that ``model`` (an ``nn.Module``) runs: forward and
+def pytorch_edits(model: Any) -> list[str]:
+    """The plain PyTorch edits of a user's that ``model`` (an ``nn.Module``) runs: forward and
     backward hooks and pre-hooks registered on one of its modules (``register_forward_hook``, ...;
     named by the module's shortest path, e.g. ``"blocks.0.mlp (a PyTorch forward hook)"``) or on
     every module (``register_module_forward_hook``, ...: ``"every module (a PyTorch global forward
-    hook)"``). The hooks of :data:`HOOKING_LIBRARIES` (by the package that defines the function)
-    are the model's own and left out, TransformerLens's hook points among them (their hooks are
-    :func:`on_model`'s hook points), but for those of :data:`EDITING_TOOLS`. Host attributes
+    hook)"``); a module's ``forward`` replaced by assignment (``module.forward = f``:
+    ``"blocks.0.mlp (its forward replaced)"``); the ``forward`` of one of the libraries' classes
+    replaced (``BertSelfOutput.forward = f``: ``"every BertSelfOutput (its class's forward
+    replaced, ...)"``). The hooks and forwards of :data:`HOOKING_LIBRARIES` (by the module whose
+    code defines the function) are the model's own and left out, TransformerLens's hook points
+    among them (their hooks are :func:`on_model`'s hook points) and attnlens's constant heads
+    (:func:`attnlens.core.fast_heads.patched_layers`), but for those of :data:`EDITING_TOOLS`.
+    A class of the user's own inside the model is its definition, not an edit. Host attributes
     only."""
     if not isinstance(model, nn.Module):
         return []
-    hooked: dict[int, list[str]] = {}  # the module's id: the kinds of users' hooks it holds
+    edited: dict[int, str] = {}  # the module's id: what of the user's it holds
+    classes: set[type] = set()  # the libraries' classes whose forward a user replaced
     for module in model.modules():
         kinds = [_kind(table) for table in seam.MODULE_HOOKS if any(map(_users, getattr(module, table, {}).values()))]
-        if kinds:
-            hooked[id(module)] = kinds
+        replaced = "forward" in vars(module) and _users(vars(module)["forward"])
+        if kinds or replaced:
+            edited[id(module)] = ", ".join([f"a PyTorch {' and '.join(kinds)}"] * bool(kinds) + ["its forward replaced"] * replaced)
+        cls = type(module)
+        if _library(_defined_in(cls)) and _users(cls.forward):
+            classes.add(cls)
     found: dict[int, str] = {}
-    if hooked:  # a module's shortest path among its aliases (a bridge holds each Hugging Face module twice)
+    if edited:  # a module's shortest path among its aliases (a bridge holds each Hugging Face module twice)
         for path, module in model.named_modules(remove_duplicate=False):
             known = found.get(id(module))
-            if id(module) in hooked and (known is None or (len(path), path) < (len(known), known)):
+            if id(module) in edited and (known is None or (len(path), path) < (len(known), known)):
                 found[id(module)] = path
-    listed = [f"{found[key] or 'the model'} (a PyTorch {' and '.join(kinds)})" for key, kinds in hooked.items()]
+    listed = [f"{found[key] or 'the model'} ({what})" for key, what in edited.items()]
+    listed += [f"every {cls.__name__} (its class's forward replaced, {cls.__module__}.{cls.__qualname__}.forward)"
+               for cls in classes]
     every = [_kind(table) for table in seam.GLOBAL_HOOKS if any(map(_users, getattr(torch_module, table).values()))]
     return sorted(listed) + ([f"every module (a PyTorch global {' and '.join(every)})"] if every else [])
 
@@ -191,12 +203,25 @@ def _kind(table: str) -> str:
 
 
 def _users(hook: Any) -> bool:
-    """Whether a PyTorch hook's function comes from outside :data:`HOOKING_LIBRARIES` or from
-    :data:`EDITING_TOOLS` (through ``functools.partial``, bound methods and callable objects to
-    the code that runs)."""
+    """Whether a PyTorch hook's function (or a ``forward``) comes from outside
+    :data:`HOOKING_LIBRARIES` or from :data:`EDITING_TOOLS` (through ``functools.partial``, bound
+    methods and callable objects to the code that runs; a wrapper by the module that defines it,
+    not the ``__module__`` that ``functools.wraps`` copies from what it wraps)."""
     function = hook
     while isinstance(function, functools.partial):
         function = function.func
     function = getattr(function, "__func__", function)  # a bound method
-    package = str(getattr(function, "__module__", None) or type(function).__module__)
-    return package.split(".")[0] not in HOOKING_LIBRARIES or package.startswith(EDITING_TOOLS)
+    package = _defined_in(function)
+    return not _library(package) or package.startswith(EDITING_TOOLS)
+
+
+def _defined_in(thing: Any) -> str:
+    """The module whose code defines a function (its globals' ``__name__``), a class or a callable
+    object (its class's ``__module__``)."""
+    defined = getattr(thing, "__globals__", {}).get("__name__") or getattr(thing, "__module__", None)
+    return str(defined or type(thing).__module__)
+
+
+def _library(module: str) -> bool:
+    """Whether a module belongs to one of :data:`HOOKING_LIBRARIES`."""
+    return module.split(".")[0] in HOOKING_LIBRARIES

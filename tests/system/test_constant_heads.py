@@ -19,7 +19,7 @@ import torch
 
 import attnlens
 from attnlens import papa
-from attnlens.core import fast_heads
+from attnlens.core import fast_heads, seam
 from tests import tiny
 from tests.precision import float32_sum_error
 
@@ -95,6 +95,27 @@ def test_fast_path_refuses_a_decoder():
     with pytest.raises(ValueError, match="encoders"):
         with fast_heads.constant_heads(model, {}, lambda valid, dtype: {}):
             pass
+
+
+def test_fast_path_refuses_a_patched_layer_and_says_whose_patch(setup):
+    """Nested constant heads, and a self-attention whose ``forward`` a user assigned (the patch
+    would replace it and then delete it), are refused, each by its own message; the user's forward
+    is left in place."""
+    model, constants, _ = setup
+    with papa.intervention(model, constants, heads="all", fast=True):
+        with pytest.raises(ValueError, match="already patched"):
+            with papa.intervention(model, constants, heads="all", fast=True):
+                pass
+    module = seam.self_attention(model.blocks[0].attn.original_component)
+    module.forward = lambda *args, **kwargs: type(module).forward(module, *args, **kwargs)
+    try:
+        with pytest.raises(ValueError, match=r"layer 0's self-attention has a forward of a user's .* pass fast=False"):
+            with papa.intervention(model, constants, heads="all", fast=True):
+                pass
+        assert "forward" in vars(module)
+    finally:
+        del module.forward
+    assert fast_heads.patched_layers(model) == []
 
 
 @pytest.mark.parametrize("heads", ["half", "all"])

@@ -18,6 +18,7 @@ of BERT's ``hook_mlp_in`` is not a user's hook), and its features are cached as 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 import warnings
 from types import SimpleNamespace
@@ -98,7 +99,38 @@ def _carrying(model, how, constants):
             with torch.no_grad():
                 linear.weight.copy_(kept)
 
+    @contextlib.contextmanager
+    def assigned(module, make):
+        """A user's ``module.forward = ...`` (``make`` builds it from the original), undone on exit."""
+        module.forward = make(module.forward)
+        try:
+            yield
+        finally:
+            del module.forward
+
+    @contextlib.contextmanager
+    def class_replaced(cls):
+        """A user's ``cls.forward = ...`` on a transformers class (its output halved), undone on exit."""
+        original = cls.forward
+
+        def halved(self, *args, **kwargs):
+            return original(self, *args, **kwargs) * 0.5
+
+        cls.forward = halved
+        try:
+            yield
+        finally:
+            cls.forward = original
+
+    def wrapped(original):
+        """A wrapper made with ``functools.wraps``: its ``__module__`` is transformers', copied."""
+        @functools.wraps(original)
+        def halved(*args, **kwargs):
+            return original(*args, **kwargs) * 0.5
+        return halved
+
     point = model.blocks[0].attn.hook_pattern
+    output = model.blocks[1].attn.original_component.output  # transformers' BertSelfOutput
     return {
         "add_hook": lambda: added(),
         "add_hook permanent": lambda: added(is_permanent=True),
@@ -116,12 +148,17 @@ def _carrying(model, how, constants):
             torch.nn.modules.module.register_module_forward_hook,
             lambda module, args, output: _uniform(output, None) if module is point else None),
         "torch.nn.utils.prune": pruned,
+        # a forward replaced: on a module, by a lambda or a functools.wraps wrapper; on its class
+        "forward assigned": lambda: assigned(output, lambda original: lambda *args: original(*args) * 0.5),
+        "forward assigned, wrapped": lambda: assigned(output, wrapped),
+        "class forward replaced": lambda: class_replaced(type(output)),
     }[how]()
 
 
 WAYS = ["add_hook", "add_hook permanent", "model.hooks", "Hooks.apply", "papa.intervention",
         "papa.intervention fast", "register_forward_hook", "register_forward_pre_hook",
-        "register_module_forward_hook", "torch.nn.utils.prune"]
+        "register_module_forward_hook", "torch.nn.utils.prune", "forward assigned", "forward assigned, wrapped",
+        "class forward replaced"]
 
 
 @pytest.mark.parametrize("how", WAYS)
@@ -141,7 +178,7 @@ def test_features_under_hooks_on_the_model_are_the_hooked_models(bert, constants
     assert torch.equal(hooked, reference)
     assert not torch.equal(hooked, plain)  # a cache read of the unhooked entry: equal, bit for bit
     told = [str(w.message) for w in caught if issubclass(w.category, HooksOnModel)]
-    assert len(told) == 1 and re.search(r"carries hooks of its own \((blocks\.[01]|every module)",
+    assert len(told) == 1 and re.search(r"carries hooks of its own \((blocks\.[01]|every (module|BertSelfOutput))",
                                         told[0]), told
     assert len(list(cache_folder.glob("*.safetensors"))) == 1
     assert on_model(bert) == []
@@ -209,6 +246,34 @@ def test_the_libraries_own_pytorch_hooks_are_not_a_users(which, minilm):
         assert on_model(model) == ["blocks.1.attn (a PyTorch forward hook)"]
     finally:
         handle.remove()
+    assert on_model(model) == []
+
+
+def test_a_replaced_forward_is_named_by_its_module_or_its_class():
+    """A ``forward`` assigned to a module is named by the module's shortest path, and beside a
+    hook on it; one assigned to a transformers class once, by the class; a forward that is the
+    library's own (a ``functools.partial`` of it, accelerate's wrapper of it) is none; undone,
+    nothing is left."""
+    model = tiny.bert_bridge()
+    output = model.blocks[1].attn.original_component.output
+    cls, original = type(output), type(output).forward
+    output.forward = lambda *args: original(output, *args)
+    handle = output.register_forward_hook(lambda module, args, result: None)
+    assert on_model(model) == ["blocks.1.attn._original_component.output (a PyTorch forward hook, its forward replaced)"]
+    handle.remove()
+    output.forward = functools.partial(original, output)
+    assert on_model(model) == []
+    del output.forward
+    accelerate = pytest.importorskip("accelerate.hooks")  # TransformerLens requires accelerate
+    accelerate.add_hook_to_module(output, accelerate.ModelHook())  # its wrapper: a partial in the instance's forward
+    assert isinstance(vars(output)["forward"], functools.partial) and on_model(model) == []
+    accelerate.remove_hook_from_module(output)
+    cls.forward = lambda self, *args: original(self, *args)
+    try:
+        assert on_model(model) == [
+            "every BertSelfOutput (its class's forward replaced, transformers.models.bert.modeling_bert.BertSelfOutput.forward)"]
+    finally:
+        cls.forward = original
     assert on_model(model) == []
 
 
