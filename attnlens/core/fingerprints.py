@@ -1,7 +1,8 @@
 """What tells two models apart: :func:`identity`, what caches and checkpoints key a model's
 results by: its name (:func:`attnlens.core.loading.model_id`); :func:`weights_fingerprint`, a
-short hash of every weight attention depends on, exact to float16 and the same on every device
-and thread count; :func:`weights_dtype`, the dtypes the model computes in;
+short hash of every weight attention depends on, of every stored bit (``exact=True``, what keys a
+result) or rounded to float16 (what PAPA constants check), the same on every device and thread
+count; :func:`weights_dtype`, the dtypes the model computes in;
 :func:`tokenizer_fingerprint`, what turns its texts into token ids. :func:`fingerprints_kept` is
 a block that computes each model's fingerprints once.
 
@@ -12,7 +13,9 @@ parameter, and a head ablated by hand (the 32 columns of MiniLM's layer-0 ``W_O`
 writes through, set to zero) touched none of them, so that the ablated model's probe features
 came back from the cache as the intact model's. Now every element counts, through a checksum
 computed on the model's device in integers (exact, so independent of the order of the sum) and
-read in one copy.
+read in one copy. And every bit counts where a result is keyed: before (session 59) the keys
+held the checksum of the weights rounded to float16, and an edit below float16's rounding (a
+relative 2**-11: a perturbation of 1e-4 of every weight) was served the unedited model's features.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ BLOCK = 2**24
 
 
 #: inside :func:`fingerprints_kept`: each model's fingerprints by what and ``id``, computed once
-_FINGERPRINTS: contextvars.ContextVar[dict[tuple[str, int], str] | None] = contextvars.ContextVar("fingerprints", default=None)
+_FINGERPRINTS: contextvars.ContextVar[dict[tuple[str, int], Any] | None] = contextvars.ContextVar("fingerprints", default=None)
 
 
 @contextlib.contextmanager
@@ -65,27 +68,30 @@ def fingerprints_kept() -> Iterator[None]:
 
 def identity(bridge: Any) -> dict[str, str]:
     """What a key of the model's results holds of the model: ``model`` (its name), ``weights``
-    (:func:`weights_fingerprint`), ``dtype`` (:func:`weights_dtype`) and ``tokenizer``
+    (:func:`weights_fingerprint` of every bit, ``exact=True``), ``dtype`` (:func:`weights_dtype`)
+    and ``tokenizer``
     (:func:`tokenizer_fingerprint`). The features cache, a pass's checkpoint, a curve's points
     and its labelled constants are keyed by it, so that an edit of any of them (a head ablated in
     place, the model loaded in float16, another tokenizer) is not served another's results."""
-    return {"model": model_id(bridge), "weights": weights_fingerprint(bridge), "dtype": weights_dtype(bridge),
+    return {"model": model_id(bridge), "weights": weights_fingerprint(bridge, exact=True), "dtype": weights_dtype(bridge),
             "tokenizer": tokenizer_fingerprint(bridge)}
 
 
-def weights_fingerprint(bridge: Any) -> str:
+def weights_fingerprint(bridge: Any, *, exact: bool = False) -> str:
     """A short hash (16 hex digits) of the weights attention depends on, to tell apart two
     models that share a name (two in-memory models of one architecture, a model and its
     fine-tuned copy, a model with a head ablated by hand).
 
     Every parameter of the Hugging Face base model (the encoder or decoder stack: not the LM
     head, which attention does not depend on and which is randomly initialised when a checkpoint
-    has none) contributes its name, shape and :func:`checksum`, of every element rounded to
-    float16 (so a model loaded in float16 has the fingerprint of its float32 weights; an edit
-    smaller than float16's rounding, a relative 2**-11, is not told apart). The checksums are
-    computed on the model's device and read in one copy. Inside :func:`fingerprints_kept`, once
+    has none) contributes its name, shape and :func:`checksum`: of every element rounded to
+    float16 (the default: a model loaded in float16 has the fingerprint of its float32 weights,
+    and takes PAPA constants fitted on them; an edit smaller than float16's rounding, a relative
+    2**-11, is not told apart), or of every stored bit (``exact=True``: what the keys of results
+    hold, :func:`identity`; a float16 model's differs from its float32 weights'). Both are computed
+    together, on the model's device, and read in one copy. Inside :func:`fingerprints_kept`, once
     per model."""
-    return _kept("weights", bridge, _fingerprint)
+    return _kept("weights", bridge, _fingerprint)[exact]
 
 
 def tokenizer_fingerprint(bridge: Any) -> str:
@@ -98,7 +104,7 @@ def tokenizer_fingerprint(bridge: Any) -> str:
     return _kept("tokenizer", bridge, _tokenizer_fingerprint)
 
 
-def _kept(what: str, bridge: Any, compute: Callable[[Any], str]) -> str:
+def _kept(what: str, bridge: Any, compute: Callable[[Any], Any]) -> Any:
     """``compute(bridge)``, once per model inside :func:`fingerprints_kept`."""
     kept = _FINGERPRINTS.get()
     if kept is None:
@@ -116,10 +122,13 @@ def weights_dtype(bridge: Any) -> str:
     return "+".join(sorted(dtypes))
 
 
-def checksum(values: Tensor) -> Int64[Tensor, "1"]:
+def checksum(values: Tensor, *, exact: bool = False) -> Int64[Tensor, "1"]:
     """An integer in ``[0, MODULUS)`` of every element of ``values`` (any shape), rounded to
-    float16, and of its place. Its definition: the elements' float16 bit patterns ``b_i`` (as
-    signed 16-bit integers) in rows of :data:`ROW`, the last one short; each row's dot product
+    float16 (``exact=True``: of every stored bit), and of its place. Its definition: the
+    elements' float16 bit patterns ``b_i`` as signed 16-bit integers (``exact=True``: the 16-bit
+    words of the elements' bytes in memory order, little-endian on every device torch runs on: two
+    an element of float32, the low one first; one of float16 or bfloat16; an element of one byte
+    widened to one) in rows of :data:`ROW`, the last one short; each row's dot product
     with :func:`row_weights` ``w``, ``s_r = sum_i b_(r ROW + i) w_i mod MODULUS``; then the
     ``s_r`` in rows the same way, until one is left. Every partial sum of the first level is an
     integer below 2**45 and is exact in float64 (what the first level runs in, a matrix-vector
@@ -131,7 +140,7 @@ def checksum(values: Tensor) -> Int64[Tensor, "1"]:
     if flat.numel() == 0:
         return torch.zeros(1, dtype=torch.int64, device=flat.device)
     # at most BLOCK elements widened at once (a multiple of ROW: the same rows as all at once)
-    rows = torch.cat([_first_level(flat[start:start + BLOCK]) for start in range(0, flat.numel(), BLOCK)])
+    rows = torch.cat([_first_level(_words(flat[start:start + BLOCK], exact)) for start in range(0, flat.numel(), BLOCK)])
     while rows.numel() > 1:
         padded = torch.nn.functional.pad(rows, (0, -rows.numel() % ROW))
         rows = (padded.view(-1, ROW) * row_weights(rows.device)).sum(1) % MODULUS
@@ -148,21 +157,28 @@ def row_weights(device: torch.device) -> Int64[Tensor, " row"]:
         return ((places * 40503 + 12345) % 32749 + 1).to(device)
 
 
-def _first_level(block: Tensor, exact: torch.dtype | None = None) -> Int64[Tensor, " rows"]:
-    """:func:`checksum`'s first level: the ``s_r`` of ``block``'s rows (the last one short), in
-    ``exact`` (default float64, int64 on MPS, which has no float64: the same integers)."""
-    bits = block.to(torch.float16).view(torch.int16)
-    if exact is None:
-        exact = torch.int64 if bits.device.type == "mps" else torch.float64
-    weights = row_weights(bits.device).to(exact)
+def _words(block: Tensor, exact: bool) -> Tensor:
+    """:func:`checksum`'s ``b_i`` of a contiguous block of elements, as int16."""
+    if not exact:
+        return block.to(torch.float16).view(torch.int16)
+    return block.to(torch.int16) if block.element_size() == 1 else block.view(torch.int16)
+
+
+def _first_level(bits: Tensor, accumulate: torch.dtype | None = None) -> Int64[Tensor, " rows"]:
+    """:func:`checksum`'s first level: the ``s_r`` of the rows of ``bits`` (int16; the last row
+    short), in ``accumulate`` (default float64, int64 on MPS, which has no float64: the same
+    integers)."""
+    if accumulate is None:
+        accumulate = torch.int64 if bits.device.type == "mps" else torch.float64
+    weights = row_weights(bits.device).to(accumulate)
     full = bits.numel() // ROW * ROW
 
     def dot(rows: Tensor, row: Tensor) -> Tensor:
-        return rows @ row if exact == torch.float64 else (rows * row).sum(-1)
+        return rows @ row if accumulate == torch.float64 else (rows * row).sum(-1)
 
-    sums = [dot(bits[:full].to(exact).view(-1, ROW), weights)] if full else []
+    sums = [dot(bits[:full].to(accumulate).view(-1, ROW), weights)] if full else []
     if full < bits.numel():
-        sums.append(dot(bits[full:].to(exact), weights[: bits.numel() - full]).reshape(1))
+        sums.append(dot(bits[full:].to(accumulate), weights[: bits.numel() - full]).reshape(1))
     return torch.cat(sums).to(torch.int64) % MODULUS
 
 
@@ -173,14 +189,18 @@ def _parameters(bridge: Any) -> list[tuple[str, Tensor]]:
     return list(hf_model.named_parameters())
 
 
-def _fingerprint(bridge: Any) -> str:
-    """:func:`weights_fingerprint`, computed."""
+def _fingerprint(bridge: Any) -> tuple[str, str]:
+    """:func:`weights_fingerprint`, computed: rounded to float16, then of every bit. A float16
+    parameter's words are its float16 bits: one checksum serves both."""
     named = _parameters(bridge)
-    sums = devices.to_host([checksum(param) for _, param in named])  # one copy from the device
-    digest = hashlib.sha256()
-    for (name, param), value in zip(named, sums, strict=True):
-        digest.update(f"{name}{tuple(param.shape)}{int(value[0])}".encode())
-    return digest.hexdigest()[:16]
+    sums = devices.to_host([torch.cat([checksum(param), checksum(param, exact=True)]) if param.dtype != torch.float16
+                            else checksum(param).repeat(2) for _, param in named])  # one copy from the device
+    digests = hashlib.sha256(), hashlib.sha256()
+    for (name, param), values in zip(named, sums, strict=True):
+        for digest, value in zip(digests, values.tolist(), strict=True):
+            digest.update(f"{name}{tuple(param.shape)}{value}".encode())
+    rounded, exact = (digest.hexdigest()[:16] for digest in digests)
+    return rounded, exact
 
 
 def _tokenizer_fingerprint(bridge: Any) -> str:

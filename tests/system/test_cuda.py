@@ -202,8 +202,11 @@ def test_features_on_a_gpu_are_fitted_there_by_default():
 def test_the_weights_fingerprint_is_the_same_on_cuda(minilm, cuda_minilm):
     """The fingerprint is exact integer arithmetic (:func:`attnlens.core.fingerprints.checksum`):
     the same digest on both devices, so constants fitted on one are accepted on the other and
-    the features cache is shared; every parameter's checksum too, equal to the CPU's."""
+    the features cache is shared; every parameter's checksum too, equal to the CPU's, rounded to
+    float16 and of every bit."""
     assert weights_fingerprint(cuda_minilm) == weights_fingerprint(minilm)
+    assert weights_fingerprint(cuda_minilm, exact=True) == weights_fingerprint(minilm, exact=True)
     for (name, cpu), (_, gpu) in zip(minilm.original_model.named_parameters(),
                                      cuda_minilm.original_model.named_parameters(), strict=True):
         assert checksum(gpu).cpu().tolist() == checksum(cpu).tolist(), name
+        assert checksum(gpu, exact=True).cpu().tolist() == checksum(cpu, exact=True).tolist(), name

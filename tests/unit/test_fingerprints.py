@@ -10,6 +10,8 @@ the cache, the extraction with ``cache=False``.
 
 from __future__ import annotations
 
+import struct
+
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -34,10 +36,16 @@ from tests.conftest import DATA, data_file
 TEXTS = ["the quick brown fox jumps over the lazy dog .", "a film that is funny , moving and wise ."] * 3
 
 
-def _definition(values: torch.Tensor) -> int:
-    """The checksum's definition (:func:`attnlens.core.fingerprints.checksum`) in Python ints."""
+def _definition(values: torch.Tensor, exact: bool = False) -> int:
+    """The checksum's definition (:func:`attnlens.core.fingerprints.checksum`) in Python ints:
+    the words of every element rounded to float16, or (``exact``) of its bytes, read here with
+    Python's ``struct`` from each element's own bytes (little-endian: the low word first)."""
     weights = [(40503 * i + 12345) % 32749 + 1 for i in range(ROW)]
-    level = values.reshape(-1).to(torch.float16).view(torch.int16).tolist()
+    if exact:
+        raw = values.reshape(-1).contiguous().numpy().astype(values.numpy().dtype.newbyteorder("<")).tobytes()
+        level = list(struct.unpack(f"<{len(raw) // 2}h", raw))
+    else:
+        level = values.reshape(-1).to(torch.float16).view(torch.int16).tolist()
     if not level:
         return 0
     while True:
@@ -49,9 +57,29 @@ def _definition(values: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("size", [0, 1, 7, ROW - 1, ROW, ROW + 1, 3 * ROW + 5])
 def test_the_checksum_is_its_definition(size):
-    """Short, exact and ragged rows, at one and at two levels, against Python's integers."""
+    """Short, exact and ragged rows, at one and at two levels, against Python's integers, rounded
+    to float16 and of every bit (float32: two words an element)."""
     values = torch.randn(size, generator=torch.Generator().manual_seed(size)) * 3
     assert checksum(values).tolist() == [_definition(values)]
+    assert checksum(values, exact=True).tolist() == [_definition(values, exact=True)]
+
+
+def test_the_exact_checksum_reads_every_bit_of_every_dtype():
+    """Of every stored bit: an element changed in its last bit of mantissa (below float16's
+    rounding, where the rounded checksum is unchanged) changes it; a float16 tensor's is its
+    rounded one; float64 and bfloat16 against the definition; an integer of one byte is one word."""
+    values = torch.randn(3 * ROW + 5, generator=torch.Generator().manual_seed(3))
+    nudged = values.clone()
+    nudged[ROW + 2] = torch.nextafter(nudged[ROW + 2], torch.tensor(float("inf")))
+    assert torch.equal(checksum(nudged), checksum(values))  # the bug's own blind spot
+    assert not torch.equal(checksum(nudged, exact=True), checksum(values, exact=True))
+    assert torch.equal(checksum(values.half(), exact=True), checksum(values.half()))
+    for dtype in (torch.float64, torch.float16):
+        assert checksum(values.to(dtype), exact=True).tolist() == [_definition(values.to(dtype), exact=True)]
+    bfloat = values.to(torch.bfloat16)  # numpy has no bfloat16: its words are its int16 view
+    assert checksum(bfloat, exact=True).tolist() == [_definition(bfloat.view(torch.int16), exact=True)]
+    small = torch.tensor([-3, 0, 7], dtype=torch.int8)
+    assert checksum(small, exact=True).tolist() == [_definition(small.to(torch.int16), exact=True)]
 
 
 def test_the_checksum_does_not_depend_on_blocks_threads_or_dtype(monkeypatch):
@@ -71,7 +99,10 @@ def test_the_checksum_does_not_depend_on_blocks_threads_or_dtype(monkeypatch):
     assert torch.equal(checksum(values.half()), whole)
     assert whole.tolist() == [_definition(values)]
     # MPS's route (no float64 there): the first level in int64, the same integers
-    assert torch.equal(fingerprints._first_level(values, torch.int64), fingerprints._first_level(values))
+    for exact in (False, True):
+        words = fingerprints._words(values, exact)
+        assert torch.equal(fingerprints._first_level(words, torch.int64), fingerprints._first_level(words))
+    assert checksum(values, exact=True).tolist() == [_definition(values, exact=True)]
 
 
 def test_every_weight_counts_a_head_ablated_by_hand_among_them():
@@ -113,6 +144,25 @@ def test_features_of_a_model_edited_in_place_are_not_read_from_the_cache(tmp_pat
     assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2
 
 
+def test_features_of_a_model_edited_below_float16s_rounding_are_not_read_from_the_cache(tmp_path, monkeypatch):
+    """An edit that float16 rounds away (every weight of a layer moved by one float32 step
+    towards its float16 rounding, so that it rounds as before) leaves the rounded fingerprint
+    (what PAPA constants check) and changes the exact one (what the cache keys by): the edited
+    model's features are its own, equal to an uncached extraction, not the cached ones."""
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
+    model = attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer())
+    before = weights_fingerprint(model), weights_fingerprint(model, exact=True)
+    intact = features.extract(model, TEXTS, max_len=32, progress=False).vectors
+    with torch.no_grad():
+        for param in model.original_model.bert.encoder.layer[0].parameters():
+            param.copy_(torch.nextafter(param, param.half().float()))
+    assert weights_fingerprint(model) == before[0] and weights_fingerprint(model, exact=True) != before[1]
+    edited = features.extract(model, TEXTS, max_len=32, progress=False).vectors
+    assert torch.equal(edited, features.extract(model, TEXTS, max_len=32, progress=False, cache=False).vectors)
+    assert not torch.equal(edited, intact)
+    assert len(list((tmp_path / "features").glob("*.safetensors"))) == 2
+
+
 def test_a_float16_model_shares_the_fingerprint_but_not_the_features_key(tmp_path):
     """A model loaded in float16 has its float32 weights' fingerprint (PAPA constants fitted on
     one apply to the other), but it computes in another dtype: the features cache and the pass
@@ -120,6 +170,7 @@ def test_a_float16_model_shares_the_fingerprint_but_not_the_features_key(tmp_pat
     single = attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer())
     half = attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer(), dtype=torch.float16)
     assert weights_fingerprint(half) == weights_fingerprint(single)
+    assert weights_fingerprint(half, exact=True) != weights_fingerprint(single, exact=True)
     assert (weights_dtype(single), weights_dtype(half)) == ("float32", "float16")
     keys = [features.features_key(model, TEXTS, hooks="none", max_len=32, layout="papa") for model in (single, half)]
     assert keys[0] != keys[1]
