@@ -10,6 +10,8 @@ the cache, the extraction with ``cache=False``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import struct
 
 import pytest
@@ -264,3 +266,31 @@ def test_another_tokenizer_gets_its_own_features(tmp_path, monkeypatch):
     second = features.extract(cased, texts, max_len=32, progress=False).vectors
     assert torch.equal(second, features.extract(cased, texts, max_len=32, progress=False, cache=False).vectors)
     assert second.shape != first.shape or not torch.equal(second, first)
+
+
+def test_a_tokenizers_fingerprint_is_its_pipelines_once_computed_and_follows_an_edit(monkeypatch):
+    """The fingerprint of a fast tokenizer is its definition: the sha256 of its serialized
+    pipeline (``to_str()``) less truncation and padding, as JSON with sorted keys (computed here
+    by hand); a second call on the same pipeline does not parse it again (the memo of
+    :data:`fingerprints._PIPELINES`); an edit made after a first fingerprint (a token added, the
+    lower-casing turned off) gets the edited pipeline's, not the one remembered."""
+    bridge = attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer())
+    backend = bridge.tokenizer.backend_tokenizer
+    loads = json.loads
+
+    def by_hand() -> str:
+        pipeline = loads(backend.to_str())
+        del pipeline["truncation"], pipeline["padding"]
+        return hashlib.sha256(json.dumps(pipeline, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    first = tokenizer_fingerprint(bridge)
+    assert first == by_hand()
+    parsed = []
+    monkeypatch.setattr(fingerprints.json, "loads", lambda text, **kw: parsed.append(1) or loads(text, **kw))
+    assert tokenizer_fingerprint(bridge) == first and parsed == []
+    bridge.tokenizer.add_tokens(["zzyzx"])
+    added = tokenizer_fingerprint(bridge)
+    assert added == by_hand() != first and parsed == [1]
+    normalizer = loads(backend.to_str())["normalizer"]
+    backend.normalizer = type(backend.normalizer)(lowercase=not normalizer["lowercase"])
+    assert tokenizer_fingerprint(bridge) == by_hand() not in (first, added)
