@@ -183,14 +183,16 @@ def _first_level(bits: Tensor, accumulate: torch.dtype | None = None) -> Int64[T
         accumulate = torch.int64 if bits.device.type == "mps" else torch.float64
     weights = row_weights(bits.device).to(accumulate)
     full = bits.numel() // ROW * ROW
-
-    def dot(rows: Tensor, row: Tensor) -> Tensor:
-        return rows @ row if accumulate == torch.float64 else (rows * row).sum(-1)
-
-    sums = [dot(bits[:full].to(accumulate).view(-1, ROW), weights)] if full else []
+    sums = [_dot(bits[:full].to(accumulate).view(-1, ROW), weights)] if full else []
     if full < bits.numel():
-        sums.append(dot(bits[full:].to(accumulate), weights[: bits.numel() - full]).reshape(1))
+        sums.append(_dot(bits[full:].to(accumulate), weights[: bits.numel() - full]).reshape(1))
     return torch.cat(sums).to(torch.int64) % MODULUS
+
+
+def _dot(rows: Tensor, row: Tensor) -> Tensor:
+    """Each row of ``rows`` (the last axis) times ``row``, summed: a matrix-vector product in
+    float64, a product and a sum in int64 (MPS has no integer product of matrices)."""
+    return rows @ row if rows.dtype == torch.float64 else (rows * row).sum(-1)
 
 
 def _parameters(bridge: Any) -> list[tuple[str, Tensor]]:
