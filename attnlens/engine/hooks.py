@@ -173,15 +173,15 @@ def pytorch_edits(model: Any) -> list[str]:
     if not isinstance(model, nn.Module):
         return []
     edited: dict[int, str] = {}  # the module's id: what of the user's it holds
-    classes: set[type] = set()  # the libraries' classes whose forward a user replaced
-    for module in model.modules():
+    modules = list(model.modules())
+    for module in modules:
         kinds = [_kind(table) for table in seam.MODULE_HOOKS if any(map(_users, getattr(module, table, {}).values()))]
         replaced = "forward" in vars(module) and _users(vars(module)["forward"])
         if kinds or replaced:
             edited[id(module)] = ", ".join([f"a PyTorch {' and '.join(kinds)}"] * bool(kinds) + ["its forward replaced"] * replaced)
-        cls = type(module)
-        if _library(_defined_in(cls)) and _users(cls.forward):
-            classes.add(cls)
+    # the libraries' classes whose forward a user replaced, each class looked at once (MiniLM's
+    # bridge: 421 modules of 23 classes)
+    classes = {cls for cls in set(map(type, modules)) if _library(_defined_in(cls)) and _users(cls.forward)}
     found: dict[int, str] = {}
     if edited:  # a module's shortest path among its aliases (a bridge holds each Hugging Face module twice)
         for path, module in model.named_modules(remove_duplicate=False):
