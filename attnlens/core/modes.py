@@ -12,14 +12,34 @@ attnlens trains (probes, the pattern CNN, PAPA's λ and trainable constants) and
 (gradients of the gates) run under :func:`gradients`, which switches autograd on inside any of
 them; and what attnlens caches by a tensor's in-place version asks :func:`version`, since a tensor
 made under inference mode has no version counter.
+
+A notebook may also run a cell under ``torch.autocast``, which makes every matrix product of a
+float32 model a bfloat16 (or float16) one. attnlens computes in the model's dtype, and its keys
+(features cache, checkpoints, PAPA constants) name that dtype: under autocast a feature
+extraction stopped on mixed dtypes deep inside torch, and ``papa.fit`` or ``compare`` gave
+half-precision numbers under a float32 model's name. :func:`no_autocast` turns autocast off inside
+attnlens's passes, forwards, training and predictions, with one :class:`AutocastOff` warning; a
+model loaded in bfloat16 (``attnlens.load(..., dtype=torch.bfloat16)``) is what runs attnlens in
+it, its statistics accumulated in float32.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
+
+from attnlens.errors import AttnlensWarning
+
+#: the device types whose ``torch.autocast`` :func:`no_autocast` turns off
+AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")
+
+
+class AutocastOff(AttnlensWarning):
+    """``torch.autocast`` was on around an attnlens call: attnlens turned it off inside, so its
+    numbers are the model's dtype's, as its keys say (:func:`no_autocast`)."""
 
 
 def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -53,8 +73,35 @@ def gradients() -> Iterator[None]:
     """Autograd on inside the block, whatever the caller's mode: ``torch.inference_mode(False)``
     (tensors made inside are ordinary ones, which autograd may save) and ``torch.enable_grad()``
     (under ``torch.no_grad()`` too). Also a decorator (``@gradients()``): what attnlens trains
-    runs under it, so ``fit`` works inside ``with torch.inference_mode():``."""
-    with torch.inference_mode(False), torch.enable_grad():
+    runs under it, so ``fit`` works inside ``with torch.inference_mode():``; with
+    :func:`no_autocast`, it trains in the dtype of what it trains, under ``torch.autocast`` too."""
+    with torch.inference_mode(False), torch.enable_grad(), no_autocast():
+        yield
+
+
+@contextmanager
+def no_autocast() -> Iterator[None]:
+    """``torch.autocast`` off inside the block for every device type it is on for (of
+    :data:`AUTOCAST_DEVICES`), with an :class:`AutocastOff` warning naming them; nothing when it
+    is off (a few microseconds). Also a decorator. What attnlens runs (its passes, forwards,
+    training and predictions) runs under it: numbers in the model's dtype, whatever the caller's
+    autocast."""
+    on = [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
+    if not on:
+        yield
+        return
+    named = ", ".join(f"{device} ({str(torch.get_autocast_dtype(device)).removeprefix('torch.')})" for device in on)
+    warnings.warn(
+        f"torch.autocast is on for {named}: attnlens computes in the model's dtype, as its cache "
+        "keys, checkpoints and constants record, so it turns autocast off inside its calls. To "
+        "run attnlens in bfloat16, load the model in it: attnlens.load(..., dtype=torch.bfloat16) "
+        "(statistics are accumulated in float32).",
+        AutocastOff,
+        stacklevel=3,
+    )
+    with ExitStack() as stack:
+        for device in on:
+            stack.enter_context(torch.autocast(device, enabled=False))
         yield
 
 

@@ -1,4 +1,5 @@
-"""attnlens inside ``torch.no_grad()`` and ``torch.inference_mode()``, where notebooks often run.
+"""attnlens inside ``torch.no_grad()``, ``torch.inference_mode()`` and ``torch.autocast``, where
+notebooks often run.
 
 Every entry point gives inside each mode what it gives outside, with its inputs (constants,
 batches, features) made inside the mode too. Before: ``compare`` with constants fitted there
@@ -7,17 +8,24 @@ misleading ``GatesUnused`` ("the loss does not depend on the heads' gates"), and
 autograd (the PAPA probe, PAPA's λ and trainable constants) failed with "element 0 of tensors
 does not require grad". Reference: the same calls outside any mode; equal exactly (the same
 arithmetic: inside, attnlens switches autograd on with ``attnlens.core.modes.gradients``, and a
-cache keyed by an inference tensor's version recomputes instead).
+cache keyed by an inference tensor's version recomputes instead). Under ``torch.autocast``
+attnlens turns autocast off (``attnlens.core.modes.no_autocast``): the same, exactly, and one
+warning.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
 import attnlens
 from attnlens import ablation, papa
-from attnlens.evaluation.probing import PapaProbe
+from attnlens.core.modes import AutocastOff, no_autocast
+from attnlens.evaluation import probing
+from attnlens.evaluation.lm import scorer
+from attnlens.evaluation.probing import LinearBaseline, PapaProbe
 from attnlens.evaluation.probing.stacked import fit_many
 from tests import tiny
 from tests.contract.test_estimators import _sequence_features
@@ -63,3 +71,62 @@ def test_every_entry_point_runs_inside_an_autograd_mode_as_outside(mode):
     for name, value in reference.items():
         assert torch.equal(inside[name], value), name
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
+
+
+# -- under torch.autocast ------------------------------------------------------------------------
+
+
+def autocast_results(model, decoder):
+    """:func:`results` and the entry points whose arithmetic autocast would change beside them:
+    feature extraction (read from the cache, and computed), the single-batch forward and maps,
+    a single probe and the torch linear baseline, and the decoder's LM score."""
+    batch = attnlens.tokenize(model, TEXTS[:4], max_len=MAX_LEN)
+    features, labels = _sequence_features(n_classes=2)
+    extracted = {cache: probing.extract(model, TEXTS, max_len=MAX_LEN, progress=False, cache=cache).vectors
+                 for cache in (True, False)}
+    return {
+        **results(model),
+        "extract (cached)": extracted[True],
+        "extract": extracted[False],
+        "run_with_hooks": attnlens.run_with_hooks(model, batch, papa.hooks(papa.fit(model, TEXTS, max_len=MAX_LEN,
+                                                                                    progress=False), heads=0.5)),
+        "maps effective": attnlens.maps(model, batch, "effective"),
+        "maps norm": attnlens.maps(model, batch, "norm"),
+        "PapaProbe": torch.as_tensor(PapaProbe(hidden=8, epochs=2).fit(features, labels).predict(features)),
+        "LinearBaseline": torch.as_tensor(LinearBaseline(solver="torch", grid=(0.01, 1.0)).fit(features, labels)
+                                          .predict(features)),
+        "lm.score": torch.tensor(scorer.score(decoder, TEXTS, max_len=MAX_LEN, progress=False).value),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_entry_point_runs_under_autocast_in_the_models_dtype(dtype, tmp_path, monkeypatch):
+    """Under ``torch.autocast`` every entry point gives exactly what it gives outside, with one
+    :class:`AutocastOff` warning: attnlens computes in the model's dtype, which its cache keys
+    name (a float32 model's features, constants and scores). Before, a feature extraction
+    stopped inside ``torch.cat`` ("Unexpected floating ScalarType in at::autocast::prioritize"),
+    ``papa.fit`` and ``compare`` gave bfloat16's numbers (the constants 0.016 and the table
+    0.125 from float32's on MiniLM), and the cache served a float32 extraction to an autocast
+    one."""
+    monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
+    model, decoder = tiny.bert_bridge(), tiny.gpt2_bridge()
+    reference = autocast_results(model, decoder)
+    with pytest.warns(AutocastOff, match=r"torch.autocast is on for cpu \((bfloat16|float16)\).*dtype=torch.bfloat16"):
+        with torch.autocast("cpu", dtype=dtype):
+            inside = autocast_results(model, decoder)
+            assert torch.is_autocast_enabled("cpu")  # given back as it was
+    for name, value in reference.items():
+        assert torch.equal(inside[name], value), name
+
+
+def test_no_autocast_warns_only_when_autocast_is_on():
+    """Outside autocast nothing is warned and nothing changes; inside, the block runs without it
+    and the caller's autocast is back after."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with no_autocast():
+            assert not torch.is_autocast_enabled("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(AutocastOff, match="cpu"):
+        with no_autocast():
+            assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
+        assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
