@@ -1,5 +1,6 @@
 """Modes: a model in eval mode with each module's own mode given back after (:func:`eval_mode`),
-and autograd's, whatever the caller's (:func:`gradients`, :func:`version`).
+and autograd's and torch's arithmetic, whatever the caller's (:func:`gradients`, :func:`version`,
+:func:`own_arithmetic`).
 
 ``nn.Module.eval()`` walks the whole module tree and sets every flag, and a TransformerBridge
 walks the Hugging Face model it wraps as well: about 850 modules for MiniLM, 6 ms at one thread,
@@ -13,14 +14,17 @@ attnlens trains (probes, the pattern CNN, PAPA's λ and trainable constants) and
 them; and what attnlens caches by a tensor's in-place version asks :func:`version`, since a tensor
 made under inference mode has no version counter.
 
-A notebook may also run a cell under ``torch.autocast``, which makes every matrix product of a
-float32 model a bfloat16 (or float16) one. attnlens computes in the model's dtype, and its keys
-(features cache, checkpoints, PAPA constants) name that dtype: under autocast a feature
-extraction stopped on mixed dtypes deep inside torch, and ``papa.fit`` or ``compare`` gave
-half-precision numbers under a float32 model's name. :func:`no_autocast` turns autocast off inside
-attnlens's passes, forwards, training and predictions, with one :class:`AutocastOff` warning; a
-model loaded in bfloat16 (``attnlens.load(..., dtype=torch.bfloat16)``) is what runs attnlens in
-it, its statistics accumulated in float32.
+A notebook may also change torch's global arithmetic. Under ``torch.autocast`` every matrix
+product of a float32 model is a bfloat16 (or float16) one; after
+``torch.set_default_dtype(torch.float64)`` every tensor and layer made without a dtype is float64.
+attnlens computes in the model's dtype and trains in float32, and its keys (features cache,
+checkpoints, PAPA constants, curve points) name those: under autocast a feature extraction
+stopped on mixed dtypes deep inside torch and ``papa.fit`` or ``compare`` gave half-precision
+numbers under a float32 model's name; under a float64 default a probe stopped inside its pooling
+(a float64 layer on float32 features). :func:`own_arithmetic` gives attnlens's passes, forwards,
+training and predictions their own: autocast off, with one :class:`AutocastOff` warning, and
+float32 as the default dtype. A model loaded in bfloat16 (``attnlens.load(..., dtype=torch.bfloat16)``)
+is what runs attnlens in it, its statistics accumulated in float32.
 """
 
 from __future__ import annotations
@@ -33,13 +37,13 @@ import torch
 
 from attnlens.errors import AttnlensWarning
 
-#: the device types whose ``torch.autocast`` :func:`no_autocast` turns off
+#: the device types whose ``torch.autocast`` :func:`own_arithmetic` turns off
 AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")
 
 
 class AutocastOff(AttnlensWarning):
     """``torch.autocast`` was on around an attnlens call: attnlens turned it off inside, so its
-    numbers are the model's dtype's, as its keys say (:func:`no_autocast`)."""
+    numbers are the model's dtype's, as its keys say (:func:`own_arithmetic`)."""
 
 
 def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -74,35 +78,42 @@ def gradients() -> Iterator[None]:
     (tensors made inside are ordinary ones, which autograd may save) and ``torch.enable_grad()``
     (under ``torch.no_grad()`` too). Also a decorator (``@gradients()``): what attnlens trains
     runs under it, so ``fit`` works inside ``with torch.inference_mode():``; with
-    :func:`no_autocast`, it trains in the dtype of what it trains, under ``torch.autocast`` too."""
-    with torch.inference_mode(False), torch.enable_grad(), no_autocast():
+    :func:`own_arithmetic`, it trains in float32 whatever the caller's autocast and default dtype."""
+    with torch.inference_mode(False), torch.enable_grad(), own_arithmetic():
         yield
 
 
 @contextmanager
-def no_autocast() -> Iterator[None]:
-    """``torch.autocast`` off inside the block for every device type it is on for (of
-    :data:`AUTOCAST_DEVICES`), with an :class:`AutocastOff` warning naming them; nothing when it
-    is off (a few microseconds). Also a decorator. What attnlens runs (its passes, forwards,
-    training and predictions) runs under it: numbers in the model's dtype, whatever the caller's
-    autocast."""
+def own_arithmetic() -> Iterator[None]:
+    """attnlens's own arithmetic inside the block, whatever the caller's: ``torch.autocast`` off
+    for every device type it is on for (of :data:`AUTOCAST_DEVICES`), with an
+    :class:`AutocastOff` warning naming them, and float32 as torch's default dtype (what attnlens
+    makes without naming a dtype: a probe's layers, a sum's zeros), the caller's settings given back
+    after. A few microseconds when both are already so. Also a decorator. What attnlens runs (its
+    passes, forwards, training and predictions) runs under it: the numbers its keys name."""
     on = [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
-    if not on:
+    default = torch.get_default_dtype()
+    if not on and default == torch.float32:
         yield
         return
-    named = ", ".join(f"{device} ({str(torch.get_autocast_dtype(device)).removeprefix('torch.')})" for device in on)
-    warnings.warn(
-        f"torch.autocast is on for {named}: attnlens computes in the model's dtype, as its cache "
-        "keys, checkpoints and constants record, so it turns autocast off inside its calls. To "
-        "run attnlens in bfloat16, load the model in it: attnlens.load(..., dtype=torch.bfloat16) "
-        "(statistics are accumulated in float32).",
-        AutocastOff,
-        stacklevel=3,
-    )
+    if on:
+        named = ", ".join(f"{device} ({str(torch.get_autocast_dtype(device)).removeprefix('torch.')})" for device in on)
+        warnings.warn(
+            f"torch.autocast is on for {named}: attnlens computes in the model's dtype, as its cache "
+            "keys, checkpoints and constants record, so it turns autocast off inside its calls. To "
+            "run attnlens in bfloat16, load the model in it: attnlens.load(..., dtype=torch.bfloat16) "
+            "(statistics are accumulated in float32).",
+            AutocastOff,
+            stacklevel=3,
+        )
     with ExitStack() as stack:
         for device in on:
             stack.enter_context(torch.autocast(device, enabled=False))
-        yield
+        torch.set_default_dtype(torch.float32)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(default)
 
 
 def version(tensor: torch.Tensor) -> object:

@@ -21,7 +21,7 @@ from torch import Tensor
 from attnlens.core import devices, models, processing, seam
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import is_causal, require_bridge
-from attnlens.core.modes import no_autocast
+from attnlens.core.modes import own_arithmetic
 from attnlens.engine.hooks import Hooks, as_hooks
 from attnlens.errors import InputError, InputTypeError, MismatchError, ModelBehaviourError
 
@@ -125,7 +125,7 @@ def forward_batch(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: b
     """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
     checks its batches on the host, before they are copied: no read of a device tensor), in its
     :func:`batch_context`."""
-    with no_autocast(), batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
+    with own_arithmetic(), batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 

@@ -46,7 +46,7 @@ from attnlens.core.corpus import corpus_iterator
 from attnlens.core.fingerprints import identity
 from attnlens.core.inputs import LAYOUTS, Batch, check_max_len, default_layout
 from attnlens.core.loading import is_causal, require_bridge
-from attnlens.core.modes import eval_mode, gradients, no_autocast
+from attnlens.core.modes import eval_mode, gradients, own_arithmetic
 from attnlens.engine.accumulator import Accumulator, LayerPatterns, PassBatch, PassSummary
 from attnlens.engine.batches import (
     Staged,
@@ -104,7 +104,7 @@ STACK_SHARE = 64
 BY_LENGTH_BATCHES = 64
 
 
-@no_autocast()  # the model's dtype, whatever the caller's torch.autocast
+@own_arithmetic()  # the model's dtype, whatever the caller's torch.autocast and default dtype
 def run(
     model: Any, corpus: Any, accumulators: Sequence[Accumulator], *, max_len: SupportsIndex = 128,
     layout: str | None = None, batch_size: SupportsIndex = 32, hooks: FwdHooks = (), progress: bool = True,

@@ -21,7 +21,7 @@ from attnlens.core import devices
 from attnlens.core.checks import describe, flag
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import require_bridge
-from attnlens.core.modes import eval_mode, no_autocast
+from attnlens.core.modes import eval_mode, own_arithmetic
 from attnlens.engine.accumulator import LayerPatterns, PassBatch
 from attnlens.engine.forward import check_token_ids, device_of, pattern_hooks, run_patterns
 from attnlens.errors import InputError, InputTypeError
@@ -77,6 +77,6 @@ def maps(model: Any, batch: Batch, view: Any = "standard", *, raw: bool = False
         gathered[0][layer].copy_(made)
 
     hooks = pattern_hooks(model, on_pattern, values=chosen.needs_values)
-    with eval_mode(model), torch.no_grad(), no_autocast():
+    with eval_mode(model), torch.no_grad(), own_arithmetic():
         run_patterns(model, on_device, hooks)
     return gathered[0]

@@ -9,12 +9,14 @@ autograd (the PAPA probe, PAPA's λ and trainable constants) failed with "elemen
 does not require grad". Reference: the same calls outside any mode; equal exactly (the same
 arithmetic: inside, attnlens switches autograd on with ``attnlens.core.modes.gradients``, and a
 cache keyed by an inference tensor's version recomputes instead). Under ``torch.autocast``
-attnlens turns autocast off (``attnlens.core.modes.no_autocast``): the same, exactly, and one
+attnlens turns autocast off (``attnlens.core.modes.own_arithmetic``): the same, exactly, and one
 warning.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
 import warnings
 
 import pytest
@@ -22,7 +24,7 @@ import torch
 
 import attnlens
 from attnlens import ablation, papa
-from attnlens.core.modes import AutocastOff, no_autocast
+from attnlens.core.modes import AutocastOff, own_arithmetic
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import LinearBaseline, PapaProbe
@@ -38,8 +40,9 @@ def first_logit(output, batch):
     return output.log_softmax(-1)[..., 0].mean(-1)
 
 
-def results(model):
-    """Each entry point's result on the tiny BERT, its inputs made where this is called."""
+def results(model, made=None):
+    """Each entry point's result on the tiny BERT, its inputs made where this is called (the probes'
+    features: ``made``, when given)."""
     constants = papa.fit(model, TEXTS, max_len=MAX_LEN, progress=False)
     batches = [attnlens.tokenize(model, TEXTS[:4], max_len=MAX_LEN)]
 
@@ -49,7 +52,7 @@ def results(model):
     trained = papa.train_constants(model, papa.TrainableConstants.from_average(constants), loss_fn=loss_fn,
                                    batches=batches, steps=2, lr=0.1, progress=False)
     comparison = attnlens.compare(model, "papa", "effective", constants=constants, corpus=TEXTS, max_len=MAX_LEN, progress=False)
-    features, labels = _sequence_features(n_classes=2)
+    features, labels = made or _sequence_features(n_classes=2)
     stacked = fit_many([PapaProbe(hidden=8, epochs=2, seed=seed) for seed in (0, 1)], features, labels)
     return {
         "papa.fit": constants.sums,
@@ -73,60 +76,93 @@ def test_every_entry_point_runs_inside_an_autograd_mode_as_outside(mode):
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
 
 
-# -- under torch.autocast ------------------------------------------------------------------------
+# -- under torch.autocast and another default dtype --------------------------------------------
 
 
-def autocast_results(model, decoder):
-    """:func:`results` and the entry points whose arithmetic autocast would change beside them:
-    feature extraction (read from the cache, and computed), the single-batch forward and maps,
-    a single probe and the torch linear baseline, and the decoder's LM score."""
+def arithmetic_results(model, decoder, made):
+    """:func:`results` and the entry points whose arithmetic torch's global settings would change
+    beside them: feature extraction (read from the cache, and computed), the single-batch forward
+    and maps, a single probe and the torch linear baseline (on the features ``made``), and the
+    decoder's LM score."""
     batch = attnlens.tokenize(model, TEXTS[:4], max_len=MAX_LEN)
-    features, labels = _sequence_features(n_classes=2)
+    features, labels = made
     extracted = {cache: probing.extract(model, TEXTS, max_len=MAX_LEN, progress=False, cache=cache).vectors
                  for cache in (True, False)}
+    constants = papa.fit(model, TEXTS, max_len=MAX_LEN, progress=False)
     return {
-        **results(model),
+        **results(model, made),
         "extract (cached)": extracted[True],
         "extract": extracted[False],
-        "run_with_hooks": attnlens.run_with_hooks(model, batch, papa.hooks(papa.fit(model, TEXTS, max_len=MAX_LEN,
-                                                                                    progress=False), heads=0.5)),
+        "run_with_hooks": attnlens.run_with_hooks(model, batch, papa.hooks(constants, heads=0.5)),
         "maps effective": attnlens.maps(model, batch, "effective"),
         "maps norm": attnlens.maps(model, batch, "norm"),
         "PapaProbe": torch.as_tensor(PapaProbe(hidden=8, epochs=2).fit(features, labels).predict(features)),
         "LinearBaseline": torch.as_tensor(LinearBaseline(solver="torch", grid=(0.01, 1.0)).fit(features, labels)
                                           .predict(features)),
-        "lm.score": torch.tensor(scorer.score(decoder, TEXTS, max_len=MAX_LEN, progress=False).value),
+        "lm.score": torch.tensor(scorer.score(decoder, TEXTS, max_len=MAX_LEN, progress=False).value,
+                                 dtype=torch.float64),
     }
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_every_entry_point_runs_under_autocast_in_the_models_dtype(dtype, tmp_path, monkeypatch):
-    """Under ``torch.autocast`` every entry point gives exactly what it gives outside, with one
-    :class:`AutocastOff` warning: attnlens computes in the model's dtype, which its cache keys
-    name (a float32 model's features, constants and scores). Before, a feature extraction
-    stopped inside ``torch.cat`` ("Unexpected floating ScalarType in at::autocast::prioritize"),
-    ``papa.fit`` and ``compare`` gave bfloat16's numbers (the constants 0.016 and the table
-    0.125 from float32's on MiniLM), and the cache served a float32 extraction to an autocast
-    one."""
+@contextlib.contextmanager
+def default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+#: torch's global settings a notebook may run attnlens under, and the warning each gives
+SETTINGS = {
+    "autocast bfloat16": (lambda: torch.autocast("cpu", dtype=torch.bfloat16), r"cpu \(bfloat16\)"),
+    "autocast float16": (lambda: torch.autocast("cpu", dtype=torch.float16), r"cpu \(float16\)"),
+    "default float64": (lambda: default_dtype(torch.float64), None),
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_every_entry_point_runs_in_its_own_arithmetic_under_torchs_global_settings(setting, tmp_path, monkeypatch):
+    """Under ``torch.autocast`` (one :class:`AutocastOff` warning) and after
+    ``torch.set_default_dtype(torch.float64)`` (no warning) every entry point gives exactly what it
+    gives outside: attnlens computes in the model's dtype and trains in float32, which its cache
+    keys name. Before, under autocast a feature extraction stopped inside ``torch.cat``
+    ("Unexpected floating ScalarType in at::autocast::prioritize"), ``papa.fit`` and ``compare``
+    gave bfloat16's numbers (the constants 0.016 and the table 0.125 from float32's on MiniLM),
+    and the cache served a float32 extraction to an autocast one; under a float64 default the
+    probe and the torch baseline stopped inside ``index_add_`` ("self (Float) and source
+    (Double) must have the same scalar type")."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
     model, decoder = tiny.bert_bridge(), tiny.gpt2_bridge()
-    reference = autocast_results(model, decoder)
-    with pytest.warns(AutocastOff, match=r"torch.autocast is on for cpu \((bfloat16|float16)\).*dtype=torch.bfloat16"):
-        with torch.autocast("cpu", dtype=dtype):
-            inside = autocast_results(model, decoder)
-            assert torch.is_autocast_enabled("cpu")  # given back as it was
+    made = _sequence_features(n_classes=2)
+    reference = arithmetic_results(model, decoder, made)
+    enter, warned = SETTINGS[setting]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with enter():
+            autocast, default = torch.is_autocast_enabled("cpu"), torch.get_default_dtype()
+            inside = arithmetic_results(model, decoder, made)
+            assert (torch.is_autocast_enabled("cpu"), torch.get_default_dtype()) == (autocast, default)  # given back
+    off = [str(warning.message) for warning in caught if issubclass(warning.category, AutocastOff)]
+    if warned is None:
+        assert not off
+    else:
+        assert off and all(re.search(f"torch.autocast is on for {warned}.*dtype=torch.bfloat16", text) for text in off)
     for name, value in reference.items():
         assert torch.equal(inside[name], value), name
 
 
-def test_no_autocast_warns_only_when_autocast_is_on():
+def test_own_arithmetic_warns_only_when_autocast_is_on():
     """Outside autocast nothing is warned and nothing changes; inside, the block runs without it
-    and the caller's autocast is back after."""
+    and in float32, and the caller's settings are back after."""
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with no_autocast():
+        with own_arithmetic():
             assert not torch.is_autocast_enabled("cpu")
+        with default_dtype(torch.float64), own_arithmetic():
+            assert torch.get_default_dtype() == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(AutocastOff, match="cpu"):
-        with no_autocast():
+        with own_arithmetic():
             assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16

@@ -80,13 +80,13 @@ def design(features: Features, *, tensor: bool = False
         lengths = features.lengths.to(device)
         offsets = [0, *features.lengths.cpu().cumsum(0).tolist()]
         at_a_time = EXAMPLES_AT_A_TIME if device.type == "cpu" else EXAMPLES_AT_A_TIME_OFF_CPU
-        rows = torch.empty((n, vectors.shape[1] * vectors.shape[2]), device=device)
+        rows = torch.empty((n, vectors.shape[1] * vectors.shape[2]), dtype=torch.float32, device=device)
         for start in range(0, n, at_a_time):
             end = min(n, start + at_a_time)
             block = vectors[offsets[start] : offsets[end]].float()
             example = torch.repeat_interleave(torch.arange(end - start, device=device), lengths[start:end],
                                               output_size=offsets[end] - offsets[start])
-            sums = torch.zeros((end - start, *block.shape[1:]), device=device).index_add_(0, example, block)
+            sums = torch.zeros((end - start, *block.shape[1:]), dtype=block.dtype, device=device).index_add_(0, example, block)
             rows[start:end] = (sums / lengths[start:end].clamp_min(1)[:, None, None]).flatten(1)
     return rows if tensor else rows.numpy(force=True)
 

@@ -60,7 +60,7 @@ from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.fingerprints import fingerprints_kept, identity, weights_fingerprint
 from attnlens.core.inputs import Words, by_length, default_layout
 from attnlens.core.loading import model_id
-from attnlens.core.modes import no_autocast
+from attnlens.core.modes import own_arithmetic
 from attnlens.engine import passes
 from attnlens.engine.accumulator import Accumulator, PassBatch
 from attnlens.engine.distributed import world
@@ -363,7 +363,7 @@ def features_key(model: Any, examples: Sequence, *, hooks: str, max_len: int, la
 
 
 @fingerprints_kept()  # the cache key's fingerprint and the pass's header: computed once
-@no_autocast()  # the pass and the features' assembly in the model's dtype, as the cache key says
+@own_arithmetic()  # the pass and the features' assembly as the cache key says, whatever torch's global settings
 def extract(
     model: Any,
     examples: Sequence,

@@ -22,7 +22,7 @@ from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
 from attnlens.core.fingerprints import fingerprints_kept
 from attnlens.core.inputs import Batch
 from attnlens.core.loading import model_id, require_bridge
-from attnlens.core.modes import gradients, no_autocast
+from attnlens.core.modes import gradients, own_arithmetic
 from attnlens.engine.accumulator import PassBatch
 from attnlens.engine.batches import progress_bar
 from attnlens.engine.forward import FwdHooks
@@ -144,7 +144,7 @@ class MLMHead(Estimator):
                              f"fitted on), got {features.kind!r} ones of {features.vectors.shape[1:].numel()}.")
         features.check_model(self.fitted_on_, "MLM head").check_finite()
         out = []
-        with torch.no_grad(), no_autocast():
+        with torch.no_grad(), own_arithmetic():
             for start in range(0, features.vectors.shape[0], 1024):
                 logits = self.network(features.vectors[start : start + 1024].flatten(1).float())
                 targets = devices.to_device(features.positions[start : start + 1024], logits.device)

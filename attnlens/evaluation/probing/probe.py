@@ -62,7 +62,7 @@ from attnlens.core import devices, memory
 from attnlens.core.checks import all_finite, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import read_checked, safetensors_bytes, write_atomic
-from attnlens.core.modes import gradients, no_autocast
+from attnlens.core.modes import gradients, own_arithmetic
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, MismatchError, NotFittedError
 from attnlens.evaluation import tasks
@@ -289,7 +289,7 @@ class PapaProbe(Estimator):
         probes), in evaluation mode."""
         self.network.eval()
         total, count = 0.0, 0
-        with torch.no_grad(), no_autocast():
+        with torch.no_grad(), own_arithmetic():
             for start in range(0, len(chosen), batch_size):
                 part = chosen[start : start + batch_size]
                 logits, _, wanted = self._logits(features, part, targets)
@@ -341,7 +341,7 @@ class PapaProbe(Estimator):
         """:meth:`predict`'s lists for the examples at ``examples`` (in evaluation mode)."""
         self.network.eval()
         outputs: list = []
-        with torch.no_grad(), no_autocast():
+        with torch.no_grad(), own_arithmetic():
             for start in range(0, len(examples), batch_size):
                 chosen = examples[start : start + batch_size]
                 logits, _, _ = self._logits(features, chosen)

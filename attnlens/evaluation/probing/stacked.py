@@ -46,7 +46,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from attnlens.core import devices, memory
-from attnlens.core.modes import gradients, no_autocast
+from attnlens.core.modes import gradients, own_arithmetic
 from attnlens.engine.batches import progress_bar
 from attnlens.errors import InputError, InputTypeError, MismatchError
 from attnlens.evaluation.probing.features import Features
@@ -456,7 +456,7 @@ def _judge(stacked: StackedNetwork, members: Sequence[_Member],
     helds = [member.held for member in members]
     totals, counts = [0.0] * len(members), [0] * len(members)
     predicted: list[list] = [[] for _ in members]
-    with torch.no_grad(), no_autocast():
+    with torch.no_grad(), own_arithmetic():
         for start in range(0, len(helds[0]), batch_size):
             chosen = [held[start : start + batch_size] for held in helds]
             logits, targets = _logits(stacked, members, chosen, training=False)

@@ -34,7 +34,7 @@ from attnlens.core import devices, models, seam
 from attnlens.core.checks import describe, finite_tensor, flag, index, items, whole_number
 from attnlens.core.inputs import Batch, as_max_len, tokenize
 from attnlens.core.loading import is_causal, require_bridge
-from attnlens.core.modes import no_autocast
+from attnlens.core.modes import own_arithmetic
 from attnlens.core.plots import head_grid
 from attnlens.core.result import Result, frame
 from attnlens.engine import forward, passes
@@ -326,7 +326,7 @@ def run(
         standard[0][layer].copy_(pattern)
         values.append(v)
 
-    with torch.no_grad(), no_autocast():
+    with torch.no_grad(), own_arithmetic():
         logits = run_with_hooks(model, batch, forward.pattern_hooks(model, record))
         # every layer's effective attention in one call, the layers along the batch axis (each
         # example's own arithmetic: on a GPU one launch per operator instead of one per layer);

@@ -57,7 +57,7 @@ from torch import Tensor, nn
 from attnlens.core.checks import all_finite, describe, finite, flag, whole_number
 from attnlens.core.estimator import Estimator
 from attnlens.core.files import check_sealed, read_checked, safetensors_bytes, write_atomic
-from attnlens.core.modes import gradients, no_autocast
+from attnlens.core.modes import gradients, own_arithmetic
 from attnlens.errors import (
     FileFormatError,
     InputError,
@@ -305,7 +305,7 @@ class PatternCNN(Estimator):
 
     def _logits(self, inputs: Tensor, batch_size: int = 512) -> Tensor:
         network = self._fitted()
-        with torch.inference_mode(), no_autocast():
+        with torch.inference_mode(), own_arithmetic():
             parts = [network(inputs[start : start + batch_size])
                      for start in range(0, inputs.shape[0], batch_size)]
         return torch.cat(parts)
