@@ -83,6 +83,7 @@ def model_inputs(batch: Batch) -> tuple[Tensor, dict[str, Tensor | None]]:
     return batch.input_ids, batch.model_kwargs()
 
 
+@own_arithmetic()  # the model's dtype, whatever the caller's torch.autocast (a pass and maps turn it off themselves)
 def run_with_hooks(
     model: Any, batch: Batch, hooks: FwdHooks = (), **kwargs: Any
 ) -> Any:
@@ -125,7 +126,7 @@ def forward_batch(model: Any, batch: Batch, hooks: FwdHooks = (), *, unpadded: b
     """:func:`run_with_hooks` of a batch already on the model's device and checked (the pass
     checks its batches on the host, before they are copied: no read of a device tensor), in its
     :func:`batch_context`."""
-    with own_arithmetic(), batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
+    with batch_context(batch, unpadded=unpadded), as_hooks(hooks).patched(model) as fwd_hooks:
         return model.run_with_hooks(batch.input_ids, **batch.model_kwargs(), fwd_hooks=fwd_hooks, **kwargs)
 
 
