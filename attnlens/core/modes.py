@@ -22,8 +22,10 @@ checkpoints, PAPA constants, curve points) name those: under autocast a feature 
 stopped on mixed dtypes deep inside torch and ``papa.fit`` or ``compare`` gave half-precision
 numbers under a float32 model's name; under a float64 default a probe stopped inside its pooling
 (a float64 layer on float32 features). :func:`own_arithmetic` gives attnlens's passes, forwards,
-training and predictions their own: autocast off, with one :class:`AutocastOff` warning, and
-float32 as the default dtype. A model loaded in bfloat16 (``attnlens.load(..., dtype=torch.bfloat16)``)
+training and predictions their own: autocast off and float32 products in full float32 (after
+``torch.set_float32_matmul_precision("high")``, TensorFloat-32 on a GPU; ``"medium"``, bfloat16
+on a CPU with AVX512-BF16 or AMX: numbers 1e-7 to 1e-3 off float32's, under float32's keys), with one
+:class:`ReducedPrecisionOff` warning, and float32 as the default dtype. A model loaded in bfloat16 (``attnlens.load(..., dtype=torch.bfloat16)``)
 is what runs attnlens in it, its statistics accumulated in float32.
 """
 
@@ -39,11 +41,19 @@ from attnlens.errors import AttnlensWarning
 
 #: the device types whose ``torch.autocast`` :func:`own_arithmetic` turns off
 AUTOCAST_DEVICES = ("cpu", "cuda", "mps", "xpu")
+#: the ``torch.backends`` whose float32 matrix products :func:`own_arithmetic` keeps in full
+#: precision (``torch.backends.<name>.matmul.fp32_precision``): cuBLAS, and oneDNN on the CPU
+#: (bfloat16 products on a CPU with AVX512-BF16 or AMX under ``"medium"``)
+MATMUL_BACKENDS = ("cuda", "mkldnn")
+#: the ``fp32_precision`` values that leave float32 products in float32 ("none": torch's default)
+FULL_PRECISION = frozenset({"none", "ieee"})
 
 
-class AutocastOff(AttnlensWarning):
-    """``torch.autocast`` was on around an attnlens call: attnlens turned it off inside, so its
-    numbers are the model's dtype's, as its keys say (:func:`own_arithmetic`)."""
+class ReducedPrecisionOff(AttnlensWarning):
+    """``torch.autocast``, or TensorFloat-32 or bfloat16 float32 matrix products
+    (``torch.set_float32_matmul_precision("high")`` or ``"medium"``), was on around an attnlens
+    call: attnlens turned it off inside, so its numbers are the model's dtype's, as its keys say
+    (:func:`own_arithmetic`)."""
 
 
 def _modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -86,34 +96,55 @@ def gradients() -> Iterator[None]:
 @contextmanager
 def own_arithmetic() -> Iterator[None]:
     """attnlens's own arithmetic inside the block, whatever the caller's: ``torch.autocast`` off
-    for every device type it is on for (of :data:`AUTOCAST_DEVICES`), with an
-    :class:`AutocastOff` warning naming them, and float32 as torch's default dtype (what attnlens
-    makes without naming a dtype: a probe's layers, a sum's zeros), the caller's settings given back
-    after. A few microseconds when both are already so. Also a decorator. What attnlens runs (its
-    passes, forwards, training and predictions) runs under it: the numbers its keys name."""
+    for every device type it is on for (of :data:`AUTOCAST_DEVICES`); float32 matrix products in
+    full float32 (``fp32_precision`` ``"ieee"`` for each of :data:`MATMUL_BACKENDS`, where
+    ``torch.set_float32_matmul_precision("high")`` or ``"medium"`` makes them TensorFloat-32 or
+    bfloat16 ones); one :class:`ReducedPrecisionOff` warning naming what was on; and float32 as
+    torch's default dtype (what attnlens makes without naming a dtype: a probe's layers, a sum's
+    zeros). The caller's settings are given back after. A few microseconds when all are already
+    so. Also a decorator. What attnlens runs (its passes, forwards, training and predictions) runs
+    under it: the numbers its keys name."""
     on = [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
+    matmuls = {name: backend.matmul.fp32_precision for name, backend in _matmul_backends()}
+    reduced = {name: value for name, value in matmuls.items() if value not in FULL_PRECISION}
     default = torch.get_default_dtype()
-    if not on and default == torch.float32:
+    if not on and not reduced and default == torch.float32:
         yield
         return
-    if on:
-        named = ", ".join(f"{device} ({str(torch.get_autocast_dtype(device)).removeprefix('torch.')})" for device in on)
+    if on or reduced:
+        named = []
+        if on:
+            named.append("torch.autocast is on for " + ", ".join(
+                f"{device} ({str(torch.get_autocast_dtype(device)).removeprefix('torch.')})" for device in on))
+        if reduced:
+            named.append("float32 matrix products are reduced to " + ", ".join(
+                f"{value} on {name}" for name, value in reduced.items()) + " (torch.set_float32_matmul_precision)")
         warnings.warn(
-            f"torch.autocast is on for {named}: attnlens computes in the model's dtype, as its cache "
-            "keys, checkpoints and constants record, so it turns autocast off inside its calls. To "
-            "run attnlens in bfloat16, load the model in it: attnlens.load(..., dtype=torch.bfloat16) "
-            "(statistics are accumulated in float32).",
-            AutocastOff,
+            f"{'; '.join(named)}: attnlens computes in the model's dtype, in full precision, "
+            "as its cache keys, checkpoints and constants record, so it turns reduced precision off "
+            "inside its calls. To run attnlens in bfloat16, load the model in it: "
+            "attnlens.load(..., dtype=torch.bfloat16) (statistics are accumulated in float32).",
+            ReducedPrecisionOff,
             stacklevel=3,
         )
     with ExitStack() as stack:
         for device in on:
             stack.enter_context(torch.autocast(device, enabled=False))
+        backends = dict(_matmul_backends())
+        for name in reduced:
+            backends[name].matmul.fp32_precision = "ieee"
         torch.set_default_dtype(torch.float32)
         try:
             yield
         finally:
             torch.set_default_dtype(default)
+            for name in reduced:
+                backends[name].matmul.fp32_precision = matmuls[name]
+
+
+def _matmul_backends() -> list[tuple[str, object]]:
+    """The ``torch.backends`` modules of :data:`MATMUL_BACKENDS`, by name."""
+    return [(name, getattr(torch.backends, name)) for name in MATMUL_BACKENDS]
 
 
 def version(tensor: torch.Tensor) -> object:

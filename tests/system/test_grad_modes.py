@@ -24,7 +24,7 @@ import torch
 
 import attnlens
 from attnlens import ablation, papa
-from attnlens.core.modes import AutocastOff, own_arithmetic
+from attnlens.core.modes import ReducedPrecisionOff, own_arithmetic
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
 from attnlens.evaluation.probing import LinearBaseline, PapaProbe
@@ -114,25 +114,49 @@ def default_dtype(dtype):
         torch.set_default_dtype(before)
 
 
+@contextlib.contextmanager
+def matmul_precision(precision):
+    """``torch.set_float32_matmul_precision(precision)`` inside the block, each backend's
+    ``fp32_precision`` given back after."""
+    backends = (torch.backends.cuda.matmul, torch.backends.mkldnn.matmul)
+    before, legacy = [backend.fp32_precision for backend in backends], torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(legacy)
+        for backend, value in zip(backends, before, strict=True):
+            backend.fp32_precision = value
+
+
+def matmul_state():
+    return torch.backends.cuda.matmul.fp32_precision, torch.backends.mkldnn.matmul.fp32_precision
+
+
 #: torch's global settings a notebook may run attnlens under, and the warning each gives
 SETTINGS = {
-    "autocast bfloat16": (lambda: torch.autocast("cpu", dtype=torch.bfloat16), r"cpu \(bfloat16\)"),
-    "autocast float16": (lambda: torch.autocast("cpu", dtype=torch.float16), r"cpu \(float16\)"),
+    "autocast bfloat16": (lambda: torch.autocast("cpu", dtype=torch.bfloat16), r"torch.autocast is on for cpu \(bfloat16\)"),
+    "autocast float16": (lambda: torch.autocast("cpu", dtype=torch.float16), r"torch.autocast is on for cpu \(float16\)"),
     "default float64": (lambda: default_dtype(torch.float64), None),
+    # bfloat16 products on this CPU when it has AVX512-BF16 or AMX (oneDNN), TensorFloat-32 on a GPU
+    "matmul precision medium": (lambda: matmul_precision("medium"),
+                                r"float32 matrix products are reduced to tf32 on cuda, bf16 on mkldnn"),
 }
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
 def test_every_entry_point_runs_in_its_own_arithmetic_under_torchs_global_settings(setting, tmp_path, monkeypatch):
-    """Under ``torch.autocast`` (one :class:`AutocastOff` warning) and after
-    ``torch.set_default_dtype(torch.float64)`` (no warning) every entry point gives exactly what it
-    gives outside: attnlens computes in the model's dtype and trains in float32, which its cache
+    """Under ``torch.autocast`` and ``torch.set_float32_matmul_precision("medium")`` (one
+    :class:`ReducedPrecisionOff` warning) and after ``torch.set_default_dtype(torch.float64)`` (no
+    warning) every entry point gives exactly what it gives outside: attnlens computes in the model's dtype and trains in float32, which its cache
     keys name. Before, under autocast a feature extraction stopped inside ``torch.cat``
     ("Unexpected floating ScalarType in at::autocast::prioritize"), ``papa.fit`` and ``compare``
     gave bfloat16's numbers (the constants 0.016 and the table 0.125 from float32's on MiniLM),
     and the cache served a float32 extraction to an autocast one; under a float64 default the
     probe and the torch baseline stopped inside ``index_add_`` ("self (Float) and source
-    (Double) must have the same scalar type")."""
+    (Double) must have the same scalar type"); under ``"medium"`` on a CPU with AVX512-BF16 (oneDNN's
+    bfloat16 products) eight of the fourteen differed (``compare`` by 2.4e-7 on the tiny BERT; TensorFloat-32's
+    products on a GPU are 1e-3 relative off), under float32's keys."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
     model, decoder = tiny.bert_bridge(), tiny.gpt2_bridge()
     made = _sequence_features(n_classes=2)
@@ -141,16 +165,28 @@ def test_every_entry_point_runs_in_its_own_arithmetic_under_torchs_global_settin
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with enter():
-            autocast, default = torch.is_autocast_enabled("cpu"), torch.get_default_dtype()
+            before = torch.is_autocast_enabled("cpu"), torch.get_default_dtype(), matmul_state()
             inside = arithmetic_results(model, decoder, made)
-            assert (torch.is_autocast_enabled("cpu"), torch.get_default_dtype()) == (autocast, default)  # given back
-    off = [str(warning.message) for warning in caught if issubclass(warning.category, AutocastOff)]
+            assert (torch.is_autocast_enabled("cpu"), torch.get_default_dtype(), matmul_state()) == before
+    assert matmul_state() == ("none", "none")  # given back
+    off = [str(warning.message) for warning in caught if issubclass(warning.category, ReducedPrecisionOff)]
     if warned is None:
         assert not off
     else:
-        assert off and all(re.search(f"torch.autocast is on for {warned}.*dtype=torch.bfloat16", text) for text in off)
+        assert off and all(re.search(f"{warned}.*dtype=torch.bfloat16", text) for text in off)
     for name, value in reference.items():
         assert torch.equal(inside[name], value), name
+
+
+def test_own_arithmetic_computes_float32_products_in_full_precision_whatever_the_backend():
+    """Whatever the CPU (the entry-point test above sees a difference only where oneDNN has
+    bfloat16 products): inside, every backend's float32 products are "ieee"; the caller's
+    "tf32" / "bf16" are back after, and torch's legacy getter still reads them."""
+    with matmul_precision("high"):
+        with pytest.warns(ReducedPrecisionOff, match="reduced to tf32 on cuda, tf32 on mkldnn"), own_arithmetic():
+            assert matmul_state() == ("ieee", "ieee")
+        assert matmul_state() == ("tf32", "tf32") and torch.get_float32_matmul_precision() == "high"
+    assert torch.get_float32_matmul_precision() == "highest"
 
 
 def test_own_arithmetic_warns_only_when_autocast_is_on():
@@ -162,7 +198,7 @@ def test_own_arithmetic_warns_only_when_autocast_is_on():
             assert not torch.is_autocast_enabled("cpu")
         with default_dtype(torch.float64), own_arithmetic():
             assert torch.get_default_dtype() == torch.float32
-    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(AutocastOff, match="cpu"):
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.warns(ReducedPrecisionOff, match="cpu"):
         with own_arithmetic():
             assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.float32
         assert (torch.ones(2, 2) @ torch.ones(2, 2)).dtype == torch.bfloat16
