@@ -105,7 +105,7 @@ def own_arithmetic() -> Iterator[None]:
     so. Also a decorator. What attnlens runs (its passes, forwards, training and predictions) runs
     under it: the numbers its keys name."""
     on = [device for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device)]
-    matmuls = {name: backend.matmul.fp32_precision for name, backend in _matmul_backends()}
+    matmuls = matmul_precisions()
     reduced = {name: value for name, value in matmuls.items() if value not in FULL_PRECISION}
     default = torch.get_default_dtype()
     if not on and not reduced and default == torch.float32:
@@ -130,21 +130,35 @@ def own_arithmetic() -> Iterator[None]:
     with ExitStack() as stack:
         for device in on:
             stack.enter_context(torch.autocast(device, enabled=False))
-        backends = dict(_matmul_backends())
-        for name in reduced:
-            backends[name].matmul.fp32_precision = "ieee"
+        if reduced:
+            set_matmul_precisions(dict.fromkeys(reduced, "ieee"))
         torch.set_default_dtype(torch.float32)
         try:
             yield
         finally:
             torch.set_default_dtype(default)
-            for name in reduced:
-                backends[name].matmul.fp32_precision = matmuls[name]
+            if reduced:
+                set_matmul_precisions({name: matmuls[name] for name in reduced})
 
 
-def _matmul_backends() -> list[tuple[str, object]]:
-    """The ``torch.backends`` modules of :data:`MATMUL_BACKENDS`, by name."""
-    return [(name, getattr(torch.backends, name)) for name in MATMUL_BACKENDS]
+def matmul_precisions() -> dict[str, str]:
+    """The precision of float32 matrix products, by backend of :data:`MATMUL_BACKENDS`
+    (``torch.backends.<name>.matmul.fp32_precision``: "none", "ieee", "tf32" or "bf16"); with a
+    torch before 2.9, which has one setting for all, ``{"torch": "ieee"}`` for
+    ``torch.get_float32_matmul_precision()`` "highest", else ``{"torch": "high"}`` or "medium"."""
+    if all(hasattr(getattr(torch.backends, name), "matmul") for name in MATMUL_BACKENDS):
+        return {name: getattr(torch.backends, name).matmul.fp32_precision for name in MATMUL_BACKENDS}
+    legacy = torch.get_float32_matmul_precision()
+    return {"torch": "ieee" if legacy == "highest" else legacy}
+
+
+def set_matmul_precisions(precisions: dict[str, str]) -> None:
+    """Set what :func:`matmul_precisions` reads (``"ieee"`` for ``"torch"``: "highest")."""
+    for name, value in precisions.items():
+        if name == "torch":
+            torch.set_float32_matmul_precision("highest" if value == "ieee" else value)
+        else:
+            getattr(torch.backends, name).matmul.fp32_precision = value
 
 
 def version(tensor: torch.Tensor) -> object:

@@ -24,6 +24,7 @@ import torch
 
 import attnlens
 from attnlens import ablation, papa
+from attnlens.core import modes
 from attnlens.core.modes import ReducedPrecisionOff, own_arithmetic
 from attnlens.evaluation import probing
 from attnlens.evaluation.lm import scorer
@@ -187,6 +188,18 @@ def test_own_arithmetic_computes_float32_products_in_full_precision_whatever_the
             assert matmul_state() == ("ieee", "ieee")
         assert matmul_state() == ("tf32", "tf32") and torch.get_float32_matmul_precision() == "high"
     assert torch.get_float32_matmul_precision() == "highest"
+
+
+def test_own_arithmetic_reads_torchs_one_setting_before_backends_had_their_own(monkeypatch):
+    """A torch before 2.9 (attnlens supports 2.6) has no ``torch.backends.<name>.matmul``, only
+    ``torch.set_float32_matmul_precision``: that one is read, set to "highest" inside and given
+    back (stood in for by a backend without ``matmul``, torch.backends.cpu)."""
+    monkeypatch.setattr(modes, "MATMUL_BACKENDS", ("cpu",))
+    assert modes.matmul_precisions() == {"torch": "ieee"}
+    with matmul_precision("high"):
+        with pytest.warns(ReducedPrecisionOff, match="reduced to high on torch"), own_arithmetic():
+            assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.get_float32_matmul_precision() == "high"
 
 
 def test_own_arithmetic_warns_only_when_autocast_is_on():
