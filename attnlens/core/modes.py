@@ -130,15 +130,13 @@ def own_arithmetic() -> Iterator[None]:
     with ExitStack() as stack:
         for device in on:
             stack.enter_context(torch.autocast(device, enabled=False))
-        if reduced:
-            set_matmul_precisions(dict.fromkeys(reduced, "ieee"))
+        set_matmul_precisions(dict.fromkeys(reduced, "ieee"))
         torch.set_default_dtype(torch.float32)
         try:
             yield
         finally:
             torch.set_default_dtype(default)
-            if reduced:
-                set_matmul_precisions({name: matmuls[name] for name in reduced})
+            set_matmul_precisions({name: matmuls[name] for name in reduced})
 
 
 def matmul_precisions() -> dict[str, str]:
