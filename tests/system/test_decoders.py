@@ -48,6 +48,7 @@ def test_smollm2_facts(smollm2):
     assert attnlens.core.loading.model_id(smollm2) == "smollm2-135m"
 
 
+@pytest.mark.slow
 def test_identity_hooks_are_exact_to_hf_eager(smollm2, eager, long_texts):
     batch = attnlens.tokenize(smollm2, long_texts, max_len=160, layout="padded")
     assert (batch.attention_mask == 0).any(), "the batch must contain padding"
