@@ -152,7 +152,7 @@ def test_features_of_a_model_edited_below_float16s_rounding_are_not_read_from_th
     and changes the exact one (what the cache keys by): the edited model's features are its own,
     equal to an uncached extraction, not the cached ones. The edit moves each weight by up to half
     a float16 step (a relative 2**-12), which the float16 features see; one float32 step (2**-24)
-    went unseen by them under some library versions, so the last comparison could not tell."""
+    went unseen by them on an AVX2 machine, so the last comparison could not tell."""
     monkeypatch.setenv("ATTNLENS_CACHE", str(tmp_path))
     model = attnlens.load(tiny.tiny_bert(0), tokenizer=tiny.bert_tokenizer())
     before = weights_fingerprint(model), weights_fingerprint(model, exact=True)
