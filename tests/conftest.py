@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from jaxtyping import install_import_hook
+from threadpoolctl import threadpool_limits  # scikit-learn's requirement; loads no BLAS itself
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -66,12 +67,7 @@ if THREADS is not None:
     import torch
 
     torch.set_num_threads(THREADS)
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        pass
-    else:
-        threadpool_limits(limits=THREADS)
+    threadpool_limits(limits=THREADS)
 
 # Run-time checks of every jaxtyping annotation in attnlens (shapes, dtypes, axis names shared
 # within a call), by beartype: the hook decorates each function and dataclass of the package with
@@ -134,11 +130,6 @@ def minilm():
 @pytest.fixture(scope="module")
 def single_blas_thread():
     """NumPy reference loops do many tiny SVDs and products: one BLAS thread is fastest."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        yield
-        return
     with threadpool_limits(limits=1, user_api="blas"):
         yield
 
