@@ -46,8 +46,8 @@ from typing import Any
 
 import einops
 import torch
-from threadpoolctl import threadpool_limits
 from realdata import wikitext_paragraphs
+from threadpoolctl import threadpool_limits
 
 import attnlens
 from attnlens.engine import effective as engine_effective
